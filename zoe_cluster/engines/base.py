@@ -32,6 +32,8 @@ class LaunchContext:
     model_path: str | None = None
     """Overrides the recipe's weights repo (a local checkpoint; a tiny model in tests)."""
     max_model_len: int | None = None
+    launcher: tuple[str, ...] | None = None
+    """argv prefix that starts the engine (default: `vllm` / `python3 -m sglang.launch_server` on PATH)."""
     extra_env: dict[str, str] = field(default_factory=dict)
 
 

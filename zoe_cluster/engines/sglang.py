@@ -1,0 +1,78 @@
+"""SGLang adapter: `python -m sglang.launch_server` argv/env from a recipe variant, and `sglang:` metrics."""
+
+from __future__ import annotations
+
+from zoe_cluster.engines.base import EngineCommand, EngineStats, LaunchContext, visible_devices_env
+from zoe_cluster.engines.metrics_text import labelled_values, sum_samples
+from zoe_cluster.engines.vllm import kernel_env
+from zoe_cluster.recipes import Recipe, SglangVariant
+
+_KV_DTYPE = {"fp8": "fp8_e4m3", "bf16": "bf16", "auto": "auto"}
+# SGLang's names for the drafting methods; NEXTN is its name for DeepSeek/GLM-style MTP (run by EAGLE's worker).
+_SPEC_ALGO = {"mtp": "NEXTN", "eagle": "EAGLE", "dspark": "DSPARK"}
+
+_METRICS = {
+    "running": "sglang:num_running_reqs",
+    "waiting": "sglang:num_queue_reqs",
+    "kv_cache_usage": "sglang:token_usage",
+    "prompt_tokens": "sglang:prompt_tokens_total",
+    "generation_tokens": "sglang:generation_tokens_total",
+}
+
+
+class SglangAdapter:
+    name = "sglang"
+    health_path = "/health"
+
+    def command(self, recipe: Recipe, variant: str, ctx: LaunchContext) -> EngineCommand:
+        v = recipe.variant(variant)
+        if not isinstance(v, SglangVariant):
+            raise ValueError(f"{recipe.name}/{variant} is a {v.engine} variant, not sglang")
+        par = v.parallelism
+        launcher = list(ctx.launcher) if ctx.launcher else ["python3", "-m", "sglang.launch_server"]
+        argv = launcher + [
+            "--model-path", ctx.model_path or v.weights.repo,
+            "--host", ctx.host, "--port", str(ctx.port),
+            "--served-model-name", ctx.served_model_name,
+            "--tp-size", str(par.tp),
+            "--enable-metrics",
+            "--kv-cache-dtype", _KV_DTYPE[v.kv_cache_dtype],
+            "--mem-fraction-static", str(v.gpu_memory_utilization),
+            "--max-running-requests", str(v.max_num_seqs),
+            "--chunked-prefill-size", str(v.max_num_batched_tokens),
+            "--context-length", str(ctx.max_model_len or recipe.architecture.max_context_tokens),
+            "--trust-remote-code",
+        ]
+        if par.dp > 1:
+            argv += ["--dp-size", str(par.dp)]
+        if par.pp > 1:
+            argv += ["--pp-size", str(par.pp)]
+        if par.ep > 1:
+            argv += ["--ep-size", str(par.ep)]
+        if v.enable_dp_attention:
+            argv += ["--enable-dp-attention"]
+        if v.attention_backend:
+            argv += ["--attention-backend", v.attention_backend]
+        if v.speculative:
+            s = v.speculative
+            argv += ["--speculative-algorithm", _SPEC_ALGO[s.method],
+                     "--speculative-num-draft-tokens", str(s.num_speculative_tokens + 1)]
+            if s.method in ("mtp", "eagle"):
+                argv += ["--speculative-num-steps", str(s.num_speculative_tokens), "--speculative-eagle-topk", "1"]
+        if ctx.nnodes > 1:
+            if not ctx.dist_init_addr:
+                raise ValueError("a multi-node SGLang replica needs dist_init_addr (host:port of node rank 0)")
+            argv += ["--nnodes", str(ctx.nnodes), "--node-rank", str(ctx.node_rank),
+                     "--dist-init-addr", ctx.dist_init_addr]
+        argv += list(v.extra_engine_args)
+        env = {**v.env, **kernel_env(v.kernels), **visible_devices_env(ctx.platform, ctx.gpu_ids), **ctx.extra_env}
+        return EngineCommand(argv=argv, env=env)
+
+    def parse_metrics(self, text: str, scraped_at: float) -> EngineStats:
+        sums = sum_samples(text, set(_METRICS.values()))
+        active = labelled_values(text, "zoe_kernel_active", "kernel")
+        return EngineStats(
+            scraped_at=scraped_at,
+            **{field: sums[name] for field, name in _METRICS.items()},
+            zoe_kernels_active=tuple(sorted(k for k, on in active.items() if on > 0)),
+        )

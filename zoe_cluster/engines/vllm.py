@@ -1,0 +1,81 @@
+"""vLLM adapter: `vllm serve` argv/env from a recipe variant, and vLLM V1 /metrics parsing."""
+
+from __future__ import annotations
+
+import json
+
+from zoe_cluster.engines.base import EngineCommand, EngineStats, LaunchContext, visible_devices_env
+from zoe_cluster.engines.metrics_text import labelled_values, sum_samples
+from zoe_cluster.recipes import Recipe, VllmVariant
+
+# vLLM names the KV-cache dtype of FP8 storage "fp8"; "auto" follows the model dtype.
+_KV_DTYPE = {"fp8": "fp8", "bf16": "bfloat16", "auto": "auto"}
+
+_METRICS = {
+    "running": "vllm:num_requests_running",
+    "waiting": "vllm:num_requests_waiting",
+    "kv_cache_usage": "vllm:kv_cache_usage_perc",
+    "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+    "preemptions": "vllm:num_preemptions_total",
+}
+
+
+def kernel_env(kernels: list[str]) -> dict[str, str]:
+    """ZOE_KERNELS tells the zoe plugin inside the engine which kernels to patch in; absent means none."""
+    return {"ZOE_KERNELS": ",".join(kernels)} if kernels else {}
+
+
+class VllmAdapter:
+    name = "vllm"
+    health_path = "/health"
+
+    def command(self, recipe: Recipe, variant: str, ctx: LaunchContext) -> EngineCommand:
+        v = recipe.variant(variant)
+        if not isinstance(v, VllmVariant):
+            raise ValueError(f"{recipe.name}/{variant} is a {v.engine} variant, not vllm")
+        par = v.parallelism
+        env = {**v.env, **kernel_env(v.kernels), **visible_devices_env(ctx.platform, ctx.gpu_ids), **ctx.extra_env}
+        if ctx.nnodes > 1 and ctx.node_rank > 0:
+            # Multi-node vLLM runs one `vllm serve` on node 0 whose Ray executor places its workers in the
+            # replica's placement group; the other nodes only hold GPUs for those workers.
+            return EngineCommand(argv=[], env=env)
+        launcher = list(ctx.launcher) if ctx.launcher else ["vllm"]
+        argv = launcher + [
+            "serve", ctx.model_path or v.weights.repo,
+            "--host", ctx.host, "--port", str(ctx.port),
+            "--served-model-name", ctx.served_model_name,
+            "--tensor-parallel-size", str(par.tp),
+            "--pipeline-parallel-size", str(par.pp),
+            "--enable-prefix-caching", "--enable-prompt-tokens-details",
+            "--kv-cache-dtype", _KV_DTYPE[v.kv_cache_dtype],
+            "--gpu-memory-utilization", str(v.gpu_memory_utilization),
+            "--max-num-seqs", str(v.max_num_seqs),
+            "--max-num-batched-tokens", str(v.max_num_batched_tokens),
+            "--max-model-len", str(ctx.max_model_len or recipe.architecture.max_context_tokens),
+            "--trust-remote-code",
+        ]
+        if par.dp > 1:
+            argv += ["--data-parallel-size", str(par.dp)]
+        if par.ep > 1:
+            argv += ["--enable-expert-parallel"]
+        if ctx.nnodes > 1:
+            argv += ["--distributed-executor-backend", "ray"]
+        if v.block_size:
+            argv += ["--block-size", str(v.block_size)]
+        if v.speculative:
+            spec = {"method": v.speculative.method, "num_speculative_tokens": v.speculative.num_speculative_tokens}
+            argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+        argv += list(v.extra_engine_args)
+        return EngineCommand(argv=argv, env=env)
+
+    def parse_metrics(self, text: str, scraped_at: float) -> EngineStats:
+        sums = sum_samples(text, set(_METRICS.values()))
+        active = labelled_values(text, "zoe_kernel_active", "kernel")
+        return EngineStats(
+            scraped_at=scraped_at,
+            **{field: sums[name] for field, name in _METRICS.items()},
+            zoe_kernels_active=tuple(sorted(k for k, on in active.items() if on > 0)),
+        )
