@@ -1,0 +1,69 @@
+"""Runs INSIDE an engine's test venv: parses argv lists with the engine's real argument parser.
+
+stdin: JSON {"engine": "vllm"|"sglang", "argvs": [[...], ...]} (argv without the launcher);
+stdout (last line): JSON list of {"ok": bool, "error": str}.
+"""
+
+import contextlib
+import io
+import json
+import sys
+import typing
+
+
+def _flatten_literal(tp) -> set:
+    out = set()
+    for arg in typing.get_args(tp):
+        out |= _flatten_literal(arg) if typing.get_args(arg) else {arg}
+    return out
+
+
+def check_vllm(argvs):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.config.speculative import SpeculativeMethod
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    methods = _flatten_literal(SpeculativeMethod)
+    results = []
+    for argv in argvs:
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+                validate_parsed_serve_args(args)
+                eng = EngineArgs.from_cli_args(args)
+            spec = eng.speculative_config or {}
+            if spec and spec.get("method") not in methods:
+                raise ValueError(f"speculative method {spec.get('method')!r} not in vLLM's {sorted(methods)}")
+            if eng.quantization and eng.quantization not in QUANTIZATION_METHODS:
+                raise ValueError(f"unknown quantization {eng.quantization!r}")
+            results.append({"ok": True, "error": ""})
+        except BaseException as e:  # argparse exits with SystemExit
+            results.append({"ok": False, "error": (err.getvalue().strip().splitlines() or [repr(e)])[-1]})
+    return results
+
+
+def check_sglang(argvs):
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    results = []
+    for argv in argvs:
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                args = prepare_server_args(argv)
+            if args.speculative_algorithm is not None:
+                SpeculativeAlgorithm.from_string(args.speculative_algorithm)  # raises on unknown names
+            results.append({"ok": True, "error": ""})
+        except BaseException as e:
+            results.append({"ok": False, "error": (err.getvalue().strip().splitlines() or [repr(e)])[-1]})
+    return results
+
+
+if __name__ == "__main__":
+    req = json.load(sys.stdin)
+    res = check_vllm(req["argvs"]) if req["engine"] == "vllm" else check_sglang(req["argvs"])
+    sys.stdout.write("\n" + json.dumps(res) + "\n")

@@ -1,0 +1,105 @@
+"""Every recipe variant's command line passes the engine's REAL argument parser (vLLM 0.32 / SGLang 0.5.23).
+
+The parsers run in the engines' own test venvs (scripts/setup_test_envs.sh); each venv parses all variants in
+one subprocess, so the slow imports happen once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from zoe_cluster.engines import LaunchContext, get_adapter
+from zoe_cluster.recipes import RecipeRegistry
+
+REG = RecipeRegistry.default()
+CHECK = Path(__file__).with_name("real_parser_check.py")
+LAUNCHER = {"vllm": 2, "sglang": 3}  # argv words before the engine's own flags: `vllm serve` / `python3 -m ...`
+
+
+def _variants(engine: str):
+    return [(r, name) for r in REG.all() for name, v in r.variants.items() if v.engine == engine]
+
+
+def _ctx(**kw) -> LaunchContext:
+    base = dict(gpu_ids=(0, 1, 2, 3, 4, 5, 6, 7), platform="rocm", host="127.0.0.1", port=8100,
+                served_model_name="m")
+    return LaunchContext(**{**base, **kw})
+
+
+def _parse(python: str, engine: str, argvs: list[list[str]]) -> list[dict]:
+    out = subprocess.run([python, str(CHECK)], input=json.dumps({"engine": engine, "argvs": argvs}),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _strip(engine: str, argv: list[str]) -> list[str]:
+    return argv[LAUNCHER[engine]:]
+
+
+@pytest.mark.vllm
+def test_every_vllm_variant_passes_vllms_parser(vllm_python):
+    cases = _variants("vllm")
+    adapter = get_adapter("vllm")
+    argvs = [_strip("vllm", adapter.command(r, name, _ctx(served_model_name=r.served_model_name)).argv)
+             for r, name in cases]
+    # and a broken one, to show the check can fail
+    argvs.append(argvs[0] + ["--max-num-seqz", "4"])
+    argvs.append(argvs[0] + ["--kv-cache-dtype", "fp7"])
+    argvs.append(argvs[0] + ["--speculative-config", '{"method":"telepathy","num_speculative_tokens":2}'])
+    res = _parse(vllm_python, "vllm", argvs)
+    for (r, name), got in zip(cases, res):
+        assert got["ok"], f"{r.name}/{name}: {got['error']}"
+    assert [g["ok"] for g in res[len(cases):]] == [False, False, False], res[len(cases):]
+    assert "max-num-seqz" in res[len(cases)]["error"]
+
+
+@pytest.mark.sglang
+def test_every_sglang_variant_passes_sglangs_parser(sglang_python):
+    cases = _variants("sglang")
+    adapter = get_adapter("sglang")
+    argvs = [_strip("sglang", adapter.command(r, name, _ctx(served_model_name=r.served_model_name)).argv)
+             for r, name in cases]
+    # multi-node form of the first variant (SGLang joins nodes itself)
+    r0, n0 = cases[0]
+    argvs.append(_strip("sglang", adapter.command(r0, n0, _ctx(nnodes=2, node_rank=1,
+                                                               dist_init_addr="10.0.0.1:5000")).argv))
+    argvs.append(argvs[0] + ["--tp-size", "eight"])
+    argvs.append(argvs[0] + ["--speculative-algorithm", "TELEPATHY"])
+    res = _parse(sglang_python, "sglang", argvs)
+    for (r, name), got in zip(cases, res):
+        assert got["ok"], f"{r.name}/{name}: {got['error']}"
+    assert res[len(cases)]["ok"], res[len(cases)]
+    assert [g["ok"] for g in res[len(cases) + 1:]] == [False, False]
+
+
+def test_gpu_ids_are_exported_per_platform_and_kernels_set():
+    glm = REG.get("glm-5.3")
+    rocm = get_adapter("vllm").command(glm, "fp8-tp8-zoe", _ctx(gpu_ids=(4, 5, 6, 7)))
+    assert rocm.env["HIP_VISIBLE_DEVICES"] == "4,5,6,7" and "CUDA_VISIBLE_DEVICES" not in rocm.env
+    assert rocm.env["ZOE_KERNELS"] == "fused_moe,lightning_indexer"
+    cuda = get_adapter("vllm").command(glm, "fp8-tp8", _ctx(platform="cuda", gpu_ids=(0, 1)))
+    assert cuda.env["CUDA_VISIBLE_DEVICES"] == "0,1" and "ZOE_KERNELS" not in cuda.env
+    argv = rocm.argv
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "8" and "--enable-prefix-caching" in argv
+
+
+def test_multinode_vllm_runs_one_server_and_sglang_one_per_node():
+    glm = REG.get("glm-5.3")
+    assert get_adapter("vllm").command(glm, "fp8-tp8", _ctx(nnodes=2, node_rank=1)).argv == []
+    head = get_adapter("vllm").command(glm, "fp8-tp8", _ctx(nnodes=2, node_rank=0)).argv
+    assert head[head.index("--distributed-executor-backend") + 1] == "ray"
+    v4 = REG.get("deepseek-v4-pro")
+    with pytest.raises(ValueError, match="dist_init_addr"):
+        get_adapter("sglang").command(v4, "fp8-tp8", _ctx(nnodes=2, node_rank=1))
+
+
+def test_wrong_engine_for_variant_is_refused():
+    with pytest.raises(ValueError, match="is a sglang variant, not vllm"):
+        get_adapter("vllm").command(REG.get("kimi-k3"), "mxfp4-tp8-dspark", _ctx())
+    with pytest.raises(ValueError, match="unknown engine"):
+        get_adapter("tgi")
