@@ -1,0 +1,5 @@
+"""CSA (compressed sparse attention, DeepSeek-V4) kernels: top-K selection and dual-scope decode."""
+
+from zoe_kernels.csa.topk import topk, topk_ranges
+
+__all__ = ["topk", "topk_ranges"]
