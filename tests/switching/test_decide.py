@@ -37,7 +37,7 @@ def test_small_gain_does_not_repay_the_weights_load():
 
 
 def test_hysteresis_dwell_and_min_ready_hold():
-    near = decide(GLM, [obs(0, "fp8-tp8-nightly", 26)], PAIR.model_copy(update={"hysteresis": 0.05}), now=0)[0]
+    near = decide(GLM, [obs(0, "fp8-tp8-nightly", 16)], PAIR.model_copy(update={"hysteresis": 0.05}), now=0)[0]
     assert near.action == "hold" and "hysteresis" in near.reason
     dwell = decide(GLM, [obs(0, "fp8-tp8-nightly", 32, last=100)], PAIR, now=200)[0]
     assert dwell.action == "hold" and "dwell" in dwell.reason
