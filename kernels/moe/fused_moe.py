@@ -1,0 +1,125 @@
+"""`fused_moe`: the routed-expert MLP of a Mixture-of-Experts layer in three Triton launches.
+
+    out[t] = sum_{s < k} topk_weights[t, s] * W2[e] (silu(W_gate[e] x[t]) * (W_up[e] x[t])),  e = topk_ids[t, s]
+
+with vLLM's `fused_experts` layout: w13 [E, 2I, H] (rows: gate then up), w2 [E, H, I]. Launches: align
+(bucket edges by expert, `align.py`), stage 1 (gate+up GEMM, SwiGLU epilogue) and stage 2 (down GEMM,
+top-k weighted combine epilogue), `grouped_gemm.py`; fp8 adds two activation-quantization launches.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from zoe_kernels.moe.act_quant import quantize_act_fp8
+from zoe_kernels.moe.align import moe_align
+from zoe_kernels.moe.config import block_m_for, stage_config
+from zoe_kernels.moe.formats import FORMATS, FP8_BLOCK, INT4_GROUP, MX_GROUP
+from zoe_kernels.moe.grouped_gemm import down_combine, gate_up_swiglu
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def check_moe_args(hidden_states, w13, w2, topk_weights, topk_ids, fmt, w13_scale, w2_scale) -> tuple[int, int]:
+    """Validate shapes and dtypes; returns (I, top_k). Raises ValueError naming the argument."""
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    if hidden_states.dim() != 2:
+        raise ValueError(f"hidden_states must be [M, H], got shape {tuple(hidden_states.shape)}")
+    if not hidden_states.is_floating_point() or hidden_states.element_size() < 2:
+        raise ValueError(f"hidden_states must be fp32/fp16/bf16, got {hidden_states.dtype}")
+    m, h = hidden_states.shape
+    if w13.dim() != 3 or w2.dim() != 3:
+        raise ValueError("w13 must be [E, 2I, H] and w2 [E, H, I]")
+    e, two_i = w13.shape[:2]
+    if two_i % 2:
+        raise ValueError(f"w13 must have 2I rows (gate then up), got {two_i}")
+    i = two_i // 2
+    packed = fmt in ("w4a16", "mxfp4")
+    kh, ki = (_cdiv(h, 2), _cdiv(i, 2)) if packed else (h, i)
+    if w13.shape[2] != kh or tuple(w2.shape) != (e, h, ki):
+        raise ValueError(f"weights do not match hidden size {h} in format {fmt}: w13 {tuple(w13.shape)}, "
+                         f"w2 {tuple(w2.shape)}; expected w13 [{e}, {two_i}, {kh}] and w2 [{e}, {h}, {ki}]")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != m or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"topk_ids and topk_weights must both be [M={m}, k], got {tuple(topk_ids.shape)} "
+                         f"and {tuple(topk_weights.shape)}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    expected_scales = {
+        "fp8": ((e, _cdiv(two_i, FP8_BLOCK), _cdiv(h, FP8_BLOCK)), (e, _cdiv(h, FP8_BLOCK), _cdiv(i, FP8_BLOCK))),
+        "w4a16": ((e, two_i, _cdiv(h, INT4_GROUP)), (e, h, _cdiv(i, INT4_GROUP))),
+        "mxfp4": ((e, two_i, _cdiv(h, MX_GROUP)), (e, h, _cdiv(i, MX_GROUP))),
+    }
+    if fmt == "bf16":
+        if w13.dtype != hidden_states.dtype or w2.dtype != hidden_states.dtype:
+            raise ValueError(f"fmt bf16 takes weights in the activation dtype {hidden_states.dtype}, "
+                             f"got {w13.dtype} and {w2.dtype}")
+    else:
+        for name, scale, shape in (("w13_scale", w13_scale, expected_scales[fmt][0]),
+                                   ("w2_scale", w2_scale, expected_scales[fmt][1])):
+            if scale is None or tuple(scale.shape) != shape:
+                got = None if scale is None else tuple(scale.shape)
+                raise ValueError(f"fmt {fmt} needs {name} of shape {shape}, got {got}")
+        if fmt == "fp8" and (w13.element_size() != 1 or not w13.is_floating_point()):
+            raise ValueError(f"fmt fp8 takes fp8 weights, got {w13.dtype}")
+        if packed and (w13.dtype != torch.uint8 or w2.dtype != torch.uint8):
+            raise ValueError(f"fmt {fmt} takes uint8 weights holding two 4-bit values each, got {w13.dtype}")
+        if fmt == "mxfp4" and (w13_scale.dtype != torch.uint8 or w2_scale.dtype != torch.uint8):
+            raise ValueError("fmt mxfp4 takes e8m0 scales as uint8 (use .view(torch.uint8))")
+    return i, topk_ids.shape[1]
+
+
+def fused_moe(
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    fmt: str = "bf16",
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    block_m: int | None = None,
+    alloc: Callable[..., torch.Tensor] = torch.empty,
+) -> torch.Tensor:
+    """Routed-expert MLP; returns [M, H] in the dtype of `hidden_states`.
+
+    hidden_states [M, H] bf16/fp16/fp32; w13 [E, 2I, H] and w2 [E, H, I] in `fmt` (see `formats.py` for
+    the layouts and scales: "bf16" means weights in the activation dtype, "fp8" 128x128 block scales with
+    per-token-group activation quantization, "w4a16" int4 with groups of 128, "mxfp4" e2m1 + e8m0 per 32);
+    topk_weights [M, k] float32; topk_ids [M, k] int32 (ids outside [0, E) contribute nothing).
+    `block_m` overrides the rows per tile; `alloc` allocates scratch (tests pass one that poisons).
+    """
+    i, top_k = check_moe_args(hidden_states, w13, w2, topk_weights, topk_ids, fmt, w13_scale, w2_scale)
+    m, h = hidden_states.shape
+    e = w13.shape[0]
+    dev, dtype = hidden_states.device, hidden_states.dtype
+    if m == 0:
+        return torch.zeros((0, h), dtype=dtype, device=dev)
+    x = hidden_states.contiguous()
+    topk_weights = topk_weights.float().contiguous()
+    bm = block_m or block_m_for(m, top_k, e)
+    cfg1 = stage_config(m, top_k, e, i, h, fmt, gated=True, block_m=bm)
+    cfg2 = stage_config(m, top_k, e, h, i, fmt, gated=False, block_m=bm)
+    align = moe_align(topk_ids.contiguous(), e, bm)
+
+    x_scale = None
+    if fmt == "fp8":
+        x, x_scale = quantize_act_fp8(x)
+    inter = alloc((m * top_k, i), dtype=dtype, device=dev)
+    gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, top_k=top_k, fmt=fmt, cfg=cfg1)
+
+    inter_scale = None
+    if fmt == "fp8":
+        inter, inter_scale = quantize_act_fp8(inter)
+    if top_k == 1:
+        out = torch.zeros((m, h), dtype=dtype, device=dev)
+        down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, top_k=1, fmt=fmt, cfg=cfg2)
+        return out
+    acc = torch.zeros((m, h), dtype=torch.float32, device=dev)
+    down_combine(inter, inter_scale, w2, w2_scale, acc, topk_weights, align, top_k=top_k, fmt=fmt, cfg=cfg2)
+    return acc if dtype == torch.float32 else acc.to(dtype)
