@@ -1,0 +1,202 @@
+"""An async streaming client that times requests from the client side.
+
+Every request is sent with `stream: true` and `stream_options.include_usage`, so the client sees when each
+chunk arrives: TTFT is the time to the first chunk that carries output text, inter-token latencies are the
+gaps between later chunks with output, end-to-end is the time to the end of the stream. Token counts come
+from the final usage chunk when the server sends one (vLLM, SGLang and zoe's simulated engine do), else from
+the number of output chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+
+Api = Literal["completions", "chat"]
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request of a workload: the prompt, how many tokens to generate, and sampling."""
+
+    prompt: str
+    max_tokens: int
+    api: Api = "completions"
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    top_p: float = 1.0
+    tag: str = ""
+    """A label the workload uses to group results (e.g. the length x hit-rate cell)."""
+
+
+@dataclass
+class RequestResult:
+    """What the client saw of one request; times are seconds on the client's monotonic clock."""
+
+    tag: str
+    ok: bool
+    start_s: float
+    error: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_chunks: int = 0
+
+    @property
+    def decode_s(self) -> float | None:
+        """Time from the first output chunk to the end of the stream (the decode phase)."""
+        if self.ttft_s is None or self.e2e_s is None:
+            return None
+        return self.e2e_s - self.ttft_s
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Tokens per second after the first one (TTFT excluded, as the seed reports decode)."""
+        d = self.decode_s
+        if d is None or d <= 0 or self.output_tokens < 2:
+            return None
+        return (self.output_tokens - 1) / d
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tag": self.tag,
+            "ok": self.ok,
+            "error": self.error,
+            "start_s": self.start_s,
+            "ttft_s": self.ttft_s,
+            "e2e_s": self.e2e_s,
+            "output_tokens": self.output_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "decode_tok_s": self.decode_tok_s,
+            "mean_itl_s": (sum(self.itl_s) / len(self.itl_s)) if self.itl_s else None,
+        }
+
+
+def request_body(spec: RequestSpec, model: str) -> dict[str, Any]:
+    """The JSON body sent for `spec` (OpenAI completions or chat, streaming with usage)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": spec.max_tokens,
+        "temperature": spec.temperature,
+        "top_p": spec.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if spec.ignore_eos:
+        # vLLM, SGLang and the simulated engine accept these extensions; they make the output length exact.
+        body["ignore_eos"] = True
+        body["min_tokens"] = spec.max_tokens
+    if spec.api == "chat":
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+    else:
+        body["prompt"] = spec.prompt
+    return body
+
+
+def _chunk_text(chunk: dict[str, Any]) -> str:
+    parts = []
+    for choice in chunk.get("choices") or []:
+        if "text" in choice and choice["text"]:
+            parts.append(choice["text"])
+        delta = choice.get("delta") or {}
+        for key in ("content", "reasoning_content", "reasoning"):
+            if delta.get(key):
+                parts.append(delta[key])
+    return "".join(parts)
+
+
+class StreamingClient:
+    """Sends `RequestSpec`s to one OpenAI-compatible base URL over one pooled aiohttp session.
+
+    Use as `async with StreamingClient(url, model) as client: await client.send(spec)`."""
+
+    def __init__(self, base_url: str, model: str, timeout_s: float = 3600.0, api_key: str | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> StreamingClient:
+        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            headers=self.headers,
+            read_bufsize=1 << 20,
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("StreamingClient used outside `async with`")
+        return self._session
+
+    async def send(self, spec: RequestSpec) -> RequestResult:
+        """Send one streaming request and time it; failures come back as `ok=False` with the reason."""
+        path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
+        start = time.perf_counter()
+        result = RequestResult(tag=spec.tag, ok=False, start_s=start)
+        last: float | None = None
+        try:
+            async with self.session.post(self.base_url + path, json=request_body(spec, self.model)) as resp:
+                if resp.status != 200:
+                    text = (await resp.text())[:500]
+                    result.error = f"HTTP {resp.status}: {text}"
+                    return result
+                buffer = b""
+                async for raw in resp.content:
+                    buffer += raw
+                    if not buffer.endswith(b"\n"):
+                        continue
+                    line, buffer = buffer.strip(), b""
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    now = time.perf_counter()
+                    chunk = json.loads(data)
+                    if "error" in chunk and not chunk.get("choices"):
+                        err = chunk["error"]
+                        result.error = f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
+                        return result
+                    if _chunk_text(chunk):
+                        result.output_chunks += 1
+                        if result.ttft_s is None:
+                            result.ttft_s = now - start
+                        elif last is not None:
+                            result.itl_s.append(now - last)
+                        last = now
+                    usage = chunk.get("usage")
+                    if usage:
+                        result.prompt_tokens = usage.get("prompt_tokens")
+                        result.output_tokens = int(usage.get("completion_tokens") or 0)
+                        details = usage.get("prompt_tokens_details") or {}
+                        if details.get("cached_tokens") is not None:
+                            result.cached_tokens = int(details["cached_tokens"])
+            result.e2e_s = time.perf_counter() - start
+            if not result.output_tokens:
+                result.output_tokens = result.output_chunks
+            if result.ttft_s is None:
+                # A stream without output text (e.g. only EOS): count the end as the first token.
+                result.ttft_s = result.e2e_s
+            result.ok = True
+        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, ValueError) as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+        return result
