@@ -17,6 +17,9 @@ _METRICS = {
     "kv_cache_usage": "sglang:token_usage",
     "prompt_tokens": "sglang:prompt_tokens_total",
     "generation_tokens": "sglang:generation_tokens_total",
+    # SGLang counts prefix-cache use in tokens: every prompt token is a query, cached ones are hits.
+    "prefix_cache_queries": "sglang:prompt_tokens_total",
+    "prefix_cache_hits": "sglang:cached_tokens_total",
 }
 
 
