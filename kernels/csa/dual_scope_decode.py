@@ -1,0 +1,221 @@
+"""CSA dual-scope decode attention (DeepSeek-V4 compressed sparse attention) in Triton.
+
+One query token per sequence attends over two scopes at once: the sliding window of its most recent
+tokens (about 128) and the k (512) compressed entries chosen by CSA top-K. Keys and values are shared
+by all heads (MQA, as in MLA's latent cache).
+
+    entries(b) = { window[b, t] : t < win_len[b] }  ∪  { comp[b, comp_idx[b, j]] : comp_idx[b, j] >= 0 }
+    out[b, h]  = sum_e softmax_e(sm_scale * q[b, h] . K_e) V_e     (softmax over entries and the sink)
+
+With an attention sink (per-head logit `sink[h]`), the softmax denominator gains exp(sink[h]) and the
+sink contributes no value. Keys may be FP8 e4m3 with a float32 scale per entry (dequantized on load:
+K_e = k_fp8[e] * k_scale[e]); values likewise (v_scale), or bf16/fp16/fp32.
+
+Index convention: comp_idx [B, k] int32 holds positions in the request's compressed-entry sequence
+(0-based, -1 padding): exactly what `zoe_kernels.csa.topk` returns. The window is passed as the last
+W tokens of each sequence, oldest first, win_len[b] <= W of them valid (rows t >= win_len[b] ignored).
+
+Work split: programs (sequence b, head block, split s) each take a contiguous run of entry tiles (window
+tiles first, then compressed tiles), run an online softmax in base 2 and write a normalized partial
+output with its log-sum-exp; a second launch merges the splits exactly (and adds the sink).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _dual_scope_partial_kernel(
+    q_ptr, win_k_ptr, win_v_ptr, win_len_ptr, comp_k_ptr, comp_v_ptr, comp_idx_ptr,
+    win_ks_ptr, win_vs_ptr, comp_ks_ptr, comp_vs_ptr, part_out_ptr, part_lse_ptr,
+    H, W, KSEL, qk_scale_log2,
+    stride_qb, stride_qh, stride_wkb, stride_wkn, stride_wvb, stride_wvn,
+    stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_ib,
+    stride_wksb, stride_wvsb, stride_cksb, stride_cvsb,
+    D: tl.constexpr, BH: tl.constexpr, BKV: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
+    K_SCALED: tl.constexpr, V_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hb = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+    heads = hb * BH + tl.arange(0, BH)
+    h_ok = heads < H
+    dd = tl.arange(0, D)
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + dd[None, :],
+                mask=h_ok[:, None], other=0.0).to(tl.float32).to(DOT_DTYPE)
+    win_len = tl.minimum(tl.load(win_len_ptr + b), W)
+    win_tiles = tl.cdiv(W, BKV)
+
+    m_i = tl.full([BH], float("-inf"), tl.float32)
+    l_i = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, D], tl.float32)
+    for t in range(split * TILES_PER_SPLIT, (split + 1) * TILES_PER_SPLIT):
+        # window tiles come first, then compressed tiles; a tile never mixes the two
+        e = tl.arange(0, BKV)
+        if t < win_tiles:
+            pos = t * BKV + e
+            ok = pos < win_len
+            row = pos.to(tl.int64)
+            k_rows = win_k_ptr + b.to(tl.int64) * stride_wkb + row * stride_wkn
+            v_rows = win_v_ptr + b.to(tl.int64) * stride_wvb + row * stride_wvn
+            ks_rows = win_ks_ptr + b.to(tl.int64) * stride_wksb + row
+            vs_rows = win_vs_ptr + b.to(tl.int64) * stride_wvsb + row
+        else:
+            j = (t - win_tiles) * BKV + e
+            sel = tl.load(comp_idx_ptr + b.to(tl.int64) * stride_ib + j, mask=j < KSEL, other=-1)
+            ok = sel >= 0
+            row = tl.maximum(sel, 0).to(tl.int64)
+            k_rows = comp_k_ptr + b.to(tl.int64) * stride_ckb + row * stride_ckn
+            v_rows = comp_v_ptr + b.to(tl.int64) * stride_cvb + row * stride_cvn
+            ks_rows = comp_ks_ptr + b.to(tl.int64) * stride_cksb + row
+            vs_rows = comp_vs_ptr + b.to(tl.int64) * stride_cvsb + row
+        kt = tl.load(k_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        if K_SCALED:
+            kt = kt * tl.load(ks_rows, mask=ok, other=0.0)[:, None]
+        vt = tl.load(v_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        if V_SCALED:
+            vt = vt * tl.load(vs_rows, mask=ok, other=0.0)[:, None]
+        s = tl.dot(q, tl.trans(kt.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale_log2  # [BH, BKV], log2 units
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vt.to(DOT_DTYPE), input_precision=PRECISION)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+    base = (b.to(tl.int64) * num_splits + split) * H
+    tl.store(part_out_ptr + (base + heads)[:, None] * D + dd[None, :], out, mask=h_ok[:, None])
+    tl.store(part_lse_ptr + base + heads, lse, mask=h_ok)
+
+
+@triton.jit
+def _merge_kernel(part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, H, NUM_SPLITS, stride_ob, stride_oh,
+                  D: tl.constexpr, BH: tl.constexpr, SPLITS_P2: tl.constexpr, HAS_SINK: tl.constexpr):
+    b = tl.program_id(0)
+    heads = tl.program_id(1) * BH + tl.arange(0, BH)
+    h_ok = heads < H
+    ss = tl.arange(0, SPLITS_P2)
+    base = b.to(tl.int64) * NUM_SPLITS * H
+    lse = tl.load(part_lse_ptr + base + ss[:, None] * H + heads[None, :],
+                  mask=(ss[:, None] < NUM_SPLITS) & h_ok[None, :], other=float("-inf"))  # [S, BH]
+    top = tl.max(lse, axis=0)
+    if HAS_SINK:
+        sink = tl.load(sink_ptr + heads, mask=h_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
+        top = tl.maximum(top, sink)
+    top_safe = tl.where(top == float("-inf"), 0.0, top)
+    denom = tl.sum(tl.exp2(lse - top_safe[None, :]), axis=0)
+    if HAS_SINK:
+        denom += tl.exp2(sink - top_safe)
+    dd = tl.arange(0, D)
+    acc = tl.zeros([BH, D], tl.float32)
+    for s in range(NUM_SPLITS):
+        lse_s = tl.load(part_lse_ptr + base + s * H + heads, mask=h_ok, other=float("-inf"))
+        part = tl.load(part_out_ptr + (base + s * H + heads)[:, None] * D + dd[None, :], mask=h_ok[:, None], other=0.0)
+        acc += tl.exp2(lse_s - top_safe)[:, None] * part
+    acc = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + dd[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
+
+
+_DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor, win_len: torch.Tensor,
+                      comp_k: torch.Tensor, comp_v: torch.Tensor, comp_idx: torch.Tensor, *,
+                      win_k_scale: torch.Tensor | None = None, win_v_scale: torch.Tensor | None = None,
+                      comp_k_scale: torch.Tensor | None = None, comp_v_scale: torch.Tensor | None = None,
+                      sink: torch.Tensor | None = None, sm_scale: float | None = None,
+                      splits: int | None = None, block_h: int = 16, block_kv: int = 64,
+                      num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+    """Decode attention of one query token per sequence over its window plus its selected entries.
+
+    q: [B, H, D] (bf16, fp16 or fp32; D a power of two); win_k/win_v: [B, W, D]; win_len: [B];
+    comp_k/comp_v: [B, Nc, D]; comp_idx: [B, k] int32 (-1 padded); fp8 keys/values need their
+    float32 scales ([B, W] and [B, Nc]). sink: [H] float32 logits or None. sm_scale defaults to
+    1/sqrt(D). Returns [B, H, D] in q's dtype; a sequence with no valid entry (and no sink) gets zeros.
+    """
+    if q.dim() != 3:
+        raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")
+    bsz, heads, d = q.shape
+    if d & (d - 1):
+        raise ValueError(f"D must be a power of two, got {d}")
+    for name, t in (("win_k", win_k), ("win_v", win_v), ("comp_k", comp_k), ("comp_v", comp_v)):
+        if t.dim() != 3 or t.shape[0] != bsz or t.shape[2] != d or t.stride(2) != 1:
+            raise ValueError(f"{name} must be [B={bsz}, *, D={d}] with unit last stride, got {tuple(t.shape)}")
+    if win_v.shape[1] != win_k.shape[1] or comp_v.shape[1] != comp_k.shape[1]:
+        raise ValueError("keys and values of a scope must have the same number of entries")
+    if comp_idx.dim() != 2 or comp_idx.shape[0] != bsz:
+        raise ValueError(f"comp_idx must be [B={bsz}, k], got {tuple(comp_idx.shape)}")
+    if win_len.shape != (bsz,):
+        raise ValueError(f"win_len must be [B={bsz}], got {tuple(win_len.shape)}")
+    if q.dtype not in _DOT_DTYPES:
+        raise ValueError(f"q must be bf16, fp16 or fp32, got {q.dtype}")
+    scales = {"win_k": (win_k, win_k_scale), "win_v": (win_v, win_v_scale),
+              "comp_k": (comp_k, comp_k_scale), "comp_v": (comp_v, comp_v_scale)}
+    for name, (t, sc) in scales.items():
+        if t.element_size() == 1 and sc is None:
+            raise ValueError(f"{name} is fp8: pass {name}_scale (float32 per entry)")
+        if sc is not None and sc.shape != t.shape[:2]:
+            raise ValueError(f"{name}_scale must be {tuple(t.shape[:2])}, got {tuple(sc.shape)}")
+    k_scaled = win_k_scale is not None or comp_k_scale is not None
+    v_scaled = win_v_scale is not None or comp_v_scale is not None
+    dev = q.device
+
+    def scale_or_ones(sc, t, needed):
+        if sc is not None:
+            return sc.to(torch.float32).contiguous()
+        if needed:
+            return torch.ones(t.shape[:2], dtype=torch.float32, device=dev)
+        return torch.empty((t.shape[0], 1), dtype=torch.float32, device=dev)
+
+    wks = scale_or_ones(win_k_scale, win_k, k_scaled)
+    wvs = scale_or_ones(win_v_scale, win_v, v_scaled)
+    cks = scale_or_ones(comp_k_scale, comp_k, k_scaled)
+    cvs = scale_or_ones(comp_v_scale, comp_v, v_scaled)
+    if sink is not None and sink.shape != (heads,):
+        raise ValueError(f"sink must be [H={heads}], got {tuple(sink.shape)}")
+    q = q.contiguous() if q.stride(2) != 1 else q
+    comp_idx = comp_idx.to(device=dev, dtype=torch.int32).contiguous()
+    win_len = win_len.to(device=dev, dtype=torch.int32).contiguous()
+    w_entries, k_sel = win_k.shape[1], comp_idx.shape[1]
+    block_h = max(16, min(block_h, triton.next_power_of_2(heads)))
+    head_blocks = triton.cdiv(heads, block_h)
+    tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
+    if splits is None:
+        # enough programs to cover the GPU's multiprocessors about twice
+        splits = max(1, min(tiles, triton.cdiv(264, bsz * head_blocks)))
+    splits = max(1, min(splits, tiles))
+    tiles_per_split = triton.cdiv(tiles, splits)
+    splits = triton.cdiv(tiles, tiles_per_split)
+    part_out = torch.empty((bsz, splits, heads, d), dtype=torch.float32, device=dev)
+    part_lse = torch.empty((bsz, splits, heads), dtype=torch.float32, device=dev)
+    out = torch.empty((bsz, heads, d), dtype=q.dtype, device=dev)
+    if bsz == 0:
+        return out
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+    _dual_scope_partial_kernel[(bsz, head_blocks, splits)](
+        q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, part_out, part_lse,
+        heads, w_entries, k_sel, scale * _LOG2E,
+        q.stride(0), q.stride(1), win_k.stride(0), win_k.stride(1), win_v.stride(0), win_v.stride(1),
+        comp_k.stride(0), comp_k.stride(1), comp_v.stride(0), comp_v.stride(1), comp_idx.stride(0),
+        wks.stride(0), wvs.stride(0), cks.stride(0), cvs.stride(0),
+        D=d, BH=block_h, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, K_SCALED=k_scaled, V_SCALED=v_scaled,
+        DOT_DTYPE=_DOT_DTYPES[q.dtype],
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages)
+    sink_t = sink.to(device=dev, dtype=torch.float32).contiguous() if sink is not None else part_lse
+    _merge_kernel[(bsz, head_blocks)](
+        part_out, part_lse, sink_t, out, heads, splits, out.stride(0), out.stride(1),
+        D=d, BH=block_h, SPLITS_P2=triton.next_power_of_2(splits), HAS_SINK=sink is not None, num_warps=4)
+    return out
