@@ -1,0 +1,99 @@
+"""The controller's side of the router: start it as a process the controller owns, push membership, read load.
+
+The controller is the single writer of membership (zoe_cluster.router.membership): every change (a replica
+ready, draining, gone) becomes a new `Membership` with a higher version, PUT to the router's admin endpoint
+with the admin key. The router runs under `supervisor`, so it dies with the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import sys
+from pathlib import Path
+
+import httpx
+
+from zoe_cluster.cluster.supervisor import kill_group, spawn_supervised
+
+log = logging.getLogger(__name__)
+
+
+def router_argv(host: str, port: int, policy: str | None, models: list[str], extra_args: list[str]) -> list[str]:
+    """The router process's command line (`zoe router`); the admin key travels in ZOE_ROUTER_ADMIN_KEY, not argv."""
+    argv = [sys.executable, "-m", "zoe_cluster.cli.main", "router", "--host", host, "--port", str(port)]
+    if policy:
+        argv += ["--policy", policy]
+    for m in models:
+        argv += ["--model", m]
+    return argv + list(extra_args)
+
+
+class RouterLink:
+    """Owns one router process and talks to its admin API."""
+
+    def __init__(self, url: str, admin_key: str | None = None):
+        self.url = url.rstrip("/")
+        self.admin_key = admin_key or secrets.token_urlsafe(24)
+        self.proc = None
+        self.log_path: Path | None = None
+        self.pushed_version = -1
+        self._client = httpx.AsyncClient(timeout=5.0, headers={"Authorization": f"Bearer {self.admin_key}"})
+
+    def start(self, argv: list[str], log_path: Path) -> None:
+        self.log_path = log_path
+        env = {**os.environ, "ZOE_ROUTER_ADMIN_KEY": self.admin_key}
+        self.proc = spawn_supervised(argv, env, log_path)
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    async def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while asyncio.get_running_loop().time() < deadline:
+            if self.exited() is not None:
+                raise RuntimeError(f"router exited with {self.exited()}; log: {self.log_path}")
+            try:
+                r = await self._client.get(self.url + "/admin/membership")
+                if r.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.2)
+        raise TimeoutError(f"router not answering at {self.url} after {timeout_s:.0f}s; log: {self.log_path}")
+
+    async def push(self, membership: dict) -> bool:
+        """PUT a membership; True when applied or already superseded (409), False when the router did not answer."""
+        if membership["version"] <= self.pushed_version:
+            return True
+        try:
+            r = await self._client.put(self.url + "/admin/membership", json=membership)
+        except httpx.HTTPError as e:
+            log.warning("membership push v%s failed: %s", membership["version"], e)
+            return False
+        if r.status_code in (200, 409):
+            self.pushed_version = max(self.pushed_version, membership["version"])
+            return True
+        log.warning("membership push v%s answered %s: %s", membership["version"], r.status_code, r.text[:300])
+        return False
+
+    async def active_requests(self, replica_id: str) -> int | None:
+        """In-flight requests the router has open to `replica_id`, or None when it cannot tell."""
+        try:
+            r = await self._client.get(self.url + "/admin/membership")
+            if r.status_code != 200:
+                return None
+            for rep in r.json().get("replicas", []):
+                if rep.get("id") == replica_id:
+                    return int(rep.get("active_requests", 0))
+        except (httpx.HTTPError, ValueError, TypeError):
+            return None
+        return 0
+
+    async def close(self, grace_s: float = 5.0) -> None:
+        await self._client.aclose()
+        if self.proc is not None:
+            await asyncio.to_thread(kill_group, self.proc.pid, grace_s, self.proc)
+            self.proc = None

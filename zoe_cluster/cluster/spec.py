@@ -1,0 +1,109 @@
+"""What a deployment should be: the desired state the controller reconciles towards.
+
+The CLI builds a `DeploymentSpec` (with the recipe itself inside, so the controller never re-reads recipe
+files) and hands it to the deployment's controller actor. Changes (scale, switch) edit the spec in the
+controller, which keeps a copy in Ray's key-value store so a restarted controller resumes the latest intent.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from zoe_cluster.cluster.placement import GangShape
+from zoe_cluster.recipes.schema import Recipe
+
+EngineName = Literal["vllm", "sglang", "sim"]
+PlatformChoice = Literal["auto", "rocm", "cuda", "cpu"]
+
+
+class HealthConfig(BaseModel):
+    """How replicas are watched: readiness, liveness, restarts, draining."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    check_interval_s: float = Field(default=2.0, gt=0, description="Seconds between liveness checks of a ready replica.")
+    check_timeout_s: float = Field(default=5.0, gt=0, description="Timeout of one /health request, seconds.")
+    failures_to_restart: int = Field(
+        default=3, ge=1, description="Failed health checks in a row after which a ready replica counts as hung."
+    )
+    load_timeout_s: float = Field(
+        default=1800.0, gt=0, description="Longest time from process start to a healthy /health before giving up."
+    )
+    placement_timeout_s: float = Field(
+        default=600.0, gt=0, description="Longest wait for a replica's GPUs (placement group) before failing it."
+    )
+    backoff_base_s: float = Field(default=1.0, ge=0, description="First restart delay; doubles per failure in a row.")
+    backoff_cap_s: float = Field(default=60.0, ge=0, description="Longest restart delay, seconds.")
+    stable_after_s: float = Field(
+        default=60.0, ge=0, description="Ready this long resets the failures-in-a-row count (and so the backoff)."
+    )
+    drain_timeout_s: float = Field(
+        default=60.0, ge=0, description="Longest wait for in-flight requests to finish before a replica is stopped."
+    )
+    stop_grace_s: float = Field(default=10.0, ge=0, description="SIGTERM-to-SIGKILL grace for engine processes.")
+
+
+class RouterConfig(BaseModel):
+    """The router the deployment owns (the OpenAI endpoint clients use)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=True, description="Start a router; off only in tests that talk to replicas directly.")
+    host: str = Field(default="0.0.0.0", description="Address the router listens on.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port of the OpenAI endpoint.")
+    policy: str | None = Field(default=None, description="Routing policy name (router default if unset).")
+    extra_args: list[str] = Field(default_factory=list, description="More `zoe router serve` flags.")
+
+
+class DeploymentSpec(BaseModel):
+    """One deployment's desired state."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", description="Deployment name (defaults to the model name).")
+    recipe: Recipe = Field(description="The model's recipe, carried whole so the controller never re-reads files.")
+    variant: str = Field(description="Variant new replicas start with.")
+    replicas: int = Field(default=1, ge=0, description="Replica count to keep running.")
+    replica_variants: dict[int, str] = Field(
+        default_factory=dict, description="Per-replica variant overrides set by switches (index -> variant)."
+    )
+    engine: EngineName = Field(description="vllm, sglang, or sim (the simulated engine; needs no GPUs).")
+    platform: PlatformChoice = Field(
+        default="auto", description="GPU platform for device pinning; auto detects ROCm/CUDA on each node."
+    )
+    model_path: str | None = Field(default=None, description="Local checkpoint overriding the recipe's weights repo.")
+    max_model_len: int | None = Field(default=None, gt=0, description="Context limit passed to the engine, tokens.")
+    launcher: list[str] | None = Field(default=None, description="argv prefix that starts the engine (its binary).")
+    engine_args: list[str] = Field(default_factory=list, description="Extra flags appended to every engine argv.")
+    engine_env: dict[str, str] = Field(default_factory=dict, description="Extra environment for every engine.")
+    host: str | None = Field(
+        default=None, description="Address engines bind; default: the node's Ray IP (loopback on a local Ray)."
+    )
+    health: HealthConfig = Field(default_factory=HealthConfig, description="Readiness, liveness and restarts.")
+    router: RouterConfig = Field(default_factory=RouterConfig, description="The deployment's router.")
+    log_dir: str | None = Field(default=None, description="Folder for engine logs on each node (default: Ray's).")
+
+    @model_validator(mode="after")
+    def _variants_exist(self) -> "DeploymentSpec":
+        for v in {self.variant, *self.replica_variants.values()}:
+            if v not in self.recipe.variants:
+                raise ValueError(f"model '{self.recipe.name}' has no variant '{v}'; known: {sorted(self.recipe.variants)}")
+            if self.engine != "sim" and self.recipe.variants[v].engine != self.engine:
+                raise ValueError(
+                    f"variant '{v}' of {self.recipe.name} runs on {self.recipe.variants[v].engine}, not {self.engine}"
+                )
+        return self
+
+    def variant_of(self, index: int) -> str:
+        return self.replica_variants.get(index, self.variant)
+
+    def shape(self, variant: str) -> GangShape:
+        v = self.recipe.variant(variant)
+        # The simulated engine runs anywhere: it keeps the GPU count (so placement is realistic) but not the type.
+        return GangShape.of(v.parallelism, None if self.engine == "sim" else v.accelerator_type)
+
+    def pool(self, variant: str) -> str:
+        """Router pool of a replica: its variant (the switcher moves replicas between pools by variant)."""
+        return variant
