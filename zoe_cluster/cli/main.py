@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from zoe_cluster.cli import bench, deploy, plan, recipes, router, sim
+from zoe_cluster.cli import bench, deploy, k8s, plan, recipes, router, sim
 
 app = typer.Typer(
     name="zoe",
@@ -15,7 +15,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for area in (recipes, plan, sim, deploy, router, bench):
+for area in (recipes, plan, sim, deploy, router, bench, k8s):
     area.register(app)
 
 

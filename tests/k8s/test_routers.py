@@ -1,0 +1,101 @@
+"""Router pods found by label (in-memory Kubernetes API) and the membership push to every one of them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from zoe_cluster.k8s import MembershipFanout, RouterDiscovery, RouterEndpoint, core_api, ready_router_endpoints
+from zoe_cluster.router.membership import MemberReplica, Membership
+
+SELECTOR = "app.kubernetes.io/instance=zoe,app.kubernetes.io/component=router"
+
+
+def _pod(name, ip="10.0.0.1", ready=True, instance="zoe", component="router", phase="Running", restarts=0, ns="serving"):
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns,
+                     "labels": {"app.kubernetes.io/instance": instance, "app.kubernetes.io/component": component}},
+        "spec": {"containers": [{"name": "router", "image": "zoe"}]},
+        "status": {"phase": phase, "podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                   "containerStatuses": [{"name": "router", "restartCount": restarts, "image": "zoe", "imageID": "", "ready": ready}]},
+    }
+
+
+def test_only_ready_addressed_pods_of_the_release_are_endpoints():
+    pods = [
+        _pod("r-b", "10.0.0.2"), _pod("r-a", "10.0.0.1"), _pod("r-notready", ready=False),
+        _pod("r-noip", ip=None), _pod("other-release", instance="other"), _pod("ray-head", component="ray-head"),
+        _pod("r-pending", phase="Pending"), _pod("r-v6", "fd00::5"),
+    ]
+    eps = ready_router_endpoints(pods, SELECTOR, 8001)
+    assert [(e.pod, e.url) for e in eps] == [
+        ("r-a", "http://10.0.0.1:8001"), ("r-b", "http://10.0.0.2:8001"), ("r-v6", "http://[fd00::5]:8001")]
+
+
+def test_discovery_from_the_charts_environment():
+    env = {"ZOE_K8S_NAMESPACE": "serving", "ZOE_K8S_ROUTER_SELECTOR": SELECTOR, "ZOE_K8S_ROUTER_ADMIN_PORT": "8001"}
+    assert RouterDiscovery.from_env(env) == RouterDiscovery("serving", SELECTOR, 8001)
+    with pytest.raises(ValueError, match="ZOE_K8S_ROUTER_SELECTOR"):
+        RouterDiscovery.from_env({"ZOE_K8S_NAMESPACE": "serving", "ZOE_K8S_ROUTER_ADMIN_PORT": "8001"})
+    with pytest.raises(ValueError, match="port number"):
+        RouterDiscovery.from_env(env | {"ZOE_K8S_ROUTER_ADMIN_PORT": "admin"})
+
+
+@pytest.mark.asyncio
+async def test_discovery_lists_router_pods_in_its_namespace_only(kmock):
+    kmock.resources["v1/pods"] = {}
+    core = core_api(host=str(kmock.url))
+    for p in [_pod("r-1", "10.0.0.1"), _pod("r-2", "10.0.0.2", ready=False), _pod("r-3", "10.0.0.3", ns="staging")]:
+        await asyncio.to_thread(core.create_namespaced_pod, p["metadata"]["namespace"], p)
+    eps = await asyncio.to_thread(RouterDiscovery("serving", SELECTOR, 8001).endpoints, core)
+    assert [e.pod for e in eps] == ["r-1"]
+
+
+class _Routers:
+    """The admin API's versioning contract (zoe_cluster/router/membership.py), per router address."""
+
+    def __init__(self, down=()):
+        self.version: dict[str, int] = {}
+        self.down = set(down)
+        self.auth: list[str] = []
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        if host in self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        self.auth.append(request.headers.get("authorization", ""))
+        m = Membership.model_validate_json(request.content)
+        if m.version <= self.version.get(host, -1):
+            return httpx.Response(409, json={"error": "stale"})
+        self.version[host] = m.version
+        return httpx.Response(200, json={"version": m.version, "replicas": len(m.replicas)})
+
+
+def _membership(version):
+    return Membership(version=version, replicas=[MemberReplica(id="glm-5.3/0/1", url="http://10.1.0.1:8100", variant="fp8-tp8")])
+
+
+def test_fanout_pushes_to_every_router_and_catches_up_new_and_restarted_ones():
+    routers = _Routers(down={"10.0.0.3"})
+    eps = [RouterEndpoint("r-1", "http://10.0.0.1:8001"), RouterEndpoint("r-3", "http://10.0.0.3:8001")]
+    fan = MembershipFanout(lambda: list(eps), "s3cret", httpx.Client(transport=httpx.MockTransport(routers.handler)))
+    res = fan.publish(_membership(1))
+    assert res.applied == ["r-1"] and "ConnectError" in res.failed["r-3"]  # one dead pod does not stop the others
+    assert set(routers.auth) == {"Bearer s3cret"}
+
+    eps.append(RouterEndpoint("r-2", "http://10.0.0.2:8001"))  # scaled up
+    routers.down.clear()
+    res = fan.resync()
+    assert sorted(res.applied) == ["r-2", "r-3"]  # r-1 already has version 1
+    assert fan.resync().applied == []
+
+    eps[0] = RouterEndpoint("r-1", "http://10.0.0.1:8001", restarts=1)  # container restarted: membership lost
+    routers.version.pop("10.0.0.1")
+    assert fan.resync().applied == ["r-1"]
+
+    routers.version["10.0.0.2"] = 7  # a router already ahead answers 409: not a failure
+    res = fan.publish(_membership(2))
+    assert sorted(res.applied) == ["r-1", "r-3"] and res.stale == ["r-2"] and not res.failed

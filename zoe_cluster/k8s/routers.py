@@ -1,0 +1,147 @@
+"""The router pods of a Helm release, found by label, and the controller's membership push to all of them.
+
+In Kubernetes the router runs as a Deployment of two or more pods (helm/zoe), while the controller (the
+single writer of membership) runs as a Ray actor in the RayCluster. The controller therefore finds the router
+pods through the API (label selector from $ZOE_K8S_ROUTER_SELECTOR, set by the chart) and pushes the same
+versioned membership to each pod's admin port. A pod that starts later gets the last membership on the next
+`publish`/`resync`; a pod that already has a newer version answers 409 (stale), which is not an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from zoe_cluster.router.membership import Membership
+
+
+@dataclass(frozen=True)
+class RouterEndpoint:
+    """One ready router pod's admin API."""
+
+    pod: str
+    url: str  # http://<pod IP>:<admin port>
+    restarts: int = 0  # container restarts: a restarted router has lost its membership
+
+    @property
+    def incarnation(self) -> str:
+        return f"{self.pod}#{self.restarts}"
+
+
+def _pod_ready(pod: dict[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    if (pod.get("metadata") or {}).get("deletionTimestamp") or status.get("phase") != "Running":
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _labels_match(labels: dict[str, str], selector: str) -> bool:
+    """Equality-based selectors only ("a=b,c=d"); the API server filters too, this guards the result."""
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        key, _, value = term.partition("=")
+        if labels.get(key.strip()) != value.lstrip("=").strip():
+            return False
+    return True
+
+
+def ready_router_endpoints(pods: list[dict[str, Any]], selector: str, admin_port: int) -> list[RouterEndpoint]:
+    """The ready, addressed pods among `pods` that match `selector`, sorted by name (pure)."""
+    out = []
+    for p in pods:
+        meta = p.get("metadata") or {}
+        ip = (p.get("status") or {}).get("podIP")
+        if ip and _pod_ready(p) and _labels_match(meta.get("labels") or {}, selector):
+            host = f"[{ip}]" if ":" in ip else ip
+            restarts = sum(int(c.get("restartCount") or 0) for c in (p.get("status") or {}).get("containerStatuses") or [])
+            out.append(RouterEndpoint(pod=meta["name"], url=f"http://{host}:{admin_port}", restarts=restarts))
+    return sorted(out, key=lambda e: e.pod)
+
+
+@dataclass(frozen=True)
+class RouterDiscovery:
+    """Where to look for router pods: namespace, label selector and admin port."""
+
+    namespace: str
+    selector: str
+    admin_port: int
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "RouterDiscovery":
+        """From the variables the Helm chart sets on every zoe pod; raises ValueError naming a missing one."""
+        env = dict(os.environ if env is None else env)
+        missing = [k for k in ("ZOE_K8S_NAMESPACE", "ZOE_K8S_ROUTER_SELECTOR", "ZOE_K8S_ROUTER_ADMIN_PORT") if not env.get(k)]
+        if missing:
+            raise ValueError(f"not running under the zoe Helm chart: {', '.join(missing)} unset")
+        try:
+            port = int(env["ZOE_K8S_ROUTER_ADMIN_PORT"])
+        except ValueError:
+            raise ValueError(f"ZOE_K8S_ROUTER_ADMIN_PORT must be a port number, got {env['ZOE_K8S_ROUTER_ADMIN_PORT']!r}") from None
+        return cls(env["ZOE_K8S_NAMESPACE"], env["ZOE_K8S_ROUTER_SELECTOR"], port)
+
+    def endpoints(self, core: Any) -> list[RouterEndpoint]:
+        """Ready router pods now (needs `list pods` in the namespace)."""
+        resp = core.list_namespaced_pod(
+            self.namespace, label_selector=self.selector, _preload_content=False, _request_timeout=10
+        )
+        return ready_router_endpoints(json.loads(resp.data).get("items") or [], self.selector, self.admin_port)
+
+
+@dataclass
+class PushResult:
+    """What one publish did: pods that took the membership, were already newer, or failed (with the reason)."""
+
+    applied: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class MembershipFanout:
+    """Pushes the controller's membership to every router pod that discovery finds.
+
+    `find` returns the current endpoints (e.g. `lambda: discovery.endpoints(core)`); `http` is an
+    `httpx.Client`. Keeps the last membership so `resync()` brings new router pods up to date.
+    """
+
+    def __init__(self, find: Callable[[], list[RouterEndpoint]], admin_token: str | None, http: Any):
+        self._find = find
+        self._headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self._http = http
+        self._last: Membership | None = None
+        self._acked: dict[str, int] = {}  # pod incarnation -> version it acknowledged
+
+    def publish(self, membership: Membership) -> PushResult:
+        """Push `membership` to every ready router pod."""
+        self._last = membership
+        return self._push(membership, only_behind=False)
+
+    def resync(self) -> PushResult:
+        """Push the last membership to router pods that have not acknowledged it (new or restarted pods)."""
+        if self._last is None:
+            return PushResult()
+        return self._push(self._last, only_behind=True)
+
+    def _push(self, m: Membership, only_behind: bool) -> PushResult:
+        result = PushResult()
+        endpoints = self._find()
+        live = {e.incarnation for e in endpoints}
+        self._acked = {k: v for k, v in self._acked.items() if k in live}
+        body = m.model_dump(mode="json")
+        for e in endpoints:
+            if only_behind and self._acked.get(e.incarnation, -1) >= m.version:
+                continue
+            try:
+                r = self._http.put(f"{e.url}/admin/membership", json=body, headers=self._headers, timeout=5.0)
+            except Exception as exc:  # one unreachable pod must not stop the others
+                result.failed[e.pod] = f"{type(exc).__name__}: {exc}"
+                continue
+            if r.status_code == 200:
+                result.applied.append(e.pod)
+                self._acked[e.incarnation] = m.version
+            elif r.status_code == 409:
+                result.stale.append(e.pod)
+                self._acked[e.incarnation] = m.version
+            else:
+                result.failed[e.pod] = f"HTTP {r.status_code}: {r.text[:200]}"
+        return result
