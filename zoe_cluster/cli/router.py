@@ -1,9 +1,122 @@
-"""`zoe` commands of this area (filled in by its module's owner)."""
+"""`zoe router`: run the OpenAI-compatible prefix/context-aware router.
+
+Standalone:   zoe router --replica http://127.0.0.1:8001 --replica http://127.0.0.1:8002 --policy prefix
+In a deployment the controller owns the process (`python -m zoe_cluster.cli.main router --admin-key ...`,
+key also from ZOE_ROUTER_ADMIN_KEY) and pushes membership to PUT /admin/membership.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+from typing import Optional
+
 import typer
+
+from zoe_cluster.cli.common import console, fail
+
+
+def _parse_kv(items: list[str]) -> dict:
+    out: dict = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            fail(f"--policy-config expects key=value, got {item!r}")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+def _keys(values: list[str], env: str) -> list[str]:
+    keys = list(values)
+    keys += [k for k in os.environ.get(env, "").split(",") if k.strip()]
+    return [k.strip() for k in keys]
 
 
 def register(app: typer.Typer) -> None:
-    """Add this area's commands to the top-level app."""
+    """Add `zoe router` to the top-level app."""
+    from zoe_cluster.routing import policy_names
+
+    choices = policy_names()
+
+    @app.command("router")
+    def router_cmd(
+        replica: list[str] = typer.Option([], "--replica", help="Replica base URL (repeatable); pool 'default'."),
+        long_replica: list[str] = typer.Option(
+            [], "--long-replica", help="Replica base URL for long prompts (pool 'long'; repeatable)."
+        ),
+        policy: str = typer.Option("prefix", "--policy", help=f"Routing policy: {', '.join(choices)}."),
+        policy_config: list[str] = typer.Option(
+            [], "--policy-config", help="Policy tunable key=value (repeatable), e.g. decode_weight=0.2."
+        ),
+        host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless told otherwise)."),
+        port: int = typer.Option(8080, help="Port to listen on."),
+        model: list[str] = typer.Option([], "--model", help="Served model name (repeatable); others get 404."),
+        api_key: list[str] = typer.Option(
+            [], "--api-key", help="Bearer key clients must send (repeatable; also ZOE_ROUTER_API_KEYS, comma-separated)."
+        ),
+        admin_key: Optional[str] = typer.Option(
+            None, "--admin-key", envvar="ZOE_ROUTER_ADMIN_KEY", help="Bearer key of /admin (membership, drain)."
+        ),
+        max_context_tokens: Optional[int] = typer.Option(
+            None, help="Reject prompts estimated longer than this (400 naming the limit)."
+        ),
+        kv_capacity_tokens: int = typer.Option(
+            1_000_000, help="KV capacity of each --replica, tokens (sizes the prefix index)."
+        ),
+        max_active_requests: int = typer.Option(256, help="Requests per replica before it counts as saturated."),
+        engine: str = typer.Option("vllm", help="Engine of the --replica URLs (vllm, sglang, sim): /metrics parser."),
+        config_json: Optional[str] = typer.Option(
+            None, "--config-json", help="Any other RouterConfig fields as JSON, e.g. '{\"max_retries\": 1}'."
+        ),
+        log_level: str = typer.Option("warning", help="uvicorn log level."),
+    ) -> None:
+        """Run the router in the foreground until interrupted."""
+        from pydantic import ValidationError
+
+        from zoe_cluster.router.app import build_router, static_membership
+        from zoe_cluster.router.config import RouterConfig
+        from zoe_cluster.router.membership import MemberReplica, Membership
+        from zoe_cluster.routing import PolicyConfigError
+
+        extra = {}
+        if config_json:
+            try:
+                extra = json.loads(config_json)
+            except ValueError as e:
+                fail(f"--config-json is not valid JSON: {e}")
+        try:
+            cfg = RouterConfig(
+                host=host, port=port, policy=policy, policy_config=_parse_kv(policy_config), models=model,
+                api_keys=_keys(api_key, "ZOE_ROUTER_API_KEYS"), admin_key=admin_key or None,
+                max_context_tokens=max_context_tokens, **extra,
+            )
+            fields = dict(kv_capacity_tokens=kv_capacity_tokens, max_active_requests=max_active_requests,
+                          engine=engine)
+            members = static_membership(replica, **fields).replicas + [
+                MemberReplica(id=f"static-long/{i}/0", url=u, pool="long", **fields) for i, u in enumerate(long_replica)
+            ]
+            membership = Membership(version=0, replicas=members) if members else None
+        except PolicyConfigError as e:
+            fail(str(e))
+        except ValidationError as e:
+            fail("; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()))
+        if membership is None and cfg.admin_key is None:
+            fail("no --replica given and no --admin-key to receive membership: the router would have nothing to route to")
+        run_router(build_router(cfg, membership=membership), cfg, log_level)
+
+
+def run_router(router, cfg, log_level: str = "warning") -> None:
+    """Serve `router` with uvicorn (uvloop + httptools when available) until SIGINT/SIGTERM."""
+    import uvicorn
+
+    console.print(
+        f"zoe router on http://{cfg.host}:{cfg.port} policy={cfg.policy} replicas={len(router.replicas.by_id)}",
+        highlight=False,
+    )
+    uvicorn.run(
+        router.app, host=cfg.host, port=cfg.port, loop="auto", http="auto", lifespan="on",
+        access_log=False, log_level=log_level, timeout_keep_alive=75,
+    )

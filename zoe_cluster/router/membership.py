@@ -41,6 +41,9 @@ class MemberReplica(BaseModel):
     state: Literal["ready", "draining"] = Field(
         default="ready", description="ready: receives requests; draining: in-flight requests finish, no new ones."
     )
+    engine: Literal["vllm", "sglang", "sim"] = Field(
+        default="vllm", description="Engine behind the URL; picks the parser of its /metrics."
+    )
     models: list[str] = Field(
         default_factory=list, description="Served model names; empty means the router's configured model list."
     )

@@ -1,0 +1,100 @@
+"""Every Prometheus metric zoe exports, defined once.
+
+Dashboards, alert rules and tests read `METRICS`; components create their collectors on a registry they are
+given (no module-level collectors, so tests build as many routers as they like):
+
+    registry = prometheus_client.CollectorRegistry()
+    m = build_metrics("router", registry)
+    m.requests.labels(replica="glm/0/1", reason="prefix").inc()
+
+To add metrics for another area, append `MetricSpec`s with that `area` and call `build_metrics(area, registry)`.
+Names are prefixed `zoe_`; units are in names (`_seconds`, `_tokens`); counters end in `_total`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+MetricKind = Literal["counter", "gauge", "histogram"]
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    area: str
+    """Component that exports it: "router", ..."""
+    attr: str
+    """Attribute name on the object `build_metrics` returns."""
+    name: str
+    """Exposed name (for counters, without the `_total` suffix prometheus-client appends)."""
+    kind: MetricKind
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+    @property
+    def exposed_name(self) -> str:
+        return self.name + "_total" if self.kind == "counter" else self.name
+
+
+METRICS: list[MetricSpec] = [
+    # --- router (zoe_cluster.router) ---
+    MetricSpec("router", "requests", "zoe_router_requests", "counter",
+               "Requests sent to a replica, by routing reason (retries count again).", ("replica", "reason")),
+    MetricSpec("router", "responses", "zoe_router_responses", "counter",
+               "Responses the router returned to clients, by HTTP status code.", ("code",)),
+    MetricSpec("router", "prompt_tokens", "zoe_router_prompt_tokens", "counter",
+               "Prompt tokens routed (estimated from text), by replica.", ("replica",)),
+    MetricSpec("router", "prefix_matched_tokens", "zoe_router_prefix_matched_tokens", "counter",
+               "Prompt tokens the policy expected to hit the replica's prefix cache, by replica.", ("replica",)),
+    MetricSpec("router", "estimated_hit_rate", "zoe_router_estimated_hit_rate", "gauge",
+               "Prefix tokens matched / prompt tokens routed since start (the router's estimate)."),
+    MetricSpec("router", "ttft", "zoe_router_ttft_seconds", "histogram",
+               "Time from request arrival to the first streamed byte sent to the client.", ("model",),
+               LATENCY_BUCKETS_S),
+    MetricSpec("router", "e2e", "zoe_router_e2e_seconds", "histogram",
+               "Time from request arrival to the end of the response.", ("model",), LATENCY_BUCKETS_S),
+    MetricSpec("router", "upstream_errors", "zoe_router_upstream_errors", "counter",
+               "Upstream failures by replica and kind (connect, timeout, status, midstream).", ("replica", "kind")),
+    MetricSpec("router", "retries", "zoe_router_retries", "counter",
+               "Requests retried on another replica after a failure before any byte was sent.", ("replica",)),
+    MetricSpec("router", "ejections", "zoe_router_ejections", "counter",
+               "Replicas taken out of rotation, by cause (passive: error rate; active: /health).",
+               ("replica", "cause")),
+    MetricSpec("router", "replica_healthy", "zoe_router_replica_healthy", "gauge",
+               "1 when the replica receives new requests (healthy, not ejected, not draining).", ("replica",)),
+    MetricSpec("router", "active_requests", "zoe_router_active_requests", "gauge",
+               "Requests in flight on the replica as counted by the router.", ("replica",)),
+    MetricSpec("router", "queue_depth", "zoe_router_queue_depth", "gauge",
+               "Requests waiting in the router because every replica is saturated."),
+    MetricSpec("router", "pool_spillovers", "zoe_router_pool_spillovers", "counter",
+               "Requests routed outside their context pool (pool empty or saturated), by target pool.", ("pool",)),
+    MetricSpec("router", "membership_version", "zoe_router_membership_version", "gauge",
+               "Version of the membership the router applies."),
+]
+
+
+def build_metrics(area: str, registry: CollectorRegistry) -> SimpleNamespace:
+    """Create the collectors of `area` on `registry`; attributes are the specs' `attr` names."""
+    out = SimpleNamespace()
+    for spec in METRICS:
+        if spec.area != area:
+            continue
+        if spec.kind == "counter":
+            c = Counter(spec.name, spec.help, spec.labels, registry=registry)
+        elif spec.kind == "gauge":
+            c = Gauge(spec.name, spec.help, spec.labels, registry=registry)
+        else:
+            c = Histogram(spec.name, spec.help, spec.labels, registry=registry, buckets=spec.buckets or LATENCY_BUCKETS_S)
+        setattr(out, spec.attr, c)
+    return out
+
+
+def metric_names(area: str | None = None) -> list[str]:
+    """Exposed names (counters with `_total`), for dashboards and tests."""
+    return [s.exposed_name for s in METRICS if area is None or s.area == area]

@@ -1,0 +1,60 @@
+"""Typed configuration of the router process (`zoe router ...` builds one; tests build it directly)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from zoe_cluster.routing.hashing import DEFAULT_BLOCK_TOKENS
+from zoe_cluster.routing.policy import DEFAULT_POLICY, validate_policy_config
+
+
+class RouterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field(default="127.0.0.1", description="Address to bind; loopback unless told otherwise.")
+    port: int = Field(default=8080, ge=0, le=65535, description="Port of the OpenAI API (0: any free port).")
+    policy: str = Field(default=DEFAULT_POLICY, description="Routing policy name (see `zoe router --help`).")
+    policy_config: dict[str, Any] = Field(default_factory=dict, description="Tunables of the policy.")
+    models: list[str] = Field(
+        default_factory=list,
+        description="Served model names clients may ask for; empty: those the replicas declare, or any model.",
+    )
+    api_keys: list[str] = Field(default_factory=list, description="Bearer keys clients must send (empty: open).")
+    admin_key: str | None = Field(
+        default=None, description="Bearer key of the /admin endpoints (membership, drain); None disables them."
+    )
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0, description="Larger request bodies get 413.")
+    max_context_tokens: int | None = Field(
+        default=None, gt=0, description="Prompts estimated longer than this get 400 naming the limit."
+    )
+    block_tokens: int = Field(default=DEFAULT_BLOCK_TOKENS, gt=0, description="Prefix block size, tokens.")
+    connect_timeout_s: float = Field(default=3.0, gt=0, description="Connecting to a replica.")
+    first_byte_timeout_s: float = Field(
+        default=900.0, gt=0, description="From sending the request to the response headers (covers long prefills)."
+    )
+    read_timeout_s: float = Field(
+        default=300.0, gt=0, description="Longest silence between two chunks of a response body."
+    )
+    max_retries: int = Field(default=2, ge=0, description="Other replicas tried when one fails before any byte.")
+    max_queue: int = Field(default=1024, ge=0, description="Requests that may wait for a free replica; more get 429.")
+    queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest wait in the queue before 503.")
+    retry_after_s: int = Field(default=1, ge=1, description="Retry-After sent with 429/503.")
+    health_interval_s: float = Field(
+        default=2.0, ge=0, description="Period of the active /health and /metrics checks (0: no active checks)."
+    )
+    health_timeout_s: float = Field(default=2.0, gt=0, description="Timeout of one /health check.")
+    unhealthy_after: int = Field(default=2, ge=1, description="Failed /health checks in a row that eject a replica.")
+    passive_failures: int = Field(
+        default=3, ge=1, description="Upstream failures in a row (connect, timeout, 5xx) that eject a replica."
+    )
+    eject_s: float = Field(
+        default=10.0, gt=0, description="How long a passive ejection lasts before the replica is tried again."
+    )
+    scrape_metrics: bool = Field(default=True, description="Scrape each replica's /metrics with the health check.")
+
+    @model_validator(mode="after")
+    def _policy_ok(self) -> "RouterConfig":
+        validate_policy_config(self.policy, self.policy_config)
+        return self

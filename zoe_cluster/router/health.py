@@ -1,0 +1,104 @@
+"""Active health checks and engine-stats scrapes, one loop per router.
+
+Every `health_interval_s` each replica's GET /health is called (`health_timeout_s`); `unhealthy_after` failures
+in a row take it out of rotation, one success brings it back (and lifts a passive ejection early). With
+`scrape_metrics`, the replica's /metrics is parsed by its engine adapter (`zoe_cluster.engines`) into
+`ReplicaView.stats`, which the prefix policy reads when the scrape is fresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING
+
+import aiohttp
+
+from zoe_cluster.router.config import RouterConfig
+from zoe_cluster.router.replicas import ReplicaState
+
+if TYPE_CHECKING:
+    from zoe_cluster.router.app import Router
+
+
+def _parser(engine: str):
+    try:
+        from zoe_cluster.engines import get_adapter
+
+        return get_adapter(engine).parse_metrics
+    except (ImportError, ValueError):  # an adapter not built yet: no stats, health still checked
+        return None
+
+
+class HealthChecker:
+    def __init__(self, router: "Router", config: RouterConfig) -> None:
+        self.router = router
+        self.config = config
+        self._task: asyncio.Task | None = None
+        self._kick = asyncio.Event()
+        self._parsers: dict[str, object] = {}
+
+    def start(self) -> None:
+        if self.config.health_interval_s > 0 and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def kick(self) -> None:
+        """Check now (after a membership change) instead of at the next period."""
+        self._kick.set()
+
+    async def _loop(self) -> None:
+        while True:
+            await self.check_all()
+            self._kick.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.health_interval_s):
+                    await self._kick.wait()
+
+    async def check_all(self) -> None:
+        states = list(self.router.replicas)
+        if states:
+            await asyncio.gather(*(self.check(st) for st in states), return_exceptions=True)
+
+    async def check(self, st: ReplicaState) -> None:
+        session = self.router.session
+        if session is None or st.removed:
+            return
+        url = st.member.url
+        ok = False
+        try:
+            async with asyncio.timeout(self.config.health_timeout_s):
+                async with session.get(url + "/health") as resp:
+                    await resp.read()
+                    ok = resp.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            ok = False
+        if st.removed:
+            return
+        self.router.replicas.record_health(st, ok)
+        if ok and self.config.scrape_metrics:
+            await self._scrape(st)
+
+    async def _scrape(self, st: ReplicaState) -> None:
+        engine = st.member.engine
+        if engine not in self._parsers:
+            self._parsers[engine] = _parser(engine)
+        parse = self._parsers[engine]
+        if parse is None or self.router.session is None:
+            return
+        try:
+            async with asyncio.timeout(self.config.health_timeout_s):
+                async with self.router.session.get(st.member.url + "/metrics") as resp:
+                    if resp.status != 200:
+                        return
+                    text = await resp.text()
+            st.view.stats = parse(text, time.time())  # type: ignore[operator]
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            pass
