@@ -165,11 +165,13 @@ def auto_splits(max_len: int) -> int:
 
 
 def topk_ranges(scores: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, k: int, *,
-                splits: int | None = None, block: int = 4096, num_warps: int = 8) -> torch.Tensor:
+                splits: int | None = None, block: int = 4096, num_warps: int = 8,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k positions of each row's valid range [starts[r], ends[r]) of `scores` [R, N] float32.
 
     Returns int32 [R, k]: positions relative to starts[r], ascending, -1 padded (see the module doc for
-    the tie rule). `splits` chunks per row (default `auto_splits`); `block` is the tile of one loop step.
+    the tie rule). `splits` chunks per row (default `auto_splits`); `block` is the tile of one loop step;
+    `out` an optional preallocated contiguous int32 [R, k] tensor.
     """
     if scores.dim() != 2 or scores.dtype != torch.float32:
         raise ValueError(f"scores must be a 2-D float32 tensor, got {tuple(scores.shape)} {scores.dtype}")
@@ -182,7 +184,10 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
         scores = scores.contiguous()
     starts = starts.to(device=scores.device, dtype=torch.int32).clamp(0, n).contiguous()
     ends = ends.to(device=scores.device, dtype=torch.int32).clamp(0, n).contiguous()
-    out = torch.empty((rows, k), dtype=torch.int32, device=scores.device)
+    if out is None:
+        out = torch.empty((rows, k), dtype=torch.int32, device=scores.device)
+    elif out.shape != (rows, k) or out.dtype != torch.int32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous int32 [{rows}, {k}] tensor, got {tuple(out.shape)} {out.dtype}")
     if rows == 0:
         return out
     if splits is None:
@@ -206,7 +211,7 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
 
 
 def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: int | None = None,
-         block: int = 4096, num_warps: int = 8) -> torch.Tensor:
+         block: int = 4096, num_warps: int = 8, out: torch.Tensor | None = None) -> torch.Tensor:
     """CSA top-K: the k best compressed entries of each request.
 
     scores: [B, N] float32, entry j of request b valid for j < lengths[b] (lengths [B], any int dtype,
@@ -220,4 +225,4 @@ def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: i
     if lengths.shape != (scores.shape[0],):
         raise ValueError(f"lengths must have shape ({scores.shape[0]},), got {tuple(lengths.shape)}")
     starts = torch.zeros_like(lengths, dtype=torch.int32)
-    return topk_ranges(scores, starts, lengths, k, splits=splits, block=block, num_warps=num_warps)
+    return topk_ranges(scores, starts, lengths, k, splits=splits, block=block, num_warps=num_warps, out=out)

@@ -94,10 +94,12 @@ def _check_inputs(q, weights, k, k_scale, ks, ke):
 
 def lightning_indexer(q_fp8: torch.Tensor, weights: torch.Tensor, k_fp8: torch.Tensor, k_scale: torch.Tensor,
                       ks: torch.Tensor, ke: torch.Tensor, *, block_m: int | None = None, block_n: int = 128,
-                      tiles_per_program: int = 4, num_warps: int = 8, num_stages: int = 3) -> torch.Tensor:
+                      tiles_per_program: int = 4, num_warps: int = 8, num_stages: int = 3,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
     """DSA indexer logits [M, N] float32 (see the module doc for the math and the -inf masking).
 
-    block_m query rows share one program (default: 128 // H, so a program's fp8 dot has 128 rows)."""
+    block_m query rows share one program (default: 128 // H, so a program's fp8 dot has 128 rows);
+    `out` is an optional preallocated contiguous [M, N] float32 tensor to write into."""
     _check_inputs(q_fp8, weights, k_fp8, k_scale, ks, ke)
     m, h, d = q_fp8.shape
     n = k_fp8.shape[0]
@@ -108,7 +110,10 @@ def lightning_indexer(q_fp8: torch.Tensor, weights: torch.Tensor, k_fp8: torch.T
     k_scale = k_scale.to(torch.float32).contiguous()
     ks = ks.to(device=q_fp8.device, dtype=torch.int32).contiguous()
     ke = ke.to(device=q_fp8.device, dtype=torch.int32).contiguous()
-    out = torch.empty((m, n), dtype=torch.float32, device=q_fp8.device)
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.float32, device=q_fp8.device)
+    elif out.shape != (m, n) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 [{m}, {n}] tensor, got {tuple(out.shape)} {out.dtype}")
     if m == 0 or n == 0:
         return out
     bm = block_m or max(1, 128 // h)

@@ -1,0 +1,117 @@
+"""CSA dual-scope decode (`zoe_kernels.csa.dual_scope_decode`) against a float64 reference."""
+
+import pytest
+import torch
+
+from tests.kernels._sparse_device import DEVICE, FP8, ON_GPU
+from zoe_kernels.csa import dual_scope_decode, topk
+from zoe_kernels.csa.reference import dual_scope_decode_reference
+
+pytestmark = pytest.mark.kernels
+
+# relative-error bounds: fp32 operands (ieee dots) far under 1e-3; fp16/bf16 dot operands round K, V and P
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+
+
+def _case(b, h, d, w, nc, k, dtype, fp8_kv, gen):
+    q = torch.randn(b, h, d, generator=gen).to(dtype)
+    win_len = torch.randint(0, w + 1, (b,), generator=gen)
+    win_len[0] = w
+    idx = torch.stack([torch.randperm(nc, generator=gen)[:k] for _ in range(b)]).int()
+    if b > 1:
+        idx[1, k // 2:] = -1  # fewer selected entries than k
+    if b > 2:
+        idx[2] = -1
+        win_len[2] = 0  # no entry at all: zeros (or the sink alone)
+    args = {"q": q, "win_len": win_len, "comp_idx": idx}
+    for scope, n in (("win", w), ("comp", nc)):
+        kv = {"k": torch.randn(b, n, d, generator=gen), "v": torch.randn(b, n, d, generator=gen)}
+        for name, t in kv.items():
+            if fp8_kv or name == "k":  # keys are always fp8 here; values fp8 too when fp8_kv
+                scale = torch.rand(b, n, generator=gen) + 0.5
+                args[f"{scope}_{name}"] = (t / scale[..., None]).to(FP8)
+                args[f"{scope}_{name}_scale"] = scale
+            else:
+                args[f"{scope}_{name}"] = t.to(dtype)
+    return args
+
+
+def _run(args, **kw):
+    dev = {n: (t.to(DEVICE) if isinstance(t, torch.Tensor) else t) for n, t in args.items()}
+    q, wk, wv, wl, ck, cv, ci = (dev.pop(n) for n in ("q", "win_k", "win_v", "win_len", "comp_k", "comp_v", "comp_idx"))
+    kw = {n: (t.to(DEVICE) if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+    return dual_scope_decode(q, wk, wv, wl, ck, cv, ci, **dev, **kw)
+
+
+def _reference(args, **kw):
+    a = dict(args)
+    q, wk, wv, wl, ck, cv, ci = (a.pop(n) for n in ("q", "win_k", "win_v", "win_len", "comp_k", "comp_v", "comp_idx"))
+    kw = {n: v for n, v in kw.items() if n in ("sink", "sm_scale")}
+    return dual_scope_decode_reference(q, wk, wv, wl, ck, cv, ci, **a, **kw)
+
+
+def _check(out, ref, dtype):
+    out = out.cpu().double()
+    assert torch.isfinite(out).all()
+    err = (out - ref).norm() / ref.norm()
+    assert err < TOL[dtype], f"relative error {err:.2e} for {dtype}"
+
+
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])  # bf16: GPU only (interpreter)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_sink", [False, True])
+@pytest.mark.parametrize("splits", [1, 3, None])
+def test_dual_scope_decode_matches_reference(dtype, with_sink, splits):
+    gen = torch.Generator().manual_seed(hash((str(dtype), with_sink, splits)) % 2**31)
+    b, h, d, w, nc, k = 3, 8, 64, 20, 90, 40
+    args = _case(b, h, d, w, nc, k, dtype, fp8_kv=False, gen=gen)
+    kw = {"sink": torch.randn(h, generator=gen)} if with_sink else {}
+    out = _run(args, splits=splits, block_kv=16, **kw)
+    assert out.shape == (b, h, d) and out.dtype == dtype
+    ref = _reference(args, **kw)
+    _check(out, ref, dtype)
+    if not with_sink:
+        assert (out[2].cpu() == 0).all()  # no entries and no sink
+
+
+def test_fp8_values_odd_heads_and_custom_scale():
+    gen = torch.Generator().manual_seed(5)
+    args = _case(2, 20, 32, 33, 70, 25, torch.float32, fp8_kv=True, gen=gen)
+    out = _run(args, splits=2, block_kv=16, sm_scale=0.3, block_h=16)
+    _check(out, _reference(args, sm_scale=0.3), torch.float32)
+
+
+def test_topk_indices_feed_dual_scope_decode():
+    gen = torch.Generator().manual_seed(9)
+    b, h, d, w, nc, k = 2, 4, 32, 16, 300, 32
+    args = _case(b, h, d, w, nc, k, torch.float32, fp8_kv=False, gen=gen)
+    scores = torch.randn(b, nc, generator=gen)
+    lengths = torch.tensor([300, 20])  # the second request has fewer entries than k: -1 padded
+    args["comp_idx"] = topk(scores.to(DEVICE), lengths.to(DEVICE), k, block=512).cpu()
+    assert (args["comp_idx"][1, 20:] == -1).all()
+    _check(_run(args, block_kv=16), _reference(args), torch.float32)
+
+
+def test_bad_inputs_raise_clear_errors():
+    gen = torch.Generator().manual_seed(3)
+    args = _case(2, 4, 32, 8, 20, 8, torch.float32, fp8_kv=False, gen=gen)
+    missing = dict(args)
+    missing.pop("win_k_scale")
+    with pytest.raises(ValueError, match="win_k is fp8"):
+        _run(missing)
+    with pytest.raises(ValueError, match="sink must be"):
+        _run(args, sink=torch.zeros(5))
+    bad = dict(args)
+    bad["comp_v"] = bad["comp_v"][:, :, :16].contiguous()
+    with pytest.raises(ValueError, match="comp_v must be"):
+        _run(bad)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the production shape needs a GPU")
+def test_production_shape_on_gpu():
+    gen = torch.Generator().manual_seed(17)
+    args = _case(8, 64, 512, 128, 4096, 512, torch.bfloat16, fp8_kv=False, gen=gen)
+    sink = torch.randn(64, generator=gen)
+    _check(_run(args, sink=sink), _reference(args, sink=sink), torch.bfloat16)

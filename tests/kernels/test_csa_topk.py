@@ -1,0 +1,96 @@
+"""CSA top-K (`zoe_kernels.csa.topk`): exact indices and the documented tie rule against a float64 reference."""
+
+import pytest
+import torch
+
+from tests.kernels._sparse_device import DEVICE, ON_GPU
+from zoe_kernels.csa import topk, topk_ranges
+from zoe_kernels.csa.reference import topk_ranges_reference, topk_reference
+from zoe_kernels.csa.topk import auto_splits
+
+pytestmark = pytest.mark.kernels
+BLOCK = 4096 if ON_GPU else 512
+
+
+def _scores(kind: str, b: int, n: int, gen: torch.Generator) -> torch.Tensor:
+    if kind == "normal":
+        return torch.randn(b, n, generator=gen)
+    if kind == "uniform":  # dense top bins: the radix select needs all three passes
+        return torch.rand(b, n, generator=gen)
+    if kind == "ties":  # few distinct values: ties decided by the lower position
+        return torch.randint(-3, 4, (b, n), generator=gen).float()
+    if kind == "equal":
+        return torch.full((b, n), 0.25)
+    if kind == "signed_inf":  # negative values, -inf and +inf in range
+        s = torch.randn(b, n, generator=gen) * 1e3
+        s[:, ::7] = float("-inf")
+        s[:, 5::97] = float("inf")
+        return s
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize(
+    "kind,b,n,k,splits",
+    [("normal", 3, 3000, 128, 1), ("normal", 2, 5000, 64, 4), ("uniform", 2, 4100, 128, 4),
+     ("ties", 2, 2500, 256, 1), ("ties", 2, 3000, 100, 3), ("equal", 2, 1500, 128, 2),
+     ("signed_inf", 2, 2000, 300, 1), ("normal", 4, 700, 512, None)],
+)
+def test_topk_matches_reference_with_ragged_lengths(kind, b, n, k, splits):
+    gen = torch.Generator().manual_seed(hash((kind, b, n, k)) % 2**31)
+    scores = _scores(kind, b, n, gen)
+    lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
+    lengths[0] = n
+    lengths[-1] = min(int(lengths[-1]), k // 2)  # fewer valid entries than k: -1 padding
+    poisoned = torch.full((b, k), 12345, dtype=torch.int32, device=DEVICE)  # every slot must be written
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, block=BLOCK, out=poisoned)
+    assert out.data_ptr() == poisoned.data_ptr()
+    assert out.dtype == torch.int32 and out.shape == (b, k)
+    ref = topk_reference(scores, lengths, k)
+    assert torch.equal(out.cpu(), ref)
+    # a row with fewer valid entries than k: every valid entry, then -1
+    last = out[-1].cpu()
+    assert (last[: int(lengths[-1])] >= 0).all() and (last[int(lengths[-1]):] == -1).all()
+
+
+def test_topk_ranges_are_relative_to_the_row_start():
+    gen = torch.Generator().manual_seed(7)
+    scores = torch.randn(4, 1200, generator=gen)
+    starts = torch.tensor([0, 100, 600, 1200])
+    ends = torch.tensor([1200, 900, 700, 1200])  # the last row is empty
+    out = topk_ranges(scores.to(DEVICE), starts.to(DEVICE), ends.to(DEVICE), 150, block=BLOCK).cpu()
+    assert torch.equal(out, topk_ranges_reference(scores, starts, ends, 150))
+    assert (out[3] == -1).all()
+    assert out[1].max() < 800 and out[2].max() < 100  # relative positions
+    chosen = out[1][out[1] >= 0].long() + 100
+    threshold = scores[1, chosen].min()
+    assert (scores[1, 100:900] > threshold).sum() < 150
+
+
+def test_empty_rows_and_zero_lengths():
+    out = topk(torch.randn(3, 100).to(DEVICE), torch.tensor([0, 0, 5]).to(DEVICE), 16, block=BLOCK).cpu()
+    assert (out[:2] == -1).all()
+    assert sorted(out[2][:5].tolist()) == list(range(5)) and (out[2][5:] == -1).all()
+
+
+def test_auto_splits_follow_length():
+    assert [auto_splits(n) for n in (4096, 65536, 262144, 524288, 1 << 20, 4 << 20)] == [1, 2, 8, 16, 32, 32]
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="lengths must have shape"):
+        topk(torch.randn(2, 10), torch.tensor([1, 2, 3]), 4)
+    with pytest.raises(ValueError, match="float32"):
+        topk(torch.randn(2, 10).double(), torch.tensor([1, 2]), 4)
+    with pytest.raises(ValueError, match="k must be positive"):
+        topk(torch.randn(2, 10), torch.tensor([1, 2]), 0)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="long rows need a GPU")
+@pytest.mark.parametrize("b,n", [(1, 1 << 20), (4, 300_000), (32, 65536)])
+def test_topk_long_rows_on_gpu(b, n):
+    gen = torch.Generator().manual_seed(n)
+    scores = torch.randn(b, n, generator=gen)
+    lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
+    lengths[0] = n
+    out = topk(scores.cuda(), lengths.cuda(), 512).cpu()
+    assert torch.equal(out, topk_reference(scores, lengths, 512))
