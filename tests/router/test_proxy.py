@@ -252,3 +252,21 @@ def test_active_health_ejects_and_recovers():
         assert c.router.replicas.by_id["static/0/0"].view.stats is not None  # /metrics scraped via the vllm adapter
     finally:
         c.close()
+
+
+def test_saturated_replica_queues_requests_until_one_finishes():
+    c = Cluster(n=1)
+    c.backends[0].chunks, c.backends[0].interval_s = 5, 0.05
+    c.router.replicas.by_id["static/0/0"].view.max_active_requests = 1
+    try:
+        import concurrent.futures as cf
+
+        with cf.ThreadPoolExecutor(3) as pool:
+            futs = [pool.submit(completion, c.client, True) for _ in range(3)]
+            time.sleep(0.1)
+            assert c.metric("zoe_router_queue_depth") >= 1
+            results = [f.result() for f in futs]
+        assert all(r.status_code == 200 and sse_events(r.text)[-1] == "[DONE]" for r in results)
+        assert c.metric("zoe_router_queue_depth") == 0
+    finally:
+        c.close()

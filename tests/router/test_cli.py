@@ -1,0 +1,66 @@
+"""`zoe router` as a process: the way the controller runs it (membership pushed through the admin API)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, free_port
+from tests.router.fake_backend import FakeBackend, ServerThread
+from zoe_cluster.router.membership import MemberReplica, Membership
+
+
+def run_cli(*args, env=None, timeout=30):
+    return subprocess.run([sys.executable, "-m", "zoe_cluster.cli.main", "router", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--replica", "http://127.0.0.1:1", "--policy", "nope"], "unknown routing policy 'nope'"),
+        (["--replica", "http://127.0.0.1:1", "--policy-config", "decode_weight=-1"], "decode_weight"),
+        (["--replica", "http://127.0.0.1:1", "--policy-config", "oops"], "key=value"),
+        (["--replica", "not-a-url"], "http://"),
+        ([], "no --replica"),
+    ],
+)
+def test_bad_arguments_exit_with_a_reason(args, needle):
+    r = run_cli(*args, env={"ZOE_ROUTER_ADMIN_KEY": ""})
+    assert r.returncode != 0 and needle in (r.stderr + r.stdout)
+
+
+def test_router_process_takes_membership_from_the_admin_api():
+    backend = ServerThread(FakeBackend("b0").app).start()
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zoe_cluster.cli.main", "router", "--port", str(port), "--model", "m"],
+        cwd=REPO, env={**os.environ, "ZOE_ROUTER_ADMIN_KEY": "secret"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    admin = {"Authorization": "Bearer secret"}
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, "router did not start"
+            time.sleep(0.1)
+        m = Membership(version=1, replicas=[MemberReplica(id="glm/0/1", url=backend.url, engine="vllm", models=["m"])])
+        assert httpx.put(url + "/admin/membership", json=m.model_dump(), headers=admin).status_code == 200
+        r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "hi", "stream": True})
+        assert r.status_code == 200 and r.headers["x-zoe-replica"] == "glm/0/1" and "[DONE]" in r.text
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+        backend.stop()
