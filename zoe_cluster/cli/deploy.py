@@ -1,9 +1,314 @@
-"""`zoe` commands of this area (filled in by its module's owner)."""
+"""`zoe deploy | status | scale | switch | logs | undeploy`: run a model as Ray actor gangs behind the router.
+
+Every command finds the deployment by asking Ray for its controller (a detached named actor); nothing about a
+deployment is kept in local files. With no cluster to join, `zoe deploy` starts a local Ray (fake GPUs when
+the machine has none, enough for `--engine sim`).
+"""
 
 from __future__ import annotations
 
+import shlex
+import time
+from typing import Optional
+
 import typer
+
+from zoe_cluster.cli.common import console, fail, print_json
+
+ENGINES = ("vllm", "sglang", "sim")
+
+
+def _connect(address: Optional[str], start_local: bool = False, num_gpus: Optional[int] = None) -> str:
+    from zoe_cluster.cluster.bootstrap import NoCluster, connect
+
+    try:
+        return connect(address, start_local=start_local, num_gpus=num_gpus)
+    except NoCluster as e:
+        fail(str(e))
+
+
+def _controller(name: str):
+    from zoe_cluster.cluster.client import NoDeployment, get_controller
+
+    try:
+        return get_controller(name)
+    except NoDeployment as e:
+        fail(str(e))
+
+
+def _call(ref, timeout_s: float = 600):
+    import ray
+
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        fail(f"the controller did not answer in {timeout_s:.0f}s")
+    except ray.exceptions.RayTaskError as e:
+        cause = e.cause if getattr(e, "cause", None) is not None else e
+        fail(str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__)
+
+
+def _parse_env(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            fail(f"--env expects KEY=VALUE, got {item!r}")
+        env[k] = v
+    return env
+
+
+def _fmt_age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+_STATE_STYLE = {"ready": "green", "loading": "yellow", "starting": "yellow", "pending": "yellow",
+                "draining": "cyan", "stopped": "dim", "failed": "red"}
+
+
+def render_status(st: dict) -> None:
+    from rich.table import Table
+
+    head = (f"[bold]{st['deployment']}[/] model {st['model']} engine {st['engine']} variant {st['variant']}  "
+            f"ready {st['replicas_ready']}/{st['replicas_desired']}")
+    console.print(head, highlight=False)
+    if st.get("endpoint"):
+        console.print(f"endpoint {st['endpoint']}  (model name '{st['served_model_name']}')", highlight=False)
+    if st.get("router_error"):
+        console.print(f"[red]router: {st['router_error']}[/]")
+    t = Table(box=None, pad_edge=False)
+    for col in ("replica", "id", "state", "since", "variant", "nodes", "GPUs", "uptime", "restarts", "url", "last event"):
+        t.add_column(col)
+    now = st["now"]
+    for r in st["replicas"]:
+        ev = r["events"][-1] if r["events"] else None
+        last = f"{ev['what']} {ev['detail']}".strip() if ev else ""
+        if r.get("failure") and r["state"] == "failed":
+            last = r["failure"]
+        gpus = " ".join(",".join(str(g) for g in ids) for ids in r["gpu_ids"]) or "-"
+        style = _STATE_STYLE.get(r["state"], "")
+        t.add_row(str(r["index"]), r["id"], f"[{style}]{r['state']}[/]", _fmt_age(now - r["state_since"]),
+                  r["variant"], " ".join(r["nodes"]) or "-", gpus, _fmt_age(r["uptime_s"]) if r["uptime_s"] else "-",
+                  str(r["restarts"]), r["url"] or "-", last[:60])
+    console.print(t)
+
+
+def _wait_with_progress(handle, want: int, timeout_s: float, label: str) -> dict:
+    """Poll the controller, showing each replica's state, until `want` replicas are ready; returns the status."""
+    import ray
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    order = ["pending", "starting", "loading", "ready"]
+    deadline = time.monotonic() + timeout_s
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        tasks: dict[int, int] = {}
+        while True:
+            st = ray.get(handle.status.remote(), timeout=60)
+            for r in st["replicas"]:
+                i = r["index"]
+                if i not in tasks:
+                    tasks[i] = progress.add_task(f"{label} replica {i}", total=len(order) - 1, state="")
+                step = order.index(r["state"]) if r["state"] in order else 0
+                detail = r["state"] + (f" ({r['last_health_error'][:40]})" if r["state"] == "loading"
+                                       and r.get("last_health_error") else "")
+                if r["state"] == "failed":
+                    detail = f"failed: {(r.get('failure') or '')[:60]}; restarting"
+                progress.update(tasks[i], completed=step, state=detail)
+            if st["replicas_ready"] >= want and len(st["replicas"]) >= want:
+                return st
+            if time.monotonic() > deadline:
+                return st
+            time.sleep(0.5)
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the top-level app."""
+
+    @app.command("deploy")
+    def deploy_cmd(
+        model: str = typer.Argument(..., help="Model name (a recipe in recipes/), e.g. glm-5.3."),
+        variant: Optional[str] = typer.Option(None, help="Recipe variant (default: the recipe's default)."),
+        concurrency: Optional[int] = typer.Option(
+            None, help="Expected concurrent requests: the planner picks the variant and replica count."),
+        replicas: Optional[int] = typer.Option(None, min=0, help="Replica count (default 1, or the plan's)."),
+        engine: Optional[str] = typer.Option(
+            None, help="vllm, sglang, or sim (simulated; needs no GPUs). Default: the variant's engine."),
+        address: Optional[str] = typer.Option(
+            None, help="Ray cluster to join (else $RAY_ADDRESS, a running local one, or a new local one)."),
+        port: int = typer.Option(8000, help="Port of the OpenAI endpoint (the router)."),
+        host: Optional[str] = typer.Option(
+            None, help="Router bind address (default 0.0.0.0 on a cluster, 127.0.0.1 on a local Ray)."),
+        name: Optional[str] = typer.Option(None, help="Deployment name (default: the model name)."),
+        policy: Optional[str] = typer.Option(None, help="Routing policy (router default if unset)."),
+        model_path: Optional[str] = typer.Option(None, help="Local checkpoint instead of the recipe's weights."),
+        max_model_len: Optional[int] = typer.Option(None, help="Context limit passed to the engine, tokens."),
+        launcher: Optional[str] = typer.Option(
+            None, help="Command that starts the engine, e.g. '/opt/venv/bin/vllm' (default: the engine's own)."),
+        engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra engine flag (repeatable)."),
+        env: list[str] = typer.Option([], "--env", help="Extra engine environment KEY=VALUE (repeatable)."),
+        load_timeout: float = typer.Option(1800, help="Seconds a replica may take to load before it is restarted."),
+        num_gpus: Optional[int] = typer.Option(
+            None, help="GPUs a new local Ray declares (default: the machine's, or 16 fake ones without GPUs)."),
+        wait: bool = typer.Option(True, help="Wait for the replicas to be ready (with progress)."),
+        timeout: float = typer.Option(3600, help="Seconds to wait for readiness."),
+        json_out: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
+    ) -> None:
+        """Deploy MODEL as Ray actor gangs behind the router; prints the OpenAI endpoint when ready."""
+        from pydantic import ValidationError
+
+        from zoe_cluster.cluster.client import DeploymentExists, create_deployment
+        from zoe_cluster.cluster.spec import DeploymentSpec, HealthConfig, RouterConfig
+        from zoe_cluster.recipes.loader import RecipeError, RecipeRegistry, UnknownModelError
+
+        if engine is not None and engine not in ENGINES:
+            fail(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if variant and concurrency is not None:
+            fail("give either --variant or --concurrency, not both")
+        try:
+            recipe = RecipeRegistry.default().get(model)
+        except (UnknownModelError, RecipeError) as e:
+            fail(str(e))
+        chosen = variant or recipe.default_variant
+        if concurrency is not None:
+            from zoe_cluster.planner import Demand, NoFeasibleVariant, plan
+
+            try:
+                p = plan(recipe, Demand(concurrency=concurrency))
+            except (NoFeasibleVariant, ValueError) as e:
+                fail(str(e))
+            chosen = p.variant
+            replicas = p.replicas if replicas is None else replicas
+            console.print(f"plan: {p.reason}", highlight=False)
+        if chosen not in recipe.variants:
+            fail(f"model {model} has no variant '{chosen}'; known: {', '.join(sorted(recipe.variants))}")
+        engine = engine or recipe.variants[chosen].engine
+        gcs = _connect(address, start_local=True, num_gpus=num_gpus)
+        local = gcs.startswith("127.0.0.1:")
+        try:
+            spec = DeploymentSpec(
+                name=name or recipe.name, recipe=recipe, variant=chosen,
+                replicas=1 if replicas is None else replicas, engine=engine, model_path=model_path,
+                max_model_len=max_model_len, launcher=shlex.split(launcher) if launcher else None,
+                engine_args=list(engine_arg), engine_env=_parse_env(env),
+                health=HealthConfig(load_timeout_s=load_timeout),
+                router=RouterConfig(host=host or ("127.0.0.1" if local else "0.0.0.0"), port=port, policy=policy),
+            )
+        except ValidationError as e:
+            fail("; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()))
+        console.print(f"deploying {spec.name}: {spec.replicas} x {chosen} on {engine} (Ray {gcs})", highlight=False)
+        try:
+            handle = create_deployment(spec, gcs)
+        except (DeploymentExists, ValueError) as e:
+            fail(str(e))
+        except Exception as e:  # noqa: BLE001 - the controller could not start (router port taken, ...)
+            fail(f"the deployment's controller did not start: {_root_cause(e)}")
+        if not wait:
+            st = _call(handle.status.remote())
+        else:
+            st = _wait_with_progress(handle, spec.replicas, timeout, spec.name)
+        if json_out:
+            print_json(st)
+        else:
+            render_status(st)
+        if st["replicas_ready"] < spec.replicas and wait:
+            fail(f"{st['replicas_ready']}/{spec.replicas} replicas ready after {timeout:.0f}s "
+                 f"(it keeps trying; see `zoe status` and `zoe logs {spec.name}`)", code=1)
+        if st.get("endpoint"):
+            console.print(f"[bold green]OpenAI endpoint:[/] {st['endpoint']}  model '{st['served_model_name']}'",
+                          highlight=False)
+
+    @app.command("status")
+    def status_cmd(
+        model: Optional[str] = typer.Argument(None, help="Deployment name (default: all deployments)."),
+        address: Optional[str] = typer.Option(None, help="Ray cluster (else $RAY_ADDRESS or the local one)."),
+        json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Replicas of each deployment: state, variant, nodes, GPUs, uptime, restarts."""
+        from zoe_cluster.cluster.client import list_deployments
+
+        _connect(address)
+        names = [model] if model else list_deployments()
+        statuses = [_call(_controller(n).status.remote(), 60) for n in names]
+        if json_out:
+            print_json(statuses[0] if model else statuses)
+            return
+        if not statuses:
+            console.print("no deployments")
+        for st in statuses:
+            render_status(st)
+
+    @app.command("scale")
+    def scale_cmd(
+        model: str = typer.Argument(..., help="Deployment name."),
+        replicas: int = typer.Argument(..., min=0, help="Replica count to keep running."),
+        address: Optional[str] = typer.Option(None, help="Ray cluster."),
+        wait: bool = typer.Option(True, help="Wait until the new count is ready."),
+        timeout: float = typer.Option(3600, help="Seconds to wait."),
+    ) -> None:
+        """Change the replica count (new replicas start; extra ones drain, then stop)."""
+        _connect(address)
+        handle = _controller(model)
+        st = _call(handle.scale.remote(replicas))
+        if wait and replicas:
+            st = _wait_with_progress(handle, replicas, timeout, model)
+        render_status(st)
+
+    @app.command("switch")
+    def switch_cmd(
+        model: str = typer.Argument(..., help="Deployment name."),
+        variant: str = typer.Argument(..., help="Variant to roll the replicas to."),
+        replica: Optional[int] = typer.Option(None, help="Only this replica index (default: all, one at a time)."),
+        address: Optional[str] = typer.Option(None, help="Ray cluster."),
+        timeout: float = typer.Option(3600, help="Seconds to wait."),
+    ) -> None:
+        """Manual override: roll replicas to VARIANT, one at a time, draining each first."""
+        _connect(address)
+        handle = _controller(model)
+        st = _call(handle.switch.remote(variant, [replica] if replica is not None else None), timeout)
+        render_status(st)
+
+    @app.command("logs")
+    def logs_cmd(
+        model: str = typer.Argument(..., help="Deployment name."),
+        replica: Optional[int] = typer.Option(None, help="Replica index (default: every replica)."),
+        router: bool = typer.Option(False, "--router", help="The router's log instead of the engines'."),
+        bytes_: int = typer.Option(20_000, "--bytes", help="How much of the end of each log to show."),
+        address: Optional[str] = typer.Option(None, help="Ray cluster."),
+    ) -> None:
+        """The end of each replica's engine log (stdout and stderr of every node's process)."""
+        import sys
+
+        _connect(address)
+        logs = _call(_controller(model).logs.remote(-1 if router else replica, bytes_), 60)
+        for key, text in logs.items():
+            if len(logs) > 1 or replica is None:
+                console.rule(f"{model} {'router' if key == 'router' else 'replica ' + key}")
+            sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
+
+    @app.command("undeploy")
+    def undeploy_cmd(
+        model: str = typer.Argument(..., help="Deployment name."),
+        address: Optional[str] = typer.Option(None, help="Ray cluster."),
+        force: bool = typer.Option(False, help="Skip draining: kill everything now."),
+    ) -> None:
+        """Drain and stop every replica and the router, free the GPUs, remove the controller."""
+        from zoe_cluster.cluster.client import NoDeployment, remove_deployment
+
+        _connect(address)
+        try:
+            remove_deployment(model, graceful=not force)
+        except NoDeployment as e:
+            fail(str(e))
+        console.print(f"undeployed {model}")
+
+
+def _root_cause(e: BaseException) -> str:
+    cause = getattr(e, "cause", None)
+    text = str(cause if cause is not None else e).strip()
+    return text.splitlines()[-1] if text else type(e).__name__

@@ -228,6 +228,7 @@ class DeploymentController:
         facts.placed_at = time.time()
         facts.nodes = [i["node_ip"] for i in slot.gang.infos]
         facts.gpu_ids = [list(i["gpu_ids"]) for i in slot.gang.infos]
+        facts.member_pids = [i["pid"] for i in slot.gang.infos]
         facts.note("placed", f"{shape.nodes} node(s) x {shape.gpus_per_node} GPUs ({shape.strategy})")
         self._changed(slot)
 

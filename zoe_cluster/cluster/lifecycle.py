@@ -74,6 +74,9 @@ class ReplicaFacts:
     nodes: list[str] = field(default_factory=list)
     gpu_ids: list[list[int]] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
+    """Process-group ids of the engine processes (one per node that runs one)."""
+    member_pids: list[int] = field(default_factory=list)
+    """Pids of the gang's node actors, one per node."""
     restarts: int = 0
     """How many earlier generations of this replica index ended in failure."""
     events: list[Event] = field(default_factory=list)

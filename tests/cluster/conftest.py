@@ -1,0 +1,92 @@
+"""One real local Ray per test module (16 fake GPUs as two 8-GPU nodes' worth, MI355X-labelled), and spec helpers."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from zoe_cluster.cluster.spec import DeploymentSpec, HealthConfig, RouterConfig
+from zoe_cluster.recipes.loader import RecipeRegistry
+
+FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
+MI355X = "AMD-Instinct-MI355X-OAM"
+
+# Fast reactions: tests kill and hang engines on purpose and wait for the controller to notice.
+FAST_HEALTH = HealthConfig(
+    check_interval_s=0.5, check_timeout_s=1.0, failures_to_restart=2, load_timeout_s=90, placement_timeout_s=60,
+    backoff_base_s=0.2, backoff_cap_s=2.0, stable_after_s=5.0, drain_timeout_s=5.0, stop_grace_s=2.0,
+)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A real local Ray with 16 GPUs declared; yields its GCS address. Shared by the tests of one module."""
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_gpus=16, num_cpus=4, include_dashboard=False, namespace="zoe",
+             _node_ip_address="127.0.0.1", resources={f"accelerator_type:{MI355X}": 2}, log_to_driver=False,
+             logging_level="ERROR")
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def glm():
+    return RecipeRegistry.default().get("glm-5.3")
+
+
+def fake_spec(name: str, replicas: int = 2, router_port: int | None = None, **kw) -> DeploymentSpec:
+    """glm-5.3 on the real vLLM adapter, but the argv runs `fake_engine.py` (starts in a second)."""
+    return DeploymentSpec(
+        name=name, recipe=glm(), variant=kw.pop("variant", "fp8-tp8"), replicas=replicas, engine="vllm",
+        launcher=[sys.executable, str(FAKE_ENGINE)], health=kw.pop("health", FAST_HEALTH),
+        router=RouterConfig(enabled=router_port is not None, host="127.0.0.1", port=router_port or 0,
+                            policy="round_robin"),
+        **kw,
+    )
+
+
+def wait_for(predicate, timeout_s: float = 60, interval_s: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids of process group `pgid`."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().split(")")[-1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(d.name))
+    return out
