@@ -82,18 +82,25 @@ def _radix_pass(val_ptr, idx_ptr, c_lo, c_hi, prefix, remaining, done, shift,
 @triton.jit
 def _chunk_topk_kernel(
     val_ptr, idx_ptr, lo_ptr, hi_ptr, out_idx_ptr, out_val_ptr,
-    stride_val_row, stride_out_row, K,
-    HAS_IDX: tl.constexpr, WRITE_VAL: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+    n_cols, stride_val_row, stride_out_row, K,
+    HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_IDX: tl.constexpr, WRITE_VAL: tl.constexpr,
+    NB: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Program (row r, chunk s of S): the top K of positions [lo_r, hi_r) ∩ chunk s of row r.
+
+    lo_r / hi_r come from lo_ptr / hi_ptr when HAS_LO / HAS_HI (clamped to [0, n_cols]), else 0 / n_cols.
 
     Writes K slots of out row r*S + s: output ids (position - lo_r, or the source id when HAS_IDX)
     in ascending position order, then -1; with WRITE_VAL also the scores (padding -inf)."""
     row = tl.program_id(0)
     split = tl.program_id(1)
     num_splits = tl.num_programs(1)
-    lo = tl.load(lo_ptr + row)
-    hi = tl.load(hi_ptr + row)
+    lo = 0
+    hi = n_cols
+    if HAS_LO:
+        lo = tl.minimum(tl.maximum(tl.load(lo_ptr + row), 0), n_cols)
+    if HAS_HI:
+        hi = tl.minimum(tl.maximum(tl.load(hi_ptr + row), 0), n_cols)
     n = tl.maximum(hi - lo, 0)
     chunk = tl.cdiv(tl.cdiv(n, num_splits), BLOCK) * BLOCK
     c_lo = lo + split * chunk
@@ -164,12 +171,12 @@ def auto_splits(max_len: int) -> int:
     return min(32, 1 << max(0, chunks - 1).bit_length())
 
 
-def topk_ranges(scores: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, k: int, *,
+def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.Tensor, k: int, *,
                 splits: int | None = None, block: int = 4096, num_warps: int = 8,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k positions of each row's valid range [starts[r], ends[r]) of `scores` [R, N] float32.
 
-    Returns int32 [R, k]: positions relative to starts[r], ascending, -1 padded (see the module doc for
+    Returns int32 [R, k]: positions relative to starts[r] (starts=None: 0), ascending, -1 padded (see the module doc for
     the tie rule). `splits` chunks per row (default `auto_splits`); `block` is the tile of one loop step;
     `out` an optional preallocated contiguous int32 [R, k] tensor.
     """
@@ -178,12 +185,16 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
     if k <= 0:
         raise ValueError(f"k must be positive, got {k}")
     rows, n = scores.shape
-    if starts.shape != (rows,) or ends.shape != (rows,):
-        raise ValueError(f"starts/ends must have shape ({rows},), got {tuple(starts.shape)}/{tuple(ends.shape)}")
+    if (starts is not None and starts.shape != (rows,)) or ends.shape != (rows,):
+        got = (tuple(starts.shape) if starts is not None else None, tuple(ends.shape))
+        raise ValueError(f"starts/ends must have shape ({rows},), got {got}")
     if scores.stride(1) != 1:
         scores = scores.contiguous()
-    starts = starts.to(device=scores.device, dtype=torch.int32).clamp(0, n).contiguous()
-    ends = ends.to(device=scores.device, dtype=torch.int32).clamp(0, n).contiguous()
+    # no clamping here: the kernel clamps, so a call is just its launches (cheap to capture in a graph)
+    if starts is not None:
+        starts = starts.to(device=scores.device, dtype=torch.int32).contiguous()
+    ends = ends.to(device=scores.device, dtype=torch.int32).contiguous()
+    lo_arg = starts if starts is not None else ends
     if out is None:
         out = torch.empty((rows, k), dtype=torch.int32, device=scores.device)
     elif out.shape != (rows, k) or out.dtype != torch.int32 or not out.is_contiguous():
@@ -194,19 +205,20 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
         splits = auto_splits(n)
     if splits <= 1:
         _chunk_topk_kernel[(rows, 1)](
-            scores, scores, starts, ends, out, scores, scores.stride(0), k, k,
-            HAS_IDX=False, WRITE_VAL=False, NB=_NUM_BINS, BLOCK=block, num_warps=num_warps)
+            scores, scores, lo_arg, ends, out, scores, n, scores.stride(0), k, k,
+            HAS_LO=starts is not None, HAS_HI=True, HAS_IDX=False, WRITE_VAL=False,
+            NB=_NUM_BINS, BLOCK=block, num_warps=num_warps)
         return out
     cand_idx = torch.empty((rows, splits * k), dtype=torch.int32, device=scores.device)
     cand_val = torch.empty((rows, splits * k), dtype=torch.float32, device=scores.device)
     _chunk_topk_kernel[(rows, splits)](
-        scores, scores, starts, ends, cand_idx, cand_val, scores.stride(0), k, k,
-        HAS_IDX=False, WRITE_VAL=True, NB=_NUM_BINS, BLOCK=block, num_warps=num_warps)
-    zero = torch.zeros(rows, dtype=torch.int32, device=scores.device)
-    full = torch.full((rows,), splits * k, dtype=torch.int32, device=scores.device)
+        scores, scores, lo_arg, ends, cand_idx, cand_val, n, scores.stride(0), k, k,
+        HAS_LO=starts is not None, HAS_HI=True, HAS_IDX=False, WRITE_VAL=True,
+        NB=_NUM_BINS, BLOCK=block, num_warps=num_warps)
     _chunk_topk_kernel[(rows, 1)](
-        cand_val, cand_idx, zero, full, out, cand_val, cand_val.stride(0), k, k,
-        HAS_IDX=True, WRITE_VAL=False, NB=_NUM_BINS, BLOCK=block, num_warps=num_warps)
+        cand_val, cand_idx, ends, ends, out, cand_val, splits * k, cand_val.stride(0), k, k,
+        HAS_LO=False, HAS_HI=False, HAS_IDX=True, WRITE_VAL=False,
+        NB=_NUM_BINS, BLOCK=block, num_warps=num_warps)
     return out
 
 
@@ -224,5 +236,4 @@ def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: i
         raise ValueError(f"scores must be [B, N], got shape {tuple(scores.shape)}")
     if lengths.shape != (scores.shape[0],):
         raise ValueError(f"lengths must have shape ({scores.shape[0]},), got {tuple(lengths.shape)}")
-    starts = torch.zeros_like(lengths, dtype=torch.int32)
-    return topk_ranges(scores, starts, lengths, k, splits=splits, block=block, num_warps=num_warps, out=out)
+    return topk_ranges(scores, None, lengths, k, splits=splits, block=block, num_warps=num_warps, out=out)
