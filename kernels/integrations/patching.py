@@ -1,0 +1,136 @@
+"""Replacing an engine's function with zoe's, only where the engine is the one the patch was written for.
+
+Each `PatchSpec` names the function to replace (`"pkg.module:Class.method"` or `"pkg.module:function"`), the
+parameter names it must have, and the engine releases it was verified against. `install_kernel` checks every
+spec of one kernel first (engine version, target exists, exact parameter list) and installs all of them or
+none: on any mismatch the engine keeps its own path and the reporter logs a WARNING and records a fallback
+(which reaches /metrics as `zoe_kernel_fallback_total{kernel,reason}`). Nothing here falls back silently.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from zoe_kernels.integrations.report import KernelReporter
+
+ORIGINAL_ATTR = "__zoe_original__"
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    """One function of an engine that zoe replaces."""
+
+    kernel: str
+    target: str
+    """`module:attr.path`, e.g. `vllm.model_executor.layers.fused_moe.experts.cpu_moe:CPUUnquantizedExperts.apply`."""
+    params: tuple[str, ...]
+    """The exact parameter names, in order (including `self`), the replacement was written against."""
+    versions: tuple[str, str]
+    """Engine releases verified: [lowest, first unsupported), compared on the numeric release only."""
+    wrap: Callable[[Callable], Callable]
+    """Builds the replacement from the original (which the replacement calls on the engine's path)."""
+    impl: str = "triton"
+    """What runs on zoe's path, for the report (e.g. "triton", "reference (CPU)")."""
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The numeric release of a version string: "0.32.0+cpu" -> (0, 32, 0), "0.5.23rc1" -> (0, 5, 23)."""
+    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
+    if not m:
+        raise ValueError(f"cannot read a release number from version {version!r}")
+    return tuple(int(p) for p in m.group(1).split("."))
+
+
+def version_supported(version: str, versions: tuple[str, str]) -> bool:
+    try:
+        v = release(version)
+    except ValueError:
+        return False
+    lo, hi = release(versions[0]), release(versions[1])
+    pad = max(len(v), len(lo), len(hi))
+    fill = lambda t: t + (0,) * (pad - len(t))  # noqa: E731
+    return fill(lo) <= fill(v) < fill(hi)
+
+
+def resolve(target: str) -> tuple[Any, str, Any]:
+    """(owner object, attribute name, current value) for `module:attr.path`; raises LookupError if absent."""
+    module_name, _, path = target.partition(":")
+    if not path:
+        raise LookupError(f"patch target {target!r} must look like 'module:attr.path'")
+    try:
+        owner: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise LookupError(f"cannot import {module_name}: {e}") from e
+    parts = path.split(".")
+    for part in parts[:-1]:
+        if not hasattr(owner, part):
+            raise LookupError(f"{module_name} has no {path} ({part} missing)")
+        owner = getattr(owner, part)
+    if not hasattr(owner, parts[-1]):
+        raise LookupError(f"{module_name} has no {path}")
+    return owner, parts[-1], getattr(owner, parts[-1])
+
+
+def param_names(fn: Callable) -> tuple[str, ...]:
+    fn = getattr(fn, ORIGINAL_ATTR, fn)
+    return tuple(inspect.signature(fn).parameters)
+
+
+def install_kernel(
+    kernel: str, specs: list[PatchSpec], engine: str, engine_version: str, reporter: KernelReporter
+) -> bool:
+    """Install every spec of `kernel`, or none of them (recording a fallback with the first reason)."""
+    checked: list[tuple[PatchSpec, Any, str, Any]] = []
+    for spec in specs:
+        if not version_supported(engine_version, spec.versions):
+            lo, hi = spec.versions
+            reporter.fallback(
+                kernel, spec.target, "engine_version",
+                f"{engine} {engine_version} is outside the verified range [{lo}, {hi})",
+            )  # fmt: skip
+            return False
+        try:
+            owner, name, current = resolve(spec.target)
+        except LookupError as e:
+            reporter.fallback(kernel, spec.target, "missing_target", str(e))
+            return False
+        found = param_names(current)
+        if found != spec.params:
+            reporter.fallback(
+                kernel, spec.target, "signature",
+                f"expected parameters ({', '.join(spec.params)}), found ({', '.join(found)})",
+            )  # fmt: skip
+            return False
+        checked.append((spec, owner, name, current))
+    for spec, owner, name, current in checked:
+        if getattr(current, ORIGINAL_ATTR, None) is None:  # a second register() in one process is a no-op
+            _replace(owner, name, current, spec.wrap(current))
+        reporter.patched(kernel, spec.target, spec.impl)
+    return True
+
+
+def _replace(owner: Any, name: str, original: Callable, replacement: Callable) -> None:
+    functools.update_wrapper(replacement, original)
+    setattr(replacement, ORIGINAL_ATTR, original)
+    raw = inspect.getattr_static(owner, name) if inspect.isclass(owner) else None
+    if isinstance(raw, staticmethod):
+        replacement = staticmethod(replacement)
+    elif isinstance(raw, classmethod):
+        raise TypeError(f"patching classmethod {name} is not supported")
+    setattr(owner, name, replacement)
+
+
+def uninstall(target: str) -> bool:
+    """Put the engine's original back (tests; a process that wants zoe's path off). True if it was patched."""
+    owner, name, current = resolve(target)
+    original = getattr(current, ORIGINAL_ATTR, None)
+    if original is None:
+        return False
+    raw = inspect.getattr_static(owner, name) if inspect.isclass(owner) else None
+    setattr(owner, name, staticmethod(original) if isinstance(raw, staticmethod) else original)
+    return True

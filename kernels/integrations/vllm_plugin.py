@@ -1,0 +1,133 @@
+"""The vLLM plugin: routes vLLM's MoE and DSA-indexer calls to zoe_kernels when `ZOE_KERNELS` asks for them.
+
+vLLM runs `register()` (entry point `vllm.general_plugins` -> `zoe_kernels`) in every process it starts: the
+API server, the engine core and each worker. Without `ZOE_KERNELS` in the environment it does nothing. With
+it, each process patches the kernels named there (see `KERNEL_SPECS`), each patch checked against the vLLM
+version and the replaced function's parameters (`patching.install_kernel`), and writes its report into
+`$ZOE_KERNELS_REPORT_DIR` (a temporary folder shared with the engine's child processes when unset). The
+API server's /metrics exports the replica's reports (`report.ReportCollector`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Callable
+
+from zoe_kernels.integrations.patching import PatchSpec, install_kernel
+from zoe_kernels.integrations.report import (
+    REPORT_DIR_ENV,
+    KernelReporter,
+    ReportCollector,
+    log,
+    requested_kernels,
+)
+from zoe_kernels.integrations.vllm_indexer import lightning_indexer_specs
+from zoe_kernels.integrations.vllm_moe import fused_moe_specs
+
+SpecBuilder = Callable[[str, KernelReporter], list[PatchSpec]]
+
+KERNEL_SPECS: dict[str, SpecBuilder] = {
+    "fused_moe": fused_moe_specs,
+    "lightning_indexer": lightning_indexer_specs,
+}
+"""Kernels with a vLLM integration. The CSA kernels serve DeepSeek-V4, which zoe's recipes run on SGLang."""
+
+KNOWN_KERNELS = ("fused_moe", "lightning_indexer", "csa_topk", "csa_dual_scope")
+
+
+def vllm_platform() -> str:
+    """"cpu", "cuda" or "rocm": the platform vLLM itself selected (so the patch matches what runs)."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_rocm():
+        return "rocm"
+    if current_platform.is_cuda():
+        return "cuda"
+    if current_platform.is_cpu():
+        return "cpu"
+    return str(getattr(current_platform, "device_type", "unknown"))
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def report_dir() -> str:
+    """The replica's report folder; created (and exported to the engine's children) when unset."""
+    folder = os.environ.get(REPORT_DIR_ENV)
+    if not folder:
+        folder = tempfile.mkdtemp(prefix="zoe-kernels-")
+        os.environ[REPORT_DIR_ENV] = folder
+    return folder
+
+
+def patch_vllm(kernels: list[str], reporter: KernelReporter, platform: str, version: str) -> list[str]:
+    """Install each requested kernel's patches (or record why not); returns the kernels patched in."""
+    patched = []
+    for kernel in kernels:
+        builder = KERNEL_SPECS.get(kernel)
+        if builder is None:
+            reason = "unsupported" if kernel in KNOWN_KERNELS else "unknown_kernel"
+            reporter.fallback(kernel, "-", reason, f"no vLLM integration for {kernel!r}")
+            continue
+        try:
+            specs = builder(platform, reporter)
+        except ImportError as e:
+            reporter.fallback(kernel, "zoe_kernels", "kernel_unavailable", f"{type(e).__name__}: {e}")
+            continue
+        if not specs:
+            reporter.fallback(kernel, "-", "unsupported", f"no vLLM integration for {kernel} on {platform}")
+            continue
+        if kernel == "fused_moe" and platform == "rocm" and _aiter_moe_on():
+            reporter.fallback(
+                kernel, specs[0].target, "unsupported",
+                "VLLM_ROCM_USE_AITER selects AITER's MoE, whose shuffled weights are not zoe's layout; "
+                "set VLLM_ROCM_USE_AITER_MOE=0 to run zoe below the crossover and vLLM's Triton MoE above",
+            )  # fmt: skip
+            continue
+        if install_kernel(kernel, specs, "vllm", version, reporter):
+            patched.append(kernel)
+    return patched
+
+
+def _aiter_moe_on() -> bool:
+    on = lambda name, default: os.environ.get(name, default).lower() in ("1", "true")  # noqa: E731
+    return on("VLLM_ROCM_USE_AITER", "0") and on("VLLM_ROCM_USE_AITER_MOE", "1")
+
+
+def export_metrics(folder: str) -> None:
+    """Serve the replica's reports on this process's /metrics (the API server's is the one scraped)."""
+    try:
+        from prometheus_client import REGISTRY
+    except ImportError:
+        return
+    try:
+        REGISTRY.register(ReportCollector(folder))
+    except ValueError:  # already registered in this process
+        pass
+
+
+def register() -> None:
+    """Entry point `vllm.general_plugins: zoe_kernels`."""
+    kernels = requested_kernels()
+    if not kernels:
+        return
+    folder = report_dir()
+    version = vllm_version()
+    reporter = KernelReporter("vllm", version, kernels, folder)
+    try:
+        platform = vllm_platform()
+        patched = patch_vllm(kernels, reporter, platform, version)
+    except Exception as e:  # a broken plugin must not take the engine down: it serves on its own path
+        log.exception("vLLM plugin failed; vLLM keeps its own kernels")
+        for k in kernels:
+            if k not in reporter.report.patched:
+                reporter.fallback(k, "-", "plugin_error", f"{type(e).__name__}: {e}")
+        patched = []
+    export_metrics(folder)
+    reporter.flush()
+    log.info("vLLM %s process %d runs zoe kernels %s (asked for %s; report in %s)",
+             version, os.getpid(), patched, kernels, folder)  # fmt: skip
