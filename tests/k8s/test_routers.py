@@ -36,12 +36,12 @@ def test_only_ready_addressed_pods_of_the_release_are_endpoints():
 
 
 def test_discovery_from_the_charts_environment():
-    env = {"ZOE_K8S_NAMESPACE": "serving", "ZOE_K8S_ROUTER_SELECTOR": SELECTOR, "ZOE_K8S_ROUTER_ADMIN_PORT": "8001"}
+    env = {"ZOE_K8S_NAMESPACE": "serving", "ZOE_K8S_ROUTER_SELECTOR": SELECTOR, "ZOE_K8S_ROUTER_PORT": "8001"}
     assert RouterDiscovery.from_env(env) == RouterDiscovery("serving", SELECTOR, 8001)
     with pytest.raises(ValueError, match="ZOE_K8S_ROUTER_SELECTOR"):
-        RouterDiscovery.from_env({"ZOE_K8S_NAMESPACE": "serving", "ZOE_K8S_ROUTER_ADMIN_PORT": "8001"})
+        RouterDiscovery.from_env({"ZOE_K8S_NAMESPACE": "serving", "ZOE_K8S_ROUTER_PORT": "8001"})
     with pytest.raises(ValueError, match="port number"):
-        RouterDiscovery.from_env(env | {"ZOE_K8S_ROUTER_ADMIN_PORT": "admin"})
+        RouterDiscovery.from_env(env | {"ZOE_K8S_ROUTER_PORT": "admin"})
 
 
 @pytest.mark.asyncio

@@ -87,7 +87,7 @@ def nodes(
 def routers(
     namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="Namespace (default: $ZOE_K8S_NAMESPACE)."),
     release: Optional[str] = typer.Option(None, "--release", help="Helm release whose routers to find."),
-    admin_port: int = typer.Option(8001, "--admin-port", help="Router admin port (helm value router.adminPort)."),
+    port: int = typer.Option(8000, "--port", help="Router container port, which serves /admin too (helm value router.port)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     kubeconfig: Optional[str] = _KUBECONFIG,
     context: Optional[str] = _CONTEXT,
@@ -99,7 +99,7 @@ def routers(
     if release or namespace:
         if not (release and namespace):
             fail("give both --namespace and --release, or neither (then the chart's ZOE_K8S_* variables are used)")
-        disc = RouterDiscovery(namespace, f"app.kubernetes.io/instance={release},app.kubernetes.io/component=router", admin_port)
+        disc = RouterDiscovery(namespace, f"app.kubernetes.io/instance={release},app.kubernetes.io/component=router", port)
     else:
         try:
             disc = RouterDiscovery.from_env()

@@ -3,7 +3,7 @@
 In Kubernetes the router runs as a Deployment of two or more pods (helm/zoe), while the controller (the
 single writer of membership) runs as a Ray actor in the RayCluster. The controller therefore finds the router
 pods through the API (label selector from $ZOE_K8S_ROUTER_SELECTOR, set by the chart) and pushes the same
-versioned membership to each pod's admin port. A pod that starts later gets the last membership on the next
+versioned membership to PUT /admin/membership on each pod (the router's own port; admin key). A pod that starts later gets the last membership on the next
 `publish`/`resync`; a pod that already has a newer version answers 409 (stale), which is not an error.
 """
 
@@ -22,7 +22,7 @@ class RouterEndpoint:
     """One ready router pod's admin API."""
 
     pod: str
-    url: str  # http://<pod IP>:<admin port>
+    url: str  # http://<pod IP>:<router port>
     restarts: int = 0  # container restarts: a restarted router has lost its membership
 
     @property
@@ -46,7 +46,7 @@ def _labels_match(labels: dict[str, str], selector: str) -> bool:
     return True
 
 
-def ready_router_endpoints(pods: list[dict[str, Any]], selector: str, admin_port: int) -> list[RouterEndpoint]:
+def ready_router_endpoints(pods: list[dict[str, Any]], selector: str, port: int) -> list[RouterEndpoint]:
     """The ready, addressed pods among `pods` that match `selector`, sorted by name (pure)."""
     out = []
     for p in pods:
@@ -55,29 +55,29 @@ def ready_router_endpoints(pods: list[dict[str, Any]], selector: str, admin_port
         if ip and _pod_ready(p) and _labels_match(meta.get("labels") or {}, selector):
             host = f"[{ip}]" if ":" in ip else ip
             restarts = sum(int(c.get("restartCount") or 0) for c in (p.get("status") or {}).get("containerStatuses") or [])
-            out.append(RouterEndpoint(pod=meta["name"], url=f"http://{host}:{admin_port}", restarts=restarts))
+            out.append(RouterEndpoint(pod=meta["name"], url=f"http://{host}:{port}", restarts=restarts))
     return sorted(out, key=lambda e: e.pod)
 
 
 @dataclass(frozen=True)
 class RouterDiscovery:
-    """Where to look for router pods: namespace, label selector and admin port."""
+    """Where to look for router pods: namespace, label selector and the router's port."""
 
     namespace: str
     selector: str
-    admin_port: int
+    port: int
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "RouterDiscovery":
         """From the variables the Helm chart sets on every zoe pod; raises ValueError naming a missing one."""
         env = dict(os.environ if env is None else env)
-        missing = [k for k in ("ZOE_K8S_NAMESPACE", "ZOE_K8S_ROUTER_SELECTOR", "ZOE_K8S_ROUTER_ADMIN_PORT") if not env.get(k)]
+        missing = [k for k in ("ZOE_K8S_NAMESPACE", "ZOE_K8S_ROUTER_SELECTOR", "ZOE_K8S_ROUTER_PORT") if not env.get(k)]
         if missing:
             raise ValueError(f"not running under the zoe Helm chart: {', '.join(missing)} unset")
         try:
-            port = int(env["ZOE_K8S_ROUTER_ADMIN_PORT"])
+            port = int(env["ZOE_K8S_ROUTER_PORT"])
         except ValueError:
-            raise ValueError(f"ZOE_K8S_ROUTER_ADMIN_PORT must be a port number, got {env['ZOE_K8S_ROUTER_ADMIN_PORT']!r}") from None
+            raise ValueError(f"ZOE_K8S_ROUTER_PORT must be a port number, got {env['ZOE_K8S_ROUTER_PORT']!r}") from None
         return cls(env["ZOE_K8S_NAMESPACE"], env["ZOE_K8S_ROUTER_SELECTOR"], port)
 
     def endpoints(self, core: Any) -> list[RouterEndpoint]:
@@ -85,7 +85,7 @@ class RouterDiscovery:
         resp = core.list_namespaced_pod(
             self.namespace, label_selector=self.selector, _preload_content=False, _request_timeout=10
         )
-        return ready_router_endpoints(json.loads(resp.data).get("items") or [], self.selector, self.admin_port)
+        return ready_router_endpoints(json.loads(resp.data).get("items") or [], self.selector, self.port)
 
 
 @dataclass

@@ -1,0 +1,416 @@
+{{/* Names, labels and the one pod template per component. */}}
+
+{{- define "zoe.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "zoe.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else if contains (include "zoe.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "zoe.name" .) | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "zoe.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "zoe.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+zoe.dev/model: {{ .Values.model.name }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "ctx" $ "component" "router"). */}}
+{{- define "zoe.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "zoe.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "zoe.componentLabels" -}}
+{{ include "zoe.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "zoe.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "zoe.headImage" -}}
+{{- $h := .Values.rayCluster.head.image -}}
+{{- printf "%s:%s" (default .Values.image.repository $h.repository) (default (default .Chart.AppVersion .Values.image.tag) $h.tag) -}}
+{{- end -}}
+
+{{- define "zoe.workerImage" -}}
+{{- $w := .Values.rayCluster.worker.image -}}
+{{- printf "%s:%s" $w.repository (default (default .Chart.AppVersion .Values.image.tag) $w.tag) -}}
+{{- end -}}
+
+{{- define "zoe.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "zoe.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "zoe.rayClusterName" -}}
+{{- default (printf "%s-ray" (include "zoe.fullname" .)) .Values.rayCluster.existingCluster -}}
+{{- end -}}
+
+{{/* KubeRay names the head's Service <cluster>-head-svc. */}}
+{{- define "zoe.rayAddress" -}}
+{{- printf "ray://%s-head-svc.%s.svc:%d" (include "zoe.rayClusterName" .) .Release.Namespace (int .Values.rayCluster.clientPort) -}}
+{{- end -}}
+
+{{- define "zoe.secretName" -}}
+{{- default (printf "%s-auth" (include "zoe.fullname" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{- define "zoe.routerSelector" -}}
+{{- printf "app.kubernetes.io/instance=%s,app.kubernetes.io/component=router" .Release.Name -}}
+{{- end -}}
+
+{{/* Environment every zoe process in the release shares: where it runs and how to find its peers
+through the Kubernetes API (zoe_cluster.k8s reads these). */}}
+{{- define "zoe.commonEnv" -}}
+- name: ZOE_K8S_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: ZOE_K8S_RELEASE
+  value: {{ .Release.Name | quote }}
+- name: ZOE_K8S_ROUTER_SELECTOR
+  value: {{ include "zoe.routerSelector" . | quote }}
+- name: ZOE_K8S_ROUTER_PORT
+  value: {{ .Values.router.port | quote }}
+- name: ZOE_ROUTER_ADMIN_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "zoe.secretName" . }}
+      key: {{ .Values.auth.adminTokenKey }}
+- name: RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
+  value: "0"
+{{- end -}}
+
+{{- define "zoe.podCommon" -}}
+serviceAccountName: {{ include "zoe.serviceAccountName" . }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "zoe.placement" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* ---------- Pod template: Ray head (runs the GCS and zoe's controller actor; no GPUs). ---------- */}}
+{{- define "zoe.rayHeadPodTemplate" -}}
+{{- $head := .Values.rayCluster.head -}}
+metadata:
+  labels:
+    {{- include "zoe.componentLabels" (dict "ctx" . "component" "ray-head") | nindent 4 }}
+  {{- with $head.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  {{- include "zoe.podCommon" . | nindent 2 }}
+  {{- include "zoe.placement" $head | nindent 2 }}
+  containers:
+    - name: ray-head
+      image: {{ include "zoe.headImage" . }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      ports:
+        - {name: gcs, containerPort: 6379}
+        - {name: dashboard, containerPort: 8265}
+        - {name: client, containerPort: {{ .Values.rayCluster.clientPort }}}
+        - {name: ray-metrics, containerPort: 8080}
+      env:
+        {{- include "zoe.commonEnv" . | nindent 8 }}
+        {{- with $head.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      resources:
+        {{- toYaml $head.resources | nindent 8 }}
+{{- end -}}
+
+{{/* ---------- Pod template: MI355X worker (8 GPUs, /dev/shm, host IPC; engines run here). ---------- */}}
+{{- define "zoe.rayWorkerPodTemplate" -}}
+{{- $w := .Values.rayCluster.worker -}}
+metadata:
+  labels:
+    {{- include "zoe.componentLabels" (dict "ctx" . "component" "ray-worker") | nindent 4 }}
+    zoe.dev/worker-group: {{ $w.groupName }}
+  {{- with $w.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  {{- include "zoe.podCommon" . | nindent 2 }}
+  {{- include "zoe.placement" $w | nindent 2 }}
+  hostIPC: {{ $w.hostIPC }}
+  {{- if $w.hostNetwork }}
+  hostNetwork: true
+  dnsPolicy: ClusterFirstWithHostNet
+  {{- end }}
+  containers:
+    - name: ray-worker
+      image: {{ include "zoe.workerImage" . }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      ports:
+        - {name: ray-metrics, containerPort: 8080}
+        - {name: engine, containerPort: {{ $w.enginePort }}}
+      env:
+        {{- include "zoe.commonEnv" . | nindent 8 }}
+        - name: ZOE_ENGINE_BASE_PORT
+          value: {{ $w.enginePort | quote }}
+        {{- if ne $w.modelCache.type "none" }}
+        - name: HF_HOME
+          value: {{ $w.modelCache.mountPath | quote }}
+        {{- end }}
+        {{- if $w.hfToken.secretName }}
+        - name: HF_TOKEN
+          valueFrom:
+            secretKeyRef:
+              name: {{ $w.hfToken.secretName }}
+              key: {{ $w.hfToken.secretKey }}
+        {{- end }}
+        {{- with $w.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      resources:
+        requests:
+          {{- with $w.resources.requests }}
+          {{- toYaml . | nindent 10 }}
+          {{- end }}
+          {{ $w.gpuResourceName }}: {{ $w.gpusPerNode | quote }}
+          {{- if $w.rdma.enabled }}
+          {{- range $name, $count := $w.rdma.resources }}
+          {{ $name }}: {{ $count | quote }}
+          {{- end }}
+          {{- end }}
+        limits:
+          {{- with $w.resources.limits }}
+          {{- toYaml . | nindent 10 }}
+          {{- end }}
+          {{ $w.gpuResourceName }}: {{ $w.gpusPerNode | quote }}
+          {{- if $w.rdma.enabled }}
+          {{- range $name, $count := $w.rdma.resources }}
+          {{ $name }}: {{ $count | quote }}
+          {{- end }}
+          {{- end }}
+      {{- if $w.rdma.enabled }}
+      securityContext:
+        capabilities:
+          add: ["IPC_LOCK"]
+      {{- end }}
+      volumeMounts:
+        - {name: dshm, mountPath: /dev/shm}
+        {{- if ne $w.modelCache.type "none" }}
+        - {name: model-cache, mountPath: {{ $w.modelCache.mountPath }}}
+        {{- end }}
+  volumes:
+    - name: dshm
+      emptyDir:
+        medium: Memory
+        sizeLimit: {{ $w.shmSize }}
+    {{- if eq $w.modelCache.type "hostPath" }}
+    - name: model-cache
+      hostPath:
+        path: {{ $w.modelCache.hostPath }}
+        type: DirectoryOrCreate
+    {{- else if eq $w.modelCache.type "pvc" }}
+    - name: model-cache
+      persistentVolumeClaim:
+        claimName: {{ $w.modelCache.claimName }}
+    {{- else if eq $w.modelCache.type "emptyDir" }}
+    - name: model-cache
+      emptyDir: {}
+    {{- end }}
+{{- end -}}
+
+{{/* ---------- Pod template: controller Job (`zoe deploy` against the RayCluster's head). ---------- */}}
+{{- define "zoe.controllerPodTemplate" -}}
+{{- $c := .Values.controller -}}
+metadata:
+  labels:
+    {{- include "zoe.componentLabels" (dict "ctx" . "component" "controller") | nindent 4 }}
+  {{- with $c.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  restartPolicy: OnFailure
+  {{- include "zoe.podCommon" . | nindent 2 }}
+  {{- include "zoe.placement" $c | nindent 2 }}
+  containers:
+    - name: deploy
+      image: {{ include "zoe.image" . }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      command: ["zoe", "deploy"]
+      args:
+        {{- include "zoe.deployArgs" . | nindent 8 }}
+      env:
+        {{- include "zoe.commonEnv" . | nindent 8 }}
+        {{- with $c.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      resources:
+        {{- toYaml $c.resources | nindent 8 }}
+{{- end -}}
+
+{{- define "zoe.deployArgs" -}}
+{{- $m := .Values.model -}}
+- {{ $m.name | quote }}
+- --address
+- {{ include "zoe.rayAddress" . | quote }}
+{{- if $m.variant }}
+- --variant
+- {{ $m.variant | quote }}
+{{- else }}
+- --concurrency
+- {{ $m.targetConcurrency | quote }}
+{{- end }}
+- --replicas
+- {{ $m.replicas | quote }}
+- --engine
+- {{ $m.engine | quote }}
+- --router
+- external
+{{- if $m.switching.enabled }}
+- --switching
+{{- range $m.switching.variants }}
+- --switch-variant
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- range .Values.controller.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* ---------- Pod template: router (OpenAI API; membership pushed by the controller). ---------- */}}
+{{- define "zoe.routerPodTemplate" -}}
+{{- $r := .Values.router -}}
+metadata:
+  labels:
+    {{- include "zoe.componentLabels" (dict "ctx" . "component" "router") | nindent 4 }}
+  annotations:
+    checksum/auth: {{ include (print $.Template.BasePath "/secret.yaml") . | sha256sum }}
+    {{- with $r.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  {{- include "zoe.podCommon" . | nindent 2 }}
+  {{- with $r.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $r.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  affinity:
+    {{- if $r.affinity }}
+    {{- toYaml $r.affinity | nindent 4 }}
+    {{- else }}
+    podAntiAffinity:
+      preferredDuringSchedulingIgnoredDuringExecution:
+        - weight: 100
+          podAffinityTerm:
+            topologyKey: kubernetes.io/hostname
+            labelSelector:
+              matchLabels:
+                {{- include "zoe.selectorLabels" (dict "ctx" . "component" "router") | nindent 16 }}
+    {{- end }}
+  containers:
+    - name: router
+      image: {{ include "zoe.image" . }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      command: ["zoe", "router"]
+      args:
+        - --host
+        - "0.0.0.0"
+        - --port
+        - {{ $r.port | quote }}
+        - --policy
+        - {{ $r.policy | quote }}
+        {{- range $r.models }}
+        - --model
+        - {{ . | quote }}
+        {{- end }}
+        {{- range $r.extraArgs }}
+        - {{ . | quote }}
+        {{- end }}
+      ports:
+        - {name: http, containerPort: {{ $r.port }}}
+      env:
+        {{- include "zoe.commonEnv" . | nindent 8 }}
+        {{- if .Values.auth.enabled }}
+        - name: ZOE_ROUTER_API_KEYS
+          valueFrom:
+            secretKeyRef:
+              name: {{ include "zoe.secretName" . }}
+              key: {{ .Values.auth.apiKeysKey }}
+        {{- end }}
+        {{- with $r.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      readinessProbe:
+        httpGet: {path: /health, port: http}
+        periodSeconds: 5
+      livenessProbe:
+        httpGet: {path: /health, port: http}
+        periodSeconds: 10
+        failureThreshold: 6
+      resources:
+        {{- toYaml $r.resources | nindent 8 }}
+      securityContext:
+        allowPrivilegeEscalation: false
+        runAsNonRoot: true
+        runAsUser: 10001
+{{- end -}}
+
+{{/* Rules that span several values; each failure names the keys to change. */}}
+{{- define "zoe.validate" -}}
+{{- $a := .Values.auth -}}
+{{- if and (not $a.enabled) $a.apiKeys -}}
+{{- fail "auth.apiKeys are given but auth.enabled is false: the router would ignore them; set auth.enabled=true or drop the keys" -}}
+{{- end -}}
+{{- if and $a.existingSecret (or $a.apiKeys $a.adminToken) -}}
+{{- fail "auth.existingSecret is set together with auth.apiKeys/auth.adminToken: keys come from one place; put them in the Secret or leave existingSecret empty" -}}
+{{- end -}}
+{{- $ra := .Values.router.autoscaling -}}
+{{- if and $ra.enabled (gt (int $ra.minReplicas) (int $ra.maxReplicas)) -}}
+{{- fail (printf "router.autoscaling.minReplicas (%d) is above router.autoscaling.maxReplicas (%d)" (int $ra.minReplicas) (int $ra.maxReplicas)) -}}
+{{- end -}}
+{{- $w := .Values.rayCluster.worker -}}
+{{- if and (eq $w.modelCache.type "pvc") (not $w.modelCache.claimName) -}}
+{{- fail "rayCluster.worker.modelCache.type is pvc but rayCluster.worker.modelCache.claimName is empty" -}}
+{{- end -}}
+{{- if and (not .Values.rayCluster.existingCluster) (ne .Values.model.engine "sim") (lt (int $w.replicas) 1) -}}
+{{- fail (printf "rayCluster.worker.replicas is 0 but model.engine is %s: GPU engines need MI355X worker nodes (or use model.engine=sim)" .Values.model.engine) -}}
+{{- end -}}
+{{- if and .Values.model.switching.enabled .Values.model.variant (has .Values.model.variant .Values.model.switching.variants | not) .Values.model.switching.variants -}}
+{{- fail (printf "model.variant %q is not among model.switching.variants %v" .Values.model.variant .Values.model.switching.variants) -}}
+{{- end -}}
+{{- end -}}

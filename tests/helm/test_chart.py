@@ -1,0 +1,280 @@
+"""The zoe chart rendered by the real Helm engine, validated as Kubernetes 1.33 would, over good and bad values."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.helm.chart import CHART, MONITORING, REPO, by_kind, crd_schema, docs, render, values_file
+
+pytestmark = pytest.mark.helm
+
+VALUES = {
+    "defaults": {},
+    "sim-minimal": values_file("sim-minimal.yaml"),
+    "production": values_file("production.yaml"),
+    "existing-cluster": values_file("existing-cluster.yaml"),
+}
+CRD_OBJECTS = {
+    "RayCluster": ("ray.io_rayclusters.yaml", "v1"),
+    "ServiceMonitor": ("monitoring.coreos.com_servicemonitors.yaml", "v1"),
+}
+
+
+@pytest.mark.parametrize("monitoring", [False, True], ids=["plain", "prometheus-operator"])
+@pytest.mark.parametrize("case", list(VALUES))
+def test_every_object_validates_against_kubernetes_and_crd_schemas(case, monitoring):
+    objs = docs(VALUES[case], api_versions=(MONITORING,) if monitoring else ())
+    kinds = {o["kind"] for o in objs}
+    assert {"Job", "Deployment", "Service", "Secret" if case != "production" else "Service"} <= kinds
+    for o in objs:
+        if o["kind"] in CRD_OBJECTS:
+            jsonschema.validate(o, crd_schema(*CRD_OBJECTS[o["kind"]]))
+        elif o["kind"] == "PrometheusRule":
+            assert o["apiVersion"] == MONITORING and o["spec"]["groups"]  # rules: test_rules.py (promtool)
+        else:
+            kubernetes_validate.validate(o, "1.33.0", strict=True)
+    assert ("ServiceMonitor" in kinds) == monitoring and ("PrometheusRule" in kinds) == monitoring
+
+
+def test_crd_validation_catches_a_misspelled_field():
+    (rc,) = by_kind(docs({}), "RayCluster")
+    rc["spec"]["workerGroupSpecs"][0]["replica"] = 2
+    with pytest.raises(jsonschema.ValidationError, match="replica"):
+        jsonschema.validate(rc, crd_schema(*CRD_OBJECTS["RayCluster"]))
+
+
+def _worker(objs):
+    (rc,) = by_kind(objs, "RayCluster")
+    (group,) = rc["spec"]["workerGroupSpecs"]
+    return rc, group, group["template"]["spec"]
+
+
+def test_worker_group_takes_whole_mi355x_nodes():
+    rc, group, pod = _worker(docs({}))
+    assert group["groupName"] == "mi355x" and group["rayStartParams"]["num-gpus"] == "8"
+    (c,) = pod["containers"]
+    assert c["resources"]["limits"]["amd.com/gpu"] == "8" and c["resources"]["requests"]["amd.com/gpu"] == "8"
+    assert pod["hostIPC"] is True and "hostNetwork" not in pod
+    assert pod["nodeSelector"] == {"amd.com/gpu.product-name": "AMD_Instinct_MI355X_OAM"}
+    assert {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "256Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    head = rc["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-gpus"] == "0" and rc["spec"]["rayVersion"] == "2.60.0"
+    assert "amd.com/gpu" not in json.dumps(head["template"]["spec"]["containers"][0]["resources"])
+
+
+def test_production_values_turn_on_rdma_host_network_and_shared_cache():
+    _, group, pod = _worker(docs(VALUES["production"]))
+    (c,) = pod["containers"]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 4
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert c["resources"]["limits"]["rdma/hca_shared_devices_a"] == "1"
+    assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    cache = next(v for v in pod["volumes"] if v["name"] == "model-cache")
+    assert cache["persistentVolumeClaim"]["claimName"] == "models-rwx"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+    assert env["NCCL_IB_HCA"]["value"] == "rdma0,rdma1" and env["HF_HOME"]["value"] == "/models"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def _deploy_args(objs):
+    (job,) = by_kind(objs, "Job")
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["zoe", "deploy"]
+    return c["args"]
+
+
+def test_controller_job_deploys_the_model_onto_the_ray_head():
+    args = _deploy_args(docs({}))
+    assert args[0] == "glm-5.3"
+    assert args[args.index("--address") + 1] == "ray://zoe-ray-head-svc.serving.svc:10001"
+    assert args[args.index("--concurrency") + 1] == "32" and "--variant" not in args
+    args = _deploy_args(docs(VALUES["production"]))
+    assert args[args.index("--variant") + 1] == "mxfp4-tp8" and args[args.index("--replicas") + 1] == "4"
+    args = _deploy_args(docs(VALUES["existing-cluster"]))
+    assert args[0] == "deepseek-v4-pro" and args[args.index("--engine") + 1] == "sglang"
+    assert args[args.index("--address") + 1] == "ray://shared-mi355x-head-svc.serving.svc:10001"
+    assert not by_kind(docs(VALUES["existing-cluster"]), "RayCluster")
+
+
+def test_an_upgrade_reruns_zoe_deploy_in_a_new_job():
+    assert by_kind(docs({}), "Job")[0]["metadata"]["name"] == "zoe-deploy-1"
+    upgraded = docs({"model": {"replicas": 3}}, revision=4)
+    (job,) = by_kind(upgraded, "Job")
+    assert job["metadata"]["name"] == "zoe-deploy-4" and "3" in job["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_router_runs_two_pods_behind_a_service_with_keys_from_the_secret():
+    objs = docs({})
+    (dep,) = by_kind(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["zoe", "router"] and c["args"][c["args"].index("--host") + 1] == "0.0.0.0"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["ZOE_ROUTER_API_KEYS"]["valueFrom"]["secretKeyRef"] == {"name": "zoe-auth", "key": "api-keys"}
+    assert env["ZOE_ROUTER_ADMIN_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "zoe-auth", "key": "admin-token"}
+    (secret,) = by_kind(objs, "Secret")
+    assert base64.b64decode(secret["data"]["api-keys"]).decode().startswith("zoe-")  # generated when none given
+    assert len(base64.b64decode(secret["data"]["admin-token"])) == 40
+    (svc,) = [s for s in by_kind(objs, "Service") if s["metadata"]["name"] == "zoe-router"]
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    (pdb,) = by_kind(objs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1 and not by_kind(objs, "HorizontalPodAutoscaler")
+
+
+def test_autoscaling_hands_the_replica_count_to_the_hpa():
+    objs = docs(VALUES["production"])
+    (dep,) = by_kind(objs, "Deployment")
+    (hpa,) = by_kind(objs, "HorizontalPodAutoscaler")
+    assert "replicas" not in dep["spec"]
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 12)
+    assert hpa["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
+    assert not by_kind(objs, "Secret")  # keys come from auth.existingSecret
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["env"][[e["name"] for e in c["env"]].index("ZOE_ROUTER_API_KEYS")]["valueFrom"]["secretKeyRef"]["name"] == "zoe-keys"
+
+
+def test_given_keys_land_in_the_secret():
+    (secret,) = by_kind(docs(VALUES["existing-cluster"]), "Secret")
+    keys = base64.b64decode(secret["data"]["api-keys"]).decode().split(",")
+    assert keys == ["key-for-team-a-0123456789", "key-for-team-b-0123456789"]
+    assert base64.b64decode(secret["data"]["admin-token"]).decode() == "admin-token-0123456789abcdef"
+
+
+def test_network_policies_open_only_the_router_api_to_clients():
+    objs = docs(VALUES["production"])
+    pols = {p["metadata"]["name"]: p for p in by_kind(objs, "NetworkPolicy")}
+    router = pols["zoe-router"]["spec"]
+    assert router["ingress"][0]["ports"] == [{"port": "http", "protocol": "TCP"}]
+    peers = router["ingress"][0]["from"]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}} in peers
+    ray = pols["zoe-ray"]["spec"]
+    assert ray["ingress"][0] == {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "zoe"}}}]}
+    assert not by_kind(docs(VALUES["sim-minimal"]), "NetworkPolicy")
+
+
+def test_rbac_lets_zoe_read_nodes_and_the_release_pods_only():
+    objs = docs({})
+    (role,) = by_kind(objs, "Role")
+    (cluster_role,) = by_kind(objs, "ClusterRole")
+    for r in role["rules"] + cluster_role["rules"]:
+        assert set(r["verbs"]) <= {"get", "list", "watch"}
+    assert {"nodes", "pods"} == set(cluster_role["rules"][0]["resources"])
+    assert not by_kind(docs(VALUES["existing-cluster"]), "Role")
+
+
+def test_dashboards_ship_as_configmaps_for_grafanas_sidecar():
+    files = sorted((REPO / "dashboards").glob("*.json"))
+    assert files
+    cms = by_kind(docs(VALUES["production"]), "ConfigMap")
+    assert len(cms) == len(files)
+    for cm, f in zip(sorted(cms, key=lambda c: c["metadata"]["name"]), files):
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["metadata"]["namespace"] == "monitoring"
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "zoe"}
+        assert json.loads(cm["data"][f.name]) == json.loads(f.read_text())
+    assert not by_kind(docs(VALUES["sim-minimal"]), "ConfigMap")
+
+
+BAD = [
+    ({"model": {"engine": "trtllm"}}, "at '/model/engine': value must be one of 'vllm', 'sglang', 'sim'"),
+    ({"model": {"replicas": 0}}, "at '/model/replicas': minimum"),
+    ({"router": {"replica": 3}}, "at '/router': additional properties 'replica' not allowed"),  # misspelled key
+    ({"rayCluster": {"worker": {"gpusPerNode": 16}}}, "at '/rayCluster/worker/gpusPerNode': maximum"),
+    ({"rayCluster": {"worker": {"rayStartParams": {"num-cpus": 64}}}}, "at '/rayCluster/worker/rayStartParams/num-cpus': got number, want string"),
+    ({"rayCluster": {"worker": {"shmSize": "lots"}}}, "at '/rayCluster/worker/shmSize'"),
+    ({"metrics": {"prometheusRule": {"for": "five minutes"}}}, "at '/metrics/prometheusRule/for'"),
+    ({"auth": {"apiKeys": ["short"]}}, "at '/auth/apiKeys/0': minLength"),
+    ({"router": {"autoscaling": {"enabled": True, "minReplicas": 6, "maxReplicas": 4}}},
+     "router.autoscaling.minReplicas (6) is above router.autoscaling.maxReplicas (4)"),
+    ({"auth": {"existingSecret": "keys", "apiKeys": ["0123456789abcdef0123"]}}, "keys come from one place"),
+    ({"auth": {"enabled": False, "apiKeys": ["0123456789abcdef0123"]}}, "auth.enabled is false"),
+    ({"rayCluster": {"worker": {"modelCache": {"type": "pvc"}}}}, "claimName is empty"),
+    ({"rayCluster": {"worker": {"replicas": 0}}}, "GPU engines need MI355X worker nodes"),
+    ({"model": {"variant": "fp8-tp8", "switching": {"enabled": True, "variants": ["mxfp4-tp8"]}}},
+     'model.variant "fp8-tp8" is not among model.switching.variants'),
+]
+
+
+@pytest.mark.parametrize("values,message", BAD, ids=[m[:40] for _, m in BAD])
+def test_bad_values_fail_rendering_with_a_clear_message(values, message):
+    from helm_python import HelmError
+
+    with pytest.raises(HelmError) as e:
+        render(values)
+    assert message in str(e.value)
+
+
+def test_lint_strict_passes():
+    import helm_python
+
+    report = helm_python.lint(str(CHART), strict=True, kube_version="v1.33.0")
+    assert not report["errors"], report
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def _schema_leaves(schema, path=()):
+    """Dotted paths of the values the schema describes as one documented key (objects without properties too)."""
+    props = schema.get("properties")
+    if schema.get("type") == "object" and props:
+        for k, sub in props.items():
+            if k != "global":
+                yield from _schema_leaves(sub, path + (k,))
+    else:
+        yield path
+
+
+def _yaml_key_lines(text):
+    """Dotted path -> line number (0-based) of every mapping key in values.yaml."""
+    out = {}
+
+    def walk(node, path):
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                p = path + (k.value,)
+                out[p] = k.start_mark.line
+                walk(v, p)
+
+    walk(yaml.compose(text), ())
+    return out
+
+
+def test_every_value_is_documented_and_covered_by_the_schema():
+    text = (CHART / "values.yaml").read_text()
+    lines = text.splitlines()
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    keys = _yaml_key_lines(text)
+    leaves = set(_schema_leaves(schema))
+    for leaf in leaves:
+        assert leaf in keys, f"schema key {'.'.join(leaf)} is missing from values.yaml"
+        above = lines[keys[leaf] - 1].strip()
+        assert above.startswith("# --"), f"values.yaml: {'.'.join(leaf)} has no '# --' description above it"
+    documented_parents = {p[:i] for p in leaves for i in range(1, len(p))}
+    for k in keys:
+        assert k in leaves or k in documented_parents or any(k[: len(leaf)] == leaf for leaf in leaves), (
+            f"values.yaml key {'.'.join(k)} is not in values.schema.json"
+        )
+
+    def described(s, path=()):
+        for k, sub in (s.get("properties") or {}).items():
+            assert sub.get("description"), f"values.schema.json: {'.'.join(path + (k,))} has no description"
+            described(sub, path + (k,))
+
+    described(schema)
+
+
+def test_one_define_per_pod_template():
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    for name in ("rayHeadPodTemplate", "rayWorkerPodTemplate", "controllerPodTemplate", "routerPodTemplate"):
+        assert helpers.count(f'define "zoe.{name}"') == 1
+    for t in (CHART / "templates").glob("*.yaml"):
+        assert "containers:" not in t.read_text(), f"{t.name} writes a pod spec itself instead of including a define"
