@@ -92,7 +92,8 @@ def measure_ceilings() -> None:
 def bench_topk(quick: bool) -> None:
     k = 512
     shapes = [(1, 4096), (1, 65536), (1, 262144), (1, 1 << 20), (32, 1 << 20), (8, 262144)]
-    configs = [dict(block=4096, num_warps=8), dict(block=2048, num_warps=4), dict(block=8192, num_warps=8)]
+    configs = [dict(block=4096, num_warps=8), dict(block=2048, num_warps=4), dict(block=8192, num_warps=8),
+               dict(block=4096, num_warps=8, radix_bits=8)]
     for b, n in shapes:
         gen = torch.Generator(device="cuda").manual_seed(n + b)
         scores = torch.randn(b, n, device="cuda", generator=gen)

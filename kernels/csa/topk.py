@@ -10,7 +10,7 @@ k valid entries. NaN scores are not supported (they would rank above +inf); -inf
 
 Method: each program owns one contiguous chunk of a row. It maps every float to an order-preserving
 32-bit key and finds the k-th largest key of its chunk by radix select: three histogram passes over
-11, 11 and 10 bits (`tl.histogram`), each restricted to the prefix chosen by the pass before, stopping
+11, 11 and 10 bits (or four of 8 bits) (`tl.histogram`), each restricted to the prefix chosen by the pass before, stopping
 early once the chosen bin holds exactly the entries still needed. A last pass writes every entry above
 the threshold and the first `needed` entries equal to it, in position order (a running cumsum), so no
 sort and no candidate buffer is needed. Long rows are split over 8, 16 or 32 chunks (by length); each
@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-# Keys are split into three radix digits of 11, 11 and 10 bits (top first).
-_NUM_BINS = 2048
+# radix_bits=11: three digits of 11, 11 and 10 bits (2048-bin histograms); radix_bits=8: four 8-bit digits.
+_BINS = {11: 2048, 8: 256}
 
 
 @triton.jit
@@ -126,12 +126,17 @@ def _chunk_topk_kernel(
     remaining = needed
     done = needed == n_valid  # everything is taken: no threshold needed
     shift = tl.full([], 32, tl.int32)  # keys compare on their bits above `shift`
-    prefix, remaining, done, shift = _radix_pass(row_val, row_idx, c_lo, c_hi, prefix, remaining, done,
-                                                 shift, 21, 11, NB, BLOCK, HAS_IDX)
-    prefix, remaining, done, shift = _radix_pass(row_val, row_idx, c_lo, c_hi, prefix, remaining, done,
-                                                 shift, 10, 11, NB, BLOCK, HAS_IDX)
-    prefix, remaining, done, shift = _radix_pass(row_val, row_idx, c_lo, c_hi, prefix, remaining, done,
-                                                 shift, 0, 10, NB, BLOCK, HAS_IDX)
+    if NB == 256:  # four 8-bit digits: smaller histograms, one more pass
+        for p in tl.static_range(4):
+            prefix, remaining, done, shift = _radix_pass(row_val, row_idx, c_lo, c_hi, prefix, remaining, done,
+                                                         shift, 24 - 8 * p, 8, NB, BLOCK, HAS_IDX)
+    else:  # 11, 11 and 10 bits
+        prefix, remaining, done, shift = _radix_pass(row_val, row_idx, c_lo, c_hi, prefix, remaining, done,
+                                                     shift, 21, 11, NB, BLOCK, HAS_IDX)
+        prefix, remaining, done, shift = _radix_pass(row_val, row_idx, c_lo, c_hi, prefix, remaining, done,
+                                                     shift, 10, 11, NB, BLOCK, HAS_IDX)
+        prefix, remaining, done, shift = _radix_pass(row_val, row_idx, c_lo, c_hi, prefix, remaining, done,
+                                                     shift, 0, 10, NB, BLOCK, HAS_IDX)
 
     # write pass: keys above the threshold, and the first `remaining` keys equal to it
     taken = tl.zeros([], dtype=tl.int32)
@@ -172,14 +177,17 @@ def auto_splits(max_len: int) -> int:
 
 
 def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.Tensor, k: int, *,
-                splits: int | None = None, block: int = 4096, num_warps: int = 8,
+                splits: int | None = None, block: int = 4096, num_warps: int = 8, radix_bits: int = 11,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k positions of each row's valid range [starts[r], ends[r]) of `scores` [R, N] float32.
 
     Returns int32 [R, k]: positions relative to starts[r] (starts=None: 0), ascending, -1 padded (see the module doc for
     the tie rule). `splits` chunks per row (default `auto_splits`); `block` is the tile of one loop step;
-    `out` an optional preallocated contiguous int32 [R, k] tensor.
+    `out` an optional preallocated contiguous int32 [R, k] tensor; radix_bits 11 (3 passes) or 8 (4 passes).
     """
+    if radix_bits not in _BINS:
+        raise ValueError(f"radix_bits must be one of {sorted(_BINS)}, got {radix_bits}")
+    nb = _BINS[radix_bits]
     if scores.dim() != 2 or scores.dtype != torch.float32:
         raise ValueError(f"scores must be a 2-D float32 tensor, got {tuple(scores.shape)} {scores.dtype}")
     if k <= 0:
@@ -207,23 +215,24 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
         _chunk_topk_kernel[(rows, 1)](
             scores, scores, lo_arg, ends, out, scores, n, scores.stride(0), k, k,
             HAS_LO=starts is not None, HAS_HI=True, HAS_IDX=False, WRITE_VAL=False,
-            NB=_NUM_BINS, BLOCK=block, num_warps=num_warps)
+            NB=nb, BLOCK=block, num_warps=num_warps)
         return out
     cand_idx = torch.empty((rows, splits * k), dtype=torch.int32, device=scores.device)
     cand_val = torch.empty((rows, splits * k), dtype=torch.float32, device=scores.device)
     _chunk_topk_kernel[(rows, splits)](
         scores, scores, lo_arg, ends, cand_idx, cand_val, n, scores.stride(0), k, k,
         HAS_LO=starts is not None, HAS_HI=True, HAS_IDX=False, WRITE_VAL=True,
-        NB=_NUM_BINS, BLOCK=block, num_warps=num_warps)
+        NB=nb, BLOCK=block, num_warps=num_warps)
     _chunk_topk_kernel[(rows, 1)](
         cand_val, cand_idx, ends, ends, out, cand_val, splits * k, cand_val.stride(0), k, k,
         HAS_LO=False, HAS_HI=False, HAS_IDX=True, WRITE_VAL=False,
-        NB=_NUM_BINS, BLOCK=block, num_warps=num_warps)
+        NB=nb, BLOCK=block, num_warps=num_warps)
     return out
 
 
 def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: int | None = None,
-         block: int = 4096, num_warps: int = 8, out: torch.Tensor | None = None) -> torch.Tensor:
+         block: int = 4096, num_warps: int = 8, radix_bits: int = 11,
+         out: torch.Tensor | None = None) -> torch.Tensor:
     """CSA top-K: the k best compressed entries of each request.
 
     scores: [B, N] float32, entry j of request b valid for j < lengths[b] (lengths [B], any int dtype,
@@ -236,4 +245,5 @@ def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: i
         raise ValueError(f"scores must be [B, N], got shape {tuple(scores.shape)}")
     if lengths.shape != (scores.shape[0],):
         raise ValueError(f"lengths must have shape ({scores.shape[0]},), got {tuple(lengths.shape)}")
-    return topk_ranges(scores, None, lengths, k, splits=splits, block=block, num_warps=num_warps, out=out)
+    return topk_ranges(scores, None, lengths, k, splits=splits, block=block, num_warps=num_warps,
+                       radix_bits=radix_bits, out=out)

@@ -30,19 +30,21 @@ def _scores(kind: str, b: int, n: int, gen: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "kind,b,n,k,splits",
-    [("normal", 3, 3000, 128, 1), ("normal", 2, 5000, 64, 4), ("uniform", 2, 4100, 128, 4),
-     ("ties", 2, 2500, 256, 1), ("ties", 2, 3000, 100, 3), ("equal", 2, 1500, 128, 2),
-     ("signed_inf", 2, 2000, 300, 1), ("normal", 4, 700, 512, None)],
+    "kind,b,n,k,splits,radix_bits",
+    [("normal", 3, 3000, 128, 1, 11), ("normal", 2, 5000, 64, 4, 11), ("uniform", 2, 4100, 128, 4, 11),
+     ("ties", 2, 2500, 256, 1, 11), ("ties", 2, 3000, 100, 3, 8), ("equal", 2, 1500, 128, 2, 11),
+     ("signed_inf", 2, 2000, 300, 1, 11), ("normal", 4, 700, 512, None, 11), ("uniform", 2, 3000, 200, 2, 8),
+     ("signed_inf", 2, 2000, 300, 1, 8)],
 )
-def test_topk_matches_reference_with_ragged_lengths(kind, b, n, k, splits):
+def test_topk_matches_reference_with_ragged_lengths(kind, b, n, k, splits, radix_bits):
     gen = torch.Generator().manual_seed(hash((kind, b, n, k)) % 2**31)
     scores = _scores(kind, b, n, gen)
     lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
     lengths[0] = n
     lengths[-1] = min(int(lengths[-1]), k // 2)  # fewer valid entries than k: -1 padding
     poisoned = torch.full((b, k), 12345, dtype=torch.int32, device=DEVICE)  # every slot must be written
-    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, block=BLOCK, out=poisoned)
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, block=BLOCK, radix_bits=radix_bits,
+               out=poisoned)
     assert out.data_ptr() == poisoned.data_ptr()
     assert out.dtype == torch.int32 and out.shape == (b, k)
     ref = topk_reference(scores, lengths, k)
