@@ -1,6 +1,6 @@
 """A FAKE engine for the bench tests (not zoe's simulated engine): OpenAI streaming, /tokenize, and vLLM's
 prefix-cache counters over a real block cache of whitespace words (1 word = 1 token, 16-token blocks).
-TTFT = 2 ms + 20 us per uncached token; each further token 3 ms; streams do not slow each other down.
+TTFT = 2 ms + 100 us per uncached token; each further token 3 ms; streams do not slow each other down.
 
 Run: python -m tests.bench.fake_engine PORT
 """
@@ -67,7 +67,7 @@ async def generate(request: Request):
     n_out = int(body.get("max_tokens", 16))
 
     async def stream():
-        await asyncio.sleep(0.002 + 2e-5 * (len(words) - cached))
+        await asyncio.sleep(0.002 + 1e-4 * (len(words) - cached))
         for i in range(n_out):
             if i:
                 await asyncio.sleep(0.003)

@@ -21,11 +21,11 @@ from zoe_cluster.bench.traces import TraceRequest
 Progress = Callable[[str], None]
 
 
-def _report(kind: str, info, label: str | None, config: dict[str, Any], rows, requests=None, argv=None) -> BenchReport:
+def _report(kind: str, info, label: str | None, config: dict[str, Any], rows, requests=None, command=None) -> BenchReport:
     return BenchReport(
         kind=kind,
         label=label or info.model,
-        command=command_line(argv),
+        command=command or command_line(),
         created_at=utc_now(),
         versions=versions(),
         server=info,
@@ -37,7 +37,7 @@ def _report(kind: str, info, label: str | None, config: dict[str, Any], rows, re
 
 async def bench_prefill(
     url: str, model: str | None, config: PrefillConfig, *, label: str | None = None,
-    on_request: Progress | None = None, timeout_s: float = 3600, argv: list[str] | None = None,
+    on_request: Progress | None = None, timeout_s: float = 3600, command: str | None = None,
 ) -> BenchReport:  # fmt: skip
     async with StreamingClient(url, model or "", timeout_s=timeout_s) as client:
         info = await probe_server(client.session, url, model)
@@ -45,12 +45,12 @@ async def bench_prefill(
         counter = await probe_token_counter(client.session, url, info.model)
         info.token_counter = counter.name
         rows = await run_prefill(client, counter, config, on_request)
-    return _report("prefill", info, label, _config_dict(config), rows, argv=argv)
+    return _report("prefill", info, label, _config_dict(config), rows, command=command)
 
 
 async def bench_decode(
     url: str, model: str | None, config: DecodeConfig, *, label: str | None = None,
-    on_request: Progress | None = None, timeout_s: float = 3600, argv: list[str] | None = None,
+    on_request: Progress | None = None, timeout_s: float = 3600, command: str | None = None,
 ) -> BenchReport:  # fmt: skip
     async with StreamingClient(url, model or "", timeout_s=timeout_s) as client:
         info = await probe_server(client.session, url, model)
@@ -59,13 +59,13 @@ async def bench_decode(
     cfg = _config_dict(config)
     cfg.pop("prompt")
     cfg["prompt_text"] = config.prompt
-    return _report("decode", info, label, cfg, rows, argv=argv)
+    return _report("decode", info, label, cfg, rows, command=command)
 
 
 async def bench_trace(
     url: str, model: str | None, requests: list[TraceRequest], config: ReplayConfig, *,
     trace_name: str, trace_format: str, skipped: int = 0, label: str | None = None,
-    on_request: Progress | None = None, timeout_s: float = 3600, argv: list[str] | None = None,
+    on_request: Progress | None = None, timeout_s: float = 3600, command: str | None = None,
 ) -> BenchReport:  # fmt: skip
     async with StreamingClient(url, model or "", timeout_s=timeout_s) as client:
         info = await probe_server(client.session, url, model)
@@ -76,7 +76,7 @@ async def bench_trace(
         row, records = await run_replay(client, requests, prompts.prompt_for, config, on_request)
     row["skipped"] = skipped
     cfg = _config_dict(config) | {"trace_name": trace_name, "trace_format": trace_format}
-    return _report("trace", info, label, cfg, [row], records, argv=argv)
+    return _report("trace", info, label, cfg, [row], records, command=command)
 
 
 def _config_dict(config: Any) -> dict[str, Any]:

@@ -24,6 +24,28 @@ LABEL = typer.Option(None, "--label", help="Name of this run in plots and compar
 TIMEOUT = typer.Option(3600.0, "--timeout", help="Per-request timeout, seconds.")
 
 
+def _full_command(ctx: typer.Context) -> str:
+    """The running `zoe bench ...` command with every option spelled out (defaults included), so a report
+    records exactly what ran even when it was started from Python or a test."""
+    import shlex
+
+    words = ["zoe", *ctx.command_path.split()[1:]]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if value is None or param.name in ("out", "plot"):
+            continue
+        if param.param_type_name == "argument":
+            words.append(str(value))
+        elif isinstance(value, bool) and param.secondary_opts:
+            words.append(param.opts[0] if value else param.secondary_opts[0])
+        elif isinstance(value, bool):
+            if value:
+                words.append(param.opts[0])
+        else:
+            words += [max(param.opts, key=len), str(value)]
+    return shlex.join(words)
+
+
 def _parse(fn, text: str, option: str):
     try:
         return fn(text)
@@ -88,13 +110,16 @@ def _check_errors(rows: list[dict]) -> None:
 
 @bench_app.command("prefill")
 def prefill(
+    ctx: typer.Context,
     url: str = URL,
     model: Optional[str] = MODEL,
     lengths: str = typer.Option("8k,16k,32k", "--lengths", help="Input lengths, tokens (8k = 8192)."),
     hit_rates: str = typer.Option("0,0.6,0.9", "--hit-rates", help="Target prefix-cache hit rates in [0, 1)."),
     runs: int = typer.Option(10, "--runs", min=1, help="Measured requests per cell."),
     warmup: int = typer.Option(1, "--warmup", min=0, help="Warmup requests per cell (they cache the prefix)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random prompt text."),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", help="Seed of the random prompt text (default: fresh, so a rerun against the same server "
+        "does not hit the previous run's cache; the seed used is in the report)."),  # fmt: skip
     api: str = typer.Option("completions", "--api", help="completions or chat."),
     out: Optional[Path] = OUT,
     plot: Optional[Path] = PLOT,
@@ -110,6 +135,11 @@ def prefill(
 
     if api not in ("completions", "chat"):
         fail(f"--api: expected completions or chat, got {api!r}")
+    if seed is None:
+        import secrets
+
+        seed = secrets.randbelow(2**31)
+        ctx.params["seed"] = seed  # recorded in the report's command
     parsed_lengths = _parse(parse_token_counts, lengths, "--lengths")
     parsed_rates = _parse(parse_rates, hit_rates, "--hit-rates")
     config = _parse(
@@ -117,9 +147,10 @@ def prefill(
                                 api=api),  # type: ignore[arg-type]
         "", "--warmup",
     )  # fmt: skip
+    cmd = _full_command(ctx)
     report = _run_with_progress(
         config.total_requests, "prefill",
-        lambda cb: bench_prefill(url, model, config, label=label, on_request=cb, timeout_s=timeout),
+        lambda cb: bench_prefill(url, model, config, label=label, on_request=cb, timeout_s=timeout, command=cmd),
     )  # fmt: skip
     table = Table("input", "hit rate (target)", "engine saw", "TTFT s (mean ± std)", "p90 s", "ok/runs")
     for r in report.rows:
@@ -133,6 +164,7 @@ def prefill(
 
 @bench_app.command("decode")
 def decode(
+    ctx: typer.Context,
     url: str = URL,
     model: Optional[str] = MODEL,
     concurrency: str = typer.Option("1,2,4,8,16,32", "--concurrency", help="Concurrent streams per step."),
@@ -166,9 +198,10 @@ def decode(
         output_len=output_len, prompt=prompt_text, prompt_label=prompt_label, runs=runs, warmup=warmup,
         nodes=nodes, temperature=temperature, top_p=top_p, ignore_eos=ignore_eos, api=api,  # type: ignore[arg-type]
     )  # fmt: skip
+    cmd = _full_command(ctx)
     report = _run_with_progress(
         config.total_requests, "decode",
-        lambda cb: bench_decode(url, model, config, label=label, on_request=cb, timeout_s=timeout),
+        lambda cb: bench_decode(url, model, config, label=label, on_request=cb, timeout_s=timeout, command=cmd),
     )  # fmt: skip
     table = Table("concurrency", "per-user tok/s", "per-node tok/s", "TTFT s (excluded)", "tokens/stream", "ok")
     for r in report.rows:
@@ -182,6 +215,7 @@ def decode(
 
 @bench_app.command("trace")
 def trace(
+    ctx: typer.Context,
     file: Path = typer.Argument(..., help="Mooncake JSONL (hash_ids of 512-token blocks) or Azure CSV trace."),
     url: str = URL,
     model: Optional[str] = MODEL,
@@ -209,10 +243,11 @@ def trace(
     if not chosen:
         fail(f"no request of {file} fits --max-input-len {max_input_len}")
     config = ReplayConfig(time_scale=time_scale, closed_loop=closed_loop)
+    cmd = _full_command(ctx)
     report = _run_with_progress(
         len(chosen), f"trace ({fmt})",
         lambda cb: bench_trace(url, model, chosen, config, trace_name=file.name, trace_format=fmt, skipped=skipped,
-                               label=label, on_request=cb, timeout_s=timeout),
+                               label=label, on_request=cb, timeout_s=timeout, command=cmd),
     )  # fmt: skip
     r = report.rows[0]
     table = Table("requests", "ok", "skipped", "TTFT p50/p90/p99 s", "ITL mean s", "output tok/s", "engine hit rate")
