@@ -64,18 +64,18 @@ async def bench_decode(
 
 async def bench_trace(
     url: str, model: str | None, requests: list[TraceRequest], config: ReplayConfig, *,
-    trace_name: str, trace_format: str, skipped: int = 0, label: str | None = None,
+    trace_name: str, trace_format: str, skipped: int = 0, seed: int = 0, label: str | None = None,
     on_request: Progress | None = None, timeout_s: float = 3600, command: str | None = None,
 ) -> BenchReport:  # fmt: skip
     async with StreamingClient(url, model or "", timeout_s=timeout_s) as client:
         info = await probe_server(client.session, url, model)
         client.model = info.model
         counter = await probe_token_counter(client.session, url, info.model)
-        prompts = await TracePrompts.calibrated(counter)
+        prompts = await TracePrompts.calibrated(counter, seed)
         info.token_counter = f"{counter.name}; {prompts.describe()}"
         row, records = await run_replay(client, requests, prompts.prompt_for, config, on_request)
     row["skipped"] = skipped
-    cfg = _config_dict(config) | {"trace_name": trace_name, "trace_format": trace_format}
+    cfg = _config_dict(config) | {"trace_name": trace_name, "trace_format": trace_format, "seed": seed}
     return _report("trace", info, label, cfg, [row], records, command=command)
 
 

@@ -28,17 +28,20 @@ class TracePrompts:
         return cls(max(await counter.count(sample), 1) / 2000, seed)
 
     def describe(self) -> str:
-        return f"{self.tokens_per_word:.3f} server tokens per synthetic word"
+        return f"{self.tokens_per_word:.3f} server tokens per synthetic word; prompt seed {self.seed}"
 
     def prompt_for(self, req: TraceRequest) -> str:
         if req.hash_ids:
-            return _mooncake_text(req)
+            # A non-zero seed shifts every block id by the same amount: the same sharing structure, but text no
+            # earlier replay against this server has put in its cache.
+            salt = self.seed * 2**32
+            return _mooncake_text(tuple(h + salt for h in req.hash_ids), req.input_len)
         rng = random.Random(f"{self.seed}/{req.index}")
         n_words = max(1, round(req.input_len / self.tokens_per_word))
         return " ".join(rng.choice(WORDS) for _ in range(n_words))
 
 
-def _mooncake_text(req: TraceRequest) -> str:
+def _mooncake_text(hash_ids: tuple[int, ...], input_len: int) -> str:
     from zoe_cluster.sim.tokens import hash_ids_to_text
 
-    return hash_ids_to_text(req.hash_ids, req.input_len)
+    return hash_ids_to_text(hash_ids, input_len)

@@ -46,6 +46,15 @@ def _full_command(ctx: typer.Context) -> str:
     return shlex.join(words)
 
 
+def _fresh_seed(ctx: typer.Context) -> int:
+    """A new prompt seed, written back into the command's parameters so the report's command reproduces it."""
+    import secrets
+
+    seed = 1 + secrets.randbelow(2**31 - 1)
+    ctx.params["seed"] = seed
+    return seed
+
+
 def _parse(fn, text: str, option: str):
     try:
         return fn(text)
@@ -136,10 +145,7 @@ def prefill(
     if api not in ("completions", "chat"):
         fail(f"--api: expected completions or chat, got {api!r}")
     if seed is None:
-        import secrets
-
-        seed = secrets.randbelow(2**31)
-        ctx.params["seed"] = seed  # recorded in the report's command
+        seed = _fresh_seed(ctx)
     parsed_lengths = _parse(parse_token_counts, lengths, "--lengths")
     parsed_rates = _parse(parse_rates, hit_rates, "--hit-rates")
     config = _parse(
@@ -224,6 +230,9 @@ def trace(
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Replay only the first N requests."),
     max_input_len: Optional[int] = typer.Option(None, "--max-input-len", min=1, help="Skip longer requests (tokens)."),
     max_output_len: Optional[int] = typer.Option(None, "--max-output-len", min=1, help="Cap output tokens."),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", min=0, help="Prompt seed (default: fresh). 0 replays Mooncake hash_ids as they are; "
+        "another value shifts every block id by the same amount (same sharing, text not cached by earlier runs)."),  # fmt: skip
     out: Optional[Path] = OUT,
     plot: Optional[Path] = PLOT,
     label: Optional[str] = LABEL,
@@ -243,11 +252,13 @@ def trace(
     if not chosen:
         fail(f"no request of {file} fits --max-input-len {max_input_len}")
     config = ReplayConfig(time_scale=time_scale, closed_loop=closed_loop)
+    if seed is None:
+        seed = _fresh_seed(ctx)
     cmd = _full_command(ctx)
     report = _run_with_progress(
         len(chosen), f"trace ({fmt})",
         lambda cb: bench_trace(url, model, chosen, config, trace_name=file.name, trace_format=fmt, skipped=skipped,
-                               label=label, on_request=cb, timeout_s=timeout, command=cmd),
+                               seed=seed, label=label, on_request=cb, timeout_s=timeout, command=cmd),
     )  # fmt: skip
     r = report.rows[0]
     table = Table("requests", "ok", "skipped", "TTFT p50/p90/p99 s", "ITL mean s", "output tok/s", "engine hit rate")
