@@ -106,6 +106,25 @@ def test_controller_job_deploys_the_model_onto_the_ray_head():
     assert not by_kind(docs(VALUES["existing-cluster"]), "RayCluster")
 
 
+@pytest.mark.parametrize("case", list(VALUES))
+def test_rendered_commands_parse_with_the_real_zoe_cli(case):
+    """The Job's `zoe deploy` and the router pods' `zoe router` arguments are accepted by zoe's own CLI."""
+    import typer
+
+    from zoe_cluster.cli.main import app
+
+    cli = typer.main.get_command(app)
+    objs = docs(VALUES[case])
+    (dep,) = by_kind(objs, "Deployment")
+    commands = {"deploy": _deploy_args(objs), "router": dep["spec"]["template"]["spec"]["containers"][0]["args"]}
+    for name, args in commands.items():
+        ctx = cli.commands[name].make_context(name, list(args), resilient_parsing=False)
+        assert ctx.params, name
+    ctx = cli.commands["deploy"].make_context("deploy", list(commands["deploy"]))
+    assert ctx.params["model"] == VALUES[case].get("model", {}).get("name", "glm-5.3")
+    assert ctx.params["address"].startswith("ray://")
+
+
 def test_an_upgrade_reruns_zoe_deploy_in_a_new_job():
     assert by_kind(docs({}), "Job")[0]["metadata"]["name"] == "zoe-deploy-1"
     upgraded = docs({"model": {"replicas": 3}}, revision=4)
@@ -200,8 +219,6 @@ BAD = [
     ({"auth": {"enabled": False, "apiKeys": ["0123456789abcdef0123"]}}, "auth.enabled is false"),
     ({"rayCluster": {"worker": {"modelCache": {"type": "pvc"}}}}, "claimName is empty"),
     ({"rayCluster": {"worker": {"replicas": 0}}}, "GPU engines need MI355X worker nodes"),
-    ({"model": {"variant": "fp8-tp8", "switching": {"enabled": True, "variants": ["mxfp4-tp8"]}}},
-     'model.variant "fp8-tp8" is not among model.switching.variants'),
 ]
 
 

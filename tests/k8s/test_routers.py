@@ -99,3 +99,69 @@ def test_fanout_pushes_to_every_router_and_catches_up_new_and_restarted_ones():
     routers.version["10.0.0.2"] = 7  # a router already ahead answers 409: not a failure
     res = fan.publish(_membership(2))
     assert sorted(res.applied) == ["r-1", "r-3"] and res.stale == ["r-2"] and not res.failed
+
+
+@pytest.fixture
+def two_routers():
+    """Two real `zoe router` processes on one port, as two pods would be (127.0.0.2 is loopback too)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import free_port
+
+    port, key, procs = free_port(), "admin-key-for-the-test", []
+    for host in ("127.0.0.1", "127.0.0.2"):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "zoe_cluster.cli.main", "router", "--host", host, "--port", str(port), "--admin-key", key],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ | {"ZOE_ROUTER_API_KEYS": ""},
+        ))
+    try:
+        deadline = time.monotonic() + 60
+        for host, p in zip(("127.0.0.1", "127.0.0.2"), procs):
+            while True:
+                assert p.poll() is None, p.stderr.read().decode()
+                try:
+                    socket.create_connection((host, port), timeout=0.5).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, f"router on {host}:{port} did not start"
+                    time.sleep(0.2)
+        yield port, key
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.mark.asyncio
+async def test_chart_environment_fanout_reaches_every_real_router_pod(kmock, two_routers):
+    from zoe_cluster.k8s import fanout_from_env
+
+    port, key = two_routers
+    kmock.resources["v1/pods"] = {}
+    core = core_api(host=str(kmock.url))
+    for p in [_pod("zoe-router-a", "127.0.0.1"), _pod("zoe-router-b", "127.0.0.2"), _pod("zoe-router-c", "127.0.0.3", ready=False)]:
+        await asyncio.to_thread(core.create_namespaced_pod, "serving", p)
+    env = {"ZOE_K8S_NAMESPACE": "serving", "ZOE_K8S_ROUTER_SELECTOR": SELECTOR, "ZOE_K8S_ROUTER_PORT": str(port),
+           "ZOE_ROUTER_ADMIN_KEY": key}
+    assert fanout_from_env({}) is None  # not under the chart
+    with httpx.Client() as http:
+        fan = fanout_from_env(env, core=core, http=http)
+        res = await asyncio.to_thread(fan.publish, _membership(5))
+        assert sorted(res.applied) == ["zoe-router-a", "zoe-router-b"] and not res.failed
+        for host in ("127.0.0.1", "127.0.0.2"):
+            got = (await asyncio.to_thread(http.get, f"http://{host}:{port}/admin/membership",
+                                           headers={"Authorization": f"Bearer {key}"})).json()
+            assert got["version"] == 5 and [r["id"] for r in got["replicas"]] == ["glm-5.3/0/1"]
+        res = await asyncio.to_thread(fan.publish, _membership(4))  # an older version is refused by real routers
+        assert sorted(res.stale) == ["zoe-router-a", "zoe-router-b"]
+        bad = fanout_from_env(env | {"ZOE_ROUTER_ADMIN_KEY": "wrong"}, core=core, http=http)
+        res = await asyncio.to_thread(bad.publish, _membership(6))
+        assert set(res.failed) == {"zoe-router-a", "zoe-router-b"} and "401" in res.failed["zoe-router-a"]

@@ -12,9 +12,15 @@ tested without a cluster; the readers take a `CoreV1Api` and are tested against 
 
 from zoe_cluster.k8s.api import KubernetesUnavailable, core_api
 from zoe_cluster.k8s.nodes import GpuNode, VariantFit, fit_variants, parse_quantity, read_gpu_nodes
-from zoe_cluster.k8s.routers import MembershipFanout, RouterDiscovery, RouterEndpoint, ready_router_endpoints
+from zoe_cluster.k8s.routers import (
+    MembershipFanout,
+    RouterDiscovery,
+    RouterEndpoint,
+    fanout_from_env,
+    ready_router_endpoints,
+)
 
 __all__ = [
-    "GpuNode", "KubernetesUnavailable", "MembershipFanout", "RouterDiscovery", "RouterEndpoint", "VariantFit",
+    "GpuNode", "KubernetesUnavailable", "MembershipFanout", "RouterDiscovery", "RouterEndpoint", "VariantFit", "fanout_from_env",
     "core_api", "fit_variants", "parse_quantity", "read_gpu_nodes", "ready_router_endpoints",
 ]

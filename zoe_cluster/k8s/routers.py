@@ -145,3 +145,26 @@ class MembershipFanout:
             else:
                 result.failed[e.pod] = f"HTTP {r.status_code}: {r.text[:200]}"
         return result
+
+
+def fanout_from_env(env: dict[str, str] | None = None, core: Any = None, http: Any = None) -> MembershipFanout | None:
+    """The fanout a controller running under the Helm chart uses; None when not under the chart.
+
+    The chart sets ZOE_K8S_* (where the router pods are) and ZOE_ROUTER_ADMIN_KEY (their admin key) on every zoe
+    pod, Ray's included. A controller calls `publish(membership)` on every membership change and `resync()` from
+    its reconcile loop, next to (or instead of) pushing to a router it started itself.
+    """
+    env = dict(os.environ if env is None else env)
+    try:
+        discovery = RouterDiscovery.from_env(env)
+    except ValueError:
+        return None
+    if core is None:
+        from zoe_cluster.k8s.api import core_api
+
+        core = core_api()
+    if http is None:
+        import httpx
+
+        http = httpx.Client()
+    return MembershipFanout(lambda: discovery.endpoints(core), env.get("ZOE_ROUTER_ADMIN_KEY"), http)

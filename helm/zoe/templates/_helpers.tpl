@@ -294,15 +294,8 @@ spec:
 - {{ $m.replicas | quote }}
 - --engine
 - {{ $m.engine | quote }}
-- --router
-- external
-{{- if $m.switching.enabled }}
-- --switching
-{{- range $m.switching.variants }}
-- --switch-variant
-- {{ . | quote }}
-{{- end }}
-{{- end }}
+- --policy
+- {{ .Values.router.policy | quote }}
 {{- range .Values.controller.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -409,8 +402,5 @@ spec:
 {{- end -}}
 {{- if and (not .Values.rayCluster.existingCluster) (ne .Values.model.engine "sim") (lt (int $w.replicas) 1) -}}
 {{- fail (printf "rayCluster.worker.replicas is 0 but model.engine is %s: GPU engines need MI355X worker nodes (or use model.engine=sim)" .Values.model.engine) -}}
-{{- end -}}
-{{- if and .Values.model.switching.enabled .Values.model.variant (has .Values.model.variant .Values.model.switching.variants | not) .Values.model.switching.variants -}}
-{{- fail (printf "model.variant %q is not among model.switching.variants %v" .Values.model.variant .Values.model.switching.variants) -}}
 {{- end -}}
 {{- end -}}
