@@ -36,7 +36,7 @@ class RequestSpec:
 
 @dataclass
 class RequestResult:
-    """What the client saw of one request; times are seconds on the client's monotonic clock."""
+    """What the client saw of one request; times are seconds of `StreamingClient.now()`."""
 
     tag: str
     ok: bool
@@ -119,8 +119,14 @@ class StreamingClient:
 
     Use as `async with StreamingClient(url, model) as client: await client.send(spec)`."""
 
-    def __init__(self, base_url: str, model: str, timeout_s: float = 3600.0, api_key: str | None = None):
+    def __init__(
+        self, base_url: str, model: str, timeout_s: float = 3600.0, api_key: str | None = None,
+        server_time_scale: float = 1.0,
+    ):  # fmt: skip
+        if server_time_scale <= 0:
+            raise ValueError("server_time_scale must be positive")
         self.base_url = base_url.rstrip("/")
+        self.server_time_scale = server_time_scale
         self.model = model
         self.timeout_s = timeout_s
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -141,6 +147,11 @@ class StreamingClient:
             await self._session.close()
             self._session = None
 
+    def now(self) -> float:
+        """Seconds on the server's clock: wall seconds / `server_time_scale` (a simulated engine run with
+        `--time-scale X` lives X times faster than its model seconds; 1 for a real engine)."""
+        return time.perf_counter() / self.server_time_scale
+
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -150,7 +161,7 @@ class StreamingClient:
     async def send(self, spec: RequestSpec) -> RequestResult:
         """Send one streaming request and time it; failures come back as `ok=False` with the reason."""
         path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
-        start = time.perf_counter()
+        start = self.now()
         result = RequestResult(tag=spec.tag, ok=False, start_s=start)
         last: float | None = None
         try:
@@ -170,7 +181,7 @@ class StreamingClient:
                     data = line[5:].strip()
                     if data == b"[DONE]":
                         break
-                    now = time.perf_counter()
+                    now = self.now()
                     chunk = json.loads(data)
                     if "error" in chunk and not chunk.get("choices"):
                         err = chunk["error"]
@@ -190,7 +201,7 @@ class StreamingClient:
                         details = usage.get("prompt_tokens_details") or {}
                         if details.get("cached_tokens") is not None:
                             result.cached_tokens = int(details["cached_tokens"])
-            result.e2e_s = time.perf_counter() - start
+            result.e2e_s = self.now() - start
             if not result.output_tokens:
                 result.output_tokens = result.output_chunks
             if result.ttft_s is None:

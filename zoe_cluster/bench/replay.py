@@ -1,7 +1,7 @@
 """Trace workload: replay a trace against a URL, open-loop by timestamps or closed-loop with N users.
 
-Open loop: request i is sent at `arrival_s * time_scale` after the start, whether or not earlier ones have
-finished (time_scale 0.1 replays ten times faster). Closed loop: N users each send the next request of the
+Open loop: request i is sent at `arrival_s * time_scale` wall seconds after the start, whether or not earlier
+ones have finished (time_scale 0.1 replays ten times faster). Closed loop: N users each send the next request of the
 trace as soon as their previous one ends; timestamps are ignored. Every request generates exactly its
 `output_len` tokens (`ignore_eos`). Prompts come from a `prompt_for(request)` function (see `trace_prompts`).
 """
@@ -77,7 +77,7 @@ async def run_replay(
         return result
 
     before = await scrape_cache_counters(client.session, client.base_url)
-    t0 = time.perf_counter()
+    wall0, t0 = time.perf_counter(), client.now()
     if config.closed_loop:
         queue: asyncio.Queue[TraceRequest] = asyncio.Queue()
         for r in requests:
@@ -93,12 +93,12 @@ async def run_replay(
         tasks = []
         base = requests[0].arrival_s
         for r in requests:
-            delay = t0 + (r.arrival_s - base) * config.time_scale - time.perf_counter()
+            delay = wall0 + (r.arrival_s - base) * config.time_scale - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(r)))
         results = list(await asyncio.gather(*tasks))
-    duration = time.perf_counter() - t0
+    duration = client.now() - t0
     after = await scrape_cache_counters(client.session, client.base_url)
 
     by_index = {r.index: r for r in requests}

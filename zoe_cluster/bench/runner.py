@@ -38,27 +38,31 @@ def _report(kind: str, info, label: str | None, config: dict[str, Any], rows, re
 async def bench_prefill(
     url: str, model: str | None, config: PrefillConfig, *, label: str | None = None,
     on_request: Progress | None = None, timeout_s: float = 3600, command: str | None = None,
+    server_time_scale: float = 1.0,
 ) -> BenchReport:  # fmt: skip
-    async with StreamingClient(url, model or "", timeout_s=timeout_s) as client:
+    async with StreamingClient(url, model or "", timeout_s=timeout_s, server_time_scale=server_time_scale) as client:
         info = await probe_server(client.session, url, model)
         client.model = info.model
         counter = await probe_token_counter(client.session, url, info.model)
         info.token_counter = counter.name
         rows = await run_prefill(client, counter, config, on_request)
-    return _report("prefill", info, label, _config_dict(config), rows, command=command)
+    cfg = _config_dict(config) | {"server_time_scale": server_time_scale}
+    return _report("prefill", info, label, cfg, rows, command=command)
 
 
 async def bench_decode(
     url: str, model: str | None, config: DecodeConfig, *, label: str | None = None,
     on_request: Progress | None = None, timeout_s: float = 3600, command: str | None = None,
+    server_time_scale: float = 1.0,
 ) -> BenchReport:  # fmt: skip
-    async with StreamingClient(url, model or "", timeout_s=timeout_s) as client:
+    async with StreamingClient(url, model or "", timeout_s=timeout_s, server_time_scale=server_time_scale) as client:
         info = await probe_server(client.session, url, model)
         client.model = info.model
         rows = await run_decode(client, config, on_request)
     cfg = _config_dict(config)
     cfg.pop("prompt")
     cfg["prompt_text"] = config.prompt
+    cfg["server_time_scale"] = server_time_scale
     return _report("decode", info, label, cfg, rows, command=command)
 
 
@@ -66,8 +70,9 @@ async def bench_trace(
     url: str, model: str | None, requests: list[TraceRequest], config: ReplayConfig, *,
     trace_name: str, trace_format: str, skipped: int = 0, seed: int = 0, label: str | None = None,
     on_request: Progress | None = None, timeout_s: float = 3600, command: str | None = None,
+    server_time_scale: float = 1.0,
 ) -> BenchReport:  # fmt: skip
-    async with StreamingClient(url, model or "", timeout_s=timeout_s) as client:
+    async with StreamingClient(url, model or "", timeout_s=timeout_s, server_time_scale=server_time_scale) as client:
         info = await probe_server(client.session, url, model)
         client.model = info.model
         counter = await probe_token_counter(client.session, url, info.model)
@@ -75,7 +80,8 @@ async def bench_trace(
         info.token_counter = f"{counter.name}; {prompts.describe()}"
         row, records = await run_replay(client, requests, prompts.prompt_for, config, on_request)
     row["skipped"] = skipped
-    cfg = _config_dict(config) | {"trace_name": trace_name, "trace_format": trace_format, "seed": seed}
+    cfg = _config_dict(config) | {"trace_name": trace_name, "trace_format": trace_format, "seed": seed,
+                                  "server_time_scale": server_time_scale}
     return _report("trace", info, label, cfg, [row], records, command=command)
 
 

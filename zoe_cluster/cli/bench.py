@@ -22,6 +22,10 @@ OUT = typer.Option(None, "--out", help="Report JSON path (default: ./zoe-bench-<
 PLOT = typer.Option(None, "--plot", help="PNG path (default: the report path with .png).")
 LABEL = typer.Option(None, "--label", help="Name of this run in plots and comparisons (default: the model).")
 TIMEOUT = typer.Option(3600.0, "--timeout", help="Per-request timeout, seconds.")
+SERVER_TIME_SCALE = typer.Option(
+    1.0, "--server-time-scale", min=1e-6,
+    help="The server's time scale: measured times are divided by it (pass zoe sim serve's --time-scale X to "
+    "report the simulated engine's model seconds; 1 for a real engine).")  # fmt: skip
 
 
 def _full_command(ctx: typer.Context) -> str:
@@ -134,6 +138,7 @@ def prefill(
     plot: Optional[Path] = PLOT,
     label: Optional[str] = LABEL,
     timeout: float = TIMEOUT,
+    server_time_scale: float = SERVER_TIME_SCALE,
 ) -> None:
     """Single-request TTFT by input length at controlled prefix-cache hit rates (one output token)."""
     from rich.table import Table
@@ -156,7 +161,8 @@ def prefill(
     cmd = _full_command(ctx)
     report = _run_with_progress(
         config.total_requests, "prefill",
-        lambda cb: bench_prefill(url, model, config, label=label, on_request=cb, timeout_s=timeout, command=cmd),
+        lambda cb: bench_prefill(url, model, config, label=label, on_request=cb, timeout_s=timeout, command=cmd,
+                                 server_time_scale=server_time_scale),
     )  # fmt: skip
     table = Table("input", "hit rate (target)", "engine saw", "TTFT s (mean ± std)", "p90 s", "ok/runs")
     for r in report.rows:
@@ -187,6 +193,7 @@ def decode(
     plot: Optional[Path] = PLOT,
     label: Optional[str] = LABEL,
     timeout: float = TIMEOUT,
+    server_time_scale: float = SERVER_TIME_SCALE,
 ) -> None:
     """Per-user and per-node decode tok/s by concurrency (TTFT excluded)."""
     from rich.table import Table
@@ -207,7 +214,8 @@ def decode(
     cmd = _full_command(ctx)
     report = _run_with_progress(
         config.total_requests, "decode",
-        lambda cb: bench_decode(url, model, config, label=label, on_request=cb, timeout_s=timeout, command=cmd),
+        lambda cb: bench_decode(url, model, config, label=label, on_request=cb, timeout_s=timeout, command=cmd,
+                                 server_time_scale=server_time_scale),
     )  # fmt: skip
     table = Table("concurrency", "per-user tok/s", "per-node tok/s", "TTFT s (excluded)", "tokens/stream", "ok")
     for r in report.rows:
@@ -237,6 +245,7 @@ def trace(
     plot: Optional[Path] = PLOT,
     label: Optional[str] = LABEL,
     timeout: float = TIMEOUT,
+    server_time_scale: float = SERVER_TIME_SCALE,
 ) -> None:
     """Replay a trace open-loop by its timestamps (or closed-loop) and report TTFT, ITL, e2e and hit rate."""
     from rich.table import Table
@@ -258,7 +267,8 @@ def trace(
     report = _run_with_progress(
         len(chosen), f"trace ({fmt})",
         lambda cb: bench_trace(url, model, chosen, config, trace_name=file.name, trace_format=fmt, skipped=skipped,
-                               seed=seed, label=label, on_request=cb, timeout_s=timeout, command=cmd),
+                               seed=seed, label=label, on_request=cb, timeout_s=timeout, command=cmd,
+                                 server_time_scale=server_time_scale),
     )  # fmt: skip
     r = report.rows[0]
     table = Table("requests", "ok", "skipped", "TTFT p50/p90/p99 s", "ITL mean s", "output tok/s", "engine hit rate")
