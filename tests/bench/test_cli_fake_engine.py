@@ -115,3 +115,23 @@ def test_compare_rejects_reports_of_different_workloads(tmp_path):
     (tmp_path / "bad.json").write_text('{"kind": "prefill"}')
     res = runner.invoke(app, ["bench", "compare", str(tmp_path / "bad.json"), str(tmp_path / "bad.json")])
     assert res.exit_code != 0 and "bad.json: field" in res.output
+
+
+def test_mooncake_replay_keeps_the_sharing_structure_and_fresh_seeds_do_not_reuse_the_cache(fake_engine_url, tmp_path):
+    trace = tmp_path / "mooncake.jsonl"
+    rows = [(0, 1024, [0, 1]), (10, 1024, [0, 2]), (20, 1536, [0, 1, 3])]
+    trace.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": 4, "hash_ids": h}) + "\n"
+                             for t, n, h in rows))  # fmt: skip
+    rates = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"moon{seed}.json"
+        res = zoe("bench", "trace", str(trace), "--url", fake_engine_url, "--closed-loop", "1", "--seed", seed,
+                  "--out", str(out))  # fmt: skip
+        assert res.exit_code == 0, res.output
+        report = load_report(out)
+        assert report.config["trace_format"] == "mooncake" and report.rows[0]["completed"] == 3
+        rates.append(report.rows[0]["engine_hit_rate"])
+    # Request 2 shares block 0 with request 1, request 3 shares blocks 0-1: about 2 of 4.7 blocks' words are
+    # hits (the fake caches 16-word blocks). A second replay with another seed sees the same, not ~100%.
+    assert 0.35 < rates[0] < 0.5
+    assert rates[1] == pytest.approx(rates[0], abs=0.02)
