@@ -22,14 +22,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
+import itertools
+import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -42,6 +42,7 @@ from zoe_cluster.router.config import RouterConfig
 from zoe_cluster.router.health import HealthChecker
 from zoe_cluster.router.membership import MemberReplica, Membership
 from zoe_cluster.router.replicas import ReplicaSet, ReplicaState, StaleMembership
+from zoe_cluster.router.upstream import UpstreamPool, UpstreamResponse
 from zoe_cluster.routing.context import BadRequest, RequestContext, RoutingDecision, context_from_openai
 from zoe_cluster.routing.policy import Policy, get_policy
 
@@ -110,34 +111,47 @@ class Router:
             clock=clock,
             on_change=self._wake,
         )
+        self._children: dict[tuple, Any] = {}
+        self._ids = itertools.count(1)
+        self._id_prefix = f"zoe-{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}-"
         if membership is not None:
-            self.replicas.apply(membership)
+            self.apply_membership(membership)
         self.default_models = frozenset(config.models)
         self._api_keys = {k.encode() for k in config.api_keys}
         self._admin_auth = f"Bearer {config.admin_key}".encode() if config.admin_key else None
         self._matched_tokens = 0
         self._prompt_tokens = 0
-        self.session: aiohttp.ClientSession | None = None
+        self.upstream: UpstreamPool | None = None
         self.health = HealthChecker(self, config)
         self._aux = Starlette(routes=self._routes())
 
+    def apply_membership(self, membership: Membership) -> dict[str, list[str]]:
+        """Apply a membership push (raises StaleMembership); drops cached metric children of removed replicas."""
+        changes = self.replicas.apply(membership)
+        if changes["removed"]:
+            gone = set(changes["removed"])
+            self._children = {k: v for k, v in self._children.items() if not gone & set(k[1])}
+        return changes
+
+    def _lab(self, metric: Any, *values: str) -> Any:
+        """metric.labels(*values), cached: labels() costs microseconds on the hot path."""
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        if self.session is None:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=75, enable_cleanup_closed=True, ttl_dns_cache=300)
-            self.session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s),
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent",),
-            )
+        if self.upstream is None:
+            self.upstream = UpstreamPool(connect_timeout_s=self.config.connect_timeout_s)
         self.health.start()
 
     async def stop(self) -> None:
         await self.health.stop()
-        if self.session is not None:
-            await self.session.close()
-            self.session = None
+        if self.upstream is not None:
+            await self.upstream.close()
+            self.upstream = None
 
     # ------------------------------------------------------------------ ASGI entry
     @property
@@ -182,7 +196,7 @@ class Router:
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": err.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-        self.metrics.responses.labels(code=str(err.status)).inc()
+        self._lab(self.metrics.responses, str(err.status)).inc()
 
     async def _proxy(self, endpoint: str, scope: dict, receive: Callable, send: Callable) -> None:
         t0 = time.perf_counter()
@@ -192,7 +206,7 @@ class Router:
                 auth = headers.get(b"authorization", b"")
                 if not auth.startswith(b"Bearer ") or auth[7:].strip() not in self._api_keys:
                     raise HttpError(401, "missing or invalid API key", "authentication_error")
-            body = await self._read_body(headers, receive)
+            raw, body = await self._read_body(headers, receive)
             ctx = self._context(endpoint, body, headers)
         except HttpError as e:
             await self._respond_error(send, e)
@@ -211,7 +225,7 @@ class Router:
         watcher = asyncio.ensure_future(receive())
         watcher.add_done_callback(on_message)
         try:
-            await self._forward(endpoint, scope, send, body, ctx, t0, state)
+            await self._forward(endpoint, send, raw, ctx, t0, state)
         except asyncio.CancelledError:
             if not state.disconnected:
                 raise
@@ -220,7 +234,8 @@ class Router:
             state.finished = True
             watcher.cancel()
 
-    async def _read_body(self, headers: dict, receive: Callable) -> dict:
+    async def _read_body(self, headers: dict, receive: Callable) -> tuple[bytes, dict]:
+        """The raw body (forwarded as it is) and its parsed JSON object."""
         limit = self.config.max_body_bytes
         cl = headers.get(b"content-length")
         if cl is not None and cl.isdigit() and int(cl) > limit:
@@ -244,7 +259,12 @@ class Router:
             raise HttpError(400, f"malformed JSON body: {e}") from None
         if not isinstance(body, dict):
             raise HttpError(400, "the JSON body must be an object")
-        return body
+        return raw, body
+
+    def _model_label(self, model: str) -> str:
+        """The model as a metric label: clients choose it freely when no model list is configured, so then
+        it is "unlisted" (bounded label cardinality)."""
+        return model if model in self.default_models or model in self.replicas.models() else "unlisted"
 
     def served_models(self) -> set[str]:
         return set(self.default_models) | self.replicas.models()
@@ -256,7 +276,7 @@ class Router:
             ctx = context_from_openai(
                 endpoint,  # type: ignore[arg-type]
                 body,
-                request_id=rid.decode("latin-1") if rid else uuid.uuid4().hex,
+                request_id=rid.decode("latin-1") if rid else f"{self._id_prefix}{next(self._ids)}",
                 session_header=session.decode("latin-1") if session else None,
                 block_tokens=self.config.block_tokens,
             )
@@ -334,11 +354,12 @@ class Router:
         v.admit(ctx, a.cached_tokens)
         m = self.metrics
         rid = a.st.id
-        m.requests.labels(replica=rid, reason=a.decision.reason).inc()
-        m.active_requests.labels(replica=rid).set(v.active_requests)
-        m.prompt_tokens.labels(replica=rid).inc(ctx.prompt_tokens)
+        lab = self._lab
+        lab(m.requests, rid, a.decision.reason).inc()
+        lab(m.active_requests, rid).set(v.active_requests)
+        lab(m.prompt_tokens, rid).inc(ctx.prompt_tokens)
         if a.cached_tokens:
-            m.prefix_matched_tokens.labels(replica=rid).inc(a.cached_tokens)
+            lab(m.prefix_matched_tokens, rid).inc(a.cached_tokens)
         self._prompt_tokens += ctx.prompt_tokens
         self._matched_tokens += a.cached_tokens
         if self._prompt_tokens:
@@ -351,15 +372,14 @@ class Router:
         v.finish(ctx, a.cached_tokens, prefilled=a.prefilled)
         self.policy.on_finished(ctx, a.st.id, ok)
         if not a.st.removed:
-            self.metrics.active_requests.labels(replica=a.st.id).set(v.active_requests)
+            self._lab(self.metrics.active_requests, a.st.id).set(v.active_requests)
         self._wake()
 
     async def _forward(
-        self, endpoint: str, scope: dict, send: Callable, body_obj: dict, ctx: RequestContext, t0: float, state
+        self, endpoint: str, send: Callable, payload: bytes, ctx: RequestContext, t0: float, state
     ) -> None:
         cfg = self.config
         path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
-        payload = json.dumps(body_obj).encode()
         up_headers = {"content-type": "application/json", "x-request-id": ctx.request_id}
         tried: set[str] = set()
         last_error = "no attempt"
@@ -391,7 +411,7 @@ class Router:
                             data = await resp.read()
                         await self._send_whole(send, resp.status, ctype, data, a)
                         ok = resp.status < 500
-                        self.metrics.e2e.labels(model=ctx.model).observe(time.perf_counter() - t0)
+                        self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
                         if not ok:
                             self.replicas.record_failure(a.st, "status")
                 finally:
@@ -405,17 +425,17 @@ class Router:
             except TimeoutError:  # before OSError: TimeoutError is one
                 last_error = f"timeout waiting for {a.st.id}"
                 self.replicas.record_failure(a.st, "timeout")
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as e:
+            except OSError as e:  # refused, reset, closed early (UpstreamError)
                 last_error = f"{type(e).__name__} from {a.st.id}: {e}"
                 self.replicas.record_failure(a.st, "connect")
             finally:
                 self._release(ctx, a, ok)
         await self._respond_error(send, HttpError(502, f"upstream failed: {last_error}", "upstream_error"))
 
-    async def _open(self, url: str, payload: bytes, headers: dict) -> aiohttp.ClientResponse:
-        assert self.session is not None, "router not started (use the ASGI lifespan or await router.start())"
+    async def _open(self, url: str, payload: bytes, headers: dict) -> UpstreamResponse:
+        assert self.upstream is not None, "router not started (use the ASGI lifespan or await router.start())"
         async with asyncio.timeout(self.config.first_byte_timeout_s):
-            return await self.session.post(url, data=payload, headers=headers)
+            return await self.upstream.request("POST", url, payload, headers)
 
     async def _send_whole(self, send: Callable, status: int, ctype: str, data: bytes, a: _Attempt) -> None:
         headers = [
@@ -426,15 +446,15 @@ class Router:
         ]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
-        self.metrics.responses.labels(code=str(status)).inc()
+        self._lab(self.metrics.responses, str(status)).inc()
 
-    async def _stream(self, send: Callable, resp: aiohttp.ClientResponse, ctx: RequestContext, a: _Attempt,
+    async def _stream(self, send: Callable, resp: UpstreamResponse, ctx: RequestContext, a: _Attempt,
                       t0: float, state) -> bool:
         """Pass an SSE body through chunk by chunk; returns False when the replica failed mid-stream (the client
         got an error event and a clean end)."""
         # Wait for the first chunk before answering, so a replica that fails before any byte can be retried.
         async with asyncio.timeout(self.config.first_byte_timeout_s):
-            first = await resp.content.readany()
+            first = await resp.readany()
         if not first:
             raise _UpstreamFailed("midstream", f"{a.st.id} closed the stream before any event")
         headers = [
@@ -445,20 +465,19 @@ class Router:
         ]
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": first, "more_body": True})
-        self.metrics.ttft.labels(model=ctx.model).observe(time.perf_counter() - t0)
+        self._lab(self.metrics.ttft, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
         a.st.view.prefill_done(ctx, a.cached_tokens)
         a.prefilled = True
-        self.metrics.responses.labels(code=str(resp.status)).inc()
-        content = resp.content
+        self._lab(self.metrics.responses, str(resp.status)).inc()
         read_timeout = self.config.read_timeout_s
         try:
             while True:
                 async with asyncio.timeout(read_timeout):
-                    chunk = await content.readany()
+                    chunk = await resp.readany()
                 if not chunk:
                     break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError, TimeoutError) as e:
+        except OSError as e:  # UpstreamError, or TimeoutError (also an OSError)
             kind = "timeout" if isinstance(e, TimeoutError) else "midstream"
             self.replicas.record_failure(a.st, kind)
             msg = f"replica {a.st.id} failed mid-stream ({kind}: {type(e).__name__}); the response is incomplete"
@@ -466,11 +485,11 @@ class Router:
             state.finished = True
             await send({"type": "http.response.body", "body": f"data: {event}\n\ndata: [DONE]\n\n".encode(),
                         "more_body": False})
-            self.metrics.e2e.labels(model=ctx.model).observe(time.perf_counter() - t0)
+            self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
             return False
         state.finished = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        self.metrics.e2e.labels(model=ctx.model).observe(time.perf_counter() - t0)
+        self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
         return True
 
     # ------------------------------------------------------------------ aux routes (Starlette)
@@ -525,7 +544,7 @@ class Router:
             return JSONResponse({"error": {"message": f"invalid membership: {problems}", "type": "invalid_request_error",
                                            "code": 400}}, status_code=400)
         try:
-            changes = self.replicas.apply(m)
+            changes = self.apply_membership(m)
         except StaleMembership as e:
             return JSONResponse({"error": {"message": str(e), "type": "conflict", "code": 409}}, status_code=409)
         self.health.kick()

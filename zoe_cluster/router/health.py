@@ -13,8 +13,6 @@ import contextlib
 import time
 from typing import TYPE_CHECKING
 
-import aiohttp
-
 from zoe_cluster.router.config import RouterConfig
 from zoe_cluster.router.replicas import ReplicaState
 
@@ -68,17 +66,15 @@ class HealthChecker:
             await asyncio.gather(*(self.check(st) for st in states), return_exceptions=True)
 
     async def check(self, st: ReplicaState) -> None:
-        session = self.router.session
-        if session is None or st.removed:
+        pool = self.router.upstream
+        if pool is None or st.removed:
             return
-        url = st.member.url
         ok = False
         try:
             async with asyncio.timeout(self.config.health_timeout_s):
-                async with session.get(url + "/health") as resp:
-                    await resp.read()
-                    ok = resp.status == 200
-        except (aiohttp.ClientError, OSError, TimeoutError):
+                status, _ = await self._get(pool, st.member.url + "/health")
+                ok = status == 200
+        except OSError:  # refused, reset, timeout
             ok = False
         if st.removed:
             return
@@ -91,14 +87,24 @@ class HealthChecker:
         if engine not in self._parsers:
             self._parsers[engine] = _parser(engine)
         parse = self._parsers[engine]
-        if parse is None or self.router.session is None:
+        pool = self.router.upstream
+        if parse is None or pool is None:
             return
         try:
             async with asyncio.timeout(self.config.health_timeout_s):
-                async with self.router.session.get(st.member.url + "/metrics") as resp:
-                    if resp.status != 200:
-                        return
-                    text = await resp.text()
-            st.view.stats = parse(text, time.time())  # type: ignore[operator]
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+                status, body = await self._get(pool, st.member.url + "/metrics")
+            if status == 200:
+                st.view.stats = parse(body.decode("utf-8", "replace"), time.time())  # type: ignore[operator]
+        except (OSError, ValueError):
             pass
+
+    @staticmethod
+    async def _get(pool, url: str) -> tuple[int, bytes]:
+        resp = await pool.request("GET", url)
+        try:
+            body = await resp.read()
+        except BaseException:
+            resp.close()
+            raise
+        resp.release()
+        return resp.status, body
