@@ -22,7 +22,8 @@ METRICS: dict[str, list[tuple[str, bool]]] = {
 
 def _key_and_label(kind: str, row: dict[str, Any]) -> tuple[Any, str]:
     if kind == "prefill":
-        return (row["input_len"], row["hit_rate_target"]), f"{format_tokens(row['input_len'])} @ {row['hit_rate_target']:.0%}"
+        label = f"{format_tokens(row['input_len'])} @ {row['hit_rate_target']:.0%}"
+        return (row["input_len"], row["hit_rate_target"]), label
     if kind == "decode":
         return row["concurrency"], f"C={row['concurrency']}"
     return "all", "trace"

@@ -49,7 +49,8 @@ def load_prompt(name_or_file: str) -> tuple[str, str]:
         return key, BUILTIN_PROMPTS[key]
     path = Path(name_or_file)
     if not path.is_file():
-        raise ValueError(f"unknown prompt {name_or_file!r}: not one of {', '.join(BUILTIN_PROMPTS)} nor a readable file")
+        known = ", ".join(BUILTIN_PROMPTS)
+        raise ValueError(f"unknown prompt {name_or_file!r}: not one of {known} nor a readable file")
     text = path.read_text(encoding="utf-8").strip()
     if not text:
         raise ValueError(f"prompt file {path} is empty")

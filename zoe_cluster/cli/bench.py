@@ -50,6 +50,13 @@ def _full_command(ctx: typer.Context) -> str:
     return shlex.join(words)
 
 
+def _target(ctx: typer.Context, url: str, model: str | None, label: str | None, timeout: float, scale: float):
+    from zoe_cluster.bench.runner import Target
+
+    return Target(url=url, model=model, label=label, timeout_s=timeout, server_time_scale=scale,
+                  command=_full_command(ctx))  # fmt: skip
+
+
 def _fresh_seed(ctx: typer.Context) -> int:
     """A new prompt seed, written back into the command's parameters so the report's command reproduces it."""
     import secrets
@@ -158,11 +165,9 @@ def prefill(
                                 api=api),  # type: ignore[arg-type]
         "", "--warmup",
     )  # fmt: skip
-    cmd = _full_command(ctx)
     report = _run_with_progress(
         config.total_requests, "prefill",
-        lambda cb: bench_prefill(url, model, config, label=label, on_request=cb, timeout_s=timeout, command=cmd,
-                                 server_time_scale=server_time_scale),
+        lambda cb: bench_prefill(_target(ctx, url, model, label, timeout, server_time_scale), config, cb),
     )  # fmt: skip
     table = Table("input", "hit rate (target)", "engine saw", "TTFT s (mean ± std)", "p90 s", "ok/runs")
     for r in report.rows:
@@ -211,11 +216,9 @@ def decode(
         output_len=output_len, prompt=prompt_text, prompt_label=prompt_label, runs=runs, warmup=warmup,
         nodes=nodes, temperature=temperature, top_p=top_p, ignore_eos=ignore_eos, api=api,  # type: ignore[arg-type]
     )  # fmt: skip
-    cmd = _full_command(ctx)
     report = _run_with_progress(
         config.total_requests, "decode",
-        lambda cb: bench_decode(url, model, config, label=label, on_request=cb, timeout_s=timeout, command=cmd,
-                                 server_time_scale=server_time_scale),
+        lambda cb: bench_decode(_target(ctx, url, model, label, timeout, server_time_scale), config, cb),
     )  # fmt: skip
     table = Table("concurrency", "per-user tok/s", "per-node tok/s", "TTFT s (excluded)", "tokens/stream", "ok")
     for r in report.rows:
@@ -234,13 +237,14 @@ def trace(
     url: str = URL,
     model: Optional[str] = MODEL,
     time_scale: float = typer.Option(1.0, "--time-scale", help="Multiply trace timestamps by this (0.1 = 10x faster)."),
-    closed_loop: Optional[int] = typer.Option(None, "--closed-loop", min=1, help="N users back to back; ignores timestamps."),
+    closed_loop: Optional[int] = typer.Option(
+        None, "--closed-loop", min=1, help="N users back to back; ignores timestamps."),  # fmt: skip
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Replay only the first N requests."),
     max_input_len: Optional[int] = typer.Option(None, "--max-input-len", min=1, help="Skip longer requests (tokens)."),
     max_output_len: Optional[int] = typer.Option(None, "--max-output-len", min=1, help="Cap output tokens."),
     seed: Optional[int] = typer.Option(
         None, "--seed", min=0, help="Prompt seed (default: fresh). 0 replays Mooncake hash_ids as they are; "
-        "another value shifts every block id by the same amount (same sharing, text not cached by earlier runs)."),  # fmt: skip
+        "another value shifts every block id by the same amount (same sharing, text no earlier run cached)."),  # fmt: skip
     out: Optional[Path] = OUT,
     plot: Optional[Path] = PLOT,
     label: Optional[str] = LABEL,
@@ -263,12 +267,10 @@ def trace(
     config = ReplayConfig(time_scale=time_scale, closed_loop=closed_loop)
     if seed is None:
         seed = _fresh_seed(ctx)
-    cmd = _full_command(ctx)
     report = _run_with_progress(
         len(chosen), f"trace ({fmt})",
-        lambda cb: bench_trace(url, model, chosen, config, trace_name=file.name, trace_format=fmt, skipped=skipped,
-                               seed=seed, label=label, on_request=cb, timeout_s=timeout, command=cmd,
-                                 server_time_scale=server_time_scale),
+        lambda cb: bench_trace(_target(ctx, url, model, label, timeout, server_time_scale), chosen, config,
+                               trace_name=file.name, trace_format=fmt, skipped=skipped, seed=seed, on_request=cb),
     )  # fmt: skip
     r = report.rows[0]
     table = Table("requests", "ok", "skipped", "TTFT p50/p90/p99 s", "ITL mean s", "output tok/s", "engine hit rate")
