@@ -295,3 +295,20 @@ def test_one_define_per_pod_template():
         assert helpers.count(f'define "zoe.{name}"') == 1
     for t in (CHART / "templates").glob("*.yaml"):
         assert "containers:" not in t.read_text(), f"{t.name} writes a pod spec itself instead of including a define"
+
+
+def test_notes_tell_how_to_reach_the_endpoint_and_what_is_missing():
+    notes = render({})["zoe/templates/NOTES.txt"]
+    assert "kubectl -n serving logs -f job/zoe-deploy-1" in notes
+    assert "get secret zoe-auth -o jsonpath='{.data.api-keys}'" in notes
+    assert "zoe k8s nodes --model glm-5.3" in notes
+    assert "no ServiceMonitor or PrometheusRule was" in notes
+    with_operator = render({}, api_versions=(MONITORING,))["zoe/templates/NOTES.txt"]
+    assert "no ServiceMonitor" not in with_operator
+    assert "Authorization" not in render(VALUES["sim-minimal"])["zoe/templates/NOTES.txt"]
+
+
+def test_simulated_replicas_need_no_gpu_nodes():
+    rc, group, _ = _worker(docs(VALUES["sim-minimal"]))
+    assert group["replicas"] == 0
+    assert _deploy_args(docs(VALUES["sim-minimal"]))[_deploy_args(docs(VALUES["sim-minimal"])).index("--engine") + 1] == "sim"
