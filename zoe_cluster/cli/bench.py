@@ -244,7 +244,7 @@ def trace(
     max_output_len: Optional[int] = typer.Option(None, "--max-output-len", min=1, help="Cap output tokens."),
     seed: Optional[int] = typer.Option(
         None, "--seed", min=0, help="Prompt seed (default: fresh). 0 replays Mooncake hash_ids as they are; "
-        "another value shifts every block id by the same amount (same sharing, text no earlier run cached)."),  # fmt: skip
+        "another shifts every block id by the same amount (same sharing, text no earlier run cached)."),  # fmt: skip
     out: Optional[Path] = OUT,
     plot: Optional[Path] = PLOT,
     label: Optional[str] = LABEL,
