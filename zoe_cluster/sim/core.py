@@ -336,8 +336,7 @@ class EngineCore:
             return None
         slope = m.context_per_token_s * tpr * n * acc  # step time grows as contexts grow
         span = horizon - now
-        k_hor = max(1, int(span // base) + 1) if span > 0 else 1
-        k = min(k_fin, k_hor)
+        k = k_fin if span >= base * k_fin else (max(1, int(span // base) + 1) if span > 0 else 1)
         if k <= 1:
             return None
         # KV blocks for k steps

@@ -1,0 +1,147 @@
+"""The simulated engine's /metrics: vLLM V1 names and labels, or SGLang's names in SGLang mode.
+
+vLLM mode (labels `engine`, `model_name`; as `zoe_cluster.engines.vllm` parses them):
+`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (0..1),
+`vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total` (tokens), `vllm:prompt_tokens_total`,
+`vllm:generation_tokens_total`, `vllm:num_preemptions_total`, `vllm:request_success_total{finished_reason}`,
+histograms `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`,
+`vllm:e2e_request_latency_seconds`, `vllm:request_queue_time_seconds`, `vllm:request_prompt_tokens`,
+`vllm:request_generation_tokens`.
+
+SGLang mode (label `model_name`; as `zoe_cluster.engines.sglang` parses them): `sglang:num_running_reqs`,
+`sglang:num_queue_reqs`, `sglang:token_usage`, `sglang:cache_hit_rate`, `sglang:prompt_tokens_total`,
+`sglang:cached_tokens_total`, `sglang:generation_tokens_total`, `sglang:num_retractions_total`,
+histograms `sglang:time_to_first_token_seconds`, `sglang:inter_token_latency_seconds`,
+`sglang:e2e_request_latency_seconds`.
+
+Latencies are simulated seconds (what the modelled hardware would show), whatever the time scale.
+Each server has its own registry (no module globals).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from zoe_cluster.sim.core import EngineCore, SimRequest
+
+MetricsMode = Literal["vllm", "sglang"]
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000,
+                 500000, 1000000)
+
+
+class SimMetrics:
+    """Prometheus metrics of one simulated engine, updated by the server's engine loop."""
+
+    def __init__(self, mode: MetricsMode, model_name: str) -> None:
+        if mode not in ("vllm", "sglang"):
+            raise ValueError(f"metrics mode must be 'vllm' or 'sglang', got {mode!r}")
+        self.mode = mode
+        self.registry = CollectorRegistry()
+        r = self.registry
+        if mode == "vllm":
+            names, labels = ["engine", "model_name"], {"engine": "0", "model_name": model_name}
+            p = "vllm:"
+            self.running = Gauge(p + "num_requests_running", "Requests in the running batch.", names, registry=r)
+            self.waiting = Gauge(p + "num_requests_waiting", "Requests waiting to be scheduled.", names, registry=r)
+            self.kv = Gauge(p + "kv_cache_usage_perc", "KV-cache usage, 1 = full.", names, registry=r)
+            self.queries = Counter(p + "prefix_cache_queries", "Prefix-cache queries, tokens.", names, registry=r)
+            self.hits = Counter(p + "prefix_cache_hits", "Prefix-cache hits, tokens.", names, registry=r)
+            self.prompt = Counter(p + "prompt_tokens", "Prefilled prompt tokens.", names, registry=r)
+            self.gen = Counter(p + "generation_tokens", "Generated tokens.", names, registry=r)
+            self.preempt = Counter(p + "num_preemptions", "Preemptions.", names, registry=r)
+            self.success = Counter(
+                p + "request_success", "Finished requests.", names + ["finished_reason"], registry=r
+            )
+            self.queue_time = Histogram(p + "request_queue_time_seconds", "Time waiting before the first step.",
+                                        names, buckets=TTFT_BUCKETS, registry=r)
+            self.req_prompt = Histogram(p + "request_prompt_tokens", "Prompt tokens per request.", names,
+                                        buckets=TOKEN_BUCKETS, registry=r)
+            self.req_gen = Histogram(p + "request_generation_tokens", "Generated tokens per request.", names,
+                                     buckets=TOKEN_BUCKETS, registry=r)
+            self.cache_hit_rate = None
+        else:
+            names, labels = ["model_name"], {"model_name": model_name}
+            p = "sglang:"
+            self.running = Gauge(p + "num_running_reqs", "Running requests.", names, registry=r)
+            self.waiting = Gauge(p + "num_queue_reqs", "Queued requests.", names, registry=r)
+            self.kv = Gauge(p + "token_usage", "KV token usage, 1 = full.", names, registry=r)
+            self.cache_hit_rate = Gauge(p + "cache_hit_rate", "Prefix-cache hit rate.", names, registry=r)
+            self.queries = Counter(p + "prompt_tokens", "Prompt tokens.", names, registry=r)
+            self.hits = Counter(p + "cached_tokens", "Prompt tokens served from the prefix cache.", names, registry=r)
+            self.prompt = self.queries
+            self.gen = Counter(p + "generation_tokens", "Generated tokens.", names, registry=r)
+            self.preempt = Counter(p + "num_retractions", "Retracted (preempted) requests.", names, registry=r)
+            self.success = None
+            self.queue_time = self.req_prompt = self.req_gen = None
+        self.ttft = Histogram(p + "time_to_first_token_seconds", "Time to first token.", names,
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram(p + "inter_token_latency_seconds", "Time between output steps of a request.", names,
+                             buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end request latency.", names,
+                             buckets=E2E_BUCKETS, registry=r)
+        self._labels = labels
+        self._last = {"q": 0, "h": 0, "p": 0, "g": 0, "x": 0}
+        # Children bound to the labels once (cheaper per update).
+        for attr in ("running", "waiting", "kv", "queries", "hits", "gen", "preempt", "ttft", "itl", "e2e",
+                     "queue_time", "req_prompt", "req_gen", "cache_hit_rate"):
+            m = getattr(self, attr)
+            if m is not None:
+                setattr(self, "_" + attr, m.labels(**labels))
+        self._prompt_child = self.prompt.labels(**labels)
+        for g in (self._running, self._waiting, self._kv):  # export zeros before the first request
+            g.set(0)
+
+    def sync(self, core: EngineCore) -> None:
+        """Copy the engine's gauges and counter deltas."""
+        c, last = core.counters, self._last
+        self._running.set(core.num_running)
+        self._waiting.set(core.num_waiting)
+        self._kv.set(core.cache.usage)
+        if self.mode == "vllm":
+            for key, value, child in (("q", c.prefix_queries_tokens, self._queries), ("h", c.prefix_hits_tokens,
+                                      self._hits), ("p", c.prompt_tokens, self._prompt_child)):
+                if value > last[key]:
+                    child.inc(value - last[key])
+                    last[key] = value
+        else:
+            if c.prefix_queries_tokens > last["q"]:
+                self._queries.inc(c.prefix_queries_tokens - last["q"])
+                last["q"] = c.prefix_queries_tokens
+            if c.prefix_hits_tokens > last["h"]:
+                self._hits.inc(c.prefix_hits_tokens - last["h"])
+                last["h"] = c.prefix_hits_tokens
+            if c.prefix_queries_tokens:
+                self._cache_hit_rate.set(c.prefix_hits_tokens / c.prefix_queries_tokens)
+        if c.generation_tokens > last["g"]:
+            self._gen.inc(c.generation_tokens - last["g"])
+            last["g"] = c.generation_tokens
+        if c.preemptions > last["x"]:
+            self._preempt.inc(c.preemptions - last["x"])
+            last["x"] = c.preemptions
+
+    def first_token(self, ttft_s: float, queue_s: float | None = None) -> None:
+        self._ttft.observe(ttft_s)
+        if queue_s is not None and self.queue_time is not None:
+            self._queue_time.observe(queue_s)
+
+    def step_output(self, step_s: float) -> None:
+        self._itl.observe(step_s)
+
+    def finished(self, req: SimRequest, e2e_s: float) -> None:
+        self._e2e.observe(e2e_s)
+        if self.success is not None:
+            self.success.labels(**self._labels, finished_reason="length").inc()
+            self._req_prompt.observe(req.prompt_tokens)
+            self._req_gen.observe(req.output)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
