@@ -28,6 +28,8 @@ class ServerInfo(BaseModel):
     engine: str | None = Field(None, description="Engine family seen in /metrics (vllm, sglang) or None.")
     version: str | None = Field(None, description="What the server's /version answered, if anything.")
     token_counter: str | None = Field(None, description="How prompt lengths were set (server /tokenize, ratio).")
+    sim: dict[str, Any] | None = Field(
+        None, description="zoe's simulated engine: model, variant and time_scale from its /sim/info; else None.")
 
 
 class BenchReport(BaseModel):

@@ -32,8 +32,9 @@ class Target:
     """None: the first model the server lists."""
     label: str | None = None
     timeout_s: float = 3600.0
-    server_time_scale: float = 1.0
-    """Measured times are divided by this (a simulated engine at `--time-scale X`)."""
+    server_time_scale: float | None = None
+    """Measured times are divided by this (a simulated engine at `--time-scale X`); None: the time scale a
+    simulated engine reports in /sim/info, 1 for any other server."""
     command: str | None = None
     """The command line to record; None: this process's argv."""
 
@@ -41,15 +42,17 @@ class Target:
 @asynccontextmanager
 async def _connected(target: Target) -> AsyncIterator[tuple[StreamingClient, ServerInfo]]:
     client = StreamingClient(target.url, target.model or "", target.timeout_s,
-                             server_time_scale=target.server_time_scale)  # fmt: skip
+                             server_time_scale=target.server_time_scale or 1.0)  # fmt: skip
     async with client:
         info = await probe_server(client.session, target.url, target.model)
         client.model = info.model
+        if target.server_time_scale is None and info.sim and info.sim.get("time_scale"):
+            client.server_time_scale = float(info.sim["time_scale"])
         yield client, info
 
 
 def _report(kind: str, target: Target, info: ServerInfo, config: dict[str, Any], rows: list[dict],
-            requests: list[dict] | None = None) -> BenchReport:  # fmt: skip
+            requests: list[dict] | None = None, time_scale: float = 1.0) -> BenchReport:  # fmt: skip
     return BenchReport(
         kind=kind,
         label=target.label or info.model,
@@ -57,7 +60,7 @@ def _report(kind: str, target: Target, info: ServerInfo, config: dict[str, Any],
         created_at=utc_now(),
         versions=versions(),
         server=info,
-        config=config | {"server_time_scale": target.server_time_scale},
+        config=config | {"server_time_scale": time_scale},
         rows=rows,
         requests=requests or [],
     )
@@ -68,7 +71,7 @@ async def bench_prefill(target: Target, config: PrefillConfig, on_request: Progr
         counter = await probe_token_counter(client.session, target.url, info.model)
         info.token_counter = counter.name
         rows = await run_prefill(client, counter, config, on_request)
-    return _report("prefill", target, info, asdict(config), rows)
+    return _report("prefill", target, info, asdict(config), rows, time_scale=client.server_time_scale)
 
 
 async def bench_decode(target: Target, config: DecodeConfig, on_request: Progress | None = None) -> BenchReport:
@@ -76,7 +79,7 @@ async def bench_decode(target: Target, config: DecodeConfig, on_request: Progres
         rows = await run_decode(client, config, on_request)
     cfg = asdict(config)
     cfg["prompt_text"] = cfg.pop("prompt")
-    return _report("decode", target, info, cfg, rows)
+    return _report("decode", target, info, cfg, rows, time_scale=client.server_time_scale)
 
 
 async def bench_trace(
@@ -90,7 +93,7 @@ async def bench_trace(
         row, records = await run_replay(client, requests, prompts.prompt_for, config, on_request)
     row["skipped"] = skipped
     cfg = asdict(config) | {"trace_name": trace_name, "trace_format": trace_format, "seed": seed}
-    return _report("trace", target, info, cfg, [row], records)
+    return _report("trace", target, info, cfg, [row], records, time_scale=client.server_time_scale)
 
 
 def run_sync(coro):

@@ -14,7 +14,8 @@ class ServerUnreachable(RuntimeError):
 
 async def probe_server(session: aiohttp.ClientSession, base_url: str, model: str | None) -> ServerInfo:
     """Check `base_url` answers `/v1/models`, pick the model (the first served one when `model` is None, else
-    check it is served), and note the engine (from /metrics) and version (from /version) when available."""
+    check it is served), and note the engine (from /metrics), version (from /version) and, for zoe's simulated
+    engine, its /sim/info (model, variant, time scale) when available."""
     base = base_url.rstrip("/")
     try:
         async with session.get(base + "/v1/models", timeout=aiohttp.ClientTimeout(total=15)) as resp:
@@ -39,5 +40,14 @@ async def probe_server(session: aiohttp.ClientSession, base_url: str, model: str
                 version = str(data.get("version", data)) if isinstance(data, dict) else str(data)
     except (aiohttp.ClientError, TimeoutError, ValueError):
         pass
+    sim = None
+    try:
+        async with session.get(base + "/sim/info", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            if resp.status == 200:
+                data = await resp.json(content_type=None)
+                sim = {k: data.get(k) for k in ("model", "variant", "time_scale", "block_tokens", "seed")}
+                version = version or f"zoe-sim {data.get('model')}/{data.get('variant')}"
+    except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+        pass
     counters = await scrape_cache_counters(session, base)
-    return ServerInfo(url=base, model=model, engine=counters.engine, version=version)
+    return ServerInfo(url=base, model=model, engine=counters.engine, version=version, sim=sim)

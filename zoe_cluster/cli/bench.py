@@ -23,9 +23,9 @@ PLOT = typer.Option(None, "--plot", help="PNG path (default: the report path wit
 LABEL = typer.Option(None, "--label", help="Name of this run in plots and comparisons (default: the model).")
 TIMEOUT = typer.Option(3600.0, "--timeout", help="Per-request timeout, seconds.")
 SERVER_TIME_SCALE = typer.Option(
-    1.0, "--server-time-scale", min=1e-6,
-    help="The server's time scale: measured times are divided by it (pass zoe sim serve's --time-scale X to "
-    "report the simulated engine's model seconds; 1 for a real engine).")  # fmt: skip
+    None, "--server-time-scale", min=1e-6,
+    help="Divide measured times by this. Default: the time scale zoe's simulated engine reports in /sim/info "
+    "(so its results are in modelled seconds), 1 for any other server.")  # fmt: skip
 
 
 def _full_command(ctx: typer.Context) -> str:
@@ -50,7 +50,8 @@ def _full_command(ctx: typer.Context) -> str:
     return shlex.join(words)
 
 
-def _target(ctx: typer.Context, url: str, model: str | None, label: str | None, timeout: float, scale: float):
+def _target(ctx: typer.Context, url: str, model: str | None, label: str | None, timeout: float,
+            scale: float | None):
     from zoe_cluster.bench.runner import Target
 
     return Target(url=url, model=model, label=label, timeout_s=timeout, server_time_scale=scale,
@@ -145,7 +146,7 @@ def prefill(
     plot: Optional[Path] = PLOT,
     label: Optional[str] = LABEL,
     timeout: float = TIMEOUT,
-    server_time_scale: float = SERVER_TIME_SCALE,
+    server_time_scale: Optional[float] = SERVER_TIME_SCALE,
 ) -> None:
     """Single-request TTFT by input length at controlled prefix-cache hit rates (one output token)."""
     from rich.table import Table
@@ -198,7 +199,7 @@ def decode(
     plot: Optional[Path] = PLOT,
     label: Optional[str] = LABEL,
     timeout: float = TIMEOUT,
-    server_time_scale: float = SERVER_TIME_SCALE,
+    server_time_scale: Optional[float] = SERVER_TIME_SCALE,
 ) -> None:
     """Per-user and per-node decode tok/s by concurrency (TTFT excluded)."""
     from rich.table import Table
@@ -249,7 +250,7 @@ def trace(
     plot: Optional[Path] = PLOT,
     label: Optional[str] = LABEL,
     timeout: float = TIMEOUT,
-    server_time_scale: float = SERVER_TIME_SCALE,
+    server_time_scale: Optional[float] = SERVER_TIME_SCALE,
 ) -> None:
     """Replay a trace open-loop by its timestamps (or closed-loop) and report TTFT, ITL, e2e and hit rate."""
     from rich.table import Table
