@@ -270,3 +270,36 @@ def test_saturated_replica_queues_requests_until_one_finishes():
         assert c.metric("zoe_router_queue_depth") == 0
     finally:
         c.close()
+
+
+def test_precise_mode_applies_kv_events_published_over_zmq():
+    import msgpack
+    import zmq
+
+    from tests.conftest import free_port
+
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    c = Cluster(n=1, kv_events_endpoint=ep)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    try:
+        completion(c.client, prompt="z" * 256 * 10)  # 10 blocks of 64 tokens in the router's index
+        idx = c.router.policy.index_of("static/0/0")
+        assert len(idx) == 10
+        pub.connect(ep)
+        payload = msgpack.packb([0.0, [{"type": "BlockRemoved", "block_hashes": list(range(8)), "medium": None}], 0])
+        stored = msgpack.packb([0.0, [{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
+                                       "token_ids": [0] * 32, "block_size": 32}], 0])
+        deadline = time.time() + 5
+        while len(idx) == 10 and time.time() < deadline:  # PUB/SUB joins asynchronously: resend until seen
+            pub.send_multipart([b"static/0/0", (0).to_bytes(8, "big"), stored])
+            pub.send_multipart([b"static/0/0", (1).to_bytes(8, "big"), payload])
+            time.sleep(0.1)
+        assert len(idx) < 10  # 8 blocks of 32 tokens = 256 tokens = 4 router blocks per batch
+        pub.send_multipart([b"nobody/0/0", (0).to_bytes(8, "big"), payload])  # unknown replica: ignored
+        info = c.client.get("/admin/membership", headers=ADMIN).json()
+        assert info["kv_events"]["static/0/0"]["block_size"] == 32
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+        c.close()

@@ -68,6 +68,9 @@ def register(app: typer.Typer) -> None:
         ),
         max_active_requests: int = typer.Option(256, help="Requests per replica before it counts as saturated."),
         engine: str = typer.Option("vllm", help="Engine of the --replica URLs (vllm, sglang, sim): /metrics parser."),
+        kv_events_endpoint: Optional[str] = typer.Option(
+            None, help="Precise mode: bind this ZMQ endpoint for vLLM KV events (topic = replica id)."
+        ),
         config_json: Optional[str] = typer.Option(
             None, "--config-json", help="Any other RouterConfig fields as JSON, e.g. '{\"max_retries\": 1}'."
         ),
@@ -91,7 +94,7 @@ def register(app: typer.Typer) -> None:
             cfg = RouterConfig(
                 host=host, port=port, policy=policy, policy_config=_parse_kv(policy_config), models=model,
                 api_keys=_keys(api_key, "ZOE_ROUTER_API_KEYS"), admin_key=admin_key or None,
-                max_context_tokens=max_context_tokens, **extra,
+                max_context_tokens=max_context_tokens, kv_events_endpoint=kv_events_endpoint, **extra,
             )
             fields = dict(kv_capacity_tokens=kv_capacity_tokens, max_active_requests=max_active_requests,
                           engine=engine)

@@ -122,6 +122,7 @@ class Router:
         self._matched_tokens = 0
         self._prompt_tokens = 0
         self.upstream: UpstreamPool | None = None
+        self.kv_events = None  # KvEventSubscriber in precise mode
         self.health = HealthChecker(self, config)
         self._aux = Starlette(routes=self._routes())
 
@@ -146,9 +147,18 @@ class Router:
         if self.upstream is None:
             self.upstream = UpstreamPool(connect_timeout_s=self.config.connect_timeout_s)
         self.health.start()
+        if self.config.kv_events_endpoint and self.kv_events is None:
+            from zoe_cluster.router.kv_events import KvEventSubscriber
+
+            self.kv_events = KvEventSubscriber(self.config.kv_events_endpoint, self.policy.on_cache_evicted,
+                                               known=lambda rid: rid in self.replicas.by_id)
+            self.kv_events.start()
 
     async def stop(self) -> None:
         await self.health.stop()
+        if self.kv_events is not None:
+            await self.kv_events.stop()
+            self.kv_events = None
         if self.upstream is not None:
             await self.upstream.close()
             self.upstream = None
@@ -534,8 +544,12 @@ class Router:
         if (denied := self._admin_denied(request)) is not None:
             return denied
         if request.method == "GET":
-            return JSONResponse({"version": self.replicas.version, "policy": self.policy.describe(),
-                                 "replicas": self.replicas.describe()})
+            out = {"version": self.replicas.version, "policy": self.policy.describe(),
+                   "replicas": self.replicas.describe()}
+            if self.kv_events is not None:
+                out["kv_events"] = {rid: {"engine_blocks": m.blocks, "block_size": m.block_size, "gaps": m.gaps,
+                                          **m.history} for rid, m in self.kv_events.mirrors.items()}
+            return JSONResponse(out)
         raw = await request.body()
         try:
             m = Membership.model_validate_json(raw)

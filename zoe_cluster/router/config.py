@@ -52,6 +52,11 @@ class RouterConfig(BaseModel):
     eject_s: float = Field(
         default=10.0, gt=0, description="How long a passive ejection lasts before the replica is tried again."
     )
+    kv_events_endpoint: str | None = Field(
+        default=None,
+        description="Precise mode: ZMQ endpoint the router binds for the engines' KV events "
+        "(e.g. tcp://0.0.0.0:5557); replicas publish with topic = their replica id.",
+    )
     scrape_metrics: bool = Field(default=True, description="Scrape each replica's /metrics with the health check.")
 
     @model_validator(mode="after")

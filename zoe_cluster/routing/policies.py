@@ -115,6 +115,8 @@ class PrefixPolicy(Policy, name="prefix"):
     def __init__(self, config: PrefixConfig | None = None) -> None:
         super().__init__(config)
         self._indexes: dict[str, PrefixIndex] = {}
+        self._block_tokens: dict[str, int] = {}  # block size each index was built with (for evictions in tokens)
+        self._evict_residual: dict[str, int] = {}
         self._sessions: OrderedDict[str, str] = OrderedDict()
         self._turn = 0
 
@@ -124,6 +126,7 @@ class PrefixPolicy(Policy, name="prefix"):
         idx = self._indexes.get(replica.replica_id)
         if idx is None:
             idx = self._indexes[replica.replica_id] = PrefixIndex(cap)
+            self._block_tokens[replica.replica_id] = block_tokens
         elif idx.capacity_blocks != cap:
             idx.resize(cap)
         return idx
@@ -184,7 +187,22 @@ class PrefixPolicy(Policy, name="prefix"):
             if len(self._sessions) > self.config.max_sessions:
                 self._sessions.popitem(last=False)
 
+    def on_cache_evicted(self, replica_id: str, tokens: int | None) -> None:
+        idx = self._indexes.get(replica_id)
+        if idx is None:
+            return
+        if tokens is None:
+            idx.clear()
+            self._evict_residual.pop(replica_id, None)
+        elif tokens > 0:
+            bt = self._block_tokens.get(replica_id, 1)
+            pending = self._evict_residual.get(replica_id, 0) + tokens
+            idx.evict_lru(pending // bt)
+            self._evict_residual[replica_id] = pending % bt  # carry the remainder: small evictions add up
+
     def on_replica_removed(self, replica_id: str) -> None:
+        self._block_tokens.pop(replica_id, None)
+        self._evict_residual.pop(replica_id, None)
         self._indexes.pop(replica_id, None)
         for s in [s for s, rid in self._sessions.items() if rid == replica_id]:
             del self._sessions[s]

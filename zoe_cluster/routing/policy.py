@@ -9,7 +9,8 @@ driver calls, for every request:
     ...
     policy.on_finished(ctx, replica_id, ok)     # it ended (ok False: error, or retried elsewhere)
 
-and `policy.on_replica_removed(replica_id)` when a replica leaves membership (its learned state is dropped).
+and `policy.on_replica_removed(replica_id)` when a replica leaves membership (its learned state is dropped);
+`policy.on_cache_evicted(replica_id, tokens)` in precise mode, when the engine reports evictions (`kv_events`).
 `select` is synchronous and does no I/O, so the same object routes live traffic and `zoe sim replay`.
 
     from zoe_cluster.routing import get_policy
@@ -72,6 +73,9 @@ class Policy:
 
     def on_replica_removed(self, replica_id: str) -> None:
         """The replica left membership (or changed generation): forget what was learned about it."""
+
+    def on_cache_evicted(self, replica_id: str, tokens: int | None) -> None:
+        """The replica's engine evicted `tokens` tokens of KV cache (None: all of it), from its KV events."""
 
     def describe(self) -> dict[str, Any]:
         return {"policy": self.name, **self.config.model_dump()}
