@@ -98,6 +98,7 @@ def test_controller_job_deploys_the_model_onto_the_ray_head():
     assert args[0] == "glm-5.3"
     assert args[args.index("--address") + 1] == "ray://zoe-ray-head-svc.serving.svc:10001"
     assert args[args.index("--concurrency") + 1] == "32" and "--variant" not in args
+    assert "--engine" not in args  # each variant's own engine (glm-5.3: vLLM, deepseek-v4-pro: SGLang)
     args = _deploy_args(docs(VALUES["production"]))
     assert args[args.index("--variant") + 1] == "mxfp4-tp8" and args[args.index("--replicas") + 1] == "4"
     args = _deploy_args(docs(VALUES["existing-cluster"]))
@@ -205,7 +206,7 @@ def test_dashboards_ship_as_configmaps_for_grafanas_sidecar():
 
 
 BAD = [
-    ({"model": {"engine": "trtllm"}}, "at '/model/engine': value must be one of 'vllm', 'sglang', 'sim'"),
+    ({"model": {"engine": "trtllm"}}, "at '/model/engine': value must be one of '', 'vllm', 'sglang', 'sim'"),
     ({"model": {"replicas": 0}}, "at '/model/replicas': minimum"),
     ({"router": {"replica": 3}}, "at '/router': additional properties 'replica' not allowed"),  # misspelled key
     ({"rayCluster": {"worker": {"gpusPerNode": 16}}}, "at '/rayCluster/worker/gpusPerNode': maximum"),
@@ -218,7 +219,7 @@ BAD = [
     ({"auth": {"existingSecret": "keys", "apiKeys": ["0123456789abcdef0123"]}}, "keys come from one place"),
     ({"auth": {"enabled": False, "apiKeys": ["0123456789abcdef0123"]}}, "auth.enabled is false"),
     ({"rayCluster": {"worker": {"modelCache": {"type": "pvc"}}}}, "claimName is empty"),
-    ({"rayCluster": {"worker": {"replicas": 0}}}, "GPU engines need MI355X worker nodes"),
+    ({"rayCluster": {"worker": {"replicas": 0}}}, "rayCluster.worker.replicas is 0 but model.engine is the variant's engine"),
 ]
 
 

@@ -134,7 +134,7 @@ metadata:
   {{- end }}
 spec:
   {{- include "zoe.podCommon" . | nindent 2 }}
-  {{- include "zoe.placement" $head | nindent 2 }}
+  {{- with (include "zoe.placement" $head) }}{{ . | nindent 2 }}{{ end }}
   containers:
     - name: ray-head
       image: {{ include "zoe.headImage" . }}
@@ -166,7 +166,7 @@ metadata:
   {{- end }}
 spec:
   {{- include "zoe.podCommon" . | nindent 2 }}
-  {{- include "zoe.placement" $w | nindent 2 }}
+  {{- with (include "zoe.placement" $w) }}{{ . | nindent 2 }}{{ end }}
   hostIPC: {{ $w.hostIPC }}
   {{- if $w.hostNetwork }}
   hostNetwork: true
@@ -261,7 +261,7 @@ metadata:
 spec:
   restartPolicy: OnFailure
   {{- include "zoe.podCommon" . | nindent 2 }}
-  {{- include "zoe.placement" $c | nindent 2 }}
+  {{- with (include "zoe.placement" $c) }}{{ . | nindent 2 }}{{ end }}
   containers:
     - name: deploy
       image: {{ include "zoe.image" . }}
@@ -292,8 +292,10 @@ spec:
 {{- end }}
 - --replicas
 - {{ $m.replicas | quote }}
+{{- with $m.engine }}
 - --engine
-- {{ $m.engine | quote }}
+- {{ . | quote }}
+{{- end }}
 - --policy
 - {{ .Values.router.policy | quote }}
 {{- range .Values.controller.extraArgs }}
@@ -401,6 +403,6 @@ spec:
 {{- fail "rayCluster.worker.modelCache.type is pvc but rayCluster.worker.modelCache.claimName is empty" -}}
 {{- end -}}
 {{- if and (not .Values.rayCluster.existingCluster) (ne .Values.model.engine "sim") (lt (int $w.replicas) 1) -}}
-{{- fail (printf "rayCluster.worker.replicas is 0 but model.engine is %s: GPU engines need MI355X worker nodes (or use model.engine=sim)" .Values.model.engine) -}}
+{{- fail (printf "rayCluster.worker.replicas is 0 but model.engine is %s: GPU engines need MI355X worker nodes (or use model.engine=sim)" (.Values.model.engine | default "the variant's engine")) -}}
 {{- end -}}
 {{- end -}}
