@@ -1,9 +1,206 @@
-"""`zoe` commands of this area (filled in by its module's owner)."""
+"""`zoe sim serve|predict|replay|calibrate`: the simulated engine (a calibrated MI355X twin) from the command line."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+from zoe_cluster.cli.common import console, fail, print_json
+
+sim_app = typer.Typer(
+    help="The simulated engine: a calibrated MI355X twin that speaks the OpenAI API and vLLM's metrics.",
+    no_args_is_help=True,
+)
+
+
+def _recipe_variant(model: str, variant: Optional[str]):  # type: ignore[no-untyped-def]
+    from zoe_cluster.recipes import RecipeError, RecipeRegistry, UnknownModelError
+
+    try:
+        recipe = RecipeRegistry.default().get(model)
+    except (UnknownModelError, RecipeError) as e:
+        fail(str(e))
+    name = variant or recipe.default_variant
+    if name not in recipe.variants:
+        fail(f"model '{model}' has no variant '{name}'; known: {', '.join(sorted(recipe.variants))}")
+    return recipe, name
+
+
+def _calibrate(recipe, variant):  # type: ignore[no-untyped-def]
+    from zoe_cluster.sim.calibrate import CalibrationError, calibrate
+
+    try:
+        return calibrate(recipe, variant)
+    except CalibrationError as e:
+        fail(str(e))
+
+
+@sim_app.command("serve")
+def serve_cmd(
+    model: str = typer.Option(..., "--model", help="Recipe name, e.g. glm-5.3."),
+    variant: Optional[str] = typer.Option(None, "--variant", help="Recipe variant (default: the recipe's default)."),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name clients send."),
+    time_scale: float = typer.Option(1.0, "--time-scale", envvar="ZOE_SIM_TIME_SCALE",
+                                     help="Real seconds per simulated second (0.01 = 100x faster)."),
+    seed: int = typer.Option(0, "--seed", envvar="ZOE_SIM_SEED", help="Seed of generated text and random faults."),
+    startup_s: Optional[float] = typer.Option(None, "--startup-s", envvar="ZOE_SIM_STARTUP_S",
+                                              help="Simulated start-up (weights load) seconds; default: profile."),
+    metrics_mode: str = typer.Option("vllm", "--metrics", envvar="ZOE_SIM_METRICS", help="vllm or sglang names."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", envvar="ZOE_SIM_MAX_MODEL_LEN"),
+    kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", envvar="ZOE_SIM_KV_TOKENS",
+                                            help="KV capacity override, tokens."),
+    crash_after: Optional[int] = typer.Option(None, "--crash-after", envvar="ZOE_SIM_CRASH_AFTER"),
+    hang_after: Optional[int] = typer.Option(None, "--hang-after", envvar="ZOE_SIM_HANG_AFTER"),
+    error_after: Optional[int] = typer.Option(None, "--error-after", envvar="ZOE_SIM_ERROR_AFTER"),
+    error_rate: float = typer.Option(0.0, "--error-rate", envvar="ZOE_SIM_ERROR_RATE"),
+    slowdown: float = typer.Option(1.0, "--slowdown", envvar="ZOE_SIM_SLOWDOWN"),
+    log_level: str = typer.Option("warning", "--log-level"),
+) -> None:
+    """Serve one simulated replica: OpenAI API, /health, /metrics (vLLM V1 names, or SGLang's)."""
+    from pydantic import ValidationError
+
+    from zoe_cluster.sim.faults import FaultConfig
+
+    if time_scale <= 0:
+        fail(f"--time-scale must be positive, got {time_scale}")
+    if metrics_mode not in ("vllm", "sglang"):
+        fail(f"--metrics must be 'vllm' or 'sglang', got '{metrics_mode}'")
+    if not 0 < port < 65536:
+        fail(f"--port must be in 1..65535, got {port}")
+    if startup_s is not None and startup_s < 0:
+        fail(f"--startup-s must be >= 0, got {startup_s}")
+    try:
+        faults = FaultConfig(crash_after=crash_after, hang_after=hang_after, error_after=error_after,
+                             error_rate=error_rate, slowdown=slowdown)
+    except ValidationError as e:
+        fail("bad fault option: " + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()))
+    recipe, name = _recipe_variant(model, variant)
+    import uvicorn
+
+    from zoe_cluster.sim.server import ServerConfig, SimServer
+
+    config = ServerConfig(
+        served_model_name=served_model_name or recipe.served_model_name, time_scale=time_scale, seed=seed,
+        startup_s=startup_s, metrics_mode=metrics_mode,  # type: ignore[arg-type]
+        max_model_len=max_model_len, kv_tokens=kv_tokens, faults=faults,
+    )
+    try:
+        server = SimServer(recipe, name, config, _calibrate(recipe, name))
+    except ValueError as e:
+        fail(str(e))
+    uvicorn.run(server.app, host=host, port=port, log_level=log_level, access_log=False)
+
+
+@sim_app.command("predict")
+def predict_cmd(
+    model: str = typer.Option(..., "--model"),
+    variant: Optional[str] = typer.Option(None, "--variant"),
+    input_len: Optional[int] = typer.Option(None, "--input-len", help="Prompt tokens (TTFT prediction)."),
+    hit_rate: float = typer.Option(0.0, "--hit-rate", help="Share of the prompt already cached, 0..1."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Concurrent requests (decode)."),
+    output_len: int = typer.Option(1024, "--output-len", help="Output tokens per request (decode)."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Predict single-request TTFT (--input-len, --hit-rate) or decode tok/s (--concurrency, --output-len)."""
+    from zoe_cluster.sim.predict import predict_decode, predict_ttft
+
+    if (input_len is None) == (concurrency is None):
+        fail("give either --input-len (TTFT) or --concurrency (decode throughput)")
+    recipe, name = _recipe_variant(model, variant)
+    cal = _calibrate(recipe, name)
+    out: dict = {"model": recipe.name, "variant": name}
+    if input_len is not None:
+        if input_len <= 0:
+            fail(f"--input-len must be positive, got {input_len}")
+        if not 0 <= hit_rate < 1:
+            fail(f"--hit-rate must be in [0, 1), got {hit_rate}")
+        if input_len > recipe.architecture.max_context_tokens:
+            fail(f"--input-len {input_len} exceeds the model's context of {recipe.architecture.max_context_tokens} tokens")
+        p = predict_ttft(recipe, name, input_len, hit_rate, cal)
+        out.update(input_len=input_len, hit_rate=hit_rate, cached_tokens=p.cached_tokens, ttft_s=round(p.ttft_s, 4))
+    else:
+        assert concurrency is not None
+        if concurrency <= 0 or output_len <= 1:
+            fail("--concurrency must be positive and --output-len at least 2")
+        d = predict_decode(recipe, name, concurrency, output_len, calibration=cal)
+        out.update(concurrency=concurrency, output_len=output_len,
+                   decode_tok_s_per_node=round(d.decode_tok_s_per_node, 2),
+                   decode_tok_s_per_user=round(d.decode_tok_s_per_user, 2), ttft_s=round(d.ttft_s_mean, 4),
+                   preemptions=d.preemptions)
+    out["calibration"] = {"sources": cal.sources, "estimates": cal.estimates}
+    if json_out:
+        return print_json(out)
+    for k, val in out.items():
+        if k != "calibration":
+            console.print(f"[bold]{k}[/]: {val}")
+    for k, val in cal.sources.items():
+        console.print(f"[dim]{k}: {val}[/]")
+
+
+@sim_app.command("calibrate")
+def calibrate_cmd(
+    model: str = typer.Option(..., "--model"),
+    variant: Optional[str] = typer.Option(None, "--variant"),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show the fitted step model of a variant, where each part came from, and the fit error."""
+    recipe, name = _recipe_variant(model, variant)
+    cal = _calibrate(recipe, name)
+    if json_out:
+        return print_json({"model": recipe.name, "variant": name, **cal.to_dict()})
+    for k, val in cal.to_dict().items():
+        console.print(f"[bold]{k}[/]: {val}")
+
+
+@sim_app.command("replay")
+def replay_cmd(
+    trace: Path = typer.Argument(..., help="Mooncake JSONL trace (timestamp, input_length, output_length, hash_ids)."),
+    model: str = typer.Option(..., "--model"),
+    variant: Optional[str] = typer.Option(None, "--variant"),
+    replicas: int = typer.Option(1, "--replicas", help="Simulated replicas behind the router."),
+    policy: str = typer.Option("prefix", "--policy", help="Routing policy (zoe_cluster.routing registry)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N requests."),
+    kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="KV capacity per replica override, tokens."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Replay a trace on N simulated replicas behind the router's real policy code, on the virtual clock."""
+    from zoe_cluster.routing import policy_names
+    from zoe_cluster.sim.replay import TraceError, load_mooncake, replay
+
+    if replicas <= 0:
+        fail(f"--replicas must be positive, got {replicas}")
+    if policy not in policy_names():
+        fail(f"unknown policy '{policy}'; known: {', '.join(policy_names())}")
+    if limit is not None and limit <= 0:
+        fail(f"--limit must be positive, got {limit}")
+    recipe, name = _recipe_variant(model, variant)
+    try:
+        rows = load_mooncake(trace, limit)
+    except TraceError as e:
+        fail(str(e))
+    if not rows:
+        fail(f"{trace}: no requests")
+    cal = _calibrate(recipe, name)
+    if json_out:
+        res = replay(recipe, name, rows, replicas, policy, calibration=cal, kv_tokens=kv_tokens)
+        return print_json(res.to_dict())
+    from rich.progress import Progress
+
+    with Progress(console=console, transient=True) as prog:
+        task = prog.add_task(f"replaying {len(rows):,} requests", total=len(rows))
+        res = replay(recipe, name, rows, replicas, policy, calibration=cal, kv_tokens=kv_tokens,
+                     progress=lambda n: prog.update(task, completed=n))
+    d = res.to_dict()
+    for k in ("requests", "completed", "dropped", "prefix_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
+              "tpot_p50_s", "output_tok_s", "simulated_s", "preemptions", "wall_s", "routing_reasons"):
+        v = d[k]
+        console.print(f"[bold]{k}[/]: {round(v, 4) if isinstance(v, float) else v}")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this area's commands to the top-level app."""
+    """Add `zoe sim ...` to the top-level app."""
+    app.add_typer(sim_app, name="sim")

@@ -5,7 +5,7 @@ vLLM mode (labels `engine`, `model_name`; as `zoe_cluster.engines.vllm` parses t
 `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total` (tokens), `vllm:prompt_tokens_total`,
 `vllm:generation_tokens_total`, `vllm:num_preemptions_total`, `vllm:request_success_total{finished_reason}`,
 histograms `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`,
-`vllm:e2e_request_latency_seconds`, `vllm:request_queue_time_seconds`, `vllm:request_prompt_tokens`,
+`vllm:e2e_request_latency_seconds`, `vllm:request_prompt_tokens`,
 `vllm:request_generation_tokens`.
 
 SGLang mode (label `model_name`; as `zoe_cluster.engines.sglang` parses them): `sglang:num_running_reqs`,
@@ -61,8 +61,6 @@ class SimMetrics:
             self.success = Counter(
                 p + "request_success", "Finished requests.", names + ["finished_reason"], registry=r
             )
-            self.queue_time = Histogram(p + "request_queue_time_seconds", "Time waiting before the first step.",
-                                        names, buckets=TTFT_BUCKETS, registry=r)
             self.req_prompt = Histogram(p + "request_prompt_tokens", "Prompt tokens per request.", names,
                                         buckets=TOKEN_BUCKETS, registry=r)
             self.req_gen = Histogram(p + "request_generation_tokens", "Generated tokens per request.", names,
@@ -81,7 +79,7 @@ class SimMetrics:
             self.gen = Counter(p + "generation_tokens", "Generated tokens.", names, registry=r)
             self.preempt = Counter(p + "num_retractions", "Retracted (preempted) requests.", names, registry=r)
             self.success = None
-            self.queue_time = self.req_prompt = self.req_gen = None
+            self.req_prompt = self.req_gen = None
         self.ttft = Histogram(p + "time_to_first_token_seconds", "Time to first token.", names,
                               buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram(p + "inter_token_latency_seconds", "Time between output steps of a request.", names,
@@ -92,7 +90,7 @@ class SimMetrics:
         self._last = {"q": 0, "h": 0, "p": 0, "g": 0, "x": 0}
         # Children bound to the labels once (cheaper per update).
         for attr in ("running", "waiting", "kv", "queries", "hits", "gen", "preempt", "ttft", "itl", "e2e",
-                     "queue_time", "req_prompt", "req_gen", "cache_hit_rate"):
+                     "req_prompt", "req_gen", "cache_hit_rate"):
             m = getattr(self, attr)
             if m is not None:
                 setattr(self, "_" + attr, m.labels(**labels))
@@ -128,10 +126,8 @@ class SimMetrics:
             self._preempt.inc(c.preemptions - last["x"])
             last["x"] = c.preemptions
 
-    def first_token(self, ttft_s: float, queue_s: float | None = None) -> None:
+    def first_token(self, ttft_s: float) -> None:
         self._ttft.observe(ttft_s)
-        if queue_s is not None and self.queue_time is not None:
-            self._queue_time.observe(queue_s)
 
     def step_output(self, step_s: float) -> None:
         self._itl.observe(step_s)

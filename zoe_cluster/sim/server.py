@@ -13,6 +13,7 @@ the context, naming the limit), 404 (unknown model), 500 (injected fault), 503 (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -120,6 +121,7 @@ class SimServer:
         )
 
     # --- engine loop ----------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self.clock = WallClock(self.config.time_scale)
         self._wake = asyncio.Event()
