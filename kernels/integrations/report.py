@@ -118,6 +118,7 @@ class KernelReporter:
         )
         self.report_dir = Path(report_dir) if report_dir else None
         self.flush_interval_s = flush_interval_s
+        self.exporter = MultiprocessExporter.create()
         self._lock = threading.Lock()
         self._dirty = False  # set by count(); the flusher thread writes when it sees it
         self._flusher: threading.Thread | None = None
@@ -133,6 +134,8 @@ class KernelReporter:
             entry["targets"].append(target)
         entry["impl"] = impl
         log.info("%s patched in at %s (impl: %s)", kernel, target, impl)
+        if self.exporter:
+            self.exporter.active(kernel, True)
         self.flush()
 
     def fallback(self, kernel: str, target: str, reason: str, detail: str = "") -> None:
@@ -145,6 +148,9 @@ class KernelReporter:
             "FALLBACK: %s stays on %s's own path at %s (%s): %s",
             kernel, self.report.engine, target, reason, detail,
         )  # fmt: skip
+        if self.exporter:
+            self.exporter.active(kernel, False)
+            self.exporter.fallback(kernel, reason)
         self.flush()
 
     def count(self, kernel: str, path: str, reason: str | None = None) -> None:
@@ -156,6 +162,8 @@ class KernelReporter:
         if reason is not None:
             reasons = self.report.engine_path_reasons.setdefault(kernel, {})
             reasons[reason] = reasons.get(reason, 0) + 1
+        if self.exporter:
+            self.exporter.call(kernel, path)
         self._dirty = True
         if self._flusher is None and self.report_dir is not None:
             self._start_flusher()
@@ -284,6 +292,53 @@ def summarize(reports: list[ProcessReport]) -> ReplicaKernels:
                 acc[path] = acc.get(path, 0) + n
     active = tuple(k for k in requested if k in patched and k not in fallbacks)
     return ReplicaKernels(active, tuple(requested), fallbacks, calls, tuple(sorted(versions)), len(reports))
+
+
+class MultiprocessExporter:
+    """The same metrics as `ReportCollector`, for engines that serve prometheus_client's multiprocess
+    registry (`PROMETHEUS_MULTIPROC_DIR`: SGLang with --enable-metrics, vLLM with several API servers).
+
+    There /metrics aggregates the metric files every process writes, not the default registry, so each
+    process that loaded the hook writes its own values: `zoe_kernel_active` is the minimum over live
+    processes (0 as soon as one fell back), the counters are summed."""
+
+    def __init__(self):
+        from prometheus_client import Counter, Gauge
+
+        self._active = Gauge("zoe_kernel_active", "1 when the zoe plugin patched this kernel into the engine",
+                             ["kernel"], multiprocess_mode="livemin", registry=None)  # fmt: skip
+        self._fallback = Counter("zoe_kernel_fallback", "Engine processes that kept their own path for a kernel",
+                                 ["kernel", "reason"], registry=None)  # fmt: skip
+        self._calls = Counter("zoe_kernel_calls", "Calls of patched entry points by the path taken",
+                              ["kernel", "path"], registry=None)  # fmt: skip
+        self._children: dict[tuple[str, str], object] = {}
+
+    @classmethod
+    def create(cls) -> "MultiprocessExporter | None":
+        """An exporter when this process writes multiprocess metrics, else None."""
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return None
+        try:
+            from prometheus_client import values
+
+            if values.ValueClass is values.MutexValue:  # prometheus_client loaded before the variable was set
+                return None
+            return cls()
+        except Exception as e:  # metrics are a report channel, never a reason to fail the engine
+            log.warning("multiprocess kernel metrics unavailable: %s", e)
+            return None
+
+    def active(self, kernel: str, on: bool) -> None:
+        self._active.labels(kernel).set(1.0 if on else 0.0)
+
+    def fallback(self, kernel: str, reason: str) -> None:
+        self._fallback.labels(kernel, reason).inc()
+
+    def call(self, kernel: str, path: str) -> None:
+        child = self._children.get((kernel, path))
+        if child is None:
+            child = self._children[(kernel, path)] = self._calls.labels(kernel, path)
+        child.inc()  # type: ignore[attr-defined]
 
 
 class ReportCollector:

@@ -105,3 +105,37 @@ def test_collector_exports_the_metrics_the_engine_adapters_parse(tmp_path):
     with pytest.raises(ValueError):  # a second registration in one process is refused, not doubled
         registry.register(ReportCollector(tmp_path))
     assert VllmAdapter().parse_metrics(text, 0.0).zoe_kernels_active == ("fused_moe",)
+
+
+_MP_CHILD = """
+import sys
+from zoe_kernels.integrations.report import KernelReporter
+rep = KernelReporter("sglang", "0.5.23", ["csa_topk"], None)
+assert rep.exporter is not None
+if sys.argv[1] == "ok":
+    rep.patched("csa_topk", "t", "triton")
+    for _ in range(3):
+        rep.count("csa_topk", "zoe")
+else:
+    rep.fallback("csa_topk", "t", "signature", "older SGLang")
+"""
+
+
+def test_multiprocess_engines_aggregate_every_processs_metrics(tmp_path):
+    """SGLang serves prometheus_client's multiprocess registry: each process writes, /metrics aggregates."""
+    mp = tmp_path / "prom"
+    mp.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(mp)}
+    read = (
+        "import sys; from prometheus_client import CollectorRegistry, generate_latest, multiprocess;"
+        "r = CollectorRegistry(); multiprocess.MultiProcessCollector(r, path=sys.argv[1]);"
+        "print(generate_latest(r).decode())"
+    )
+    subprocess.run([sys.executable, "-c", _MP_CHILD, "ok"], env=env, check=True)
+    text = subprocess.run([sys.executable, "-c", read, str(mp)], capture_output=True, text=True, check=True).stdout
+    assert 'zoe_kernel_active{kernel="csa_topk"} 1.0' in text
+    assert 'zoe_kernel_calls_total{kernel="csa_topk",path="zoe"} 3.0' in text
+    subprocess.run([sys.executable, "-c", _MP_CHILD, "fallback"], env=env, check=True)
+    text = subprocess.run([sys.executable, "-c", read, str(mp)], capture_output=True, text=True, check=True).stdout
+    assert 'zoe_kernel_active{kernel="csa_topk"} 0.0' in text  # one process fell back: not active
+    assert 'zoe_kernel_fallback_total{kernel="csa_topk",reason="signature"} 1.0' in text
