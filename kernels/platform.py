@@ -55,6 +55,11 @@ def device_name(device: torch.device | str | None = None) -> str:
     return torch.cuda.get_device_name(dev.index if dev is not None and dev.index is not None else 0)
 
 
+def has_native_mx(device_index: int = 0) -> bool:
+    """True where the matrix units take e8m0-scaled e2m1 operands natively (gfx950, i.e. MI355X)."""
+    return not interpreting() and gcn_arch(device_index) == "gfx950"
+
+
 def launch_options(*, waves_per_eu: int | None = None, matrix_instr_nonkdim: int | None = None) -> dict:
     """Keyword arguments for a kernel launch: AMD-only options are dropped on other platforms."""
     if not is_rocm():

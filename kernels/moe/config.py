@@ -8,7 +8,7 @@ needs one scale per row or column.
 
 from __future__ import annotations
 
-from zoe_kernels.platform import interpreting
+from zoe_kernels.platform import has_native_mx, interpreting
 
 TARGET_PROGRAMS = 264  # about two programs per SM on a 132-SM H200 (and 256-CU MI355X gets about one)
 
@@ -22,6 +22,18 @@ def block_m_for(m: int, top_k: int, num_experts: int) -> int:
     if per_expert <= 32:
         return 32
     return 64 if per_expert <= 96 else 128
+
+
+def fp8_act_quant_for(block_m: int) -> bool:
+    """fp8 runs w8a8 (activations quantized per token group) from 64 rows per tile up, where the GEMMs are
+    compute bound; below, w8a16 (weights upcast in registers) saves two launches and is more accurate."""
+    return block_m >= 64
+
+
+def mx_native() -> bool:
+    """mxfp4 through `tl.dot_scaled` only where the hardware scales natively; elsewhere Triton would emulate
+    it less efficiently than the kernel's own dequantization."""
+    return has_native_mx()
 
 
 def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str, *, gated: bool,
@@ -39,8 +51,8 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
         bn = 128
         warps = 8 if bm == 128 else 4
         stages = 3
-        if fmt in ("w4a16", "mxfp4"):
-            bn, stages = 64 if bm == 128 and gated else 128, 3
+        if gated and fmt != "bf16":
+            bn = 64  # two accumulators (gate, up) plus the scaled partial product: keep registers in bounds
     else:
         bn = 64 if gated else 128
         while bn > 16 and tiles_m * -(-n // bn) < TARGET_PROGRAMS:

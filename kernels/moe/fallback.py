@@ -22,7 +22,9 @@ def grouped_mm_available(device: torch.device) -> bool:
 def _sort_edges(topk_ids: torch.Tensor, num_experts: int):
     flat = topk_ids.reshape(-1).long()
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat.clamp(0, num_experts - 1), minlength=num_experts)
+    # scatter_add, not bincount: bincount synchronizes with the host, which breaks graph capture
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat.clamp(0, num_experts - 1), torch.ones_like(flat))
     offs = torch.cumsum(counts, 0).to(torch.int32)
     return order, offs
 

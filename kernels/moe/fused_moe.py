@@ -4,7 +4,8 @@
 
 with vLLM's `fused_experts` layout: w13 [E, 2I, H] (rows: gate then up), w2 [E, H, I]. Launches: align
 (bucket edges by expert, `align.py`), stage 1 (gate+up GEMM, SwiGLU epilogue) and stage 2 (down GEMM,
-top-k weighted combine epilogue), `grouped_gemm.py`; fp8 adds two activation-quantization launches.
+top-k weighted combine epilogue), `grouped_gemm.py`; fp8 at large M adds two activation-quantization
+launches.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import torch
 
 from zoe_kernels.moe.act_quant import quantize_act_fp8
 from zoe_kernels.moe.align import moe_align
-from zoe_kernels.moe.config import block_m_for, stage_config
+from zoe_kernels.moe.config import block_m_for, fp8_act_quant_for, mx_native, stage_config
 from zoe_kernels.moe.formats import FORMATS, FP8_BLOCK, INT4_GROUP, MX_GROUP
-from zoe_kernels.moe.grouped_gemm import down_combine, gate_up_swiglu
+from zoe_kernels.moe.grouped_gemm import down_combine, gate_up_swiglu, kernel_format
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -84,6 +85,7 @@ def fused_moe(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     block_m: int | None = None,
+    fp8_act_quant: bool | None = None,
     alloc: Callable[..., torch.Tensor] = torch.empty,
 ) -> torch.Tensor:
     """Routed-expert MLP; returns [M, H] in the dtype of `hidden_states`.
@@ -92,7 +94,10 @@ def fused_moe(
     the layouts and scales: "bf16" means weights in the activation dtype, "fp8" 128x128 block scales with
     per-token-group activation quantization, "w4a16" int4 with groups of 128, "mxfp4" e2m1 + e8m0 per 32);
     topk_weights [M, k] float32; topk_ids [M, k] int32 (ids outside [0, E) contribute nothing).
-    `block_m` overrides the rows per tile; `alloc` allocates scratch (tests pass one that poisons).
+    fmt "fp8" quantizes the activations (w8a8) when `fp8_act_quant` is true and keeps them in 16 bits with
+    the weights upcast in registers (w8a16) when false; None picks w8a8 only where the GEMMs are compute
+    bound (`config.fp8_act_quant_for`). `block_m` overrides the rows per tile; `alloc` allocates scratch
+    (tests pass one that poisons).
     """
     i, top_k = check_moe_args(hidden_states, w13, w2, topk_weights, topk_ids, fmt, w13_scale, w2_scale)
     m, h = hidden_states.shape
@@ -103,23 +108,26 @@ def fused_moe(
     x = hidden_states.contiguous()
     topk_weights = topk_weights.float().contiguous()
     bm = block_m or block_m_for(m, top_k, e)
+    if fp8_act_quant is None:
+        fp8_act_quant = fp8_act_quant_for(bm)
+    kfmt = kernel_format(fmt, fp8_act_quant=fp8_act_quant, mx_native=mx_native())
     cfg1 = stage_config(m, top_k, e, i, h, fmt, gated=True, block_m=bm)
     cfg2 = stage_config(m, top_k, e, h, i, fmt, gated=False, block_m=bm)
     align = moe_align(topk_ids.contiguous(), e, bm)
 
     x_scale = None
-    if fmt == "fp8":
+    if kfmt == 1:
         x, x_scale = quantize_act_fp8(x)
     inter = alloc((m * top_k, i), dtype=dtype, device=dev)
-    gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, top_k=top_k, fmt=fmt, cfg=cfg1)
+    gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, top_k=top_k, kfmt=kfmt, cfg=cfg1)
 
     inter_scale = None
-    if fmt == "fp8":
+    if kfmt == 1:
         inter, inter_scale = quantize_act_fp8(inter)
     if top_k == 1:
         out = torch.zeros((m, h), dtype=dtype, device=dev)
-        down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, top_k=1, fmt=fmt, cfg=cfg2)
+        down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, top_k=1, kfmt=kfmt, cfg=cfg2)
         return out
     acc = torch.zeros((m, h), dtype=torch.float32, device=dev)
-    down_combine(inter, inter_scale, w2, w2_scale, acc, topk_weights, align, top_k=top_k, fmt=fmt, cfg=cfg2)
+    down_combine(inter, inter_scale, w2, w2_scale, acc, topk_weights, align, top_k=top_k, kfmt=kfmt, cfg=cfg2)
     return acc if dtype == torch.float32 else acc.to(dtype)

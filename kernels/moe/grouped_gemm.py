@@ -8,9 +8,12 @@ with the top-k weighted combine in the epilogue (fp32 atomics for top-k > 1, pla
 
 One program computes a BLOCK_M x BLOCK_N tile of one expert; tiles past `num_padded` exit at once, so the
 grid depends on the shapes alone (graph capture). The K loop is software-pipelined (`num_stages`): the next
-weight tile is loaded while the current one is multiplied. The weight format is a compile-time constant:
-0 float (the activation dtype), 1 fp8 128x128 blocks with per-token-group activation scales, 2 int4 with
-K-group scales (dequantized to the activation dtype in registers), 3 mxfp4 through `tl.dot_scaled`.
+weight tile is loaded while the current one is multiplied. The weight format is a compile-time constant
+(`kernel_format`). Where the kernel is memory bound, fp8 weights are upcast in registers and activations stay
+in 16 bits (w8a16: two quantization launches fewer, and more accurate); where it is compute bound,
+activations are quantized per token group and the products run in fp8 (w8a8). The 4-bit formats split each
+K tile into its even (low nibble) and odd (high nibble) halves, so unpacking needs no interleave; mxfp4
+uses `tl.dot_scaled` where the hardware scales natively (gfx950) and in-register dequantization elsewhere.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-FMT_CODE = {"bf16": 0, "fp8": 1, "w4a16": 2, "mxfp4": 3}
 FP8_GROUP = 128
 INT4_GROUP = 128
 MX_GROUP = 32
@@ -28,6 +30,15 @@ MX_GROUP = 32
 @triton.jit
 def _load_a(a_ptr, as_ptr, rows, row_mask, k0, K, stride_am, stride_ak, stride_asm, stride_ask,
             FMT: tl.constexpr, BLOCK_K: tl.constexpr, FP8_GROUP: tl.constexpr):
+    """The A tile of one K step: (a, extra). extra is the fp8 activation scale per row (FMT 1), the odd-K
+    half of the tile (4-bit formats, where `a` holds the even-K half), or unused."""
+    if FMT == 2 or FMT == 3:
+        offs_k = k0 + 2 * tl.arange(0, BLOCK_K // 2)
+        base = a_ptr + rows[:, None] * stride_am
+        m = row_mask[:, None]
+        a = tl.load(base + offs_k[None, :] * stride_ak, mask=m & (offs_k[None, :] < K), other=0.0)
+        a_odd = tl.load(base + (offs_k + 1)[None, :] * stride_ak, mask=m & (offs_k[None, :] + 1 < K), other=0.0)
+        return a, a_odd
     offs_k = k0 + tl.arange(0, BLOCK_K)
     a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak,
                 mask=row_mask[:, None] & (offs_k[None, :] < K), other=0.0)
@@ -35,47 +46,70 @@ def _load_a(a_ptr, as_ptr, rows, row_mask, k0, K, stride_am, stride_ak, stride_a
         a_s = tl.load(as_ptr + rows * stride_asm + (k0 // FP8_GROUP) * stride_ask, mask=row_mask, other=0.0)
     else:
         a_s = tl.zeros_like(rows).to(tl.float32)
-    if FMT == 3:
-        if a.dtype == tl.float32:
-            a = a.to(tl.float16)
     return a, a_s
 
 
 @triton.jit
-def _dot_w(acc, a, a_s, w_base, ws_base, wrows, wrow_mask, k0, K,
+def _dot_w(acc, a, a2, w_base, ws_base, wrows, wrow_mask, k0, K,
            stride_wn, stride_wk, stride_wsn, stride_wsk,
-           FMT: tl.constexpr, A_FMT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+           FMT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr):
-    """acc += a @ W[wrows, k0:k0+BLOCK_K].T for the weight format FMT."""
+    """acc += A @ W[wrows, k0:k0+BLOCK_K].T for the weight format FMT (a2: see `_load_a`)."""
     if FMT == 0:
         offs_k = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_base + wrows[None, :] * stride_wn + offs_k[:, None] * stride_wk,
                     mask=wrow_mask[None, :] & (offs_k[:, None] < K), other=0.0)
         acc = tl.dot(a, w, acc)
-    elif FMT == 1:
+    elif FMT == 1 or FMT == 4:
         offs_k = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_base + wrows[None, :] * stride_wn + offs_k[:, None] * stride_wk,
                     mask=wrow_mask[None, :] & (offs_k[:, None] < K), other=0.0)
         w_s = tl.load(ws_base + (wrows // FP8_GROUP) * stride_wsn + (k0 // FP8_GROUP) * stride_wsk,
                       mask=wrow_mask, other=0.0)
-        acc += tl.dot(a, w) * a_s[:, None] * w_s[None, :]
+        if FMT == 1:  # w8a8: fp8 x fp8 products, both scales on the result
+            acc += tl.dot(a, w) * a2[:, None] * w_s[None, :]
+        else:  # w8a16: the weight tile is upcast in registers, its block scale goes on the result
+            acc += tl.dot(a, w.to(a.dtype)) * w_s[None, :]
     elif FMT == 2:
-        offs_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        p = tl.load(w_base + wrows[:, None] * stride_wn + offs_kp[None, :] * stride_wk,
-                    mask=wrow_mask[:, None] & (offs_kp[None, :] < (K + 1) // 2), other=0)
-        q = tl.join(p & 0xF, p >> 4).reshape(BLOCK_N, BLOCK_K)  # [n, k]: low nibble = even k
-        w_s = tl.load(ws_base + wrows * stride_wsn + (k0 // INT4_GROUP) * stride_wsk, mask=wrow_mask, other=0.0)
-        w = ((q.to(tl.float32) - 8.0) * w_s.to(tl.float32)[:, None]).to(a.dtype)
-        acc = tl.dot(a, tl.trans(w), acc)
-    else:
+        # int4: low nibbles are the even k, high nibbles the odd k; two dots over the halves need no
+        # interleave. The group scale (one per column and step) and the zero point 8 go on the result:
+        # sum_k a (u - 8) s = s (sum_k a u - 8 sum_k a).
         offs_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         p = tl.load(w_base + wrows[None, :] * stride_wn + offs_kp[:, None] * stride_wk,
-                    mask=wrow_mask[None, :] & (offs_kp[:, None] < (K + 1) // 2), other=0)
-        offs_ks = k0 // MX_GROUP + tl.arange(0, BLOCK_K // MX_GROUP)
-        w_s = tl.load(ws_base + wrows[:, None] * stride_wsn + offs_ks[None, :] * stride_wsk,
-                      mask=wrow_mask[:, None] & (offs_ks[None, :] < (K + MX_GROUP - 1) // MX_GROUP), other=127)
-        acc = tl.dot_scaled(a, None, A_FMT, p, w_s, "e2m1", acc)
+                    mask=wrow_mask[None, :] & (offs_kp[:, None] < (K + 1) // 2), other=0x88)
+        w_s = tl.load(ws_base + wrows * stride_wsn + (k0 // INT4_GROUP) * stride_wsk, mask=wrow_mask, other=0.0)
+        d = tl.dot(a, (p & 0xF).to(a.dtype))
+        d = tl.dot(a2, (p >> 4).to(a.dtype), d)
+        a_sum = tl.sum(a.to(tl.float32) + a2.to(tl.float32), axis=1)
+        acc += (d - 8.0 * a_sum[:, None]) * w_s.to(tl.float32)[None, :]
+    else:
+        # mxfp4 without native scaled MMA: an e2m1 nibble s|e1 e0|m placed at fp16 bits 15|11 10|9 is the
+        # fp16 number v * 2^-14, subnormals included; the e8m0 byte b becomes the float 2^(b - 127 + 14).
+        offs_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        kmask = wrow_mask[None, :] & (offs_kp[:, None] < (K + 1) // 2)
+        p = tl.load(w_base + wrows[None, :] * stride_wn + offs_kp[:, None] * stride_wk, mask=kmask, other=0)
+        sb = tl.load(ws_base + wrows[None, :] * stride_wsn + (offs_kp // (MX_GROUP // 2))[:, None] * stride_wsk,
+                     mask=kmask, other=127)
+        scale = ((sb.to(tl.int32) + 14) << 23).to(tl.float32, bitcast=True)
+        p16 = p.to(tl.uint16)
+        lo = (((p16 & 0x7) << 9) | ((p16 & 0x8) << 12)).to(tl.float16, bitcast=True)
+        hi = (((p16 & 0x70) << 5) | ((p16 & 0x80) << 8)).to(tl.float16, bitcast=True)
+        acc = tl.dot(a, (lo.to(tl.float32) * scale).to(a.dtype), acc)
+        acc = tl.dot(a2, (hi.to(tl.float32) * scale).to(a.dtype), acc)
     return acc
+
+
+@triton.jit
+def _dot_w_mx_native(acc, a, w_base, ws_base, wrows, wrow_mask, k0, K, stride_wn, stride_wk, stride_wsn,
+                     stride_wsk, A_FMT: tl.constexpr, BLOCK_K: tl.constexpr, MX_GROUP: tl.constexpr):
+    """mxfp4 through `tl.dot_scaled` (native scaled MFMA on gfx950); `a` is the whole K tile."""
+    offs_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    p = tl.load(w_base + wrows[None, :] * stride_wn + offs_kp[:, None] * stride_wk,
+                mask=wrow_mask[None, :] & (offs_kp[:, None] < (K + 1) // 2), other=0)
+    offs_ks = k0 // MX_GROUP + tl.arange(0, BLOCK_K // MX_GROUP)
+    w_s = tl.load(ws_base + wrows[:, None] * stride_wsn + offs_ks[None, :] * stride_wsk,
+                  mask=wrow_mask[:, None] & (offs_ks[None, :] < (K + MX_GROUP - 1) // MX_GROUP), other=127)
+    return tl.dot_scaled(a, None, A_FMT, p, w_s, "e2m1", acc)
 
 
 @triton.jit
@@ -113,13 +147,25 @@ def _expert_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        a, a_s = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm, stride_ask,
-                         FMT, BLOCK_K, FP8_GROUP)
-        acc = _dot_w(acc, a, a_s, w_base, ws_base, offs_n, n_mask, k0, K, stride_wn, stride_wk, stride_wsn,
-                     stride_wsk, FMT, A_FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP)
-        if GATED:
-            acc_up = _dot_w(acc_up, a, a_s, w_base, ws_base, N + offs_n, n_mask, k0, K, stride_wn, stride_wk,
-                            stride_wsn, stride_wsk, FMT, A_FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP)
+        if FMT == 5:
+            a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
+                           stride_ask, 0, BLOCK_K, FP8_GROUP)
+            if a.dtype == tl.float32:
+                a = a.to(tl.float16)
+            acc = _dot_w_mx_native(acc, a, w_base, ws_base, offs_n, n_mask, k0, K, stride_wn, stride_wk,
+                                   stride_wsn, stride_wsk, A_FMT, BLOCK_K, MX_GROUP)
+            if GATED:
+                acc_up = _dot_w_mx_native(acc_up, a, w_base, ws_base, N + offs_n, n_mask, k0, K, stride_wn,
+                                          stride_wk, stride_wsn, stride_wsk, A_FMT, BLOCK_K, MX_GROUP)
+        else:
+            a, a2 = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
+                            stride_ask, FMT, BLOCK_K, FP8_GROUP)
+            acc = _dot_w(acc, a, a2, w_base, ws_base, offs_n, n_mask, k0, K, stride_wn, stride_wk, stride_wsn,
+                         stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP)
+            if GATED:
+                acc_up = _dot_w(acc_up, a, a2, w_base, ws_base, N + offs_n, n_mask, k0, K, stride_wn,
+                                stride_wk, stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP,
+                                MX_GROUP)
 
     out_mask = row_mask[:, None] & n_mask[None, :]
     if GATED:
@@ -136,19 +182,32 @@ def _expert_gemm_kernel(
             tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
+def kernel_format(fmt: str, *, fp8_act_quant: bool, mx_native: bool) -> int:
+    """The kernel's FMT code: 0 float, 1 fp8 w8a8, 2 int4, 3 mxfp4 dequantized in registers,
+    4 fp8 w8a16 (weights upcast, activations kept in 16 bits), 5 mxfp4 through `tl.dot_scaled`."""
+    if fmt == "bf16":
+        return 0
+    if fmt == "fp8":
+        return 1 if fp8_act_quant else 4
+    if fmt == "w4a16":
+        return 2
+    if fmt == "mxfp4":
+        return 5 if mx_native else 3
+    raise ValueError(f"unknown MoE format {fmt!r}")
+
+
 def _a_fmt(dtype: torch.dtype) -> str:
     return "bf16" if dtype == torch.bfloat16 else "fp16"
 
 
-def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_k, n, k, fmt, gated,
+def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_k, n, k, kfmt, gated,
             atomic, cfg):
     sorted_ids, block_expert, num_padded = align
-    fmt_code = FMT_CODE[fmt]
-    a_scale = a_scale if a_scale is not None else a  # unused unless fp8
-    w_scale = w_scale if w_scale is not None else w  # unused for the float format
+    a_scale = a_scale if a_scale is not None else a  # read only by FMT 1
+    w_scale = w_scale if w_scale is not None else w  # unused by the float format
     topk_w = topk_weights if topk_weights is not None else a
     grid = (block_expert.numel() * triton.cdiv(n, cfg["BLOCK_N"]),)
-    a_s_strides = (a_scale.stride(0), a_scale.stride(1)) if fmt == "fp8" else (0, 0)
+    a_s_strides = (a_scale.stride(0), a_scale.stride(1)) if kfmt == 1 else (0, 0)
     ws_strides = (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2)) if w_scale.dim() == 3 else (0, 0, 0)
     _expert_gemm_kernel[grid](
         a, a_scale, w, w_scale, out, topk_w,
@@ -157,23 +216,23 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         a.stride(0), a.stride(1), *a_s_strides,
         w.stride(0), w.stride(1), w.stride(2), *ws_strides,
         out.stride(0), out.stride(1),
-        GATED=gated, ATOMIC=atomic, FMT=fmt_code, A_FMT=_a_fmt(a.dtype),
+        GATED=gated, ATOMIC=atomic, FMT=kfmt, A_FMT=_a_fmt(a.dtype),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
 
-def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, fmt: str, cfg: dict) -> None:
+def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, kfmt: int, cfg: dict) -> None:
     """Stage 1: inter[edge] = silu(x[token] W_gate^T) * (x[token] W_up^T), for every routed edge.
 
-    x [M, H] (fp8 with x_scale [M, ceil(H/128)] for fmt fp8), w13 [E, 2I, H(/2)], inter [M*top_k, I].
+    x [M, H] (fp8 with x_scale [M, ceil(H/128)] for kfmt 1), w13 [E, 2I, H(/2)], inter [M*top_k, I].
     """
     _launch(x, x_scale, w13, w13_scale, inter, None, align, num_edges=inter.shape[0], top_k=top_k,
-            n=inter.shape[1], k=x.shape[1], fmt=fmt, gated=True, atomic=False, cfg=cfg)
+            n=inter.shape[1], k=x.shape[1], kfmt=kfmt, gated=True, atomic=False, cfg=cfg)
 
 
-def down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, *, top_k: int, fmt: str,
+def down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, *, top_k: int, kfmt: int,
                  cfg: dict) -> None:
     """Stage 2: out[token] (+)= topk_weights[edge] * inter[edge] W2[e]^T.
 
@@ -181,4 +240,4 @@ def down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, *, 
     (the caller zeroes it), any float dtype and plainly stored when top_k == 1.
     """
     _launch(inter, inter_scale, w2, w2_scale, out, topk_weights.reshape(-1), align, num_edges=inter.shape[0],
-            top_k=top_k, n=out.shape[1], k=inter.shape[1], fmt=fmt, gated=False, atomic=top_k > 1, cfg=cfg)
+            top_k=top_k, n=out.shape[1], k=inter.shape[1], kfmt=kfmt, gated=False, atomic=top_k > 1, cfg=cfg)

@@ -23,19 +23,22 @@ def fused_moe_reference(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     emulate_kernel_rounding: bool = True,
+    fp8_act_quant: bool = True,
 ) -> torch.Tensor:
     """out[t] = sum_s w[t,s] * W2[e] (silu(Wg[e] x[t]) * (Wu[e] x[t])) in float32, e = topk_ids[t, s].
 
     Weights in `fmt` are dequantized exactly. With `emulate_kernel_rounding` the reference also rounds the
-    SwiGLU output to the activation dtype, and for fmt "fp8" quantizes x and that intermediate per token
-    group of 128 as the kernel does, so the comparison measures accumulation error alone.
+    SwiGLU output to the activation dtype, and for fmt "fp8" with `fp8_act_quant` (the kernel's w8a8 mode)
+    quantizes x and that intermediate per token group of 128 as the kernel does, so the comparison measures
+    accumulation error alone.
     Ids outside [0, E) contribute nothing. Returns float32 [M, H].
     """
     m, h = hidden_states.shape
     e, two_i = w13.shape[:2]
     i = two_i // 2
     x = hidden_states.float()
-    if fmt == "fp8" and emulate_kernel_rounding:
+    quant_acts = fmt == "fp8" and emulate_kernel_rounding and fp8_act_quant
+    if quant_acts:
         x = _fp8_roundtrip(x)
     out = torch.zeros((m, h), dtype=torch.float32, device=hidden_states.device)
     flat_ids = topk_ids.reshape(-1).long()
@@ -54,7 +57,7 @@ def fused_moe_reference(
         inter = torch.nn.functional.silu(gate_up[:, :i]) * gate_up[:, i:]
         if emulate_kernel_rounding:
             inter = inter.to(hidden_states.dtype).float()
-            if fmt == "fp8":
+            if quant_acts:
                 inter = _fp8_roundtrip(inter)
         out.index_add_(0, tokens, (inter @ w2_e.T) * flat_w[edges, None])
     return out

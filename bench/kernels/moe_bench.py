@@ -1,0 +1,441 @@
+"""Fused MoE on a GPU: run the kernel tests, then time zoe's kernel, the PyTorch baselines and the roofline.
+
+    python3 bench/kernels/moe_bench.py --out DIR [--shapes dsv32,dsv32-tp8,...] [--ms 1,8,...] [--budget-s 420]
+
+Writes DIR/moe_results.json (one row per shape, M, format and provider: median microseconds, the roofline
+floor and the percentage of it reached) and DIR/pytest.log, and prints a compact table. Every point is a
+CUDA graph of R back-to-back MoE calls with R different random routings (so small-M points read different
+experts and are not served from L2), timed over many replays with CUDA events; the median over replays
+divided by R is the time per call. `python3 bench/kernels/moe_bench.py --crossover RESULTS.json` merges the
+crossover of a results file into kernels/moe/crossover.json (no GPU needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Roofline ceilings measured on the H200 (ENVIRONMENT.md, issue 7): read bandwidth and matmul rates.
+READ_BW = 4.19e12
+PEAK_FLOPS = {"bf16": 684e12, "fp8": 1265e12, "w4a16": 684e12, "mxfp4": 684e12}  # 4-bit runs bf16 MMAs on Hopper
+# Model shapes (seed, Fig. 10 / table A1); `shared` experts are always routed, with weight 1.
+SHAPES = {
+    "dsv32": {"H": 7168, "I": 2048, "E": 256, "k": 8, "shared": 0, "note": "DeepSeek-V3.2, full expert width"},
+    "dsv32-tp8": {"H": 7168, "I": 256, "E": 256, "k": 8, "shared": 0, "note": "DeepSeek-V3.2, TP8 slice (I/8)"},
+    "kimi-k2": {"H": 7168, "I": 2048, "E": 384, "k": 8, "shared": 0, "note": "Kimi-K2.x"},
+    "glm5": {"H": 6144, "I": 2048, "E": 256, "k": 8, "shared": 1, "note": "GLM-5.x, 256 routed + 1 shared"},
+    "zaya1": {"H": 2048, "I": 2048, "E": 24, "k": 1, "shared": 0,
+              "note": "ZAYA1 (E=24 top-1 per the seed; H=2048 from the model card, I=2048 assumed)"},
+}
+MS = [1, 8, 16, 64, 256, 512, 1024, 4096]
+FORMATS = ["bf16", "fp8", "w4a16", "mxfp4"]
+PROVIDERS = ["zoe", "fallback_loop", "torch_grouped_mm", "torch_scaled_grouped_mm_rowwise"]
+
+
+def _import_zoe_kernels() -> None:
+    """Make `zoe_kernels` importable from a plain checkout (it lives in ./kernels)."""
+    try:
+        import zoe_kernels  # noqa: F401
+        return
+    except ImportError:
+        pass
+    shim = Path(tempfile.mkdtemp(prefix="zoe_shim_"))
+    (shim / "zoe_kernels").symlink_to(REPO / "kernels")
+    sys.path.insert(0, str(shim))
+    os.environ["PYTHONPATH"] = f"{shim}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+
+
+def run_tests(out: Path) -> dict:
+    t0 = time.time()
+    cmd = [sys.executable, "-m", "pytest", "tests/kernels/test_moe.py", "-q", "-p", "no:cacheprovider", "-rf"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    (out / "pytest.log").write_text(proc.stdout + proc.stderr)
+    summary = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
+    print(f"[tests] rc={proc.returncode} {summary} ({time.time() - t0:.0f}s)", flush=True)
+    if proc.returncode:
+        print("\n".join(proc.stdout.splitlines()[-40:]), flush=True)
+    return {"rc": proc.returncode, "summary": summary, "seconds": round(time.time() - t0, 1)}
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+def make_weights(shape: dict, fmt: str, device: str):
+    """Random weights of one shape in `fmt` (random bits of the right kind: timing needs no quantizer)."""
+    import torch
+
+    from zoe_kernels.platform import fp8_dtype
+
+    e = shape["E"] + shape["shared"]
+    h, i = shape["H"], shape["I"]
+    dims = [(e, 2 * i, h), (e, h, i)]
+    out = []
+    for n_rows, k in [(d[1], d[2]) for d in dims]:
+        if fmt == "bf16":
+            w = torch.randn((e, n_rows, k), dtype=torch.bfloat16, device=device) * 0.02
+            s = None
+        elif fmt == "fp8":
+            bits = torch.randint(0, 256, (e, n_rows, k), dtype=torch.uint8, device=device) & 0xBF  # |v| < 2, no NaN
+            w = bits.view(fp8_dtype(device))
+            s = torch.rand((e, -(-n_rows // 128), -(-k // 128)), device=device) * 1e-2 + 1e-3
+        elif fmt == "w4a16":
+            w = torch.randint(0, 256, (e, n_rows, -(-k // 2)), dtype=torch.uint8, device=device)
+            s = torch.rand((e, n_rows, -(-k // 128)), device=device) * 1e-2 + 1e-3
+        else:
+            w = torch.randint(0, 256, (e, n_rows, -(-k // 2)), dtype=torch.uint8, device=device)
+            s = torch.randint(118, 126, (e, n_rows, -(-k // 32)), dtype=torch.uint8, device=device)
+        out += [w, s]
+    return out  # w13, s13, w2, s2
+
+
+def make_routing(shape: dict, m: int, seed: int, device: str):
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    scores = torch.rand((m, shape["E"]), generator=g, device=device)
+    tw, ti = torch.topk(scores, shape["k"], dim=1)
+    tw = tw / tw.sum(1, keepdim=True)
+    if shape["shared"]:
+        ti = torch.cat([ti, torch.full((m, 1), shape["E"], device=device, dtype=ti.dtype)], 1)
+        tw = torch.cat([tw, torch.ones((m, 1), device=device)], 1)
+    return tw.float().contiguous(), ti.int().contiguous()
+
+
+def bytes_per_expert(shape: dict, fmt: str) -> float:
+    p = 3 * shape["H"] * shape["I"]
+    return {"bf16": 2 * p, "fp8": p + 4 * p / 128**2, "w4a16": p / 2 + 4 * p / 128, "mxfp4": p / 2 + p / 32}[fmt]
+
+
+def roofline_us(shape: dict, fmt: str, m: int, unique_experts: float) -> tuple[float, float, float]:
+    """(floor in us, bytes, flops): weights of the touched experts + x read + out written, vs MMA rate."""
+    k = shape["k"] + shape["shared"]
+    nbytes = unique_experts * bytes_per_expert(shape, fmt) + m * shape["H"] * 2 * 2
+    flops = 2.0 * m * k * 3 * shape["H"] * shape["I"]
+    return max(nbytes / READ_BW, flops / PEAK_FLOPS[fmt]) * 1e6, nbytes, flops
+
+
+# ---------------------------------------------------------------------------------------------- timing
+def time_graph(calls, *, min_replays: int = 5, target_ms: float = 150.0) -> float:
+    """Median microseconds per call of `calls` (a list of closures) captured back to back in one graph."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for fn in calls:  # compile and warm up outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    graph.replay()
+    torch.cuda.synchronize()
+    est_ms = (time.perf_counter() - t0) * 1e3
+    n = int(max(min_replays, min(200, target_ms / max(est_ms, 1e-3))))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for s, e in zip(starts, ends):
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    del graph
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3 / len(calls)
+
+
+def time_eager(fn, reps: int = 5) -> float:
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) * 1e3)
+    return statistics.median(times)
+
+
+def scaled_grouped_mm_moe(x, w13, w2, s13_row, s2_row, tw, ti):
+    """FP8 rowwise baseline: per-row quantized activations, `torch._scaled_grouped_mm` for both GEMMs."""
+    import torch
+
+    m, h = x.shape
+    e, two_i = w13.shape[:2]
+    i = two_i // 2
+    k = ti.shape[1]
+    flat = ti.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(e, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    fmax = torch.finfo(w13.dtype).max
+
+    def quant_rows(a):
+        s = a.float().abs().amax(1).clamp_min(1e-10) / fmax
+        return (a.float() / s[:, None]).to(w13.dtype), s
+
+    xq, xs = quant_rows(x[order // k])
+    gu = torch._scaled_grouped_mm(xq, w13.transpose(1, 2), xs, s13_row, offs=offs, out_dtype=torch.bfloat16)
+    inter = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
+    iq, is_ = quant_rows(inter)
+    y = torch._scaled_grouped_mm(iq, w2.transpose(1, 2), is_, s2_row, offs=offs, out_dtype=torch.bfloat16)
+    out = torch.zeros((m, h), dtype=torch.float32, device=x.device)
+    out.index_add_(0, order // k, y.float() * tw.reshape(-1)[order, None])
+    return out.to(torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------- bench
+def bench_shape(name: str, shape: dict, ms: list[int], deadline: float, device_name: str, rows: list,
+                formats: list[str], providers: set[str]) -> None:
+    import torch
+
+    from zoe_kernels.moe import fallback_moe, fused_moe
+    from zoe_kernels.moe.fallback import grouped_mm_moe
+
+    h = shape["H"]
+    needed = set(formats) | ({"bf16"} if "torch_grouped_mm" in providers else set()) | (
+        {"fp8"} if "torch_scaled_grouped_mm_rowwise" in providers else set())
+    weights = {fmt: make_weights(shape, fmt, "cuda") for fmt in FORMATS if fmt in needed}
+    e_tot = shape["E"] + shape["shared"]
+    s13_row = torch.rand((e_tot, 2 * shape["I"]), device="cuda") * 1e-2 + 1e-3
+    s2_row = torch.rand((e_tot, h), device="cuda") * 1e-2 + 1e-3
+    for m in ms:
+        if time.time() > deadline:
+            print(f"[bench] budget spent: skipping {name} M>={m}", flush=True)
+            return
+        reps = 4 if m <= 64 else 2 if m <= 512 else 1
+        routes = [make_routing(shape, m, seed=1000 * m + r, device="cuda") for r in range(reps)]
+        xs = [torch.randn((m, h), dtype=torch.bfloat16, device="cuda") for _ in range(reps)]
+        unique = statistics.mean(len(torch.unique(ti)) for _, ti in routes)
+
+        def record(fmt, provider, fn_factory, eager=False):
+            floor, nbytes, flops = roofline_us(shape, fmt, m, unique)
+            row = {"shape": name, **{k: shape[k] for k in ("H", "I", "E", "k", "shared")}, "M": m, "fmt": fmt,
+                   "provider": provider, "unique_experts": unique, "bytes": nbytes, "flops": flops,
+                   "floor_us": round(floor, 2), "device": device_name}
+            try:
+                if eager:
+                    us = time_eager(fn_factory(0), reps=3)
+                else:
+                    us = time_graph([fn_factory(r) for r in range(reps)])
+                row.update(median_us=round(us, 2), pct_roofline=round(100 * floor / us, 1))
+            except Exception as exc:  # a baseline missing in this torch build is a result, not a crash
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            rows.append(row)
+            torch.cuda.empty_cache()
+            return row
+
+        line = [f"{name:10s} M={m:5d}"]
+        for fmt in formats:
+            w13, s13, w2, s2 = weights[fmt]
+            if "zoe" not in providers:
+                continue
+            r = record(fmt, "zoe", lambda i, w13=w13, s13=s13, w2=w2, s2=s2, fmt=fmt: (
+                lambda: fused_moe(xs[i], w13, w2, routes[i][0], routes[i][1], fmt=fmt, w13_scale=s13,
+                                  w2_scale=s2)))
+            line.append(f"{fmt}:{r.get('median_us', float('nan')):9.1f}us {r.get('pct_roofline', 0):5.1f}%")
+            if fmt != "bf16" and m == 1 and "fallback_loop" in providers:
+                record(fmt, "fallback_loop", lambda i, w13=w13, s13=s13, w2=w2, s2=s2, fmt=fmt: (
+                    lambda: fallback_moe(xs[i], w13, w2, routes[i][0], routes[i][1], fmt=fmt, w13_scale=s13,
+                                         w2_scale=s2)), eager=True)
+        if "torch_grouped_mm" in providers:
+            w13, _, w2, _ = weights["bf16"]
+            r = record("bf16", "torch_grouped_mm", lambda i: (
+                lambda: grouped_mm_moe(xs[i], w13, w2, routes[i][0], routes[i][1])))
+            line.append(f"grouped_mm:{r.get('median_us', float('nan')):9.1f}us")
+        if "torch_scaled_grouped_mm_rowwise" in providers:
+            w13, _, w2, _ = weights["fp8"]
+            r = record("fp8", "torch_scaled_grouped_mm_rowwise", lambda i: (
+                lambda: scaled_grouped_mm_moe(xs[i], w13, w2, s13_row, s2_row, routes[i][0], routes[i][1])))
+            line.append(f"scaled_gmm:{r.get('median_us', float('nan')):9.1f}us" if "error" not in r
+                        else f"scaled_gmm: {r['error'][:60]}")
+        print("  ".join(line), flush=True)
+    del weights
+    torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------- crossover
+BASELINE_OF = {"bf16": "torch_grouped_mm", "fp8": "fallback_loop", "w4a16": "fallback_loop",
+               "mxfp4": "fallback_loop"}
+
+
+def crossover(rows: list[dict]) -> dict:
+    """Per format: the largest measured M up to which zoe beats the fallback at every smaller M (geometric mean
+    of the speedups over the shapes); null when zoe wins at every measured M."""
+    table = {}
+    for fmt in FORMATS:
+        zoe = {(r["shape"], r["M"]): r["median_us"] for r in rows
+               if r["fmt"] == fmt and r["provider"] == "zoe" and "median_us" in r}
+        base = {(r["shape"], r["M"]): r["median_us"] for r in rows
+                if r["fmt"] == fmt and r["provider"] == BASELINE_OF[fmt] and "median_us" in r}
+        speedups = {}
+        for (shape, m), t in zoe.items():
+            if (shape, m) in base:
+                speedups.setdefault(m, []).append(base[(shape, m)] / t)
+        entry = {"baseline": BASELINE_OF[fmt], "measured_m": sorted(speedups),
+                 "speedup_geomean": {str(m): round(statistics.geometric_mean(v), 3) for m, v in sorted(speedups.items())}}
+        limit = None
+        for m in sorted(speedups):
+            if statistics.geometric_mean(speedups[m]) < 1.0:
+                smaller = [x for x in sorted(speedups) if x < m]
+                limit = smaller[-1] if smaller else 0
+                break
+        if not speedups:  # the fallback loop is only timed at M=1; zoe wins where it was not slower there
+            entry["note"] = "no baseline timed"
+        entry["zoe_max_m"] = limit
+        table[fmt] = entry
+    # Informational: where the fp8 rowwise grouped GEMM (a different quantization) would overtake zoe's fp8.
+    zoe = {(r["shape"], r["M"]): r["median_us"] for r in rows if r["fmt"] == "fp8" and r["provider"] == "zoe"
+           and "median_us" in r}
+    rw = {(r["shape"], r["M"]): r["median_us"] for r in rows
+          if r["provider"] == "torch_scaled_grouped_mm_rowwise" and "median_us" in r}
+    table["fp8"]["vs_scaled_grouped_mm_rowwise"] = {
+        str(m): round(statistics.geometric_mean([rw[k] / zoe[k] for k in zoe if k[1] == m and k in rw]), 3)
+        for m in sorted({k[1] for k in zoe}) if any(k[1] == m and k in rw for k in zoe)}
+    return table
+
+
+def merge_crossover(results_path: Path) -> None:
+    data = json.loads(results_path.read_text())
+    path = REPO / "kernels" / "moe" / "crossover.json"
+    table = json.loads(path.read_text())
+    entry = crossover(data["rows"])
+    for fmt in entry:
+        entry[fmt]["source"] = str(results_path.relative_to(REPO)) if results_path.is_relative_to(REPO) else str(results_path)
+    table["devices"][data["device"]] = entry
+    path.write_text(json.dumps(table, indent=2) + "\n")
+    print(f"wrote {path}: {data['device']}: " + ", ".join(f"{f}<= {e['zoe_max_m']}" for f, e in entry.items()))
+
+
+SWEEP = [  # (stage-1 BLOCK_N, stage-2 BLOCK_N, num_stages, num_warps) tried at M=1 on DeepSeek-V3.2
+    (32, 128, 4, 4), (16, 64, 4, 4), (64, 128, 4, 4), (32, 64, 4, 4), (32, 128, 3, 4), (32, 128, 5, 4),
+    (32, 128, 4, 8), (16, 128, 6, 4),
+]
+
+
+def sweep_m1(out_rows: list, formats: list[str], device_name: str) -> None:
+    """Time block-size variants at M=1 (the memory-bound target) by overriding the stage configs."""
+    import torch
+
+    import zoe_kernels.moe.fused_moe as _pkg  # noqa: F401
+    fm = sys.modules["zoe_kernels.moe.fused_moe"]
+    original = fm.stage_config
+    shape = SHAPES["dsv32"]
+    routes = [make_routing(shape, 1, seed=77 + r, device="cuda") for r in range(4)]
+    xs = [torch.randn((1, shape["H"]), dtype=torch.bfloat16, device="cuda") for _ in range(4)]
+    unique = statistics.mean(len(torch.unique(ti)) for _, ti in routes)
+    for fmt in formats:
+        w13, s13, w2, s2 = make_weights(shape, fmt, "cuda")
+        for bn1, bn2, stages, warps in SWEEP:
+            def patched(*a, gated, **kw):
+                cfg = original(*a, gated=gated, **kw)
+                return cfg | {"BLOCK_N": bn1 if gated else bn2, "num_stages": stages, "num_warps": warps}
+            fm.stage_config = patched
+            try:
+                us = time_graph([lambda i=i: fm.fused_moe(xs[i], w13, w2, routes[i][0], routes[i][1], fmt=fmt,
+                                                          w13_scale=s13, w2_scale=s2) for i in range(4)])
+                floor, _, _ = roofline_us(shape, fmt, 1, unique)
+                out_rows.append({"fmt": fmt, "bn1": bn1, "bn2": bn2, "stages": stages, "warps": warps,
+                                 "median_us": round(us, 2), "pct_roofline": round(100 * floor / us, 1),
+                                 "device": device_name})
+                print(f"[sweep] {fmt} bn1={bn1} bn2={bn2} stages={stages} warps={warps}: {us:8.1f}us "
+                      f"{100 * floor / us:5.1f}%", flush=True)
+            except Exception as exc:
+                print(f"[sweep] {fmt} {bn1, bn2, stages, warps}: {type(exc).__name__}: {exc}", flush=True)
+            finally:
+                fm.stage_config = original
+        del w13, s13, w2, s2
+        torch.cuda.empty_cache()
+
+
+def merge_results(paths: list[Path], out: Path) -> None:
+    """One results file from several runs: a row of a later file replaces the same (shape, M, fmt, provider)."""
+    merged: dict[tuple, dict] = {}
+    runs = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        runs.append({k: v for k, v in data.items() if k not in ("rows", "crossover")} | {"file": path.name})
+        for row in data["rows"]:
+            merged[(row["shape"], row["M"], row["fmt"], row["provider"])] = row | {"run": path.name}
+    rows = list(merged.values())
+    result = {"device": runs[-1]["device"], "runs": runs, "ceilings": runs[-1]["ceilings"],
+              "shapes": runs[-1]["shapes"], "crossover": crossover(rows), "rows": rows}
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}: {len(rows)} rows from {len(paths)} runs")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, help="folder for moe_results.json and pytest.log")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--formats", default=",".join(FORMATS), help="formats of zoe's kernel to time")
+    ap.add_argument("--providers", default=",".join(PROVIDERS), help=f"subset of {','.join(PROVIDERS)}")
+    ap.add_argument("--merge", type=Path, nargs="+", help="merge results files (later ones win) into --out")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new points after this long")
+    ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--sweep", default="", help="formats whose M=1 block sizes to sweep first (e.g. fp8,w4a16)")
+    ap.add_argument("--crossover", type=Path, help="merge a results file into kernels/moe/crossover.json")
+    args = ap.parse_args()
+    if args.crossover:
+        merge_crossover(args.crossover.resolve())
+        return
+    if args.merge:
+        merge_results(args.merge, args.out)
+        return
+    if args.out is None:
+        ap.error("--out is required")
+    t_start = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
+    _import_zoe_kernels()
+    import torch
+    import triton
+
+    if not torch.cuda.is_available():
+        sys.exit("moe_bench.py needs a CUDA or ROCm GPU")
+    from zoe_kernels.platform import device_name
+
+    dev = device_name("cuda")
+    tests = {"skipped": True} if args.skip_tests else run_tests(args.out)
+    shapes = [s for s in args.shapes.split(",") if s]
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        sys.exit(f"unknown shapes {unknown}; known: {list(SHAPES)}")
+    ms = [int(m) for m in args.ms.split(",")]
+    rows: list[dict] = []
+    meta = {"command": "python3 " + " ".join(sys.argv), "device": dev, "torch": torch.__version__,
+            "triton": triton.__version__, "python": platform.python_version(),
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "tests": tests,
+            "ceilings": {"read_bw_Bps": READ_BW, "peak_flops": PEAK_FLOPS}, "shapes": {s: SHAPES[s] for s in shapes}}
+    deadline = t_start + args.budget_s
+    if args.sweep:
+        meta["sweep_m1"] = []
+        sweep_m1(meta["sweep_m1"], args.sweep.split(","), dev)
+    for name in shapes:
+        bench_shape(name, SHAPES[name], ms, deadline, dev, rows, args.formats.split(","),
+                    set(args.providers.split(",")))
+        (args.out / "moe_results.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    meta["crossover"] = crossover(rows)
+    (args.out / "moe_results.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    print(json.dumps({f: e["zoe_max_m"] for f, e in meta["crossover"].items()}))
+    print(f"[done] {time.time() - t_start:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""Fused MoE kernels against float32 references: on the CPU under TRITON_INTERPRET=1, and on a GPU when
+one is present (the same tests; the GPU adds bf16 and the production block sizes at larger shapes)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import zlib
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit import
+
+from zoe_kernels.dispatch import CROSSOVER_PATH, load_crossover_table, moe_impl_for  # noqa: E402
+from zoe_kernels.moe import FORMATS, fallback_moe, fused_moe, quantize_weights  # noqa: E402
+from zoe_kernels.moe.act_quant import quantize_act_fp8  # noqa: E402
+from zoe_kernels.moe.align import moe_align  # noqa: E402
+from zoe_kernels.moe.formats import (  # noqa: E402
+    dequantize_act_fp8,
+    dequantize_weights,
+    quantize_act_fp8_torch,
+)
+from zoe_kernels.moe.reference import fused_moe_reference  # noqa: E402
+from zoe_kernels.platform import has_native_mx  # noqa: E402
+
+pytestmark = pytest.mark.kernels
+DEVICE = "cuda" if ON_GPU else "cpu"
+# The CPU interpreter computes bf16 wrongly (ENVIRONMENT.md): test fp16/fp32 there, bf16/fp16 on a GPU.
+DTYPES = [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16, torch.float32]
+# ||out - ref|| / ||ref|| by activation dtype; fp32 on a GPU runs tl.dot in tf32.
+TOL = {torch.float32: 5e-3 if ON_GPU else 1e-4, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
+
+
+def _tol(fmt: str, dtype: torch.dtype) -> float:
+    if fmt == "mxfp4" and dtype == torch.float32:
+        dtype = torch.float16  # tl.dot_scaled takes 16-bit activations
+    tol = TOL[dtype]
+    # fp8: a one-ulp flip when re-quantizing the intermediate moves a product by 1/16 of an element.
+    return max(tol, 2e-2) if fmt == "fp8" and dtype == torch.bfloat16 else tol
+
+
+def _routing(m: int, e: int, k: int, *, experts: int | None = None, gen: torch.Generator):
+    """Random top-k routing over the first `experts` of e experts (the rest stay empty)."""
+    pool = experts or e
+    scores = torch.rand((m, pool), generator=gen)
+    weights, ids = torch.topk(scores.softmax(-1), k)
+    return weights.float().to(DEVICE), ids.int().to(DEVICE)
+
+
+def _problem(m, h, i, e, k, fmt, dtype, *, seed, experts=None):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn((m, h), generator=gen).to(DEVICE, dtype)
+    w13 = (torch.randn((e, 2 * i, h), generator=gen) / math.sqrt(h)).to(DEVICE)
+    w2 = (torch.randn((e, h, i), generator=gen) / math.sqrt(i)).to(DEVICE)
+    w13q, s13 = quantize_weights(w13, fmt, dtype)
+    w2q, s2 = quantize_weights(w2, fmt, dtype)
+    tw, ti = _routing(m, e, k, experts=experts, gen=gen)
+    return x, w13q, w2q, tw, ti, {"fmt": fmt, "w13_scale": s13, "w2_scale": s2}
+
+
+def _nan_alloc(shape, dtype, device):
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+# (M, H, I, E, top_k, experts receiving tokens): odd M, H and I off every tile size, empty experts, top-1.
+CASES = [
+    pytest.param(1, 200, 96, 8, 2, None, id="M1"),
+    pytest.param(3, 256, 160, 24, 1, None, id="M3-top1-zaya"),
+    pytest.param(17, 136, 80, 16, 4, 6, id="M17-empty-experts"),
+]
+
+
+# fp8 runs in two modes: w8a16 (weights upcast; activations kept) and w8a8 (activations quantized too).
+FORMAT_MODES = ["bf16", "fp8-w8a16", "fp8-w8a8", "w4a16", "mxfp4"]
+
+
+def _mode(mode: str) -> tuple[str, dict]:
+    fmt, _, variant = mode.partition("-")
+    return fmt, ({"fp8_act_quant": variant == "w8a8"} if fmt == "fp8" else {})
+
+
+@pytest.mark.parametrize("mode", FORMAT_MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,h,i,e,k,experts", CASES)
+def test_fused_moe_matches_reference(mode, dtype, m, h, i, e, k, experts):
+    fmt, fp8 = _mode(mode)
+    if fmt in ("bf16", "fp8") and dtype == torch.float32 and m == 17:
+        pytest.skip("covered by the fp16 case; keeps the interpreter run short")
+    x, w13, w2, tw, ti, kw = _problem(m, h, i, e, k, fmt, dtype, seed=zlib.crc32(f"{mode}{m}{dtype}".encode()),
+                                      experts=experts)
+    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, **fp8, **kw)
+    ref = fused_moe_reference(x, w13, w2, tw, ti, **fp8, **kw)
+    assert out.shape == (m, h) and out.dtype == dtype
+    assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
+    assert _rel_err(out, ref) < _tol(fmt, dtype)
+
+
+@pytest.mark.skipif(ON_GPU and not has_native_mx(), reason="Hopper emulates tl.dot_scaled; zoe does not use it there")
+def test_mxfp4_native_scaled_dot_path(monkeypatch):
+    """The `tl.dot_scaled` path that gfx950 takes, forced on where the interpreter runs it."""
+    monkeypatch.setattr(sys.modules["zoe_kernels.moe.fused_moe"], "mx_native", lambda: True)
+    dtype = torch.float16
+    x, w13, w2, tw, ti, kw = _problem(3, 256, 128, 8, 2, "mxfp4", dtype, seed=21)
+    out = fused_moe(x, w13, w2, tw, ti, **kw)
+    assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol("mxfp4", dtype)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_invalid_expert_ids_contribute_nothing(fmt):
+    """Ids outside [0, E) (experts on another rank) are dropped, for top-k and top-1."""
+    dtype = DTYPES[0]
+    for k in (3, 1):
+        x, w13, w2, tw, ti, kw = _problem(5, 128, 64, 4, k, fmt, dtype, seed=7 + k)
+        ti[1, 0] = -1
+        ti[3, -1] = 4
+        out = fused_moe(x, w13, w2, tw, ti, fp8_act_quant=True, **kw)
+        ref = fused_moe_reference(x, w13, w2, tw, ti, fp8_act_quant=True, **kw)
+        assert _rel_err(out, ref) < _tol(fmt, dtype)
+        if k == 1:
+            assert (out[1] == 0).all() and (out[3] == 0).all()
+
+
+@pytest.mark.parametrize("m,e,k,block_m", [(1, 256, 8, 16), (17, 24, 1, 16), (300, 256, 8, 64), (64, 5, 3, 32)])
+def test_align_buckets_every_edge_once(m, e, k, block_m):
+    gen = torch.Generator().manual_seed(m * 1000 + e)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(m)]).int()
+    ids[0, 0] = -1  # dropped
+    sorted_ids, block_expert, num_padded = (t.cpu() for t in moe_align(ids.to(DEVICE), e, block_m))
+    flat = ids.flatten().long()
+    valid = flat >= 0
+    counts = torch.bincount(flat[valid], minlength=e)
+    total = int(num_padded)
+    assert total == int(((counts + block_m - 1) // block_m * block_m).sum())
+    used = sorted_ids[:total]
+    real = used[used < flat.numel()].long()
+    assert sorted(real.tolist()) == valid.nonzero().squeeze(1).tolist()
+    assert (used[used >= flat.numel()] == flat.numel()).all()  # padding holds the sentinel
+    for b in range(total // block_m):
+        tile = sorted_ids[b * block_m : (b + 1) * block_m].long()
+        tile = tile[tile < flat.numel()]
+        assert len(tile) > 0, "a tile without edges: empty experts must get no tile"
+        assert (flat[tile] == block_expert[b]).all()
+        assert (tile.diff() > 0).all(), "edges of one expert must stay in token order"
+    assert (block_expert[total // block_m :] == -1).all()
+
+
+def test_zero_tokens_and_bad_arguments():
+    x, w13, w2, tw, ti, kw = _problem(2, 64, 32, 4, 2, "fp8", DTYPES[0], seed=1)
+    assert fused_moe(x[:0], w13, w2, tw[:0], ti[:0], **kw).shape == (0, 64)
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        fused_moe(x, w13, w2, tw, ti, fmt="int3")
+    with pytest.raises(ValueError, match="w13_scale"):
+        fused_moe(x, w13, w2, tw, ti, fmt="fp8", w13_scale=kw["w13_scale"][:, :1, :0], w2_scale=kw["w2_scale"])
+    with pytest.raises(ValueError, match="topk_ids"):
+        fused_moe(x, w13, w2, tw, ti[:1], **kw)
+    with pytest.raises(ValueError, match="hidden size"):
+        fused_moe(x[:, :32], w13, w2, tw, ti, **kw)
+    w13b, _ = quantize_weights(w13.float(), "bf16", torch.float16)
+    with pytest.raises(ValueError, match="activation dtype"):
+        fused_moe(x.float(), w13b, w13b[:, :64, :32].contiguous(), tw, ti)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_formats_round_trip(fmt):
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn((2, 160, 200), generator=gen) * 0.1
+    q, s = quantize_weights(w, fmt, torch.float16)
+    back = dequantize_weights(q, s, fmt, 200)
+    bound = {"bf16": 1e-3, "fp8": 4e-2, "w4a16": 0.15, "mxfp4": 0.2}[fmt]
+    assert back.shape == w.shape and _rel_err(back, w) < bound
+    if fmt != "bf16":  # quantizing the dequantized weights again changes nothing
+        q2, s2 = quantize_weights(back, fmt, torch.float16)
+        assert torch.equal(dequantize_weights(q2, s2, fmt, 200), back)
+
+
+def test_act_quant_matches_torch():
+    x = torch.randn((7, 300), generator=torch.Generator().manual_seed(5)).to(DEVICE, DTYPES[0])
+    q, s = quantize_act_fp8(x)
+    qt, st = quantize_act_fp8_torch(x)
+    assert torch.allclose(s, st, rtol=1e-6)
+    assert _rel_err(dequantize_act_fp8(q, s), dequantize_act_fp8(qt, st).float()) < 1e-2
+    assert _rel_err(dequantize_act_fp8(q, s), x.float()) < 5e-2
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fallback_matches_reference(fmt):
+    dtype = DTYPES[0]
+    x, w13, w2, tw, ti, kw = _problem(9, 128, 64, 6, 2, fmt, dtype, seed=11)
+    out = fallback_moe(x, w13, w2, tw, ti, **kw)
+    ref = fused_moe_reference(x, w13, w2, tw, ti, emulate_kernel_rounding=False, **kw)
+    assert out.dtype == dtype and _rel_err(out, ref) < max(_tol("bf16", dtype), 1e-2)
+
+
+def test_dispatch_reads_the_measured_table(tmp_path):
+    table = load_crossover_table()
+    assert set(table["devices"]["default"]) == set(FORMATS)
+    assert moe_impl_for(1, "fp8", "an unmeasured device") == "zoe"
+    custom = {"devices": {"default": {"bf16": {"zoe_max_m": 8}}, "Dev": {"bf16": {"zoe_max_m": 64}}}}
+    assert moe_impl_for(64, "bf16", "Dev", custom) == "zoe"
+    assert moe_impl_for(65, "bf16", "Dev", custom) == "fallback"
+    assert moe_impl_for(9, "bf16", "Other", custom) == "fallback"
+    assert moe_impl_for(10**6, "mxfp4", "Other", custom) == "zoe"  # no entry: zoe everywhere
+    with pytest.raises(ValueError, match="fmt"):
+        moe_impl_for(1, "fp16", "Dev")
+    bad = tmp_path / "crossover.json"
+    bad.write_text(json.dumps({"devices": {"default": {"bf16": {"zoe_max_m": -1}}}}))
+    with pytest.raises(ValueError, match="zoe_max_m"):
+        load_crossover_table(bad)
+    assert CROSSOVER_PATH.exists()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="production block sizes need a GPU")
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m", [1, 64, 333, 2048])
+def test_gpu_production_tiles(fmt, m):
+    """Every block-size regime of `config.py` (BLOCK_M 16..128, BLOCK_N cut for parallelism) in bf16,
+    with fp8 in the mode the kernel picks by itself."""
+    from zoe_kernels.moe.config import block_m_for, fp8_act_quant_for
+
+    x, w13, w2, tw, ti, kw = _problem(m, 1024, 384, 32, 8, fmt, torch.bfloat16, seed=m)
+    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, **kw)
+    act_quant = fp8_act_quant_for(block_m_for(m, 8, 32))
+    ref = fused_moe_reference(x, w13, w2, tw, ti, fp8_act_quant=act_quant, **kw)
+    assert torch.isfinite(out).all()
+    assert _rel_err(out, ref) < _tol(fmt, torch.bfloat16)
