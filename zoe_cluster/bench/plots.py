@@ -24,6 +24,12 @@ def _mean_std(summary: dict | None) -> tuple[float, float]:
     return float(summary["mean"]), float(summary.get("std") or 0.0)
 
 
+def _log_y_if_positive(ax, values) -> None:
+    """Log y axis when there is data to put on it (a sweep where every request failed has none)."""
+    if any(v == v and v > 0 for v in values):
+        ax.set_yscale("log")
+
+
 def _finish(fig, path: str | Path, title: str) -> Path:
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
@@ -47,7 +53,7 @@ def plot_prefill(report: BenchReport, path: str | Path) -> Path:
         ax.errorbar(xs, [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3, color=COLORS[i % 6],
                     label=label)  # fmt: skip
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    _log_y_if_positive(ax, [_mean_std(r["ttft_s"])[0] for r in report.rows])
     ax.set_xticks(lengths, [format_tokens(n) for n in lengths])
     ax.set_xlabel("input length (tokens)")
     ax.set_ylabel("TTFT (s)")
@@ -136,5 +142,6 @@ def plot_comparison(a: BenchReport, b: BenchReport, cells: list[dict], path: str
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
         if not rows[0]["higher_is_better"] and len(rows) > 1:
-            ax.set_yscale("log")  # latencies span decades across input lengths, as in the seed's Fig. 14
+            # latencies span decades across input lengths, as in the seed's Fig. 14
+            _log_y_if_positive(ax, [c["a_mean"] for c in rows] + [c["b_mean"] for c in rows])
     return _finish(fig, path, f"{b.label} vs {a.label} ({a.kind}); labels are B/A")
