@@ -313,3 +313,22 @@ def test_simulated_replicas_need_no_gpu_nodes():
     rc, group, _ = _worker(docs(VALUES["sim-minimal"]))
     assert group["replicas"] == 0
     assert _deploy_args(docs(VALUES["sim-minimal"]))[_deploy_args(docs(VALUES["sim-minimal"])).index("--engine") + 1] == "sim"
+
+
+def test_kubernetes_validate_cli_accepts_the_core_manifests(tmp_path):
+    """The same check as the library calls above, through the command users run (`kubernetes-validate`)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = shutil.which("kubernetes-validate") or str(Path(sys.executable).parent / "kubernetes-validate")
+    core = [o for o in docs(VALUES["production"], api_versions=(MONITORING,)) if o["kind"] not in CRD_OBJECTS | {"PrometheusRule": 0}]
+    f = tmp_path / "zoe.yaml"
+    f.write_text(yaml.safe_dump_all(core))
+    out = subprocess.run([exe, "--strict", "-k", "1.33.0", "--quiet", str(f)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    next(o for o in core if o["kind"] == "Job")["spec"]["unknownField"] = 1  # and it rejects what Kubernetes would
+    f.write_text(yaml.safe_dump_all(core))
+    out = subprocess.run([exe, "--strict", "-k", "1.33.0", "--quiet", str(f)], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "unknownField" in out.stdout + out.stderr
