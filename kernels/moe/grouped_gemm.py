@@ -92,8 +92,8 @@ def _dot_w(acc, a, a2, w_base, ws_base, wrows, wrow_mask, k0, K,
                      mask=kmask, other=127)
         scale = ((sb.to(tl.int32) + 14) << 23).to(tl.float32, bitcast=True)
         p16 = p.to(tl.uint16)
-        lo = (((p16 & 0x7) << 9) | ((p16 & 0x8) << 12)).to(tl.float16, bitcast=True)
-        hi = (((p16 & 0x70) << 5) | ((p16 & 0x80) << 8)).to(tl.float16, bitcast=True)
+        lo = (((p16 & 0x7) << 9) | ((p16 & 0x8) << 12)).to(tl.uint16).to(tl.float16, bitcast=True)
+        hi = (((p16 & 0x70) << 5) | ((p16 & 0x80) << 8)).to(tl.uint16).to(tl.float16, bitcast=True)
         acc = tl.dot(a, (lo.to(tl.float32) * scale).to(a.dtype), acc)
         acc = tl.dot(a2, (hi.to(tl.float32) * scale).to(a.dtype), acc)
     return acc
