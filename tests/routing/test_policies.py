@@ -84,7 +84,7 @@ def test_prefix_weighs_saved_tokens_against_queued_prefill():
     r.prefill_done(first)  # decoding there now: a 4-block hit saves 2048 of 2560 tokens
     second = ctx("b", [0, 1, 2, 3, 9])
     assert p.select(second, reps).replica_id == d.replica_id
-    r.queued_prefill_tokens += 4096  # but with more prefill queued there than the hit saves, go elsewhere
+    r.queued_prefill_tokens += 8192  # but with more prefill queued there than the hit saves, go elsewhere
     d2 = p.select(second, reps)
     assert d2.replica_id != d.replica_id and d2.reason == "load_balance"
 
