@@ -182,6 +182,7 @@ class KernelReporter:
         with self._lock:
             self._dirty = False
             self.report.updated_at = time.time()
+            self.report.process = _process_name()  # engines retitle their processes after start-up
             text = json.dumps(asdict(self.report), indent=1, sort_keys=True)
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)

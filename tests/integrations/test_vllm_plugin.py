@@ -6,6 +6,7 @@ import json
 import math
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -95,8 +96,6 @@ def test_served_moe_model_runs_zoe_below_the_crossover_and_matches_vllm(vllm_pyt
         _complete(zoe.url, LONG_PROMPT, max_tokens=1)  # prefill M > 256: vLLM's own MoE (dispatch by M)
         live = summarize(read_reports(reports, live_only=True))
         metrics = httpx.get(zoe.url + "/metrics").text
-        import time
-
         time.sleep(2.5)  # the report flusher's interval is 1 s
         procs = read_reports(reports, live_only=True)
 
@@ -112,10 +111,13 @@ def test_served_moe_model_runs_zoe_below_the_crossover_and_matches_vllm(vllm_pyt
     assert 'zoe_kernel_calls_total{kernel="fused_moe",path="zoe"}' in metrics
 
     # same model, same greedy requests: zoe's MoE (float32) against vLLM's CPU MoE (bf16)
+    diffs = []
     for a, b in zip(plain, patched):
         la, lb = _prompt_logprobs(a), _prompt_logprobs(b)
         assert len(la) == len(lb) > 0
-        assert max(abs(x - y) for x, y in zip(la, lb)) < 0.05, (la, lb)
         assert all(math.isfinite(x) for x in lb)
+        diffs.append(max(abs(x - y) for x, y in zip(la, lb)))
+    print(f"prompt logprobs, zoe vs vLLM's MoE: max |diff| {max(diffs):.4f} nats; calls {calls}")
+    assert max(diffs) < 0.05, diffs
     same = sum(a["text"] == b["text"] for a, b in zip(plain, patched))
     assert same >= len(PROMPTS) - 1, [(a["text"], b["text"]) for a, b in zip(plain, patched)]
