@@ -140,8 +140,7 @@ def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int) -> P
         rows.append((chunks, y, w))
     y = np.array([r[1] for r in rows])
     w = np.array([r[2] for r in rows])
-    best = None
-    for floor in np.linspace(0.0, 0.25, 126):
+    def fit_at(floor: float) -> tuple[float, PrefillFit]:
         q = 4e-5
         for _ in range(8):  # which chunks sit on the floor depends on q: iterate to a fixed point
             a = np.zeros((len(rows), 4))
@@ -156,15 +155,18 @@ def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int) -> P
                     a[i, 2] += s1
                     a[i, 3] += s2
             x = nnls(a * w[:, None], (y - const) * w)
-            if abs(x[1] - q) <= 1e-3 * max(q, 1e-12):
-                q = x[1]
-                break
+            done = abs(x[1] - q) <= 1e-3 * max(q, 1e-12)
             q = x[1]
+            if done:
+                break
         fit = PrefillFit(float(x[0]), float(floor), float(x[1]), float(x[2]), float(x[3]))
         pred = np.array([_lone_ttft_fit(fit, r[0]) for r in rows])
-        score = float(np.sum(((pred - y) * w) ** 2))
-        if best is None or score < best[0]:
-            best = (score, fit)
+        return float(np.sum(((pred - y) * w) ** 2)), fit
+
+    # coarse grid over the floor, then a fine one around the best
+    best = min((fit_at(f) for f in np.linspace(0.0, 0.25, 26)), key=lambda t: t[0])
+    lo = max(0.0, best[1].floor_s - 0.01)
+    best = min([best, *(fit_at(f) for f in np.linspace(lo, lo + 0.02, 21))], key=lambda t: t[0])
     assert best is not None
     return best[1]
 
