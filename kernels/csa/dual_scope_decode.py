@@ -9,7 +9,8 @@ by all heads (MQA, as in MLA's latent cache).
 
 With an attention sink (per-head logit `sink[h]`), the softmax denominator gains exp(sink[h]) and the
 sink contributes no value. Keys may be FP8 e4m3 with a float32 scale per entry (dequantized on load:
-K_e = k_fp8[e] * k_scale[e]); values likewise (v_scale), or bf16/fp16/fp32.
+K_e = k_fp8[e] * k_scale[e], applied as a per-entry factor on the scores, since q . (c k) = c (q . k));
+values likewise (v_scale, applied to the probabilities), or bf16/fp16/fp32.
 
 Index convention: comp_idx [B, k] int32 holds positions in the request's compressed-entry sequence
 (0-based, -1 padding): exactly what `zoe_kernels.csa.topk` returns. The window is passed as the last
@@ -77,20 +78,23 @@ def _dual_scope_partial_kernel(
             v_rows = comp_v_ptr + b.to(tl.int64) * stride_cvb + row * stride_cvn
             ks_rows = comp_ks_ptr + b.to(tl.int64) * stride_cksb + row
             vs_rows = comp_vs_ptr + b.to(tl.int64) * stride_cvsb + row
-        kt = tl.load(k_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        # fp8 rows convert straight to the dot dtype; the per-entry scales multiply the scores (keys) and
+        # the probabilities (values) instead of whole tiles, which keeps [BKV, D] fp32 tiles out of registers
+        kt = tl.load(k_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0).to(DOT_DTYPE)
+        vt = tl.load(v_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0).to(DOT_DTYPE)
+        s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * qk_scale_log2  # [BH, BKV], log2 units
         if K_SCALED:
-            kt = kt * tl.load(ks_rows, mask=ok, other=0.0)[:, None]
-        vt = tl.load(v_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-        if V_SCALED:
-            vt = vt * tl.load(vs_rows, mask=ok, other=0.0)[:, None]
-        s = tl.dot(q, tl.trans(kt.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale_log2  # [BH, BKV], log2 units
+            s = s * tl.load(ks_rows, mask=ok, other=0.0)[None, :]
         s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vt.to(DOT_DTYPE), input_precision=PRECISION)
+        pv = p
+        if V_SCALED:
+            pv = p * tl.load(vs_rows, mask=ok, other=0.0)[None, :]
+        acc = acc * alpha[:, None] + tl.dot(pv.to(DOT_DTYPE), vt, input_precision=PRECISION)
         m_i = m_new
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

@@ -35,13 +35,18 @@ def _inputs(m, h, n, ranges, gen, d=128):
     return tensors, [t.to(DEVICE) for t in tensors]
 
 
+# Hopper's fp8 tensor cores accumulate with fewer mantissa bits than fp32 (the DeepSeek-V3 report notes
+# about 14), so on the GPU the logits land near 1e-4 relative error; the interpreter's fp8 dot is exact.
+LOGITS_TOL = 1e-3 if ON_GPU else 1e-5
+
+
 def _assert_logits_close(out, ref):
     out = out.cpu().double()
     finite = torch.isfinite(ref)
     assert torch.equal(torch.isfinite(out), finite), "the -inf mask differs from [ks, ke)"
     assert (out[~finite] == float("-inf")).all()
     err = (out[finite] - ref[finite]).norm() / ref[finite].norm().clamp_min(1e-30)
-    assert err < 1e-5, f"relative error {err:.2e}"
+    assert err < LOGITS_TOL, f"relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("h,m,n,ranges,block_m", [(32, 37, 300, "ragged", None), (64, 45, 400, "causal", None),
