@@ -3,8 +3,12 @@
 In Kubernetes the router runs as a Deployment of two or more pods (helm/zoe), while the controller (the
 single writer of membership) runs as a Ray actor in the RayCluster. The controller therefore finds the router
 pods through the API (label selector from $ZOE_K8S_ROUTER_SELECTOR, set by the chart) and pushes the same
-versioned membership to PUT /admin/membership on each pod (the router's own port; admin key). A pod that starts later gets the last membership on the next
-`publish`/`resync`; a pod that already has a newer version answers 409 (stale), which is not an error.
+versioned membership to PUT /admin/membership on each pod (the router's own port; admin key). A pod that
+starts later gets the last membership on the next `publish`/`resync`.
+
+Router pods outlive the controller actor: a controller that Ray restarts counts its membership versions from 0
+again, and the routers would refuse its pushes as stale (409). The fanout therefore sends `base + version`, and
+when a router answers 409 it reads that router's version and raises `base` above it, then pushes again.
 """
 
 from __future__ import annotations
@@ -90,10 +94,9 @@ class RouterDiscovery:
 
 @dataclass
 class PushResult:
-    """What one publish did: pods that took the membership, were already newer, or failed (with the reason)."""
+    """What one publish did: pods that took the membership, and pods that failed (with the reason)."""
 
     applied: list[str] = field(default_factory=list)
-    stale: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
 
 
@@ -101,7 +104,7 @@ class MembershipFanout:
     """Pushes the controller's membership to every router pod that discovery finds.
 
     `find` returns the current endpoints (e.g. `lambda: discovery.endpoints(core)`); `http` is an
-    `httpx.Client`. Keeps the last membership so `resync()` brings new router pods up to date.
+    `httpx.Client`. Keeps the last membership so `resync()` brings new or restarted router pods up to date.
     """
 
     def __init__(self, find: Callable[[], list[RouterEndpoint]], admin_token: str | None, http: Any):
@@ -109,7 +112,8 @@ class MembershipFanout:
         self._headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self._http = http
         self._last: Membership | None = None
-        self._acked: dict[str, int] = {}  # pod incarnation -> version it acknowledged
+        self._acked: dict[str, int] = {}  # pod incarnation -> controller version it holds
+        self.base = 0  # added to the controller's versions (see the module docstring)
 
     def publish(self, membership: Membership) -> PushResult:
         """Push `membership` to every ready router pod."""
@@ -117,30 +121,38 @@ class MembershipFanout:
         return self._push(membership, only_behind=False)
 
     def resync(self) -> PushResult:
-        """Push the last membership to router pods that have not acknowledged it (new or restarted pods)."""
+        """Push the last membership to router pods that do not hold it yet (new or restarted pods)."""
         if self._last is None:
             return PushResult()
         return self._push(self._last, only_behind=True)
+
+    def _put(self, e: RouterEndpoint, m: Membership) -> Any:
+        body = m.model_dump(mode="json") | {"version": self.base + m.version}
+        return self._http.put(f"{e.url}/admin/membership", json=body, headers=self._headers, timeout=5.0)
+
+    def _rebase_above(self, e: RouterEndpoint, m: Membership) -> None:
+        r = self._http.get(f"{e.url}/admin/membership", headers=self._headers, timeout=5.0)
+        r.raise_for_status()
+        self.base = max(self.base, int(r.json()["version"]) - m.version + 1)
 
     def _push(self, m: Membership, only_behind: bool) -> PushResult:
         result = PushResult()
         endpoints = self._find()
         live = {e.incarnation for e in endpoints}
         self._acked = {k: v for k, v in self._acked.items() if k in live}
-        body = m.model_dump(mode="json")
         for e in endpoints:
             if only_behind and self._acked.get(e.incarnation, -1) >= m.version:
                 continue
             try:
-                r = self._http.put(f"{e.url}/admin/membership", json=body, headers=self._headers, timeout=5.0)
+                r = self._put(e, m)
+                if r.status_code == 409:  # the router holds a newer version than base + ours: move base above it
+                    self._rebase_above(e, m)
+                    r = self._put(e, m)
             except Exception as exc:  # one unreachable pod must not stop the others
                 result.failed[e.pod] = f"{type(exc).__name__}: {exc}"
                 continue
             if r.status_code == 200:
                 result.applied.append(e.pod)
-                self._acked[e.incarnation] = m.version
-            elif r.status_code == 409:
-                result.stale.append(e.pod)
                 self._acked[e.incarnation] = m.version
             else:
                 result.failed[e.pod] = f"HTTP {r.status_code}: {r.text[:200]}"
