@@ -9,6 +9,11 @@ from pathlib import Path
 
 import pytest
 
+# Before anything imports ray (it reads these at import): keep every Ray address on loopback, no token auth.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
 from zoe_cluster.cluster.spec import DeploymentSpec, HealthConfig, RouterConfig
 from zoe_cluster.recipes.loader import RecipeRegistry
 
@@ -26,15 +31,14 @@ FAST_HEALTH = HealthConfig(
 def ray_cluster():
     """A real local Ray with 16 GPUs declared; yields its GCS address. Shared by the tests of one module."""
     ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if ray.is_initialized():
         ray.shutdown()
     ray.init(address="local", num_gpus=16, num_cpus=4, include_dashboard=False, namespace="zoe",
              _node_ip_address="127.0.0.1", resources={f"accelerator_type:{MI355X}": 2}, log_to_driver=False,
              logging_level="ERROR")
-    yield ray.get_runtime_context().gcs_address
+    gcs = ray.get_runtime_context().gcs_address
+    assert gcs.startswith("127.0.0.1:"), f"Ray left loopback ({gcs}): was ray imported before the env was set?"
+    yield gcs
     ray.shutdown()
 
 

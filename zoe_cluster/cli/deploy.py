@@ -188,6 +188,7 @@ def register(app: typer.Typer) -> None:
         if chosen not in recipe.variants:
             fail(f"model {model} has no variant '{chosen}'; known: {', '.join(sorted(recipe.variants))}")
         engine = engine or recipe.variants[chosen].engine
+        engine_env = _parse_env(env)
         gcs = _connect(address, start_local=True, num_gpus=num_gpus)
         local = gcs.startswith("127.0.0.1:")
         try:
@@ -195,7 +196,7 @@ def register(app: typer.Typer) -> None:
                 name=name or recipe.name, recipe=recipe, variant=chosen,
                 replicas=1 if replicas is None else replicas, engine=engine, model_path=model_path,
                 max_model_len=max_model_len, launcher=shlex.split(launcher) if launcher else None,
-                engine_args=list(engine_arg), engine_env=_parse_env(env),
+                engine_args=list(engine_arg), engine_env=engine_env,
                 health=HealthConfig(load_timeout_s=load_timeout),
                 router=RouterConfig(host=host or ("127.0.0.1" if local else "0.0.0.0"), port=port, policy=policy),
             )
