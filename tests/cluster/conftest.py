@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,6 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 from zoe_cluster.cluster.spec import DeploymentSpec, HealthConfig, RouterConfig
 from zoe_cluster.recipes.loader import RecipeRegistry
 
-FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 MI355X = "AMD-Instinct-MI355X-OAM"
 
 # Fast reactions: tests kill and hang engines on purpose and wait for the controller to notice.
@@ -46,11 +44,14 @@ def glm():
     return RecipeRegistry.default().get("glm-5.3")
 
 
-def fake_spec(name: str, replicas: int = 2, router_port: int | None = None, **kw) -> DeploymentSpec:
-    """glm-5.3 on the real vLLM adapter, but the argv runs `fake_engine.py` (starts in a second)."""
+SIM_FAST_ENV = {"ZOE_SIM_TIME_SCALE": "0.01", "ZOE_SIM_STARTUP_S": "0.3"}
+
+
+def sim_spec(name: str, replicas: int = 2, router_port: int | None = None, **kw) -> DeploymentSpec:
+    """glm-5.3 on the simulated engine, 100x faster than the measured profile, ready in under a second."""
     return DeploymentSpec(
-        name=name, recipe=glm(), variant=kw.pop("variant", "fp8-tp8"), replicas=replicas, engine="vllm",
-        launcher=[sys.executable, str(FAKE_ENGINE)], health=kw.pop("health", FAST_HEALTH),
+        name=name, recipe=glm(), variant=kw.pop("variant", "fp8-tp8"), replicas=replicas, engine="sim",
+        engine_env=kw.pop("engine_env", SIM_FAST_ENV), health=kw.pop("health", FAST_HEALTH),
         router=RouterConfig(enabled=router_port is not None, host="127.0.0.1", port=router_port or 0,
                             policy="round_robin"),
         **kw,

@@ -1,7 +1,8 @@
 """The controller on a real local Ray: deploy, heal (crash, hang, lost actor), scale, swap, undeploy.
 
-Engines are `fake_engine.py` behind the real vLLM adapter (start in about a second) and traffic goes through the
-real router the controller starts, so these tests exercise placement, supervision and membership end to end.
+Engines are the simulated engine (`zoe sim serve`, 100x time scale, ready in under a second) and traffic goes
+through the real router the controller starts, so these tests exercise placement, supervision and membership end
+to end.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from tests.cluster.conftest import fake_spec, group_members, pid_alive, wait_for
+from tests.cluster.conftest import sim_spec, group_members, pid_alive, wait_for
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -28,7 +29,7 @@ def deployment(ray_cluster):
     from zoe_cluster.cluster.client import create_deployment, remove_deployment
 
     port = free_port()
-    handle = create_deployment(fake_spec("heal", replicas=2, router_port=port), ray_cluster)
+    handle = create_deployment(sim_spec("heal", replicas=2, router_port=port), ray_cluster)
     st = ray.get(handle.wait_ready.remote(60))
     assert st["replicas_ready"] == 2, st
     yield handle, f"http://127.0.0.1:{port}"
@@ -86,12 +87,17 @@ def test_replicas_get_disjoint_gpus_and_serve_through_router(deployment):
 
     m = ray.get(handle.membership_view.remote())
     assert sorted(r["id"] for r in m["replicas"]) == ["heal/0/1", "heal/1/1"]
-    pids = set()
     for _ in range(6):
         r = httpx.post(url + "/v1/completions", json={"model": "glm-5.3", "prompt": "x", "max_tokens": 1}, timeout=10)
         assert r.status_code == 200, r.text
-        pids.add(r.json()["choices"][0]["text"])
-    assert len(pids) == 2  # round robin reached both replicas
+    served = [generated_tokens(rep["url"]) for rep in st["replicas"]]
+    assert all(n > 0 for n in served), served  # round robin reached both replicas
+
+
+def generated_tokens(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))
 
 
 def test_engine_crash_restarts_while_traffic_continues(deployment):
