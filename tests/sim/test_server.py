@@ -131,6 +131,10 @@ def test_hang_fault_set_at_run_time():
         with pytest.raises(httpx.TimeoutException):
             httpx.get(url + "/health", timeout=1.0)
         assert httpx.post(url + "/sim/faults", json={"slowdown": -1}).status_code == 400
+        assert httpx.post(url + "/sim/faults", json={"hang_after": None}).status_code == 200
+        assert httpx.get(url + "/health", timeout=5).status_code == 200
+        r = httpx.post(url + "/v1/completions", json={"model": "glm-5.3", "prompt": "abcd", "max_tokens": 2}, timeout=10)
+        assert r.status_code == 200
 
 
 def test_same_seed_same_text():

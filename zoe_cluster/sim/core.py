@@ -364,6 +364,8 @@ class EngineCore:
         c.busy_s += step.duration_s
         finished = False
         for req, _ in step.entries:
+            if req.aborted:
+                continue
             if self._spec:
                 tot = req.spec_credit + k * self.model.spec_accepted_tokens
                 emitted = int(tot)

@@ -5,7 +5,7 @@ Knobs (CLI flags of `zoe sim serve`, environment variables `ZOE_SIM_*` from the 
 
 - `crash_after`: the process exits (code 3) when request number N arrives: an engine crash.
 - `hang_after`: from request N on, the engine stops: no more steps, and /health, /metrics and new requests
-  never answer (a wedged GPU or a deadlock).
+  never answer (a wedged GPU or a deadlock); `POST /sim/faults {"hang_after": null}` heals it.
 - `error_after`: from request N on, completions answer HTTP 500 (an engine that lost its mind but still
   answers /health).
 - `error_rate`: each request fails with HTTP 500 with this probability (seeded: the same seed fails the same

@@ -102,6 +102,7 @@ class SimServer:
         self.clock = WallClock(config.time_scale)
         self._ready_at = self.startup_s
         self._wake = asyncio.Event()
+        self._healed = asyncio.Event()
         self._engine_t = 0.0
         self._latest_arrival = 0.0
         self._numbers = 0
@@ -125,6 +126,7 @@ class SimServer:
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self.clock = WallClock(self.config.time_scale)
         self._wake = asyncio.Event()
+        self._healed = asyncio.Event()
         self._task = asyncio.create_task(self._loop())
         try:
             yield
@@ -139,7 +141,8 @@ class SimServer:
         core, clock, metrics = self.core, self.clock, self.metrics
         while True:
             if self.faults.hung:
-                await asyncio.Event().wait()
+                await self._healed.wait()
+                continue
             if not core.has_work:
                 self._wake.clear()
                 await self._wake.wait()
@@ -212,7 +215,7 @@ class SimServer:
 
     async def _start(self, prompt_tokens: int, hashes: tuple[int, ...], max_tokens: int) -> SimRequest:
         if self.faults.hung:
-            await asyncio.Event().wait()
+            await self._healed.wait()
         if prompt_tokens <= 0:
             raise _HttpError(400, "the prompt is empty")
         self._numbers += 1
@@ -350,14 +353,14 @@ class SimServer:
 
     async def _health(self, request: Request) -> Response:
         if self.faults.hung:
-            await asyncio.Event().wait()
+            await self._healed.wait()
         if not self.ready:
             return Response("loading weights", status_code=503)
         return Response(status_code=200)
 
     async def _metrics(self, request: Request) -> Response:
         if self.faults.hung:
-            await asyncio.Event().wait()
+            await self._healed.wait()
         self.metrics.sync(self.core)
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -383,4 +386,9 @@ class SimServer:
         except (json.JSONDecodeError, ValueError, TypeError) as e:
             return _error(400, f"bad fault config: {e}", "BadRequestError")
         self.faults.config = cfg
+        if self.faults.hung and cfg.hang_after is None:  # healed: everything waiting goes on
+            self.faults.hung = False
+            self._healed.set()
+            self._healed = asyncio.Event()
+            self._wake.set()
         return JSONResponse(cfg.model_dump())
