@@ -174,6 +174,7 @@ def run_vllm(shape_name, fmt, m, dev, dtype, reporter, seed):
         out_patched = call(torch.full((m, h), float("nan"), device=dev, dtype=dtype))
     finally:
         uninstall(vllm_moe.GPU_EXPERTS + ".apply")
+        uninstall(vllm_moe.EXPERTS_BASE)
     return out_engine, out_patched
 
 

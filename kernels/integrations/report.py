@@ -39,6 +39,7 @@ FALLBACK_REASONS = {
     "unsupported": "the kernel has no integration for this engine or platform",
     "unknown_kernel": "ZOE_KERNELS names a kernel zoe does not have",
     "plugin_error": "the plugin itself raised while patching (a bug in zoe: see the engine log)",
+    "engine_backend": "the engine built its MoE with a backend zoe does not patch (vLLM: use --moe-backend triton)",
     "runtime_error": "zoe's kernel raised while serving; the process went back to the engine's path",
 }
 

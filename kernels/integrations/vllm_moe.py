@@ -163,10 +163,46 @@ def _keep_weights(original: Callable) -> Callable:
     return process_weights_after_loading
 
 
+EXPERTS_BASE = f"{_FUSED_MOE}.modular_kernel:FusedMoEExperts.__init__"
+EXPERTS_INIT_PARAMS = ("self", "moe_config", "quant_config", "max_num_tokens", "num_dispatchers")
+
+
+def _watch_experts(patched_class: str, reporter: KernelReporter) -> Callable[[Callable], Callable]:
+    """Wraps every MoE experts object's construction: when vLLM builds experts of another class than the
+    one zoe patched (DeepGEMM, FlashInfer, CUTLASS or AITER chosen by vLLM's MoE oracle), zoe's kernel
+    would never run, so that is recorded as a loud fallback instead of a silent no-op."""
+    from zoe_kernels.integrations.patching import resolve
+
+    seen: set[str] = set()
+
+    def wrap(original: Callable) -> Callable:
+        def __init__(self, moe_config, quant_config, max_num_tokens=None, num_dispatchers=None):
+            original(self, moe_config, quant_config, max_num_tokens, num_dispatchers)
+            name = type(self).__name__
+            if name in seen:
+                return
+            seen.add(name)
+            owner = resolve(patched_class + ".apply")[0]
+            if not isinstance(self, owner):
+                reporter.fallback(
+                    "fused_moe", f"{type(self).__module__}:{name}", "engine_backend",
+                    f"vLLM runs this MoE layer with {name}, not {owner.__name__}; "
+                    "on GPUs start vLLM with --moe-backend triton so zoe's dispatch is used",
+                )  # fmt: skip
+
+        return __init__
+
+    return wrap
+
+
 def fused_moe_specs(platform: str, reporter: KernelReporter) -> list[PatchSpec]:
     """The patches that route vLLM's MoE experts to zoe on `platform` ("cpu", "cuda" or "rocm")."""
+    cls = CPU_EXPERTS if platform == "cpu" else GPU_EXPERTS
+    watch = PatchSpec("fused_moe", EXPERTS_BASE, EXPERTS_INIT_PARAMS, VLLM_VERSIONS, _watch_experts(cls, reporter),
+                      impl=cpu_impl() if platform == "cpu" else "triton")  # fmt: skip
     if platform == "cpu":
         return [
+            watch,
             PatchSpec(
                 "fused_moe", f"{CPU_EXPERTS}.process_weights_after_loading", ("self", "layer"), VLLM_VERSIONS,
                 _keep_weights, impl=cpu_impl(),
@@ -177,8 +213,9 @@ def fused_moe_specs(platform: str, reporter: KernelReporter) -> list[PatchSpec]:
             ),
         ]  # fmt: skip
     return [
+        watch,
         PatchSpec(
             "fused_moe", f"{GPU_EXPERTS}.apply", EXPERTS_APPLY_PARAMS, VLLM_VERSIONS,
             make_apply_wrapper(reporter, on_cpu=False), impl="triton",
-        )
+        ),
     ]

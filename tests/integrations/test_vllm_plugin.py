@@ -22,29 +22,40 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.vllm
 
 
-def _probe(vllm_python: str, mode: str, report_dir: Path) -> tuple[dict, str]:
+def _probe_lines(vllm_python: str, mode: str, report_dir: Path) -> tuple[list[dict], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZOE_KERNELS")}
     proc = subprocess.run(
         [vllm_python, str(PROBE), mode, str(report_dir)], capture_output=True, text=True, timeout=180, env=env,
         cwd=REPO,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")], proc.stderr
+
+
+def _probe(vllm_python: str, mode: str, report_dir: Path) -> tuple[dict, str]:
+    lines, log = _probe_lines(vllm_python, mode, report_dir)
+    return lines[-1], log
 
 
 def test_plugin_patches_the_cpu_experts_of_the_installed_vllm(vllm_python, tmp_path):
-    out, log = _probe(vllm_python, "ok", tmp_path)
+    (out, later), log = _probe_lines(vllm_python, "other_backend", tmp_path)
     assert out["apply_patched"]
     (rep,) = out["reports"]
     assert rep["engine"] == "vllm" and rep["engine_version"].startswith("0.32")
     assert set(rep["patched"]) == {"fused_moe"}
     assert rep["patched"]["fused_moe"]["targets"] == [
+        "vllm.model_executor.layers.fused_moe.modular_kernel:FusedMoEExperts.__init__",
         "vllm.model_executor.layers.fused_moe.experts.cpu_moe:CPUUnquantizedExperts.process_weights_after_loading",
         "vllm.model_executor.layers.fused_moe.experts.cpu_moe:CPUUnquantizedExperts.apply",
     ]
     # vLLM runs no DSA indexer on the CPU: said so, not silently skipped
     assert [(f["kernel"], f["reason"]) for f in rep["fallbacks"]] == [("lightning_indexer", "unsupported")]
     assert "FALLBACK: lightning_indexer" in log
+    # then vLLM builds a MoE layer's experts with a class zoe did not patch (DeepGEMM, FlashInfer, ...)
+    (rep,) = later["reports"]
+    assert rep["patched"] == {}
+    assert rep["fallbacks"][-1]["reason"] == "engine_backend"
+    assert "FALLBACK: fused_moe" in log and "OtherExperts" in log
 
 
 @pytest.mark.parametrize("mode, reason", [("fake_version", "engine_version"), ("bad_signature", "signature")])
