@@ -165,6 +165,8 @@ def test_swap_replica_drains_then_starts_new_variant_on_same_gpus(deployment):
     assert traffic.codes and not traffic.errors, traffic.errors[:5]
     m = ray.get(handle.membership_view.remote())
     assert {r["variant"] for r in m["replicas"]} == {"fp8-tp8", "mxfp4-tp8"}
+    swapped = {f["index"]: f["last_swap_at"] for f in ray.get(handle.fleet.remote())}
+    assert swapped[1] is not None and swapped[0] is None
     with pytest.raises(ray.exceptions.RayTaskError, match="no variant"):
         ray.get(handle.swap_replica.remote(0, "nope"))
 
@@ -185,6 +187,17 @@ def test_scale_down_and_up(deployment):
     st = wait_for(lambda: (s := status(handle))["replicas_ready"] == 2 and s, 30, what="scale up to 2")
     assert len(live_pgs()) == 2
     assert st["replicas_desired"] == 2
+
+
+def test_fleet_view_for_the_switcher(deployment):
+    import ray
+
+    handle, url = deployment
+    fleet = ray.get(handle.fleet.remote())
+    assert [f["index"] for f in fleet] == [0, 1]
+    assert all(f["state"] == "ready" and f["replica_id"].startswith("heal/") for f in fleet)
+    counts = ray.get(handle.in_flight.remote())
+    assert set(counts) == {f["replica_id"] for f in fleet} and all(v >= 0 for v in counts.values())
 
 
 def test_undeploy_leaves_no_process_behind(deployment):

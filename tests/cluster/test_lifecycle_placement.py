@@ -57,10 +57,10 @@ def test_backoff_doubles_up_to_the_cap():
 
 
 def test_one_node_gang_packs_and_multi_node_gang_spreads():
-    one = GangShape.of(Parallelism(tp=8, nodes=1, gpus_per_node=8), "AMD-Instinct-MI355X-OAM")
+    one = GangShape.of(Parallelism(tp=8, nodes=1, gpus_per_node=8), "AMD-Instinct-MI355X-OAM", "vllm")
     assert one.strategy == "STRICT_PACK" and one.gpus == 8
     assert one.bundles() == [{"GPU": 8.0, "accelerator_type:AMD-Instinct-MI355X-OAM": 0.001}]
-    two = GangShape.of(Parallelism(tp=8, pp=2, nodes=2, gpus_per_node=8), None)
+    two = GangShape.of(Parallelism(tp=8, pp=2, nodes=2, gpus_per_node=8), None, "sglang")
     assert two.strategy == "STRICT_SPREAD" and two.bundles() == [{"GPU": 8.0}, {"GPU": 8.0}]
 
 
@@ -92,3 +92,15 @@ def test_spec_rejects_unknown_variant_and_wrong_engine():
     spec = DeploymentSpec(name="g", recipe=glm(), variant="fp8-tp8", engine="sim", replica_variants={1: "mxfp4-tp8"})
     assert spec.variant_of(0) == "fp8-tp8" and spec.variant_of(1) == "mxfp4-tp8"
     assert DeploymentSpec.model_validate_json(spec.model_dump_json()) == spec
+
+
+def test_multi_node_vllm_leaves_gpu_placement_to_its_ray_executor():
+    par = Parallelism(tp=8, pp=2, nodes=2, gpus_per_node=8)
+    vllm = GangShape.of(par, "AMD-Instinct-MI355X-OAM", "vllm")
+    assert vllm.engine_places_workers and vllm.members == 1 and vllm.member_gpus == 0 and vllm.gpus == 16
+    assert vllm.bundles() == [{"CPU": 0.01, "accelerator_type:AMD-Instinct-MI355X-OAM": 0.001}]
+    assert "16 GPUs" in fits_cluster(vllm, 1, {"GPU": 8.0, accelerator_resource("AMD-Instinct-MI355X-OAM"): 1})
+    sglang = GangShape.of(par, "AMD-Instinct-MI355X-OAM", "sglang")
+    assert not sglang.engine_places_workers and sglang.members == 2 and sglang.member_gpus == 8
+    assert sglang.strategy == "STRICT_SPREAD" and len(sglang.bundles()) == 2
+    assert not GangShape.of(Parallelism(tp=8), None, "vllm").engine_places_workers

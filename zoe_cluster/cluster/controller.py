@@ -73,6 +73,7 @@ class Slot:
     generation: int = 0
     restarts: int = 0
     failures_in_a_row: int = 0
+    last_swap_at: float | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -214,10 +215,10 @@ class DeploymentController:
             member_cls = ray.remote(NodeMember)
             members = [
                 member_cls.options(
-                    num_cpus=0, num_gpus=shape.gpus_per_node, max_restarts=0, max_concurrency=4,
+                    num_cpus=0, num_gpus=shape.member_gpus, max_restarts=0, max_concurrency=4,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
                 ).remote(f"{self.spec.name}/{slot.index}", rank, str(self.log_dir))
-                for rank in range(shape.nodes)
+                for rank in range(shape.members)
             ]
             slot.gang = Gang(shape, pg, members, [])
             try:
@@ -256,8 +257,8 @@ class DeploymentController:
                 cmd = self.adapter.command(self.spec.recipe, facts.variant, ctx)
                 argv = cmd.argv + list(self.spec.engine_args) if cmd.argv else []
                 env = dict(cmd.env)
-                if gang.shape.nodes > 1 and self.ray_address:
-                    env.setdefault("RAY_ADDRESS", self.ray_address)
+                if gang.shape.engine_places_workers and self.ray_address:
+                    env.setdefault("RAY_ADDRESS", self.ray_address)  # vLLM's Ray executor joins this cluster
                 log_name = f"{self.spec.name}-replica{slot.index}-rank{rank}.log"
                 pids.append(await member.start.remote(argv, env, log_name))
         except ReplicaFailure:
@@ -525,11 +526,27 @@ class DeploymentController:
             await self.swap_replica(i, variant, wait=wait)
         return self.status()
 
-    async def swap_replica(self, index: int, variant: str, wait: bool = True, timeout_s: float | None = None) -> dict:
+    def fleet(self) -> list[dict]:
+        """What the recipe switcher sees per replica: index, replica_id, variant, state, last_swap_at."""
+        return [
+            {"index": s.index, "replica_id": s.facts.id, "variant": s.facts.variant, "state": s.facts.state().value,
+             "last_swap_at": s.last_swap_at}
+            for s in sorted(self.slots.values(), key=lambda s: s.index) if s.facts is not None and not s.remove
+        ]
+
+    async def in_flight(self) -> dict[str, float]:
+        """Requests in flight per replica id, as the router counts them now (empty without a router)."""
+        if self.router is None:
+            return {}
+        return await self.router.active_by_replica()
+
+    async def swap_replica(self, index: int, variant: str, wait: bool = True, timeout_s: float | None = None,
+                           reason: str = "") -> dict:
         """Drain replica `index`, stop it, start `variant` on the same GPUs (when the shape allows), wait ready.
 
-        Returns the new generation's facts (as `status()` shows them). Raises TimeoutError if it is not ready in
-        `timeout_s` (default: the load timeout), and RuntimeError if the new generation failed.
+        With `wait=False` it returns as soon as the swap has begun (the switcher's actuator does that). Returns
+        the new generation's facts (as `status()` shows them). Raises TimeoutError if it is not ready in
+        `timeout_s` (default: load + drain timeouts), and RuntimeError if the new generation failed.
         """
         self._check_variant(variant)
         if index not in self.slots or index >= self.spec.replicas:
@@ -542,6 +559,9 @@ class DeploymentController:
         self.spec = self.spec.model_copy(update={"replica_variants": overrides})
         self._persist()
         slot = self.slots[index]
+        if slot.facts is not None and slot.facts.variant != variant:
+            slot.last_swap_at = time.time()
+            slot.facts.note("swap requested", f"to {variant}" + (f": {reason}" if reason else ""))
         slot.wake.set()
         if not wait:
             return slot.facts.to_dict() if slot.facts else {}

@@ -1,7 +1,11 @@
 """Where a replica's GPUs come from: one Ray placement group per replica, one bundle per node.
 
 A replica spanning one node is STRICT_PACK (all its GPUs on that node); one spanning several is STRICT_SPREAD
-(one bundle on each of `nodes` distinct nodes). A variant can require an accelerator type: Ray gives every node
+(one bundle on each of `nodes` distinct nodes), with one zoe actor per node starting that node's engine process
+(SGLang: --nnodes/--node-rank). A multi-node vLLM replica is different: its `vllm serve` on node 0 is itself a
+Ray driver whose Ray executor places one worker per GPU in a placement group of its own ({GPU: 1} bundles, as
+vLLM requires), so zoe reserves only a launcher slot on an accelerator node (`engine_places_workers`) and the
+engine's placement group lives and dies with the engine process. A variant can require an accelerator type: Ray gives every node
 of that type a resource `accelerator_type:<TYPE>` of 1, and a small slice of it in each bundle keeps the
 replica on such nodes (MI355X nodes are `AMD-Instinct-MI355X-OAM`).
 """
@@ -23,24 +27,39 @@ class GangShape:
     nodes: int
     gpus_per_node: int
     accelerator_type: str | None = None
+    engine_places_workers: bool = False
+    """The engine reserves its own GPUs through Ray (multi-node vLLM); zoe holds one launcher slot only."""
 
     @classmethod
-    def of(cls, par: Parallelism, accelerator_type: str | None) -> "GangShape":
-        return cls(nodes=par.nodes, gpus_per_node=par.gpus_per_node, accelerator_type=accelerator_type)
+    def of(cls, par: Parallelism, accelerator_type: str | None, engine: str) -> "GangShape":
+        return cls(nodes=par.nodes, gpus_per_node=par.gpus_per_node, accelerator_type=accelerator_type,
+                   engine_places_workers=engine == "vllm" and par.nodes > 1)
 
     @property
     def gpus(self) -> int:
+        """GPUs one replica uses, whoever reserves them."""
         return self.nodes * self.gpus_per_node
 
     @property
+    def members(self) -> int:
+        """zoe actors in the gang: one per node, or the single launcher."""
+        return 1 if self.engine_places_workers else self.nodes
+
+    @property
+    def member_gpus(self) -> int:
+        return 0 if self.engine_places_workers else self.gpus_per_node
+
+    @property
     def strategy(self) -> str:
-        return "STRICT_PACK" if self.nodes == 1 else "STRICT_SPREAD"
+        return "STRICT_PACK" if self.members == 1 else "STRICT_SPREAD"
 
     def bundles(self) -> list[dict[str, float]]:
         bundle: dict[str, float] = {"GPU": float(self.gpus_per_node)}
+        if self.engine_places_workers:
+            bundle = {"CPU": 0.01}
         if self.accelerator_type:
             bundle[accelerator_resource(self.accelerator_type)] = ACCELERATOR_SLICE
-        return [dict(bundle) for _ in range(self.nodes)]
+        return [dict(bundle) for _ in range(self.members)]
 
 
 def accelerator_resource(accelerator_type: str) -> str:

@@ -79,18 +79,20 @@ class RouterLink:
         log.warning("membership push v%s answered %s: %s", membership["version"], r.status_code, r.text[:300])
         return False
 
-    async def active_requests(self, replica_id: str) -> int | None:
-        """In-flight requests the router has open to `replica_id`, or None when it cannot tell."""
+    async def active_by_replica(self) -> dict[str, float]:
+        """In-flight requests per replica id as the router counts them ({} when it does not answer)."""
         try:
             r = await self._client.get(self.url + "/admin/membership")
             if r.status_code != 200:
-                return None
-            for rep in r.json().get("replicas", []):
-                if rep.get("id") == replica_id:
-                    return int(rep.get("active_requests", 0))
-        except (httpx.HTTPError, ValueError, TypeError):
-            return None
-        return 0
+                return {}
+            return {rep["id"]: float(rep.get("active_requests", 0)) for rep in r.json().get("replicas", [])}
+        except (httpx.HTTPError, ValueError, TypeError, KeyError):
+            return {}
+
+    async def active_requests(self, replica_id: str) -> int | None:
+        """In-flight requests the router has open to `replica_id`, or None when it cannot tell."""
+        counts = await self.active_by_replica()
+        return int(counts.get(replica_id, 0)) if counts else None
 
     async def close(self, grace_s: float = 5.0) -> None:
         await self._client.aclose()

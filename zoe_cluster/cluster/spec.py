@@ -102,7 +102,7 @@ class DeploymentSpec(BaseModel):
     def shape(self, variant: str) -> GangShape:
         v = self.recipe.variant(variant)
         # The simulated engine runs anywhere: it keeps the GPU count (so placement is realistic) but not the type.
-        return GangShape.of(v.parallelism, None if self.engine == "sim" else v.accelerator_type)
+        return GangShape.of(v.parallelism, None if self.engine == "sim" else v.accelerator_type, self.engine)
 
     def pool(self, variant: str) -> str:
         """Router pool of a replica: its variant (the switcher moves replicas between pools by variant)."""
