@@ -90,12 +90,53 @@ def ttft_s(recipe: Recipe, variant: str, input_tokens: float, hit_rate: float = 
     return Predicted(value, source, e_lo or e_hi or h != hit_rate, any(p.ttft_s.estimate for p in pts))
 
 
-def kv_capacity_tokens(recipe: Recipe, variant: str) -> int:
-    """Tokens of KV cache one replica holds: (HBM x utilization - weights) / KV bytes per token.
+RESERVE_GB_PER_GPU = 12.0
+"""HBM per GPU kept for activations, graphs and the sampler (an estimate; vLLM profiles it at start-up)."""
 
-    Each data-parallel rank holds its own copy of the weights (TP4 x DP2 holds two).
+LATENT_KV_ATTENTION = ("dsa", "mla", "csa", "hybrid_linear_mla")
+"""Attention kinds whose KV is one latent vector per token: every tensor-parallel rank keeps a full copy."""
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    tokens: int
+    free_hbm_gb: float
+    kv_copies: int
+    reserve_gb: float
+
+    def explain(self) -> str:
+        return (
+            f"{self.tokens:,} tokens = {self.free_hbm_gb:.1f} GB free HBM / (kv bytes per token x {self.kv_copies} "
+            f"copies); reserve {self.reserve_gb:.0f} GB"
+        )
+
+
+def kv_capacity(recipe: Recipe, variant: str, reserve_gb_per_gpu: float = RESERVE_GB_PER_GPU) -> KvCapacity:
+    """KV-cache capacity of one replica of `variant`, tokens: the one formula the planner and the sim use.
+
+    Per data-parallel rank (tp x pp GPUs, its own copy of the weights):
+    free = gpu_memory_gb x gpus x gpu_memory_utilization - weights.size_gb - reserve x gpus; a latent-KV model
+    (MLA, DSA, CSA) keeps the full per-token KV on every tensor-parallel rank, so it divides by tp as well.
+    The replica holds dp times that.
     """
     v = recipe.variant(variant)
-    weights_gb = v.weights.size_gb.value * v.parallelism.dp
-    free_gb = v.gpu_memory_gb * v.parallelism.gpus * v.gpu_memory_utilization - weights_gb
-    return max(0, int(free_gb * 1e9 / recipe.architecture.kv_bytes_per_token.value))
+    par = v.parallelism
+    gpus = par.tp * par.pp
+    reserve = reserve_gb_per_gpu * gpus
+    free_gb = v.gpu_memory_gb * gpus * v.gpu_memory_utilization - v.weights.size_gb.value - reserve
+    copies = par.tp if recipe.architecture.attention in LATENT_KV_ATTENTION else 1
+    if free_gb <= 0:
+        raise ValueError(
+            f"{recipe.name}/{variant}: no HBM left for KV ({v.gpu_memory_gb} GB x {gpus} GPUs x "
+            f"{v.gpu_memory_utilization} - {v.weights.size_gb.value} GB weights - {reserve:.0f} GB reserve)"
+        )
+    tokens = par.dp * int(free_gb * 1e9 / (recipe.architecture.kv_bytes_per_token.value * copies))
+    return KvCapacity(tokens=tokens, free_hbm_gb=free_gb * par.dp, kv_copies=copies, reserve_gb=reserve * par.dp)
+
+
+def kv_capacity_tokens(recipe: Recipe, variant: str) -> int:
+    """`kv_capacity(...).tokens`, or 0 when the weights leave no room."""
+    try:
+        return kv_capacity(recipe, variant).tokens
+    except ValueError:
+        return 0

@@ -16,48 +16,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
-
-from zoe_cluster.recipes import Recipe
-
-RESERVE_GB_PER_GPU = 12.0
-"""HBM per GPU kept for activations, CUDA/HIP graphs and the sampler (an estimate; vLLM profiles it)."""
-
-LATENT_KV_ATTENTION = ("dsa", "mla", "csa", "hybrid_linear_mla")
-"""Attention kinds whose KV is one latent vector per token: every tensor-parallel rank keeps a full copy."""
 
 
-@dataclass(frozen=True)
-class KvCapacity:
-    tokens: int
-    free_hbm_gb: float
-    kv_copies: int
-    reserve_gb: float
-
-    def explain(self) -> str:
-        return (
-            f"{self.tokens:,} tokens = {self.free_hbm_gb:.1f} GB free HBM / (kv bytes per token x {self.kv_copies} "
-            f"copies); reserve {self.reserve_gb:.0f} GB"
-        )
-
-
-def kv_capacity(recipe: Recipe, variant: str, reserve_gb_per_gpu: float = RESERVE_GB_PER_GPU) -> KvCapacity:
-    """KV capacity of one replica of `variant`, tokens.
-
-    free = gpu_memory_gb x gpus x gpu_memory_utilization - weights.size_gb - reserve x gpus; a latent-KV model
-    (MLA, DSA, CSA) keeps the full per-token KV on every tensor-parallel rank, so it is divided by tp as well."""
-    v = recipe.variant(variant)
-    gpus = v.parallelism.gpus
-    reserve = reserve_gb_per_gpu * gpus
-    free_gb = v.gpu_memory_gb * gpus * v.gpu_memory_utilization - v.weights.size_gb.value - reserve
-    copies = v.parallelism.tp if recipe.architecture.attention in LATENT_KV_ATTENTION else 1
-    if free_gb <= 0:
-        raise ValueError(
-            f"{recipe.name}/{variant}: no HBM left for KV ({v.gpu_memory_gb} GB x {gpus} GPUs x "
-            f"{v.gpu_memory_utilization} - {v.weights.size_gb.value} GB weights - {reserve:.0f} GB reserve)"
-        )
-    tokens = int(free_gb * 1e9 / (recipe.architecture.kv_bytes_per_token.value * copies))
-    return KvCapacity(tokens=tokens, free_hbm_gb=free_gb, kv_copies=copies, reserve_gb=reserve)
+# The capacity formula lives with the recipes, shared with the planner.
+from zoe_cluster.recipes.profile import (  # noqa: E402,F401
+    LATENT_KV_ATTENTION,
+    RESERVE_GB_PER_GPU,
+    KvCapacity,
+    kv_capacity,
+)
 
 
 class PrefixCache:
