@@ -10,7 +10,6 @@ nothing is left behind if the test fails. Its output goes to `log_path` (shown i
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import free_port
+from zoe_cluster.cluster.supervisor import kill_group
 
 
 def vllm_env(kv_cache_gib: int = 1, omp_bind: str | None = None) -> dict[str, str]:
@@ -110,7 +110,7 @@ class VllmServer:
         """SIGTERM the whole process group, then SIGKILL what is left after `grace_s`."""
         if self.proc is None:
             return
-        kill_process_group(self.proc.pid, grace_s)
+        kill_group(self.proc.pid, grace_s, reap=self.proc)
         self.proc.wait()
         self.proc = None
 
@@ -122,23 +122,5 @@ class VllmServer:
 
 
 def kill_process_group(pgid: int, grace_s: float = 10) -> None:
-    """SIGTERM process group `pgid`, wait up to `grace_s` for it to empty, then SIGKILL it."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        try:  # reap the leader if it is our child: a zombie still counts as a group member
-            os.waitpid(pgid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """SIGTERM process group `pgid`, wait up to `grace_s` for it to empty, then SIGKILL it (zoe's own helper)."""
+    kill_group(pgid, grace_s)
