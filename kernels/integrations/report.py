@@ -86,6 +86,8 @@ class ProcessReport:
     """kernel -> {"zoe": n, "engine": n}: what the patched entry points did per call."""
     engine_path_reasons: dict[str, dict[str, int]] = field(default_factory=dict)
     """kernel -> reason -> n: why calls went to the engine's own implementation (e.g. above_crossover)."""
+    notes: list[str] = field(default_factory=list)
+    """Changes the plugin made to the engine's own configuration to run zoe's kernels."""
     schema_version: int = REPORT_SCHEMA_VERSION
 
     @classmethod
@@ -153,6 +155,11 @@ class KernelReporter:
             self.exporter.active(kernel, False)
             self.exporter.fallback(kernel, reason)
         self.flush()
+
+    def note(self, text: str) -> None:
+        """A change the plugin made to the engine's behaviour: logged as a WARNING and kept in the report."""
+        self.report.notes.append(text)
+        log.warning("%s", text)
 
     def count(self, kernel: str, path: str, reason: str | None = None) -> None:
         """One call of a patched entry point went to `path` ("zoe" or "engine")."""

@@ -81,21 +81,41 @@ def patch_vllm(kernels: list[str], reporter: KernelReporter, platform: str, vers
         if not specs:
             reporter.fallback(kernel, "-", "unsupported", f"no vLLM integration for {kernel} on {platform}")
             continue
-        if kernel == "fused_moe" and platform == "rocm" and _aiter_moe_on():
-            reporter.fallback(
-                kernel, specs[0].target, "unsupported",
-                "VLLM_ROCM_USE_AITER selects AITER's MoE, whose shuffled weights are not zoe's layout; "
-                "set VLLM_ROCM_USE_AITER_MOE=0 to run zoe below the crossover and vLLM's Triton MoE above",
-            )  # fmt: skip
+        rocm_moe = kernel == "fused_moe" and platform == "rocm"
+        if rocm_moe and aiter_moe_pinned(reporter, specs[-1].target):
             continue
         if install_kernel(kernel, specs, "vllm", version, reporter):
+            if rocm_moe:
+                route_rocm_moe_to_triton(reporter)
             patched.append(kernel)
     return patched
 
 
-def _aiter_moe_on() -> bool:
-    on = lambda name, default: os.environ.get(name, default).lower() in ("1", "true")  # noqa: E731
-    return on("VLLM_ROCM_USE_AITER", "0") and on("VLLM_ROCM_USE_AITER_MOE", "1")
+def _env_on(name: str, default: str) -> bool:
+    return os.environ.get(name, default).lower() in ("1", "true")
+
+
+def aiter_moe_pinned(reporter: KernelReporter, target: str) -> bool:
+    """True (and a loud fallback) when the operator pinned AITER's MoE on ROCm: AITER runs on pre-shuffled
+    weights, which are not zoe's layout, so zoe's fused MoE cannot take its calls."""
+    if _env_on("VLLM_ROCM_USE_AITER", "0") and _env_on("VLLM_ROCM_USE_AITER_MOE", "0"):
+        reporter.fallback(
+            "fused_moe", target, "engine_backend",
+            "VLLM_ROCM_USE_AITER_MOE=1 pins AITER's MoE, whose shuffled weights are not zoe's layout; "
+            "unset it (or set 0) to run zoe below the crossover and vLLM's Triton MoE above",
+        )  # fmt: skip
+        return True
+    return False
+
+
+def route_rocm_moe_to_triton(reporter: KernelReporter) -> None:
+    """On ROCm with `VLLM_ROCM_USE_AITER=1`, make vLLM build its Triton MoE experts (the class zoe patches)
+    instead of AITER's: sets `VLLM_ROCM_USE_AITER_MOE=0` in this process (AITER stays on for everything
+    else). zoe's kernel then runs below the crossover and vLLM's Triton MoE above it, not AITER's."""
+    if _env_on("VLLM_ROCM_USE_AITER", "0") and "VLLM_ROCM_USE_AITER_MOE" not in os.environ:
+        os.environ["VLLM_ROCM_USE_AITER_MOE"] = "0"
+        reporter.note("fused_moe: set VLLM_ROCM_USE_AITER_MOE=0 so vLLM builds the Triton MoE experts zoe "
+                      "patches (above the crossover vLLM's Triton MoE runs, not AITER's)")  # fmt: skip
 
 
 def export_metrics(folder: str) -> None:
