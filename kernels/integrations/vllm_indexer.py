@@ -69,9 +69,9 @@ def _topk_wrap(reporter: KernelReporter) -> Callable[[Callable], Callable]:
             if logits.dtype == torch.float32 and logits.stride(1) == 1 and num_rows > 0:
                 idx = topk_ranges(logits[:num_rows], cu_seqlen_ks[:num_rows], cu_seqlen_ke[:num_rows], topk_tokens)
                 raw_topk_indices[:num_rows, :topk_tokens].copy_(idx)
-                reporter.count("lightning_indexer_topk", "zoe")
+                reporter.count("lightning_indexer", "zoe")
                 return None
-            reporter.count("lightning_indexer_topk", "engine", "layout")
+            reporter.count("lightning_indexer", "engine", "layout")
             return original(logits, cu_seqlen_ks, cu_seqlen_ke, raw_topk_indices, num_rows, stride0, stride1,
                             topk_tokens)  # fmt: skip
 

@@ -51,3 +51,38 @@ if mode == "other_backend":  # vLLM building its MoE with a class zoe did not pa
     OtherExperts(moe_config, FusedMoEQuantConfig.make())
     reports = [r.__dict__ for r in read_reports(report_dir)]
     print(json.dumps({"reports": reports, "apply_patched": patched_apply}))
+
+if mode == "indexer":  # the CUDA lightning-indexer patches, run on the CPU through Triton's interpreter
+    import torch
+
+    from zoe_kernels.integrations.patching import install_kernel
+    from zoe_kernels.integrations.report import KernelReporter
+    from zoe_kernels.integrations.vllm_indexer import lightning_indexer_specs
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.layers import sparse_attn_indexer as sai
+    from vllm.v1.attention.ops.rocm_aiter_mla_sparse import fp8_mqa_logits_torch  # vLLM's own reference
+
+    rep = KernelReporter("vllm", vllm.__version__, ["lightning_indexer"], None)
+    ok = install_kernel("lightning_indexer", lightning_indexer_specs("cuda", rep), "vllm", vllm.__version__, rep)
+    torch.manual_seed(0)
+    m, h, d, n, topk = 6, 32, 128, 70, 16
+    q = (torch.randn(m, h, d) * 0.5).to(torch.float8_e4m3fn)
+    k = (torch.randn(n, d) * 0.5).to(torch.float8_e4m3fn)
+    k_scale = torch.rand(n, 1) + 0.5
+    weights = torch.randn(m, h)
+    ks = torch.tensor([0, 0, 10, 10, 30, 60], dtype=torch.int32)
+    ke = torch.tensor([5, 12, 40, 41, 70, 62], dtype=torch.int32)
+    got = sai.fp8_fp4_mqa_logits((q, None), (k, k_scale), weights, ks, ke, clean_logits=False)
+    want = fp8_mqa_logits_torch(q, (k, k_scale), weights, ks, ke)
+    inside = torch.isfinite(want)
+    logits_err = ((got - want).abs()[inside].max() / want[inside].abs().max()).item()
+    out = torch.full((m, topk), -7, dtype=torch.int32)
+    ops.top_k_per_row_prefill(got, ks, ke, out, m, got.stride(0), got.stride(1), topk)
+    topk_ok = True
+    for i in range(m):  # positions relative to ks, -1 padded, the set torch.topk picks
+        width = int(ke[i] - ks[i])
+        sel = torch.topk(want[i, ks[i] : ke[i]], min(topk, width)).indices.sort().values.tolist()
+        row = sorted(x for x in out[i].tolist() if x >= 0)
+        topk_ok &= row == sel and out[i].tolist().count(-1) == topk - len(sel)
+    print(json.dumps({"installed": ok, "outside_inf": bool(torch.isinf(got[~inside]).all()),
+                      "logits_rel_err": logits_err, "topk_ok": topk_ok, "calls": rep.report.calls}))

@@ -69,6 +69,22 @@ def test_mismatch_keeps_vllms_own_path_loudly(vllm_python, tmp_path, mode, reaso
     assert f"FALLBACK: fused_moe stays on vllm's own path" in log and reason in log
 
 
+@pytest.mark.kernels
+def test_indexer_patches_match_vllms_reference_logits_and_topk(vllm_python, tmp_path):
+    """The CUDA indexer patches (logits and row top-k) installed on the real vLLM modules and called the way
+    vLLM's sparse_attn_indexer calls them; zoe's kernels run in Triton's interpreter here."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOE_KERNELS")}
+    proc = subprocess.run([vllm_python, str(PROBE), "indexer", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env={**env, "TRITON_INTERPRET": "1"}, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["installed"]
+    assert out["calls"]["lightning_indexer"] == {"zoe": 2, "engine": 0}
+    assert out["outside_inf"]  # keys outside [ks, ke) are -inf
+    assert out["logits_rel_err"] < 1e-2  # vLLM's reference computes in bf16
+    assert out["topk_ok"]
+
+
 def test_without_zoe_kernels_the_plugin_does_nothing(vllm_python, tmp_path):
     out, log = _probe(vllm_python, "off", tmp_path)
     assert out == {"reports": [], "apply_patched": False}
