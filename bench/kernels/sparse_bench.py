@@ -92,8 +92,8 @@ def measure_ceilings() -> None:
 def bench_topk(quick: bool) -> None:
     k = 512
     shapes = [(1, 4096), (1, 65536), (1, 262144), (1, 1 << 20), (32, 1 << 20), (8, 262144)]
-    configs = [dict(block=4096, num_warps=8), dict(block=2048, num_warps=4), dict(block=8192, num_warps=8),
-               dict(block=4096, num_warps=8, radix_bits=8)]
+    configs = [dict(tile=4096, num_warps=8), dict(tile=8192, num_warps=8), dict(tile=2048, num_warps=4),
+               dict(tile=4096, num_warps=8, splits=128)]
     for b, n in shapes:
         gen = torch.Generator(device="cuda").manual_seed(n + b)
         scores = torch.randn(b, n, device="cuda", generator=gen)
@@ -148,9 +148,9 @@ def _torch_indexer(q, w, k, k_scale, ks, ke, chunk=1024):
 def bench_indexer(quick: bool) -> None:
     h = 64
     configs = [dict(block_m=2, block_n=128, tiles_per_program=4, num_warps=8, num_stages=3),
-               dict(block_m=2, block_n=64, tiles_per_program=8, num_warps=4, num_stages=3),
-               dict(block_m=4, block_n=64, tiles_per_program=4, num_warps=8, num_stages=3),
-               dict(block_m=1, block_n=128, tiles_per_program=8, num_warps=4, num_stages=3)]
+               dict(block_m=2, block_n=128, tiles_per_program=8, num_warps=4, num_stages=3),
+               dict(block_m=4, block_n=128, tiles_per_program=4, num_warps=8, num_stages=3),
+               dict(block_m=2, block_n=256, tiles_per_program=2, num_warps=8, num_stages=3)]
     shapes = [(4096, 4096, "causal"), (8192, 8192, "causal"), (16384, 16384, "causal"),
               (2048, 16384, "prefix"), (4096, 65536, "prefix"), (32, 65536, "decode"), (128, 65536, "decode")]
     if not quick:
@@ -239,8 +239,8 @@ def _torch_dual_scope(q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, com
 
 
 def bench_decode(quick: bool) -> None:
-    configs = [dict(block_h=16, block_kv=64, num_warps=4), dict(block_h=32, block_kv=32, num_warps=8),
-               dict(block_h=16, block_kv=32, num_warps=4), dict(block_h=64, block_kv=32, num_warps=8)]
+    configs = [dict(block_h=16, block_kv=32, num_warps=4), dict(block_h=32, block_kv=32, num_warps=8),
+               dict(block_h=32, block_kv=64, num_warps=8), dict(block_h=64, block_kv=32, num_warps=8)]
     for b in (1, 8, 32, 64, 128):
         q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = _decode_inputs(b)
         h, d = q.shape[1], q.shape[2]
@@ -317,7 +317,7 @@ def main() -> None:
             continue
         log(f"{r['op'][:22]:22s} {r['shape'][:30]:30s} {r['provider'][:18]:18s} {r['median_us']:10.1f} "
             f"{r.get('tflops') or 0:8.0f} {r.get('gbps') or 0:6.0f} {r['pct_roofline']:5.1f} "
-            f"{r.get('speedup_vs_torch') or 0:6.2f} {'' if r.get('correct', True) else 'WRONG'}")
+            f"{r.get('speedup_vs_torch') or 0:6.2f} {'WRONG' if r.get('correct') is False else ''} {r.get('config', '')}")
 
 
 if __name__ == "__main__":

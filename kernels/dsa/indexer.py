@@ -125,7 +125,7 @@ def lightning_indexer(q_fp8: torch.Tensor, weights: torch.Tensor, k_fp8: torch.T
     return out
 
 
-def indexer_topk(*args: torch.Tensor, k: int = 2048, splits: int | None = None, block: int = 4096) -> torch.Tensor:
+def indexer_topk(*args: torch.Tensor, k: int = 2048, splits: int | None = None, tile: int = 4096) -> torch.Tensor:
     """Top-k key positions per query row: int32 [M, k], relative to ks, ascending, -1 padded.
 
     Call as `indexer_topk(logits, ks, ke, k=2048)` with logits from `lightning_indexer`, or with the
@@ -140,8 +140,5 @@ def indexer_topk(*args: torch.Tensor, k: int = 2048, splits: int | None = None, 
     else:
         raise TypeError("indexer_topk takes (logits, ks, ke) or (q_fp8, weights, k_fp8, k_scale, ks, ke); "
                         f"got {len(args)} positional arguments")
-    rows = logits.shape[0]
-    if splits is None:
-        # many rows already fill the GPU: one program per row; few long rows (decode): split them
-        splits = 1 if rows >= 256 else None
-    return topk_ranges(logits, ks, ke, k, splits=splits, block=block)
+    # default splits: one program per row when rows are many (prefill), split few long rows (decode)
+    return topk_ranges(logits, ks, ke, k, splits=splits, tile=tile)

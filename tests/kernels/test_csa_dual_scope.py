@@ -89,7 +89,7 @@ def test_topk_indices_feed_dual_scope_decode():
     args = _case(b, h, d, w, nc, k, torch.float32, fp8_kv=False, gen=gen)
     scores = torch.randn(b, nc, generator=gen)
     lengths = torch.tensor([300, 20])  # the second request has fewer entries than k: -1 padded
-    args["comp_idx"] = topk(scores.to(DEVICE), lengths.to(DEVICE), k, block=512).cpu()
+    args["comp_idx"] = topk(scores.to(DEVICE), lengths.to(DEVICE), k, tile=512).cpu()
     assert (args["comp_idx"][1, 20:] == -1).all()
     _check(_run(args, block_kv=16), _reference(args), torch.float32)
 

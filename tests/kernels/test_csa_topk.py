@@ -19,6 +19,12 @@ def _scores(kind: str, b: int, n: int, gen: torch.Generator) -> torch.Tensor:
         return torch.rand(b, n, generator=gen)
     if kind == "ties":  # few distinct values: ties decided by the lower position
         return torch.randint(-3, 4, (b, n), generator=gen).float()
+    if kind == "sorted":  # increasing scores: the top entries share the last columns' maxima
+        return torch.sort(torch.randn(b, n, generator=gen), dim=1).values
+    if kind == "periodic":  # one large value per column period: candidates overflow -> radix fallback
+        s = torch.randn(b, n, generator=gen)
+        s[:, ::64] += 100.0
+        return s
     if kind == "equal":
         return torch.full((b, n), 0.25)
     if kind == "signed_inf":  # negative values, -inf and +inf in range
@@ -30,21 +36,22 @@ def _scores(kind: str, b: int, n: int, gen: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "kind,b,n,k,splits,radix_bits",
-    [("normal", 3, 3000, 128, 1, 11), ("normal", 2, 5000, 64, 4, 11), ("uniform", 2, 4100, 128, 4, 11),
-     ("ties", 2, 2500, 256, 1, 11), ("ties", 2, 3000, 100, 3, 8), ("equal", 2, 1500, 128, 2, 11),
-     ("signed_inf", 2, 2000, 300, 1, 11), ("normal", 4, 700, 512, None, 11), ("uniform", 2, 3000, 200, 2, 8),
-     ("signed_inf", 2, 2000, 300, 1, 8)],
+    "kind,b,n,k,splits,method",
+    [("normal", 3, 3000, 128, 1, "filter"), ("normal", 2, 5000, 64, 4, "filter"),
+     ("uniform", 2, 4100, 128, 4, "filter"), ("ties", 2, 2500, 256, 1, "filter"),  # ties overflow -> radix
+     ("ties", 2, 3000, 100, 3, "filter"), ("equal", 2, 1500, 128, 2, "filter"),
+     ("signed_inf", 2, 2000, 100, 1, "filter"), ("normal", 2, 700, 512, None, "filter"),
+     ("uniform", 2, 3000, 200, 1, "radix"), ("ties", 2, 2000, 300, 1, "radix"),
+     ("sorted", 2, 6000, 64, 3, "filter"), ("periodic", 2, 4096, 32, 2, "filter")],
 )
-def test_topk_matches_reference_with_ragged_lengths(kind, b, n, k, splits, radix_bits):
+def test_topk_matches_reference_with_ragged_lengths(kind, b, n, k, splits, method):
     gen = torch.Generator().manual_seed(hash((kind, b, n, k)) % 2**31)
     scores = _scores(kind, b, n, gen)
     lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
     lengths[0] = n
     lengths[-1] = min(int(lengths[-1]), k // 2)  # fewer valid entries than k: -1 padding
     poisoned = torch.full((b, k), 12345, dtype=torch.int32, device=DEVICE)  # every slot must be written
-    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, block=BLOCK, radix_bits=radix_bits,
-               out=poisoned)
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, method=method, out=poisoned)
     assert out.data_ptr() == poisoned.data_ptr()
     assert out.dtype == torch.int32 and out.shape == (b, k)
     ref = topk_reference(scores, lengths, k)
@@ -59,7 +66,7 @@ def test_topk_ranges_are_relative_to_the_row_start():
     scores = torch.randn(4, 1200, generator=gen)
     starts = torch.tensor([0, 100, 600, 1200])
     ends = torch.tensor([1200, 900, 700, 1200])  # the last row is empty
-    out = topk_ranges(scores.to(DEVICE), starts.to(DEVICE), ends.to(DEVICE), 150, block=BLOCK).cpu()
+    out = topk_ranges(scores.to(DEVICE), starts.to(DEVICE), ends.to(DEVICE), 150, tile=BLOCK).cpu()
     assert torch.equal(out, topk_ranges_reference(scores, starts, ends, 150))
     assert (out[3] == -1).all()
     assert out[1].max() < 800 and out[2].max() < 100  # relative positions
@@ -69,7 +76,7 @@ def test_topk_ranges_are_relative_to_the_row_start():
 
 
 def test_empty_rows_and_zero_lengths():
-    out = topk(torch.randn(3, 100).to(DEVICE), torch.tensor([0, 0, 5]).to(DEVICE), 16, block=BLOCK).cpu()
+    out = topk(torch.randn(3, 100).to(DEVICE), torch.tensor([0, 0, 5]).to(DEVICE), 16, tile=BLOCK).cpu()
     assert (out[:2] == -1).all()
     assert sorted(out[2][:5].tolist()) == list(range(5)) and (out[2][5:] == -1).all()
 

@@ -65,13 +65,13 @@ def test_lightning_indexer_matches_float64_reference(h, m, n, ranges, block_m):
 
 def test_indexer_topk_from_logits_and_from_inputs():
     gen = torch.Generator().manual_seed(11)
-    m, h, n, k = 40, 32, 600, 96
+    m, h, n, k = 14, 32, 300, 64
     cpu, dev = _inputs(m, h, n, "causal", gen)
     ks, ke = cpu[4], cpu[5]
     logits = lightning_indexer(*dev, block_n=64)
-    from_logits = indexer_topk(logits, dev[4], dev[5], k=k, block=BLOCK).cpu()
+    from_logits = indexer_topk(logits, dev[4], dev[5], k=k, tile=BLOCK).cpu()
     assert torch.equal(from_logits, indexer_topk_reference(logits.cpu(), ks, ke, k))
-    fused = indexer_topk(*dev, k=k, block=BLOCK).cpu()
+    fused = indexer_topk(*dev, k=k, tile=BLOCK).cpu()
     assert torch.equal(fused, from_logits)
     # early causal rows have fewer than k valid keys: positions 0..len-1, then -1
     length = int(ke[0] - ks[0])
@@ -85,7 +85,7 @@ def test_indexer_topk_ties_pick_lower_positions():
     logits[:, 100:110] = 5.0
     ks = torch.tensor([0, 50, 120], dtype=torch.int32)
     ke = torch.tensor([500, 450, 500], dtype=torch.int32)
-    out = indexer_topk(logits.to(DEVICE), ks.to(DEVICE), ke.to(DEVICE), k=20, block=BLOCK).cpu()
+    out = indexer_topk(logits.to(DEVICE), ks.to(DEVICE), ke.to(DEVICE), k=20, tile=BLOCK).cpu()
     # the ten 5.0s, then the lowest positions among the zeros; returned in ascending position order
     assert out[0].tolist() == list(range(0, 10)) + list(range(100, 110))
     assert out[1].tolist() == list(range(0, 10)) + list(range(50, 60))  # relative to ks = 50
