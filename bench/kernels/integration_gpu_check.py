@@ -2,7 +2,8 @@
 
     python bench/kernels/integration_gpu_check.py [--out bench/kernels/results/integration_gpu_check.json]
 
-What it runs, per format (bf16; fp8 with 128x128 block scales) and M in {1, 8, 64, 256, 512, 1024}:
+What it runs for the fused MoE, per format (bf16; fp8 with 128x128 block scales) and M in
+{1, 8, 64, 256, 512, 1024}:
 1. "vllm": when vLLM is importable with a GPU, a real `TritonExperts` (vLLM's Triton MoE experts, the class
    the zoe plugin patches on CUDA/ROCm): its own `apply` (unpatched), then the same call after
    `install_kernel` put zoe's wrapper in (patched: zoe's kernel below the crossover, vLLM's above).
@@ -14,7 +15,11 @@ Each row records the path the wrapper took (from the kernel report), and the err
 against the unpatched one relative to the unpatched output's largest magnitude. The run fails (exit 1) if
 any row is over its tolerance (bf16 2e-2, fp8 6e-2) or if the path taken contradicts `moe_impl_for`.
 
-On the CPU (`--device cpu`, with TRITON_INTERPRET=1) it runs the stand-in at tiny shapes as a smoke test.
+For the lightning indexer (GPU only): vLLM's CUDA indexer wrapper around a float32 torch stand-in for
+DeepGEMM's logits, at a prefill (512 x 4096 keys) and a decode-like (4 x 65536) shape, H=64: the patched
+call must take zoe's path and match within 1e-3 (relative to the largest logit) with -inf outside [ks, ke).
+
+On the CPU (`--device cpu`, with TRITON_INTERPRET=1) it runs the MoE stand-in at tiny shapes as a smoke test.
 """
 
 from __future__ import annotations
@@ -178,6 +183,37 @@ def run_vllm(shape_name, fmt, m, dev, dtype, reporter, seed):
     return out_engine, out_patched
 
 
+INDEXER_SHAPES = {"prefill": (512, 64, 4096), "decode": (4, 64, 65536)}  # (M rows, H heads, N keys), D = 128
+
+
+def run_indexer(shape_name, dev, reporter, seed):
+    """The vLLM CUDA indexer wrapper (`vllm_indexer._cuda_wrap`) around a float32 torch stand-in for
+    DeepGEMM's `fp8_mqa_logits`: the wrapper sends FP8 calls to zoe's lightning indexer."""
+    from zoe_kernels.integrations.vllm_indexer import _cuda_wrap
+    from zoe_kernels.platform import fp8_dtype
+
+    m, h, n = INDEXER_SHAPES[shape_name]
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    f8 = fp8_dtype(dev)
+    q = (torch.randn(m, h, 128, generator=g) * 0.5).to(dev).to(f8)
+    k = (torch.randn(n, 128, generator=g) * 0.5).to(dev).to(f8)
+    k_scale = (torch.rand(n, 1, generator=g) + 0.5).to(dev)
+    w = torch.randn(m, h, generator=g).to(dev)
+    ke = torch.randint(1, n + 1, (m,), generator=g, dtype=torch.int32).to(dev)
+    ks = (ke - torch.randint(1, n, (m,), generator=g, dtype=torch.int32).to(dev)).clamp(min=0)
+
+    def engine_logits(q_, kv, weights, cu_ks, cu_ke, clean_logits):
+        qv, kf = q_[0].float(), kv[0].float()
+        s = torch.einsum("mhd,nd->mhn", qv, kf) * kv[1].reshape(1, 1, -1)
+        out = (s.relu() * weights[:, :, None]).sum(1)
+        j = torch.arange(n, device=out.device)
+        return out.masked_fill((j[None] < cu_ks[:, None]) | (j[None] >= cu_ke[:, None]), float("-inf"))
+
+    ref = engine_logits((q, None), (k, k_scale), w, ks, ke, False)
+    got = _cuda_wrap(reporter)(engine_logits)((q, None), (k, k_scale), w, ks, ke, False)
+    return ref, got
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(REPO / "bench/kernels/results/integration_gpu_check.json"))
@@ -221,13 +257,35 @@ def main() -> int:
                     scale = ref.float().abs().max().item() or 1.0
                     err = (got.float() - ref.float()).abs().max().item() / scale
                     ok = bool(err <= TOL[fmt] and path == expected and torch.isfinite(got.float()).all())
-                    row = {"driver": driver, "shape": shape_name, "fmt": fmt, "m": m, "path": path,
+                    row = {"driver": driver, "kernel": "fused_moe", "shape": shape_name, "fmt": fmt, "m": m,
+                           "path": path,
                            "expected_path": expected, "rel_max_err": err, "tolerance": TOL[fmt], "ok": ok,
                            "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
                     rows.append(row)
                     if not ok:
                         failures.append(row)
                     print(json.dumps(row), flush=True)
+    if dev.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        for shape_name in ([s for s in INDEXER_SHAPES] if dev.type == "cuda" else []):
+            reporter = KernelReporter("stand-in", "check", ["lightning_indexer"], None)
+            try:
+                ref, got = run_indexer(shape_name, dev, reporter, seed=1)
+            except Exception as e:
+                rows.append({"driver": "stand-in", "kernel": "lightning_indexer", "shape": shape_name,
+                             "error": f"{type(e).__name__}: {e}"})  # fmt: skip
+                failures.append(rows[-1])
+                continue
+            inside = torch.isfinite(ref)
+            err = ((got - ref).abs()[inside].max() / ref[inside].abs().max()).item()
+            path = "zoe" if reporter.report.calls.get("lightning_indexer", {}).get("zoe") else "engine"
+            ok = bool(err <= 1e-3 and path == "zoe" and torch.equal(torch.isinf(got), ~inside))
+            row = {"driver": "stand-in", "kernel": "lightning_indexer", "shape": shape_name,
+                   "m_h_n": INDEXER_SHAPES[shape_name], "path": path, "rel_max_err": err, "tolerance": 1e-3,
+                   "ok": ok}  # fmt: skip
+            rows.append(row)
+            if not ok:
+                failures.append(row)
+            print(json.dumps(row), flush=True)
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "device": dname,
