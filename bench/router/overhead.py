@@ -198,6 +198,48 @@ def stream_probe(port: int, n: int) -> dict:
     return out
 
 
+def measure(name: str, bport: int, backend_url: str, args, script: Path, tmp: Path, progress, task) -> dict:
+    proc = None
+    if name == "direct":
+        port = bport
+    else:
+        port = free_port()
+        proc = spawn(router_argv(name, port, backend_url, args), args.router_cpu, tmp / f"{name}.log")
+        wait_http(f"http://127.0.0.1:{port}/health")
+        time.sleep(1.0)
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    try:
+        run_wrk(url, 4, 2, args.load_cpu, script)  # warm-up
+        progress.update(task, advance=1)
+        c1 = run_wrk(url, 1, args.duration, args.load_cpu, script)
+        progress.update(task, advance=1)
+        cpu0 = tree_cpu_s(proc.pid) if proc else 0.0
+        sat = run_wrk(url, args.conns, args.duration, args.load_cpu, script)
+        cpu1 = tree_cpu_s(proc.pid) if proc else 0.0
+        if proc and sat["requests"]:
+            sat["router_cpu_per_request_us"] = (cpu1 - cpu0) / sat["requests"] * 1e6
+        progress.update(task, advance=1)
+        st = stream_probe(port, args.streams)
+        progress.update(task, advance=1)
+    finally:
+        if proc:
+            stop(proc)
+    return {"concurrency_1": c1, "saturation": sat, "streaming": st}
+
+
+def median_of(rounds: list[dict]) -> dict:
+    """Per-number median over rounds (same nested keys)."""
+    out: dict = {}
+    for key, val in rounds[0].items():
+        if isinstance(val, dict):
+            out[key] = median_of([r[key] for r in rounds])
+        elif isinstance(val, (int, float)) and not isinstance(val, bool):
+            out[key] = statistics.median(r[key] for r in rounds if key in r)
+        else:
+            out[key] = val
+    return out
+
+
 def router_argv(name: str, port: int, backend: str, args) -> list[str]:
     if name == "zoe":
         return [sys.executable, "-m", "zoe_cluster.cli.main", "router", "--replica", backend, "--port", str(port),
@@ -219,6 +261,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per wrk run")
     ap.add_argument("--conns", type=int, default=64, help="wrk connections at saturation")
     ap.add_argument("--streams", type=int, default=200, help="streamed requests per router")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     ap.add_argument("--router-cpu", type=int, default=0)
     ap.add_argument("--load-cpu", type=int, default=1)
     ap.add_argument("--out", default=str(HERE / "overhead.json"))
@@ -234,41 +277,18 @@ def main() -> None:
     backend_url = f"http://127.0.0.1:{bport}"
     backend = spawn([sys.executable, str(HERE / "fast_backend.py"), "--port", str(bport), "--events", "5",
                      "--gap-ms", "10"], args.load_cpu, tmp / "backend.log")
-    results: dict = {}
+    rounds: dict[str, list[dict]] = {n: [] for n in names}
     try:
         wait_http(backend_url + "/health")
         with Progress() as progress:
-            task = progress.add_task("routers", total=len(names) * 4)
-            for name in names:
-                progress.update(task, description=f"{name}: starting")
-                proc = None
-                if name == "direct":
-                    port = bport
-                else:
-                    port = free_port()
-                    proc = spawn(router_argv(name, port, backend_url, args), args.router_cpu, tmp / f"{name}.log")
-                    wait_http(f"http://127.0.0.1:{port}/health")
-                    time.sleep(1.0)
-                url = f"http://127.0.0.1:{port}/v1/completions"
-                try:
-                    run_wrk(url, 4, 2, args.load_cpu, script)  # warm-up
-                    progress.update(task, advance=1, description=f"{name}: concurrency 1")
-                    c1 = run_wrk(url, 1, args.duration, args.load_cpu, script)
-                    progress.update(task, advance=1, description=f"{name}: saturation")
-                    cpu0 = tree_cpu_s(proc.pid) if proc else 0.0
-                    sat = run_wrk(url, args.conns, args.duration, args.load_cpu, script)
-                    cpu1 = tree_cpu_s(proc.pid) if proc else 0.0
-                    if proc and sat["requests"]:
-                        sat["router_cpu_per_request_us"] = (cpu1 - cpu0) / sat["requests"] * 1e6
-                    progress.update(task, advance=1, description=f"{name}: streaming")
-                    st = stream_probe(port, args.streams)
-                    progress.update(task, advance=1)
-                finally:
-                    if proc:
-                        stop(proc)
-                results[name] = {"concurrency_1": c1, "saturation": sat, "streaming": st}
+            task = progress.add_task("routers", total=len(names) * 4 * args.rounds)
+            for rnd in range(args.rounds):  # interleaved rounds: a noisy neighbour hits every router alike
+                for name in names:
+                    progress.update(task, description=f"round {rnd + 1}: {name}")
+                    rounds[name].append(measure(name, bport, backend_url, args, script, tmp, progress, task))
     finally:
         stop(backend)
+    results = {name: {**median_of(rs), "rounds": rs} for name, rs in rounds.items()}
     base = results["direct"]
     for name, r in results.items():
         if name != "direct":
@@ -290,7 +310,8 @@ def main() -> None:
                     "loadavg_at_end": os.getloadavg()},
         "setup": {"router_cpu": args.router_cpu, "load_cpu": args.load_cpu, "backend": "bench/router/fast_backend.py",
                   "wrk_duration_s": args.duration, "saturation_conns": args.conns, "stream_events": 5,
-                  "stream_gap_ms": 10, "streams": args.streams},
+                  "stream_gap_ms": 10, "streams": args.streams, "rounds": args.rounds,
+                  "aggregation": "median over interleaved rounds of each number"},
         "peer_versions": versions,
         "results": results,
     }
@@ -331,6 +352,8 @@ def plot(doc: dict, path: Path) -> None:
             ax.legend(fontsize=8)
         ax.set_xticks(list(x), names)
         ax.set_title(title, fontsize=9)
+        if b is not None:
+            ax.set_yscale("log")  # p50 and p99 (first and last event) differ by orders of magnitude
     fig.suptitle(f"router overhead ({doc['machine']['cpus']} CPUs; router on cpu {doc['setup']['router_cpu']}, "
                  f"backend + wrk on cpu {doc['setup']['load_cpu']})", fontsize=10)
     fig.tight_layout()
