@@ -4,8 +4,7 @@
 
 with vLLM's `fused_experts` layout: w13 [E, 2I, H] (rows: gate then up), w2 [E, H, I]. Launches: align
 (bucket edges by expert, `align.py`), stage 1 (gate+up GEMM, SwiGLU epilogue) and stage 2 (down GEMM,
-top-k weighted combine epilogue), `grouped_gemm.py`; fp8 at large M adds two activation-quantization
-launches.
+top-k weighted combine epilogue), `grouped_gemm.py`; fp8 (w8a8) adds two activation-quantization launches.
 """
 
 from __future__ import annotations
@@ -95,8 +94,8 @@ def fused_moe(
     per-token-group activation quantization, "w4a16" int4 with groups of 128, "mxfp4" e2m1 + e8m0 per 32);
     topk_weights [M, k] float32; topk_ids [M, k] int32 (ids outside [0, E) contribute nothing).
     fmt "fp8" quantizes the activations (w8a8) when `fp8_act_quant` is true and keeps them in 16 bits with
-    the weights upcast in registers (w8a16) when false; None picks w8a8 only where the GEMMs are compute
-    bound (`config.fp8_act_quant_for`). `block_m` overrides the rows per tile; `alloc` allocates scratch
+    the weights upcast in registers (w8a16) when false; None takes `config.fp8_act_quant_for` (w8a8, the
+    faster mode on the H200 at every M). `block_m` overrides the rows per tile; `alloc` allocates scratch
     (tests pass one that poisons).
     """
     i, top_k = check_moe_args(hidden_states, w13, w2, topk_weights, topk_ids, fmt, w13_scale, w2_scale)
