@@ -19,7 +19,11 @@ CROSSOVER_PATH = Path(__file__).resolve().parent / "moe" / "crossover.json"
 @functools.lru_cache(maxsize=4)
 def load_crossover_table(path: str | Path = CROSSOVER_PATH) -> dict:
     """The crossover table: {"devices": {device_name: {fmt: {"zoe_max_m": int | None, ...}}}, ...}."""
-    table = json.loads(Path(path).read_text())
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"MoE crossover table missing at {path}: the package was installed without its "
+                                "data files (kernels/moe/*.json)")
+    table = json.loads(path.read_text())
     if "devices" not in table or "default" not in table["devices"]:
         raise ValueError(f"{path}: field 'devices' must hold a 'default' entry")
     for device, formats in table["devices"].items():
