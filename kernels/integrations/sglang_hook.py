@@ -12,8 +12,9 @@ What is patched (checked against the SGLang version and each function's paramete
   (`slot = page_table[pos // page_size] * page_size + pos % page_size`, -1 where fewer than 512 entries).
   bf16 scores keep SGLang's DeepSelect path (SGLang routes them elsewhere before these functions).
 - `csa_dual_scope`: not patched. SGLang decodes DeepSeek-V4 through FlashMLA's packed FP8 paged cache
-  (`flash_mla_with_kvcache` with `indices` + `extra_indices_in_kvcache`); zoe's dual-scope decode has no
-  adapter for that layout yet, so the hook records a loud `unsupported` fallback instead of pretending.
+  (`flash_mla_with_kvcache` with `indices` + `extra_indices_in_kvcache`), while zoe's `dual_scope_decode`
+  takes each request's window and compressed entries as contiguous tensors; gathering them every step
+  would cost O(context), so the hook records a loud `unsupported` fallback instead of pretending.
 - `fused_moe`, `lightning_indexer`: zoe's recipes serve the models that use them on vLLM; on SGLang they
   are recorded as `unsupported` fallbacks.
 """
@@ -36,8 +37,9 @@ TOPK_V2_PARAMS = ("scores", "seq_lens", "page_tables", "out_page_indices", "page
                   "out_raw_indices")  # fmt: skip
 UNSUPPORTED = {
     "csa_dual_scope": "SGLang decodes DeepSeek-V4 through FlashMLA's packed FP8 paged cache "
-    "(flash_mla_with_kvcache with indices and extra_indices_in_kvcache); zoe's dual-scope decode has no "
-    "adapter for that cache layout yet",
+    "(flash_mla_with_kvcache with indices and extra_indices_in_kvcache), while zoe's dual_scope_decode takes "
+    "each request's window and compressed entries as contiguous [B, N, D] tensors; an adapter would gather "
+    "the whole compressed sequence every step, so there is none until the kernel reads paged caches",
     "fused_moe": "no SGLang integration: zoe's recipes run the fused-MoE models on vLLM",
     "lightning_indexer": "no SGLang integration: zoe's recipes run the DSA models on vLLM",
 }
