@@ -56,8 +56,11 @@ def main() -> None:
         for seed, name in enumerate(names, start=1):
             progress.update(task, description=name)
             ports = [free_port() for _ in range(args.replicas)]
+            # sglang-router lists its model as "unknown" in /v1/models, and `zoe bench trace` asks for what is
+            # listed: behind it, the replicas serve that name (the engines are the same either way)
+            served = args.model if name.startswith("zoe-") else "unknown"
             sims = [spawn([*ZOE, "sim", "serve", "--model", args.model, "--port", str(p), "--time-scale",
-                           str(args.time_scale), "--startup-s", "0", "--served-model-name", args.model],
+                           str(args.time_scale), "--startup-s", "0", "--served-model-name", served],
                           tmp / f"sim-{name}-{i}.log") for i, p in enumerate(ports)]
             router = None
             try:
@@ -74,16 +77,19 @@ def main() -> None:
                 else:
                     policy = name.removeprefix("sglang-router-")
                     argv = [args.peer_python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
-                            str(rport), "--worker-urls", *urls, "--policy", policy, "--log-level", "warn"]
+                            str(rport), "--worker-urls", *urls, "--policy", policy, "--log-level", "warn",
+                            "--prometheus-port", str(free_port())]  # its default 29000 may be taken
                 router = spawn(argv, tmp / f"router-{name}.log")
                 wait_http(f"http://127.0.0.1:{rport}/health")
                 time.sleep(1)
                 report = tmp / f"{name}.json"
                 cmd = ["zoe", "bench", "trace", args.trace, "--url", f"http://127.0.0.1:{rport}", "--model",
-                       args.model, "--time-scale", str(args.time_scale), "--server-time-scale", str(args.time_scale),
+                       served, "--time-scale", str(args.time_scale), "--server-time-scale", str(args.time_scale),
                        "--limit", str(args.limit), "--max-output-len", str(args.max_output_len), "--seed", str(seed),
                        "--out", str(report), "--label", name]
-                subprocess.run([*ZOE, *cmd[1:]], cwd=REPO, check=True, capture_output=True, text=True)
+                done = subprocess.run([*ZOE, *cmd[1:]], cwd=REPO, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise SystemExit(f"{name}: zoe bench trace failed ({done.returncode}): {done.stderr[-2000:]}")
                 doc = json.loads(report.read_text())
                 runs.append({"router": name, "command": shlex.join(cmd).replace(str(REPO.parent) + "/", "../")
                              .replace(str(tmp), "<tmp>"), "report": summary_of(doc)})

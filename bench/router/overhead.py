@@ -246,10 +246,11 @@ def router_argv(name: str, port: int, backend: str, args) -> list[str]:
                 "--model", "m", "--policy", "prefix"]
     if name == "sglang-router":
         return [args.peer_python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-                "--worker-urls", backend, "--policy", "cache_aware", "--log-level", "warn"]
+                "--worker-urls", backend, "--policy", "cache_aware", "--log-level", "warn",
+                "--prometheus-port", str(free_port())]  # its default 29000 may be taken
     if name == "smg":
         return [args.smg, "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", backend,
-                "--policy", "cache_aware", "--log-level", "warn"]
+                "--policy", "cache_aware", "--log-level", "warn", "--prometheus-port", str(free_port())]
     raise ValueError(name)
 
 
