@@ -53,7 +53,10 @@ def version_supported(version: str, versions: tuple[str, str]) -> bool:
         return False
     lo, hi = release(versions[0]), release(versions[1])
     pad = max(len(v), len(lo), len(hi))
-    fill = lambda t: t + (0,) * (pad - len(t))  # noqa: E731
+
+    def fill(t: tuple[int, ...]) -> tuple[int, ...]:  # "0.32" compares as "0.32.0"
+        return t + (0,) * (pad - len(t))
+
     return fill(lo) <= fill(v) < fill(hi)
 
 

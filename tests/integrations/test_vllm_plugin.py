@@ -66,7 +66,7 @@ def test_mismatch_keeps_vllms_own_path_loudly(vllm_python, tmp_path, mode, reaso
     assert rep["patched"] == {}
     fb = {f["kernel"]: f for f in rep["fallbacks"]}
     assert fb["fused_moe"]["reason"] == reason
-    assert f"FALLBACK: fused_moe stays on vllm's own path" in log and reason in log
+    assert "FALLBACK: fused_moe stays on vllm's own path" in log and reason in log
 
 
 @pytest.mark.kernels
