@@ -280,6 +280,20 @@ class ReplicaKernels:
     engine_versions: tuple[str, ...]
     processes: int
 
+    def describe(self) -> str:
+        """One line for `zoe status`: each requested kernel with what actually happened to it."""
+        if not self.requested:
+            return "none requested"
+        parts = []
+        for kernel in self.requested:
+            calls = self.calls.get(kernel, {})
+            counts = f" (zoe {calls.get('zoe', 0)}, engine {calls.get('engine', 0)} calls)" if calls else ""
+            if kernel in self.active:
+                parts.append(f"{kernel}: on{counts}")
+            else:
+                parts.append(f"{kernel}: OFF ({', '.join(self.fallbacks.get(kernel, ['not reported']))}){counts}")
+        return "; ".join(parts)
+
 
 def summarize(reports: list[ProcessReport]) -> ReplicaKernels:
     requested: list[str] = []

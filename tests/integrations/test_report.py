@@ -74,6 +74,8 @@ def test_summary_marks_a_kernel_active_only_without_fallbacks(tmp_path):
     assert s.fallbacks == {"lightning_indexer": ["engine_version"]}
     assert s.calls == {"fused_moe": {"zoe": 2, "engine": 1}}
     assert s.processes == 2
+    assert s.describe() == "fused_moe: on (zoe 2, engine 1 calls); lightning_indexer: OFF (engine_version)"
+    assert summarize([]).describe() == "none requested"
 
 
 def test_read_reports_skips_dead_processes_and_garbage(tmp_path):
