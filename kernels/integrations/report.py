@@ -191,7 +191,11 @@ class KernelReporter:
             self._dirty = False
             self.report.updated_at = time.time()
             self.report.process = _process_name()  # engines retitle their processes after start-up
-            text = json.dumps(asdict(self.report), indent=1, sort_keys=True)
+            try:
+                text = json.dumps(asdict(self.report), indent=1, sort_keys=True)
+            except RuntimeError:  # count() added a key while the flusher copied: write on the next tick
+                self._dirty = True
+                return
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 tmp = target.with_name(f".{target.name}.tmp")
