@@ -1,6 +1,6 @@
 """Benchmark of zoe's sparse-attention kernels on one GPU: DSA indexer (+ top-2048), CSA top-512, dual-scope decode.
 
-One run does everything a device lease allows (see bench/kernels/README_sparse.md):
+One run does everything a device lease allows (see bench/kernels/sparse_README.md):
   1. runs the kernel tests of these ops on the GPU (pytest), log to $OUT/sparse_pytest.log;
   2. measures the two ceilings (device copy bandwidth, fp8 `torch._scaled_mm` rate);
   3. times each op and its PyTorch baseline at the issue's shapes (median of CUDA-graph replays for

@@ -141,14 +141,16 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                       win_k_scale: torch.Tensor | None = None, win_v_scale: torch.Tensor | None = None,
                       comp_k_scale: torch.Tensor | None = None, comp_v_scale: torch.Tensor | None = None,
                       sink: torch.Tensor | None = None, sm_scale: float | None = None,
-                      splits: int | None = None, block_h: int = 16, block_kv: int = 64,
-                      num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                      splits: int | None = None, block_h: int | None = None, block_kv: int = 32,
+                      num_warps: int | None = None, num_stages: int = 2) -> torch.Tensor:
     """Decode attention of one query token per sequence over its window plus its selected entries.
 
     q: [B, H, D] (bf16, fp16 or fp32; D a power of two); win_k/win_v: [B, W, D]; win_len: [B];
     comp_k/comp_v: [B, Nc, D]; comp_idx: [B, k] int32 (-1 padded); fp8 keys/values need their
     float32 scales ([B, W] and [B, Nc]). sink: [H] float32 logits or None. sm_scale defaults to
     1/sqrt(D). Returns [B, H, D] in q's dtype; a sequence with no valid entry (and no sink) gets zeros.
+    Defaults (fastest measured on an H200 at H=64, D=512): 16 heads and 4 warps per program for B < 8,
+    32 heads and 8 warps from B = 8 on; 32 entries per tile.
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")
@@ -194,6 +196,10 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     comp_idx = comp_idx.to(device=dev, dtype=torch.int32).contiguous()
     win_len = win_len.to(device=dev, dtype=torch.int32).contiguous()
     w_entries, k_sel = win_k.shape[1], comp_idx.shape[1]
+    if block_h is None:
+        block_h = 16 if bsz < 8 else 32
+    if num_warps is None:
+        num_warps = 4 if block_h <= 16 else 8
     block_h = max(16, min(block_h, triton.next_power_of_2(heads)))
     head_blocks = triton.cdiv(heads, block_h)
     tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
