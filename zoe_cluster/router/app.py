@@ -20,28 +20,25 @@ Hot path: the /v1 POST routes are a plain ASGI handler (no framework dispatch); 
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 import itertools
+import json
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import ValidationError
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from prometheus_client import CollectorRegistry
 
 from zoe_cluster.metrics import build_metrics
+from zoe_cluster.router.admin import AuxRoutes
 from zoe_cluster.router.config import RouterConfig
+from zoe_cluster.router.errors import HttpError, error_body
 from zoe_cluster.router.health import HealthChecker
 from zoe_cluster.router.membership import MemberReplica, Membership
-from zoe_cluster.router.replicas import ReplicaSet, ReplicaState, StaleMembership
+from zoe_cluster.router.replicas import ReplicaSet, ReplicaState
 from zoe_cluster.router.upstream import UpstreamPool, UpstreamResponse
 from zoe_cluster.routing.context import BadRequest, RequestContext, RoutingDecision, context_from_openai
 from zoe_cluster.routing.policy import Policy, get_policy
@@ -49,16 +46,6 @@ from zoe_cluster.routing.policy import Policy, get_policy
 _PROXIED = {b"/v1/completions": "completions", b"/v1/chat/completions": "chat"}
 _RETRY_STATUSES = {502, 503, 504}
 _SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", retry_after: int | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.retry_after = status, message, kind, retry_after
-
-
-def _error_body(message: str, kind: str, status: int) -> bytes:
-    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
 
 
 class _UpstreamFailed(Exception):
@@ -124,7 +111,7 @@ class Router:
         self.upstream: UpstreamPool | None = None
         self.kv_events = None  # KvEventSubscriber in precise mode
         self.health = HealthChecker(self, config)
-        self._aux = Starlette(routes=self._routes())
+        self._aux = AuxRoutes(self).app
 
     def apply_membership(self, membership: Membership) -> dict[str, list[str]]:
         """Apply a membership push (raises StaleMembership); drops cached metric children of removed replicas."""
@@ -202,7 +189,7 @@ class Router:
         headers = [(b"content-type", b"application/json")]
         if err.retry_after is not None:
             headers.append((b"retry-after", str(err.retry_after).encode()))
-        body = _error_body(err.message, err.kind, err.status)
+        body = error_body(err.message, err.kind, err.status)
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": err.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -501,80 +488,6 @@ class Router:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
         return True
-
-    # ------------------------------------------------------------------ aux routes (Starlette)
-    def _routes(self) -> list[Route]:
-        return [
-            Route("/health", self._health, methods=["GET"]),
-            Route("/v1/models", self._models, methods=["GET"]),
-            Route("/metrics", self._metrics, methods=["GET"]),
-            Route("/admin/membership", self._admin_membership, methods=["GET", "PUT"]),
-            Route("/admin/replicas/{replica_id:path}/drain", self._admin_drain, methods=["POST"]),
-            Route("/admin/replicas/{replica_id:path}/undrain", self._admin_drain, methods=["POST"]),
-        ]
-
-    async def _health(self, request: Request) -> Response:
-        now = self.clock()
-        routable = sum(1 for st in self.replicas if st.routable(now))
-        return JSONResponse({"status": "ok", "replicas": len(self.replicas.by_id), "routable": routable,
-                             "membership_version": self.replicas.version})
-
-    async def _models(self, request: Request) -> Response:
-        if self._api_keys:
-            auth = request.headers.get("authorization", "")
-            if not auth.startswith("Bearer ") or auth[7:].strip().encode() not in self._api_keys:
-                return JSONResponse(json.loads(_error_body("missing or invalid API key", "authentication_error", 401)),
-                                    status_code=401)
-        data = [{"id": m, "object": "model", "owned_by": "zoe"} for m in sorted(self.served_models())]
-        return JSONResponse({"object": "list", "data": data})
-
-    async def _metrics(self, request: Request) -> Response:
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
-
-    def _admin_denied(self, request: Request) -> Response | None:
-        if self._admin_auth is None:
-            return JSONResponse({"error": {"message": "the admin API is disabled: start the router with an admin key",
-                                           "type": "permission_error", "code": 403}}, status_code=403)
-        if request.headers.get("authorization", "").encode() != self._admin_auth:
-            return JSONResponse({"error": {"message": "missing or invalid admin key", "type": "authentication_error",
-                                           "code": 401}}, status_code=401)
-        return None
-
-    async def _admin_membership(self, request: Request) -> Response:
-        if (denied := self._admin_denied(request)) is not None:
-            return denied
-        if request.method == "GET":
-            out = {"version": self.replicas.version, "policy": self.policy.describe(),
-                   "replicas": self.replicas.describe()}
-            if self.kv_events is not None:
-                out["kv_events"] = {rid: {"engine_blocks": m.blocks, "block_size": m.block_size, "gaps": m.gaps,
-                                          **m.history} for rid, m in self.kv_events.mirrors.items()}
-            return JSONResponse(out)
-        raw = await request.body()
-        try:
-            m = Membership.model_validate_json(raw)
-        except ValidationError as e:
-            problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors())
-            return JSONResponse({"error": {"message": f"invalid membership: {problems}", "type": "invalid_request_error",
-                                           "code": 400}}, status_code=400)
-        try:
-            changes = self.apply_membership(m)
-        except StaleMembership as e:
-            return JSONResponse({"error": {"message": str(e), "type": "conflict", "code": 409}}, status_code=409)
-        self.health.kick()
-        return JSONResponse({"version": m.version, "replicas": len(m.replicas), **changes})
-
-    async def _admin_drain(self, request: Request) -> Response:
-        if (denied := self._admin_denied(request)) is not None:
-            return denied
-        rid = request.path_params["replica_id"]
-        try:
-            st = self.replicas.set_draining(rid, request.url.path.endswith("/drain"))
-        except KeyError:
-            return JSONResponse({"error": {"message": f"unknown replica '{rid}'", "type": "not_found_error",
-                                           "code": 404}}, status_code=404)
-        return JSONResponse({"id": rid, "draining": st.view.draining, "active_requests": st.view.active_requests})
-
 
 def build_router(
     config: RouterConfig,
