@@ -98,9 +98,87 @@ class ReplayResult:
     wall_s: float
     routing_reasons: dict[str, int] = field(default_factory=dict)
     per_replica: list[dict[str, Any]] = field(default_factory=list)
+    tpot_p90_s: float = float("nan")
+    goodput_tok_s: float | None = None
+    """Output tokens/s of requests that met both SLOs (`slo_ttft_s`, `slo_tpot_s`), when SLOs were given."""
+    swaps: int = 0
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    request_log: list[tuple[float, float, float, int, str]] = field(default_factory=list)
+    """With `log_requests`: (arrival_s, ttft_s, tpot_s, output_tokens, variant) of every completed request."""
+    """One row per controller tick: time, requests in flight, each replica's variant and state, tokens out."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class ReplayFleet:
+    """The simulated replicas of one replay, as a controller sees them.
+
+    It implements the switching actuator's `FleetControl` (`replicas`, `in_flight`, `swap`), so the live
+    controller's actuator and `decide` drive simulated swaps unchanged. A swap is drain-first: the replica leaves
+    the routable set, finishes what it holds, is down for the new variant's weights load time
+    (`profile.weights_load_s` x `load_time_scale`), then comes back as a new generation with a fresh cache.
+    """
+
+    def __init__(self, recipe: Recipe, variants: list[str], cal_for: Callable[[str], Calibration],
+                 kv_tokens: int | None, load_time_scale: float = 1.0):
+        self.recipe, self.cal_for, self.kv_tokens = recipe, cal_for, kv_tokens
+        self.load_time_scale = load_time_scale
+        self.now = 0.0
+        n = len(variants)
+        self.variants = list(variants)
+        self.generation = [0] * n
+        self.state = ["ready"] * n
+        self.last_swap_at: list[float | None] = [None] * n
+        self.pending: dict[int, str] = {}
+        self.swaps = 0
+        self.cores: list[EngineCore] = []
+        self.views: list[ReplicaView] = []
+        for i, v in enumerate(variants):
+            core, view = self._build(i, v)
+            self.cores.append(core)
+            self.views.append(view)
+
+    def _build(self, i: int, variant: str) -> tuple[EngineCore, ReplicaView]:
+        v = self.recipe.variant(variant)
+        cap = self.kv_tokens if self.kv_tokens is not None else kv_capacity(self.recipe, variant).tokens
+        bs = MOONCAKE_BLOCK_TOKENS
+        core = EngineCore(self.cal_for(variant).model, PrefixCache(max(1, cap // bs), bs), v.max_num_seqs,
+                          v.max_num_batched_tokens)
+        view = ReplicaView(f"sim/{i}/{self.generation[i]}", f"sim://{i}", variant=variant, kv_capacity_tokens=cap,
+                           max_active_requests=v.max_num_seqs)
+        return core, view
+
+    # FleetControl
+    def replicas(self) -> list[Any]:
+        from zoe_cluster.switching.actuator import FleetReplica
+
+        return [FleetReplica(i, self.views[i].replica_id, self.variants[i], self.state[i], self.last_swap_at[i])
+                for i in range(len(self.views))]
+
+    def in_flight(self) -> dict[str, float]:
+        return {v.replica_id: float(v.active_requests) for v in self.views}
+
+    def swap(self, index: int, variant: str, reason: str = "") -> None:
+        if self.state[index] != "ready":
+            raise ValueError(f"replica {index} is {self.state[index]}, not ready")
+        self.recipe.variant(variant)
+        self.state[index] = "draining"
+        self.views[index].draining = True
+        self.pending[index] = variant
+        self.swaps += 1
+
+    def load_s(self, variant: str) -> float:
+        load = self.recipe.variant(variant).profile.weights_load_s
+        return (load.value if load else 600.0) * self.load_time_scale
+
+    def come_back(self, i: int, now: float) -> None:
+        variant = self.pending.pop(i)
+        self.generation[i] += 1
+        self.variants[i] = variant
+        self.cores[i], self.views[i] = self._build(i, variant)
+        self.state[i] = "ready"
+        self.last_swap_at[i] = now
 
 
 def replay(
@@ -113,22 +191,36 @@ def replay(
     calibration: Calibration | None = None,
     kv_tokens: int | None = None,
     progress: Callable[[int], None] | None = None,
+    *,
+    variants: list[str] | None = None,
+    controller: Callable[[ReplayFleet], Any] | None = None,
+    tick_s: float = 30.0,
+    load_time_scale: float = 1.0,
+    slo_ttft_s: float | None = None,
+    slo_tpot_s: float | None = None,
+    log_requests: bool = False,
 ) -> ReplayResult:
-    """Serve `rows` on `replicas` simulated replicas of `variant` routed by `policy`; see the module docstring."""
+    """Serve `rows` on `replicas` simulated replicas of `variant` routed by `policy`; see the module docstring.
+
+    `variants` gives each replica its own starting variant (mixed fleets). `controller(fleet)` is called every
+    `tick_s` simulated seconds with the `ReplayFleet` (e.g. a switching actuator's `step`); ticks also record the
+    timeline. With `slo_ttft_s`/`slo_tpot_s`, goodput counts only requests that met both.
+    """
     if replicas <= 0:
         raise ValueError(f"replicas must be positive, got {replicas}")
+    if variants is not None and len(variants) != replicas:
+        raise ValueError(f"variants lists {len(variants)} replicas, expected {replicas}")
     t_wall = time.perf_counter()
-    v = recipe.variant(variant)
     pol = get_policy(policy, **(policy_options or {}))
-    cal = calibration or calibrate(recipe, variant)
-    cap = kv_tokens if kv_tokens is not None else kv_capacity(recipe, variant).tokens
-    bs = MOONCAKE_BLOCK_TOKENS
-    cores = [EngineCore(cal.model, PrefixCache(max(1, cap // bs), bs), v.max_num_seqs, v.max_num_batched_tokens)
-             for _ in range(replicas)]
-    views = [ReplicaView(f"sim/{i}/0", f"sim://{i}", variant=variant, kv_capacity_tokens=cap,
-                         max_active_requests=v.max_num_seqs) for i in range(replicas)]
-    index = {view.replica_id: i for i, view in enumerate(views)}
-    frontend = cal.model.frontend_s
+    cals: dict[str, Calibration] = {variant: calibration or calibrate(recipe, variant)}
+
+    def cal_for(name: str) -> Calibration:
+        if name not in cals:
+            cals[name] = calibrate(recipe, name)
+        return cals[name]
+
+    fleet = ReplayFleet(recipe, list(variants or [variant] * replicas), cal_for, kv_tokens, load_time_scale)
+    cores, views = fleet.cores, fleet.views
     busy = [False] * replicas
     heap: list[tuple[float, int, int, Any]] = []
     seq = 0
@@ -137,22 +229,38 @@ def replay(
     e2es: list[float] = []
     reasons: dict[str, int] = {}
     dropped = completed = 0
-    prompt_tokens = cached_tokens = out_tokens = 0
+    prompt_tokens = cached_tokens = out_tokens = good_tokens = 0
     last_finish = 0.0
     n_rows = len(rows)
     k = 0  # next arrival
+    timeline: list[dict[str, Any]] = []
+    tick_tokens = 0
+    removed_preemptions = 0
+    request_log: list[tuple[float, float, float, int, str]] = []
 
     def start(i: int, now: float) -> None:
         nonlocal seq
         core = cores[i]
         horizon = rows[k].arrival_s if k < n_rows else float("inf")
+        if heap_tick[0] is not None:
+            horizon = min(horizon, heap_tick[0])
         step = core.fast_forward(now, horizon) or core.schedule(now)
         if step is None:
             busy[i] = False
+            if fleet.state[i] == "draining" and not core.has_work:
+                fleet.state[i] = "loading"
+                seq += 1
+                heapq.heappush(heap, (now + fleet.load_s(fleet.pending[i]), seq, i, "ready"))
             return
         busy[i] = True
         seq += 1
         heapq.heappush(heap, (now + step.duration_s, seq, i, step))
+
+    heap_tick: list[float | None] = [None]
+    if controller is not None and rows:
+        heap_tick[0] = rows[0].arrival_s
+        seq += 1
+        heapq.heappush(heap, (rows[0].arrival_s, seq, -1, "tick"))
 
     while k < n_rows or heap:
         if k < n_rows and (not heap or rows[k].arrival_s <= heap[0][0]):
@@ -161,14 +269,17 @@ def replay(
             ctx = context_from_trace(f"r{k}", recipe.name, row.hash_ids, row.input_tokens, max(1, row.output_tokens))
             k += 1
             cands = [view for view in views if view.routable]
+            if not cands:
+                dropped += 1
+                continue
             d = pol.select(ctx, cands)
             pol.on_routed(ctx, d)
             reasons[d.reason] = reasons.get(d.reason, 0) + 1
-            i = index[d.replica_id]
+            i = int(d.replica_id.split("/")[1])
             est = d.matched_tokens(ctx)
             views[i].admit(ctx, est)
             req = SimRequest(ctx.request_id, row.input_tokens, max(1, row.output_tokens), ctx.block_hashes,
-                             arrival_s=now, payload=[ctx, est, False])
+                             arrival_s=now, payload=[ctx, est, False, views[i]])
             try:
                 cores[i].add(req)
             except RequestTooLarge:
@@ -182,23 +293,53 @@ def replay(
                 progress(k)
             continue
         end, _, i, step = heapq.heappop(heap)
-        view = views[i]
+        if step == "tick":
+            fleet.now = end
+            controller(fleet)  # type: ignore[misc]
+            timeline.append({"t_s": end, "in_flight": sum(v.active_requests for v in views),
+                             "variants": list(fleet.variants), "states": list(fleet.state),
+                             "output_tokens": tick_tokens})
+            tick_tokens = 0
+            for j in range(replicas):  # a replica told to drain while idle starts loading now
+                if fleet.state[j] == "draining" and not busy[j]:
+                    start(j, end)
+            more = k < n_rows or any(busy) or "loading" in fleet.state
+            heap_tick[0] = end + tick_s if more else None
+            if more:
+                seq += 1
+                heapq.heappush(heap, (end + tick_s, seq, -1, "tick"))
+            continue
+        if step == "ready":
+            removed_preemptions += cores[i].counters.preemptions
+            pol.on_replica_removed(views[i].replica_id)
+            fleet.come_back(i, end)
+            busy[i] = False
+            continue
         for req, _n in cores[i].complete(step, end):
             pay = req.payload
+            view = pay[3]
             if not pay[2]:
                 pay[2] = True
-                ttfts.append(req.first_token_s - req.arrival_s + frontend)  # type: ignore[operator]
+                ttfts.append(req.first_token_s - req.arrival_s + cal_for(fleet.variants[i]).model.frontend_s)  # type: ignore[operator]
                 view.prefill_done(pay[0], pay[1])
             if req.finish_s is not None:
                 completed += 1
                 view.finish(pay[0], pay[1])
                 pol.on_finished(pay[0], view.replica_id, True)
+                frontend = cal_for(fleet.variants[i]).model.frontend_s
+                ttft = req.first_token_s - req.arrival_s + frontend  # type: ignore[operator]
                 e2es.append(req.finish_s - req.arrival_s + frontend)
+                tpot = (req.finish_s - req.first_token_s) / (req.output - 1) if req.output > 1 else 0.0  # type: ignore[operator]
                 if req.output > 1:
-                    tpots.append((req.finish_s - req.first_token_s) / (req.output - 1))  # type: ignore[operator]
+                    tpots.append(tpot)
+                if log_requests:
+                    request_log.append((req.arrival_s, ttft, tpot, req.output, fleet.variants[i]))
+                if (slo_ttft_s is None or ttft <= slo_ttft_s) and (slo_tpot_s is None or tpot <= slo_tpot_s):
+                    good_tokens += req.output
                 prompt_tokens += req.prompt_tokens
                 cached_tokens += max(0, req.cached_tokens)
                 out_tokens += req.output
+                tick_tokens += req.output
                 last_finish = max(last_finish, end)
         start(i, end)
     if progress is not None:
@@ -207,17 +348,20 @@ def replay(
     per = []
     for view, core in zip(views, cores):
         c = core.counters
-        per.append({"replica": view.replica_id, "finished": c.finished, "steps": c.steps,
+        per.append({"replica": view.replica_id, "variant": view.variant, "finished": c.finished, "steps": c.steps,
                     "busy_s": round(c.busy_s, 3), "preemptions": c.preemptions,
                     "prefix_hit_rate": c.prefix_hits_tokens / c.prefix_queries_tokens if c.prefix_queries_tokens else 0.0})
+    with_slo = slo_ttft_s is not None or slo_tpot_s is not None
     return ReplayResult(
         model=recipe.name, variant=variant, policy=policy, replicas=replicas, requests=n_rows, completed=completed,
         dropped=dropped, prefix_hit_rate=cached_tokens / prompt_tokens if prompt_tokens else 0.0,
         ttft_p50_s=_pct(ttfts, 0.5), ttft_p90_s=_pct(ttfts, 0.9), ttft_p99_s=_pct(ttfts, 0.99),
         tpot_p50_s=_pct(tpots, 0.5), e2e_p50_s=_pct(e2es, 0.5), e2e_p99_s=_pct(e2es, 0.99),
         output_tok_s=out_tokens / span if span > 0 else 0.0, simulated_s=span,
-        preemptions=sum(c.counters.preemptions for c in cores), wall_s=time.perf_counter() - t_wall,
-        routing_reasons=reasons, per_replica=per,
+        preemptions=sum(c.counters.preemptions for c in cores) + removed_preemptions,
+        wall_s=time.perf_counter() - t_wall, routing_reasons=reasons, per_replica=per,
+        tpot_p90_s=_pct(tpots, 0.9), goodput_tok_s=(good_tokens / span if span > 0 else 0.0) if with_slo else None,
+        swaps=fleet.swaps, timeline=timeline, request_log=request_log,
     )
 
 

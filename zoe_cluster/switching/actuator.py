@@ -53,6 +53,9 @@ class SwitchActuator:
         self.recipe, self.config, self.control, self.clock = recipe, config, control, clock
         self.window = ConcurrencyWindow(config.window_s)
         self.history: deque[DecisionRecord] = deque(maxlen=history)
+        """Swap decisions, newest last."""
+        self.latest: dict[int, DecisionRecord] = {}
+        """The latest decision for each replica (holds included), for `zoe status`."""
         self.swaps_started = 0
 
     def sample(self) -> None:
@@ -67,10 +70,10 @@ class SwitchActuator:
         obs = [ReplicaObservation(r.index, r.variant, r.state, conc[r.index], r.last_swap_at) for r in fleet]  # type: ignore[arg-type]
         decisions = decide(self.recipe, obs, self.config, now)
         for d in decisions:
-            changed = not self.history or self.history[-1].decision.reason != d.reason or d.action == "swap"
-            if changed:
-                self.history.append(DecisionRecord(now, d, conc[d.replica]))
+            record = DecisionRecord(now, d, conc[d.replica])
+            self.latest[d.replica] = record
             if d.action == "swap":
+                self.history.append(record)
                 self.control.swap(d.replica, d.variant, d.reason)
                 self.swaps_started += 1
         return decisions
