@@ -7,4 +7,8 @@ from setuptools import find_packages, setup
 
 packages = find_packages(include=["zoe_cluster", "zoe_cluster.*"])
 packages += ["zoe_kernels"] + ["zoe_kernels." + p for p in find_packages("kernels")]
-setup(packages=packages, package_dir={"zoe_kernels": "kernels"})
+setup(
+    packages=packages,
+    package_dir={"zoe_kernels": "kernels"},
+    package_data={"zoe_kernels.moe": ["*.json"]},
+)
