@@ -37,6 +37,16 @@ def deployment(ray_cluster):
         remove_deployment("heal")
 
 
+def _cmdlines(pids: list[int]) -> list[str]:
+    out = []
+    for p in pids:
+        try:
+            out.append(open(f"/proc/{p}/cmdline").read().replace("\0", " ")[:120])
+        except OSError:
+            pass
+    return out
+
+
 def status(handle) -> dict:
     import ray
 
@@ -136,8 +146,8 @@ def test_killed_node_actor_is_replaced_and_its_engine_not_orphaned(deployment):
     before = replica(handle, 0)
     engine_group = before["pids"][0]
     actor_pid = before["member_pids"][0]
-    # the supervisor of the engine is the actor's child
-    assert int(open(f"/proc/{engine_group}/stat").read().split(")")[-1].split()[1]) == actor_pid
+    # the engine's supervisor watches this actor (it is detached, not the actor's child)
+    assert any(f"--owner-pid {actor_pid} " in c for c in _cmdlines(group_members(engine_group)))
     with Traffic(url) as traffic:
         os.kill(actor_pid, signal.SIGKILL)
         wait_for(lambda: not group_members(engine_group), 20, what="the engine to die with its actor")
@@ -198,6 +208,33 @@ def test_fleet_view_for_the_switcher(deployment):
     assert all(f["state"] == "ready" and f["replica_id"].startswith("heal/") for f in fleet)
     counts = ray.get(handle.in_flight.remote())
     assert set(counts) == {f["replica_id"] for f in fleet} and all(v >= 0 for v in counts.values())
+
+
+def test_restarted_controller_resumes_the_latest_intent(deployment):
+    import ray
+
+    from zoe_cluster.cluster.client import get_controller
+
+    handle, url = deployment
+    before = {r["index"]: r for r in status(handle)["replicas"]}
+    pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
+    os.kill(pid, signal.SIGKILL)  # Ray restarts it (max_restarts=-1); its gangs and router died with it
+    for r in before.values():
+        wait_for(lambda: not group_members(r["pids"][0]), 30, what=f"old engines of {r['id']} to die with the "
+                 f"controller: {[(p, pid_alive(p)) for p in r['member_pids']]} {_cmdlines(group_members(r['pids'][0]))}")
+
+    def resumed():
+        try:
+            st = ray.get(get_controller("heal").status.remote(), timeout=5)
+        except Exception:  # noqa: BLE001 - restarting
+            return None
+        return st if st["replicas_ready"] == 2 else None
+
+    st = wait_for(resumed, 60, what="2 replicas ready under the restarted controller")
+    for r in st["replicas"]:  # new engines are new generations: ids never repeat
+        assert r["generation"] > before[r["index"]]["generation"], (r["id"], before[r["index"]]["id"])
+    assert httpx.post(url + "/v1/completions", json={"model": "glm-5.3", "prompt": "x", "max_tokens": 1},
+                      timeout=10).status_code == 200
 
 
 def test_undeploy_leaves_no_process_behind(deployment):

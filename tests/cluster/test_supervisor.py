@@ -27,11 +27,13 @@ def test_owner_death_takes_down_the_whole_engine_group(tmp_path):
     try:
         sup = spawn_supervised(ENGINE, dict(os.environ), tmp_path / "e.log", owner_pid=owner.pid)
         wait_for(lambda: len(group_members(sup.pid)) == 3, 20, what="supervisor, engine and grandchild")
-        assert os.getpgid(sup.pid) == sup.pid != os.getpgrp()  # its own group, not ours
+        assert os.getpgid(sup.supervisor_pid) == sup.pgid != os.getpgrp()  # its own group, not ours
+        # detached: not our child, so a Ray worker's exit (which SIGKILLs its children) cannot reach it
+        assert int(open(f"/proc/{sup.supervisor_pid}/stat").read().rsplit(")", 1)[1].split()[1]) != os.getpid()
         owner.kill()
         owner.wait()
         wait_for(lambda: not group_members(sup.pid), 15, what="the group to die with its owner")
-        sup.wait(5)
+        assert sup.poll() is not None
         assert "owner" in (tmp_path / "e.log").read_text()
     finally:
         owner.kill()
@@ -42,7 +44,7 @@ def test_kill_group_stops_engine_and_grandchildren(tmp_path):
     sup = spawn_supervised(ENGINE, dict(os.environ), tmp_path / "e.log")
     wait_for(lambda: len(group_members(sup.pid)) == 3, 20, what="three processes")
     t = time.monotonic()
-    kill_group(sup.pid, grace_s=5, reap=sup)
+    sup.stop(grace_s=5)
     assert not group_members(sup.pid) and time.monotonic() - t < 5
     assert "engine up" in (tmp_path / "e.log").read_text()
 
@@ -51,13 +53,24 @@ def test_stopped_engine_is_killed_after_the_grace(tmp_path):
     sup = spawn_supervised(ENGINE, dict(os.environ), tmp_path / "e.log")
     wait_for(lambda: len(group_members(sup.pid)) == 3, 20, what="three processes")
     os.killpg(sup.pid, signal.SIGSTOP)  # a hung engine ignores SIGTERM until continued
-    kill_group(sup.pid, grace_s=0.5, reap=sup)
+    sup.stop(grace_s=0.5)
     wait_for(lambda: not group_members(sup.pid), 5, what="SIGKILL to reach the stopped group")
 
 
 def test_engine_exit_code_passes_through(tmp_path):
     sup = spawn_supervised([sys.executable, "-c", "raise SystemExit(7)"], dict(os.environ), tmp_path / "e.log")
-    assert sup.wait(20) == 7
+    assert sup.wait(20) == 7 and sup.poll() == 7
     bad = spawn_supervised(["/nonexistent/engine"], dict(os.environ), tmp_path / "e.log")
     assert bad.wait(20) == 127
     assert "cannot start" in (tmp_path / "e.log").read_text()
+
+
+def test_a_killed_supervisor_reads_as_a_failure_and_its_group_still_stops(tmp_path):
+    """Ray SIGKILLs an exiting worker's children; if that ever reaches the supervisor, the owner still sees a
+    failure (exit 137) and stopping the group still kills the engine."""
+    sup = spawn_supervised(ENGINE, dict(os.environ), tmp_path / "e.log")
+    wait_for(lambda: len(group_members(sup.pgid)) == 3, 20, what="three processes")
+    os.kill(sup.supervisor_pid, signal.SIGKILL)
+    wait_for(lambda: sup.poll() == 137, 5, what="the owner to see the supervisor gone")
+    sup.stop(grace_s=1)
+    assert not group_members(sup.pgid)

@@ -64,6 +64,7 @@ def create_deployment(spec: DeploymentSpec, ray_address: str, check_fit: bool = 
         if why:
             raise ValueError(why)
     _kv_del(KV_PREFIX + spec.name)  # a leftover intent of an earlier deployment of this name
+    _kv_del(KV_PREFIX + spec.name + "/generations")
     handle = controller_actor_class().options(
         name=controller_name(spec.name), namespace=NAMESPACE, lifetime="detached", max_restarts=-1,
         max_task_retries=0, num_cpus=0, max_concurrency=1000,
@@ -94,4 +95,5 @@ def remove_deployment_handle(handle, graceful: bool = True, timeout_s: float = 1
 def remove_deployment(name: str, graceful: bool = True, timeout_s: float = 180) -> dict | None:
     status = remove_deployment_handle(get_controller(name), graceful, timeout_s)
     _kv_del(KV_PREFIX + name)
+    _kv_del(KV_PREFIX + name + "/generations")
     return status

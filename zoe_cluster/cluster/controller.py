@@ -10,6 +10,7 @@ The CLI finds controllers by name in the "zoe" namespace; everything it shows co
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -92,7 +93,8 @@ class DeploymentController:
         self.adapter = get_adapter(self.spec.engine)
         self.slots: dict[int, Slot] = {}
         self.history: list[ReplicaFacts] = []
-        self.membership_version = 0
+        # Versions stay monotonic across controller restarts (a router that outlived us rejects older pushes).
+        self.membership_version = int(time.time() * 1000)
         self.router: RouterLink | None = None
         self.router_error: str | None = None
         self.log_dir = Path(self.spec.log_dir) if self.spec.log_dir else default_log_dir()
@@ -101,6 +103,29 @@ class DeploymentController:
         self._http: httpx.AsyncClient | None = None
         self._closing = False
         self._persist()
+        self._generations: dict[str, int] = json.loads(_kv_get(KV_PREFIX + spec.name + "/generations") or "{}") \
+            if stored else {}
+        if stored:
+            self._resume_after_restart()
+
+    def _resume_after_restart(self) -> None:
+        """A controller Ray restarted has nobody to call `start()`: start itself once its event loop runs."""
+        try:
+            asyncio.get_running_loop().create_task(self.start())
+            return
+        except RuntimeError:
+            pass
+        import threading
+
+        def kick() -> None:  # outside the loop thread: ask the actor to call its own start()
+            import ray
+
+            try:
+                ray.get_runtime_context().current_actor.start.remote()
+            except Exception:  # noqa: BLE001
+                log.exception("could not resume the deployment after a controller restart")
+
+        threading.Timer(0.5, kick).start()
 
     # ---- lifecycle of the controller itself -------------------------------------------------------------
     async def start(self) -> dict:
@@ -152,9 +177,12 @@ class DeploymentController:
     # ---- one replica ----------------------------------------------------------------------------------------
     async def _supervise(self, slot: Slot) -> None:
         h = self.spec.health
+        slot.generation = max(slot.generation, self._generations.get(str(slot.index), 0))
         while not slot.remove and not self._closing:
             variant = self.spec.variant_of(slot.index)
             slot.generation += 1
+            self._generations[str(slot.index)] = slot.generation  # ids stay unique across controller restarts
+            _kv_put(KV_PREFIX + self.spec.name + "/generations", json.dumps(self._generations))
             facts = ReplicaFacts(self.spec.name, slot.index, slot.generation, variant, self.spec.pool(variant),
                                  created_at=time.time(), restarts=slot.restarts)
             self._begin(slot, facts)
@@ -643,6 +671,7 @@ class DeploymentController:
         if self.router is not None:
             await self.router.close(h.stop_grace_s)
         _kv_del(KV_PREFIX + self.spec.name)
+        _kv_del(KV_PREFIX + self.spec.name + "/generations")
         return self.status()
 
     def _persist(self) -> None:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
-from zoe_cluster.cluster.supervisor import group_alive, kill_group, spawn_supervised
+from zoe_cluster.cluster.supervisor import Supervised, group_alive, spawn_supervised
 
 
 def detect_platform() -> str:
@@ -45,7 +44,7 @@ class NodeMember:
         self.replica_id = replica_id
         self.node_rank = node_rank
         self.log_dir = Path(log_dir) if log_dir else default_log_dir()
-        self.proc: subprocess.Popen | None = None
+        self.proc: Supervised | None = None
         self.log_path: Path | None = None
 
     def info(self) -> dict:
@@ -89,8 +88,7 @@ class NodeMember:
         if self.proc is None:
             return None
         proc, self.proc = self.proc, None
-        kill_group(proc.pid, grace_s, reap=proc)
-        return proc.poll()
+        return proc.stop(grace_s)
 
     def alive_group(self) -> bool:
         return self.proc is not None and group_alive(self.proc.pid)

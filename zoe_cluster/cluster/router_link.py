@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from zoe_cluster.cluster.supervisor import kill_group, spawn_supervised
+from zoe_cluster.cluster.supervisor import spawn_supervised
 
 log = logging.getLogger(__name__)
 
@@ -97,5 +97,5 @@ class RouterLink:
     async def close(self, grace_s: float = 5.0) -> None:
         await self._client.aclose()
         if self.proc is not None:
-            await asyncio.to_thread(kill_group, self.proc.pid, grace_s, self.proc)
+            await asyncio.to_thread(self.proc.stop, grace_s)
             self.proc = None

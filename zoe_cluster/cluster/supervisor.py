@@ -2,22 +2,26 @@
 
     python -m zoe_cluster.cluster.supervisor --owner-pid PID -- ARGV...
 
-The owner (a replica's node actor, or the controller for the router) starts this module in a new session, so
-the supervisor leads its own process group and the engine and all the engine's children join it. The
+The owner (a replica's node actor, or the controller for the router) starts this module in a new session and
+the supervisor detaches (forks; the launcher exits at once), so it is not the owner's child: Ray kills an
+exiting worker's direct children with SIGKILL, which would leave the engine behind with nobody to stop it. The
+process group (id = the launcher's pid) holds the supervisor, the engine and all the engine's children. The
 supervisor polls the owner: when the owner is gone (Ray killed the actor, the node actor crashed) it sends
-SIGTERM to the whole group, waits, then SIGKILL. When the engine exits, the supervisor exits with its code.
-The owner stops everything with `kill_group(pgid)`, which reaches stragglers after the supervisor is gone.
-`spawn_supervised` is the owner's side.
+SIGTERM to the whole group, waits, then SIGKILL. When the engine exits, the supervisor writes the exit code to
+its exit file and exits. `spawn_supervised` is the owner's side; it returns a `Supervised` handle.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 POLL_S = 0.2
@@ -67,16 +71,75 @@ def kill_group(pgid: int, grace_s: float = 10.0, reap: subprocess.Popen | None =
             pass
 
 
+def _live(pid: int) -> bool:
+    """pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return _alive(pid) if not os.path.isdir("/proc") else False
+
+
+@dataclass
+class Supervised:
+    """The owner's handle on one supervised engine: its process group, the supervisor's pid, its exit file."""
+
+    pgid: int
+    supervisor_pid: int
+    exit_file: Path
+
+    @property
+    def pid(self) -> int:
+        return self.pgid
+
+    def poll(self) -> int | None:
+        """The engine's exit code; None while it runs; 137 when the supervisor itself was killed."""
+        try:
+            return int(self.exit_file.read_text())
+        except (OSError, ValueError):
+            pass
+        if _live(self.supervisor_pid):
+            return None
+        try:  # it may have written the file just before exiting
+            return int(self.exit_file.read_text())
+        except (OSError, ValueError):
+            return 128 + signal.SIGKILL
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        """Stop the whole group (SIGTERM, SIGKILL after `grace_s`); returns the exit code and removes the files."""
+        kill_group(self.pgid, grace_s)
+        code = self.poll()
+        shutil.rmtree(self.exit_file.parent, ignore_errors=True)
+        return code
+
+    def wait(self, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        while (code := self.poll()) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"supervised process group {self.pgid} still running after {timeout_s}s")
+            time.sleep(0.05)
+        return code
+
+
 def spawn_supervised(argv: list[str], env: dict[str, str], log_path: str | Path, owner_pid: int | None = None,
-                     python: str | None = None) -> subprocess.Popen:
-    """Start `argv` under a supervisor in a new process group (pgid == returned pid), output appended to `log_path`."""
+                     python: str | None = None) -> Supervised:
+    """Start `argv` under a detached supervisor in a new process group, output appended to `log_path`."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix="zoe-sup-"))
+    pid_file, exit_file = run_dir / "pid", run_dir / "exit"
     cmd = [python or sys.executable, "-m", "zoe_cluster.cluster.supervisor",
-           "--owner-pid", str(owner_pid or os.getpid()), "--", *argv]
+           "--owner-pid", str(owner_pid or os.getpid()), "--pid-file", str(pid_file), "--exit-file", str(exit_file),
+           "--", *argv]
     with open(log_path, "ab") as log:
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        launcher = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+    code = launcher.wait(timeout=60)  # exits as soon as the supervisor has forked away
+    try:
+        supervisor_pid = int(pid_file.read_text())
+    except (OSError, ValueError):
+        raise RuntimeError(f"supervisor did not start (launcher exit {code}); see {log_path}") from None
+    return Supervised(pgid=launcher.pid, supervisor_pid=supervisor_pid, exit_file=exit_file)
 
 
 def _run(owner_pid: int, argv: list[str], grace_s: float) -> int:
@@ -95,13 +158,12 @@ def _run(owner_pid: int, argv: list[str], grace_s: float) -> int:
         return 127
     print(f"[zoe supervisor] pid {child.pid} started: {' '.join(argv)}", flush=True)
     owner_gone_at: float | None = None
-    parent = os.getppid()
     while True:
         code = child.poll()
         if code is not None:
             print(f"[zoe supervisor] engine exited with {code}", flush=True)
             return code if code >= 0 else 128 - code
-        if owner_gone_at is None and not stopping and (not _alive(owner_pid) or os.getppid() != parent):
+        if owner_gone_at is None and not stopping and not _live(owner_pid):
             owner_gone_at = time.monotonic()
             print(f"[zoe supervisor] owner {owner_pid} is gone: stopping the engine's process group", flush=True)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -115,12 +177,24 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--owner-pid", type=int, required=True)
     p.add_argument("--grace-s", type=float, default=10.0)
+    p.add_argument("--pid-file", type=Path, help="Detach: fork, write the supervisor's pid here, launcher exits.")
+    p.add_argument("--exit-file", type=Path, help="Where the engine's exit code is written.")
     p.add_argument("argv", nargs=argparse.REMAINDER)
     a = p.parse_args()
     argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
     if not argv:
         p.error("give the engine command after --")
-    sys.exit(_run(a.owner_pid, argv, a.grace_s))
+    if a.pid_file is not None:
+        pid = os.fork()
+        if pid > 0:
+            a.pid_file.write_text(str(pid))
+            os._exit(0)
+    code = _run(a.owner_pid, argv, a.grace_s)
+    if a.exit_file is not None:
+        tmp = a.exit_file.with_suffix(".tmp")
+        tmp.write_text(str(code))
+        tmp.rename(a.exit_file)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
