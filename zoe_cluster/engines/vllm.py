@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from zoe_cluster.engines.base import EngineCommand, EngineStats, LaunchContext, visible_devices_env
-from zoe_cluster.engines.metrics_text import labelled_values, sum_samples
+from zoe_cluster.engines.metrics_text import engine_stats
 from zoe_cluster.recipes import Recipe, VllmVariant
 
 # vLLM names the KV-cache dtype of FP8 storage "fp8"; "auto" follows the model dtype.
@@ -72,10 +72,4 @@ class VllmAdapter:
         return EngineCommand(argv=argv, env=env)
 
     def parse_metrics(self, text: str, scraped_at: float) -> EngineStats:
-        sums = sum_samples(text, set(_METRICS.values()))
-        active = labelled_values(text, "zoe_kernel_active", "kernel")
-        return EngineStats(
-            scraped_at=scraped_at,
-            **{field: sums[name] for field, name in _METRICS.items()},
-            zoe_kernels_active=tuple(sorted(k for k, on in active.items() if on > 0)),
-        )
+        return engine_stats(text, scraped_at, _METRICS)
