@@ -84,25 +84,40 @@ def _filter_tile(row_val, start, lo, hi, thresh, cand, base, CAP: tl.constexpr, 
 
 
 @triton.jit
-def _emit_sorted(cand, count, out_row, K, C: tl.constexpr):
-    """Top K of the first `count` (<= C) packed candidates -> out_row[0:K], ascending positions, -1 padded."""
+def _emit_sorted(cand, count, out_row, K, C: tl.constexpr, IN_ORDER: tl.constexpr):
+    """Top K of the first `count` (<= C) packed candidates -> out_row[0:K], ascending positions, -1 padded.
+
+    IN_ORDER: the buffer already holds the candidates in ascending position order (one program per row),
+    so the K-th largest key is enough and a cumsum keeps them in order; otherwise a second sort orders
+    the chosen positions."""
     r = tl.arange(0, C)
     keys = tl.load(cand + r, mask=r < count, other=-9223372036854775808)
-    keys = tl.sort(keys, descending=True)
-    pos = (0xFFFFFFFF - (keys & 0xFFFFFFFF)).to(tl.int32)
-    pos = tl.where(r < tl.minimum(count, K), pos, 2147483647)
-    pos = tl.sort(pos)
-    tl.store(out_row + r, tl.where(pos == 2147483647, -1, pos), mask=r < K)
+    ordered = tl.sort(keys, descending=True)
+    if IN_ORDER:
+        # keys are unique (they hold the position), so exactly min(count, K) keys are >= the K-th largest
+        kth = tl.min(tl.where(r < tl.minimum(count, K), ordered, 9223372036854775807), axis=0)
+        take = (r < count) & (keys >= kth)
+        take_i = take.to(tl.int32)
+        slot = tl.cumsum(take_i, axis=0) - take_i
+        pos = (0xFFFFFFFF - (keys & 0xFFFFFFFF)).to(tl.int32)
+        tl.store(out_row + slot, pos, mask=take)
+        n_taken = tl.minimum(count, K)
+        tl.store(out_row + r, tl.full([C], -1, tl.int32), mask=(r >= n_taken) & (r < K))
+    else:
+        pos = (0xFFFFFFFF - (ordered & 0xFFFFFFFF)).to(tl.int32)
+        pos = tl.where(r < tl.minimum(count, K), pos, 2147483647)
+        pos = tl.sort(pos)
+        tl.store(out_row + r, tl.where(pos == 2147483647, -1, pos), mask=r < K)
 
 
 @triton.jit
 def _finish_row(row_val, lo, hi, cand, count, out_row, K, CAP: tl.constexpr, KP: tl.constexpr,
-                BLOCK: tl.constexpr):
+                BLOCK: tl.constexpr, IN_ORDER: tl.constexpr):
     # two sort sizes only: every tl.sort instance is a large unrolled network to compile
     if count <= 2 * KP:
-        _emit_sorted(cand, count, out_row, K, 2 * KP)
+        _emit_sorted(cand, count, out_row, K, 2 * KP, IN_ORDER)
     elif count <= CAP:
-        _emit_sorted(cand, count, out_row, K, CAP)
+        _emit_sorted(cand, count, out_row, K, CAP, IN_ORDER)
     else:  # too many candidates: exact radix select over the whole row
         _radix_topk_range(row_val, row_val, lo, hi, lo, out_row, out_row, K, False, False, 256, BLOCK)
 
@@ -124,7 +139,7 @@ def _topk_row_kernel(val_ptr, lo_ptr, hi_ptr, cand_ptr, out_ptr, n_cols, stride_
     count = tl.zeros([], tl.int32)
     for start in range(lo, hi, R * G):
         count += _filter_tile(row_val, start, lo, hi, thresh, cand, count, CAP, R * G)
-    _finish_row(row_val, lo, hi, cand, count, out_row, K, CAP, KP, R * G)
+    _finish_row(row_val, lo, hi, cand, count, out_row, K, CAP, KP, R * G, True)
 
 
 @triton.jit
@@ -179,7 +194,7 @@ def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, work_ptr, cand_ptr, out_ptr, n
     row_val = val_ptr + row.to(tl.int64) * stride_row
     count = (tl.load(work_ptr + row.to(tl.int64) * (G + 1) + G).to(tl.int64) + 2147483648).to(tl.int32)
     _finish_row(row_val, lo, hi, cand_ptr + row.to(tl.int64) * CAP, count, out_ptr + row.to(tl.int64) * K,
-                K, CAP, KP, BLOCK)
+                K, CAP, KP, BLOCK, False)
 
 
 def auto_splits(max_len: int) -> int:
