@@ -63,6 +63,9 @@ def test_engine_exit_code_passes_through(tmp_path):
     bad = spawn_supervised(["/nonexistent/engine"], dict(os.environ), tmp_path / "e.log")
     assert bad.wait(20) == 127
     assert "cannot start" in (tmp_path / "e.log").read_text()
+    for handle in (sup, bad):
+        handle.stop(grace_s=1)
+        assert not handle.exit_file.parent.exists()
 
 
 def test_a_killed_supervisor_reads_as_a_failure_and_its_group_still_stops(tmp_path):

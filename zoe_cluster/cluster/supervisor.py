@@ -190,7 +190,9 @@ def main() -> None:
             a.pid_file.write_text(str(pid))
             os._exit(0)
     code = _run(a.owner_pid, argv, a.grace_s)
-    if a.exit_file is not None:
+    if a.exit_file is not None and not _live(a.owner_pid):  # nobody left to read it
+        shutil.rmtree(a.exit_file.parent, ignore_errors=True)
+    elif a.exit_file is not None:
         tmp = a.exit_file.with_suffix(".tmp")
         tmp.write_text(str(code))
         tmp.rename(a.exit_file)
