@@ -20,7 +20,7 @@ MI355X = "AMD-Instinct-MI355X-OAM"
 
 # Fast reactions: tests kill and hang engines on purpose and wait for the controller to notice.
 FAST_HEALTH = HealthConfig(
-    check_interval_s=0.5, check_timeout_s=1.0, failures_to_restart=2, load_timeout_s=90, placement_timeout_s=60,
+    check_interval_s=0.5, check_timeout_s=2.0, failures_to_restart=2, load_timeout_s=90, placement_timeout_s=60,
     backoff_base_s=0.2, backoff_cap_s=2.0, stable_after_s=5.0, drain_timeout_s=5.0, stop_grace_s=2.0,
 )
 

@@ -74,6 +74,8 @@ def test_cli_lifecycle_with_simulated_replicas(ray_cluster):
         logs = zoe("logs", "glm-5.3", "--replica", "0", *addr)
         assert logs.returncode == 0 and "zoe supervisor" in logs.stdout and "sim serve" in logs.stdout
         assert zoe("logs", "glm-5.3", "--replica", "7", *addr).returncode != 0
+        router_log = zoe("logs", "glm-5.3", "--router", *addr)
+        assert router_log.returncode == 0 and "cli.main router" in router_log.stdout
 
         sw = zoe("switch", "glm-5.3", "mxfp4-tp8", "--replica", "1", *addr)
         assert sw.returncode == 0, sw.stderr

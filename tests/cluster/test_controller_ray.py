@@ -190,6 +190,8 @@ def test_scale_down_and_up(deployment):
     def live_pgs():
         return [p for p in placement_group_table().values() if p["state"] == "CREATED"]
 
+    with pytest.raises(ray.exceptions.RayTaskError, match="3 replicas need 24 GPUs"):
+        ray.get(handle.scale.remote(3))
     st = ray.get(handle.scale.remote(1))
     wait_for(lambda: len(status(handle)["replicas"]) == 1 and len(live_pgs()) == 1, 30, what="scale down to 1")
     assert ray.available_resources().get("GPU") == 8

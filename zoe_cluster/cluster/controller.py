@@ -21,7 +21,7 @@ import httpx
 
 from zoe_cluster.cluster.lifecycle import ReplicaFacts, ReplicaState, backoff_s
 from zoe_cluster.cluster.node_actor import NodeMember, default_log_dir
-from zoe_cluster.cluster.placement import GangShape
+from zoe_cluster.cluster.placement import GangShape, fits_cluster
 from zoe_cluster.cluster.router_link import RouterLink, router_argv
 from zoe_cluster.cluster.spec import DeploymentSpec
 from zoe_cluster.engines import LaunchContext, get_adapter
@@ -536,8 +536,14 @@ class DeploymentController:
         return self.membership()
 
     async def scale(self, replicas: int) -> dict:
+        """Keep `replicas` replicas; refuses a count the cluster's GPUs can never hold."""
+        import ray
+
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, got {replicas}")
+        why = fits_cluster(self.spec.shape(self.spec.variant), replicas, ray.cluster_resources())
+        if why and replicas > self.spec.replicas:
+            raise ValueError(why)
         self.spec = self.spec.model_copy(update={"replicas": replicas})
         self._persist()
         self._reconcile()
