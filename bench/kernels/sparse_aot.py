@@ -1,0 +1,119 @@
+"""Compile zoe's sparse-attention kernels for sm_90 (H100/H200) on a machine without a GPU.
+
+Reports, per kernel specialisation, the Triton compile time and what `ptxas -v` says (registers, spill
+bytes), using the ptxas that ships in Triton's wheel. No device time needed: use it to catch compile
+blow-ups (large `tl.sort` networks) and register spills before a GPU run. Numbers depend on the local
+Triton/ptxas versions, which may differ from the GPU machine's.
+
+Usage: python bench/kernels/sparse_aot.py [--out bench/kernels/results/sparse_aot.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def _ptxas() -> str | None:
+    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    for name in ("ptxas-blackwell", "ptxas"):  # the newer one reads Triton 3.9's PTX version
+        if (bindir / name).exists():
+            return str(bindir / name)
+    return None
+
+
+def _signature(fn, pointers: dict[str, str], constexprs: dict, floats: tuple[str, ...] = ()) -> dict[str, str]:
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in pointers:
+            sig[name] = pointers[name]
+        elif name in floats:
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def compile_one(label: str, fn, pointers: dict[str, str], constexprs: dict, num_warps: int,
+                floats: tuple[str, ...] = ()) -> dict:
+    t0 = time.time()
+    kernel = triton.compile(ASTSource(fn=fn, signature=_signature(fn, pointers, constexprs, floats),
+                                      constexprs=constexprs), target=TARGET, options={"num_warps": num_warps})
+    row = {"kernel": label, "num_warps": num_warps, "compile_s": round(time.time() - t0, 1),
+           "constexprs": {k: str(v) for k, v in constexprs.items()}}
+    ptxas = _ptxas()
+    if ptxas:
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+            f.write(kernel.asm["ptx"])
+        info = subprocess.run([ptxas, "-v", "-arch=sm_90a", f.name, "-o", os.devnull], capture_output=True,
+                              text=True).stderr
+        os.unlink(f.name)
+        regs = re.findall(r"Used (\d+) registers", info)
+        spills = re.findall(r"(\d+) bytes spill stores", info)
+        row.update(registers=int(regs[-1]) if regs else None, spill_store_bytes=int(spills[-1]) if spills else None)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sparse_aot.json"))
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    topk = importlib.import_module("zoe_kernels.csa.topk")
+    decode = importlib.import_module("zoe_kernels.csa.dual_scope_decode")
+    indexer = importlib.import_module("zoe_kernels.dsa.indexer")
+    rows = []
+    for k in (512, 2048):  # CSA top-512, indexer top-2048
+        kp, tile = k, 4096
+        g, cap = 2 * kp, 4 * kp
+        r = max(1, tile // g)
+        ptrs = {"val_ptr": "*fp32", "lo_ptr": "*i32", "hi_ptr": "*i32", "cand_ptr": "*i64", "out_ptr": "*i32",
+                "work_ptr": "*i32"}
+        rows.append(compile_one(f"topk_row k={k}", topk._topk_row_kernel, ptrs,
+                                dict(HAS_LO=True, G=g, R=r, CAP=cap, KP=kp), 8))
+        rows.append(compile_one(f"topk_split_colmax k={k}", topk._split_colmax_kernel, ptrs,
+                                dict(HAS_LO=False, G=g, R=r), 8))
+        rows.append(compile_one(f"topk_split_filter k={k}", topk._split_filter_kernel, ptrs,
+                                dict(HAS_LO=False, G=g, R=r, CAP=cap), 8))
+        rows.append(compile_one(f"topk_split_finish k={k}", topk._split_finish_kernel, ptrs,
+                                dict(HAS_LO=False, G=g, CAP=cap, KP=kp, BLOCK=tile), 8))
+    iptrs = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "k_ptr": "*fp8e4nv", "k_scale_ptr": "*fp32", "ks_ptr": "*i32",
+             "ke_ptr": "*i32", "out_ptr": "*fp32"}
+    for bm, bn, tiles, warps in ((2, 64, 8, 4), (2, 128, 4, 8)):
+        rows.append(compile_one(f"indexer H=64 BM={bm} BN={bn}", indexer._indexer_logits_kernel, iptrs,
+                                dict(H=64, D=128, BM=bm, BN=bn, TILES=tiles), warps))
+    dptrs = {"q_ptr": "*bf16", "win_k_ptr": "*fp8e4nv", "win_v_ptr": "*bf16", "win_len_ptr": "*i32",
+             "comp_k_ptr": "*fp8e4nv", "comp_v_ptr": "*bf16", "comp_idx_ptr": "*i32", "win_ks_ptr": "*fp32",
+             "win_vs_ptr": "*fp32", "comp_ks_ptr": "*fp32", "comp_vs_ptr": "*fp32", "part_out_ptr": "*fp32",
+             "part_lse_ptr": "*fp32"}
+    for bh, bkv, warps in ((16, 32, 4), (32, 32, 8), (16, 16, 8)):
+        rows.append(compile_one(f"dual_scope D=512 BH={bh} BKV={bkv}", decode._dual_scope_partial_kernel, dptrs,
+                                dict(D=512, BH=bh, BKV=bkv, TILES_PER_SPLIT=5, K_SCALED=True, V_SCALED=False,
+                                     DOT_DTYPE=tl.bfloat16, PRECISION="tf32"), warps, floats=("qk_scale_log2",)))
+    meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
+            "command": "python bench/kernels/sparse_aot.py"}
+    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
