@@ -181,6 +181,22 @@ def test_swap_replica_drains_then_starts_new_variant_on_same_gpus(deployment):
         ray.get(handle.swap_replica.remote(0, "nope"))
 
 
+def test_switch_all_rolls_one_replica_at_a_time(deployment):
+    import ray
+
+    handle, url = deployment
+    before = {r["index"]: r for r in status(handle)["replicas"]}
+    with Traffic(url) as traffic:
+        st = ray.get(handle.switch.remote("fp8-tp8-fused-moe"), timeout=120)
+    assert {r["variant"] for r in st["replicas"]} == {"fp8-tp8-fused-moe"} and st["variant"] == "fp8-tp8-fused-moe"
+    assert st["replica_variants"] == {}
+    old = {h["index"]: h for h in st["history"] if h["id"] in {r["id"] for r in before.values()}}
+    new = {r["index"]: r for r in st["replicas"]}
+    # replica 1 was drained only after replica 0 was back, on its new variant
+    assert old[1]["drain_requested_at"] >= new[0]["ready_at"]
+    assert traffic.codes and not traffic.errors, traffic.errors[:5]
+
+
 def test_scale_down_and_up(deployment):
     import ray
     from ray.util import placement_group_table

@@ -554,7 +554,13 @@ class DeploymentController:
         self._check_variant(variant)
         targets = sorted(self.slots) if indices is None else indices
         if indices is None:
-            self.spec = self.spec.model_copy(update={"variant": variant})
+            # New replicas get the new variant at once; running ones keep theirs until their turn, so only one
+            # replica at a time is out of service.
+            overrides = dict(self.spec.replica_variants)
+            for i, slot in self.slots.items():
+                if slot.facts is not None:
+                    overrides.setdefault(i, slot.facts.variant)
+            self.spec = self.spec.model_copy(update={"variant": variant, "replica_variants": overrides})
             self._persist()
         for i in targets:
             await self.swap_replica(i, variant, wait=wait)
