@@ -48,6 +48,11 @@ def main() -> None:
     args = ap.parse_args()
     from rich.progress import Progress
 
+    from zoe_cluster.recipes import RecipeRegistry
+    from zoe_cluster.sim.kv_cache import kv_capacity
+
+    recipe = RecipeRegistry.default().get(args.model)
+    kv_tokens = kv_capacity(recipe, recipe.default_variant).tokens
     tmp = Path(tempfile.mkdtemp(prefix="zoe-live-"))
     runs = []
     names = args.routers.split(",")
@@ -69,9 +74,13 @@ def main() -> None:
                 urls = [f"http://127.0.0.1:{p}" for p in ports]
                 rport = free_port()
                 if name.startswith("zoe-"):
-                    policy = name.removeprefix("zoe-")
+                    # "zoe-prefix:key=value,key=value" passes policy tunables
+                    policy, _, tunables = name.removeprefix("zoe-").partition(":")
+                    # the KV capacity the controller would push in membership, so the prefix index is sized right
                     argv = [*ZOE, "router", "--port", str(rport), "--model", args.model, "--policy", policy,
-                            "--engine", "sim"]
+                            "--engine", "sim", "--kv-capacity-tokens", str(kv_tokens)]
+                    for kv in filter(None, tunables.split(",")):
+                        argv += ["--policy-config", kv]
                     for u in urls:
                         argv += ["--replica", u]
                 else:
@@ -101,7 +110,8 @@ def main() -> None:
             progress.advance(task)
     doc = {"command": "python bench/router/live_compare.py " + " ".join(sys.argv[1:]),
            "setup": {"replicas": args.replicas, "limit": args.limit, "time_scale": args.time_scale,
-                     "max_output_len": args.max_output_len, "machine_cpus": os.cpu_count()},
+                     "max_output_len": args.max_output_len, "machine_cpus": os.cpu_count(),
+                     "kv_capacity_tokens_per_replica": kv_tokens},
            "runs": runs}
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     plot(doc, Path(args.out).with_suffix(".png"))
@@ -135,7 +145,7 @@ def plot(doc: dict, path: Path) -> None:
                            (axes[2], "ttft_p90_s", "TTFT p90 (modelled s)")]:
         ax.bar(range(len(names)), [r["report"].get(key) or 0 for r in runs],
                color=["tab:blue", "tab:orange", "tab:red", "tab:green"][: len(names)])
-        ax.set_xticks(range(len(names)), names, fontsize=8)
+        ax.set_xticks(range(len(names)), names, fontsize=8, rotation=15, ha="right")
         ax.set_title(title, fontsize=9)
     s = doc["setup"]
     fig.suptitle(f"live: {s['replicas']} simulated GLM-5.3 replicas, first {s['limit']} Mooncake requests, "

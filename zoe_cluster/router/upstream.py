@@ -175,25 +175,21 @@ class UpstreamResponse:
 
     def release(self) -> None:
         """Give the connection back to the pool if the body was read to the end, else close it."""
-        if self._done:
-            return
-        self._done = True
-        conn = self._conn
-        conn.resp = None
-        if self._complete and self._error is None and self.keep_alive and not conn.closed:
-            self._pool._put(conn)
-        else:
-            conn.closed = True
-            if conn.transport is not None:
-                conn.transport.close()
+        self._finish(reuse=self._complete and self._error is None and self.keep_alive)
 
     def close(self) -> None:
         """Drop the connection (the replica sees the request cancelled)."""
+        self._finish(reuse=False)
+
+    def _finish(self, reuse: bool) -> None:
         if self._done:
             return
         self._done = True
         conn = self._conn
         conn.resp = None
+        if reuse and not conn.closed:
+            self._pool._put(conn)
+            return
         conn.closed = True
         if conn.transport is not None:
             conn.transport.close()

@@ -10,10 +10,11 @@ request there, and picks the cheapest:
               + external_request_tokens * max(0, engine_requests(r) - active_requests(r))
 
 The first term is the prefill work ahead of the request's first token on r (what TTFT grows with), so prefix
-tokens saved are weighed directly against prefill already queued; `hit_weight` (default 2) counts a saved token
-twice, because a hit also keeps the conversation's next turns local (tuned on the Mooncake conversation trace
-with `zoe sim replay`, bench/router/README.md: 1 -> 2 raised the hit rate from 32.4% to 33.9% on 8 replicas and
-from 25.6% to 27.4% on 4, with p90 TTFT unchanged or better); the second charges the decode batch the
+tokens saved are weighed directly against prefill already queued; `hit_weight` (default 4) counts a saved token
+four times, because a hit also keeps the conversation's next turns local and its blocks warm (tuned on the
+Mooncake conversation trace, bench/router/README.md: raising it from 1 to 4 lifted the hit rate from 25.6% to
+28.6% on 4 simulated GLM-5.3 replicas and from 32.4% to 34.9% on 8, within 3% of the same p90 TTFT, and live
+behind real HTTP it gave the best p50 and p90 TTFT of the settings tried); the second charges the decode batch the
 request would join (longer steps); the last adds load the engine reports in /metrics that this router did not
 send (other routers), when the scrape is younger than `engine_stats_max_age_s`. Saturated replicas
 (`active_requests >= max_active_requests`) are skipped while another is open. Ties go to fewer active requests,
@@ -93,7 +94,7 @@ class LeastLoadPolicy(Policy, name="least_load"):
 class PrefixConfig(PoolConfig):
     prefill_weight: float = Field(default=1.0, ge=0, description="Cost per prefill token queued or new.")
     hit_weight: float = Field(
-        default=2.0, ge=0,
+        default=4.0, ge=0,
         description="Multiplier on prefix tokens saved (>1 also values keeping a conversation's later turns local).",
     )
     decode_weight: float = Field(
