@@ -122,4 +122,6 @@ def run_router(router, cfg, log_level: str = "warning") -> None:
     uvicorn.run(
         router.app, host=cfg.host, port=cfg.port, loop="auto", http="auto", lifespan="on",
         access_log=False, log_level=log_level, timeout_keep_alive=75,
+        proxy_headers=False,  # the router is the edge: no X-Forwarded-* rewriting (one ASGI layer less per request)
+        server_header=False,
     )
