@@ -197,6 +197,26 @@ def test_switch_all_rolls_one_replica_at_a_time(deployment):
     assert traffic.codes and not traffic.errors, traffic.errors[:5]
 
 
+def test_router_that_dies_is_restarted_with_the_membership(deployment):
+    import ray
+
+    handle, url = deployment
+    router_pgid = ray.get(handle.__ray_call__.remote(lambda self: self.router.proc.pgid))
+    os.killpg(router_pgid, signal.SIGKILL)
+
+    def serving():
+        try:
+            r = httpx.post(url + "/v1/completions", json={"model": "glm-5.3", "prompt": "x", "max_tokens": 1},
+                           timeout=5)
+            return r.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(serving, 30, what="the router back, routing to the replicas")
+    st = status(handle)
+    assert st["router_restarts"] == 1 and st["router_error"] is None
+
+
 def test_scale_down_and_up(deployment):
     import ray
     from ray.util import placement_group_table

@@ -97,6 +97,7 @@ class DeploymentController:
         self.membership_version = int(time.time() * 1000)
         self.router: RouterLink | None = None
         self.router_error: str | None = None
+        self.router_restarts = 0
         self.log_dir = Path(self.spec.log_dir) if self.spec.log_dir else default_log_dir()
         self._loop: asyncio.Task | None = None
         self._push_lock: asyncio.Lock | None = None
@@ -143,7 +144,8 @@ class DeploymentController:
 
         rc = self.spec.router
         host = ray.util.get_node_ip_address() if rc.host in ("0.0.0.0", "::") else rc.host
-        self.router = RouterLink(f"http://{host}:{rc.port}")
+        if self.router is None:
+            self.router = RouterLink(f"http://{host}:{rc.port}")
         argv = router_argv(rc.host, rc.port, rc.policy, [self.spec.recipe.served_model_name], rc.extra_args)
         self.router.start(argv, self.log_dir / f"{self.spec.name}-router.log")
         try:
@@ -151,11 +153,27 @@ class DeploymentController:
         except (RuntimeError, TimeoutError) as e:
             self.router_error = str(e)
             raise
+        self.router_error = None
+
+    async def _keep_router_up(self) -> None:
+        """A router that exited is started again on the same port and given the current membership."""
+        code = self.router.exited() if self.router is not None else None
+        if code is None or self._closing:
+            return
+        log.warning("router exited with %s: restarting it", code)
+        self.router_restarts += 1
+        self.router.pushed_version = -1
+        try:
+            await self._start_router()
+        except (RuntimeError, TimeoutError):
+            return  # tried again on the next tick
+        await self._push_membership()
 
     async def _reconcile_forever(self) -> None:
         while not self._closing:
             try:
                 self._reconcile()
+                await self._keep_router_up()
             except Exception:  # noqa: BLE001 - the loop must outlive any one bad tick
                 log.exception("reconcile tick failed")
             await asyncio.sleep(POLL_S)
@@ -520,7 +538,7 @@ class DeploymentController:
             "replicas_ready": sum(1 for d in current if d["state"] == "ready"),
             "endpoint": (self.router.url + "/v1") if self.router else None,
             "router_url": self.router.url if self.router else None,
-            "router_error": self.router_error,
+            "router_error": self.router_error, "router_restarts": self.router_restarts,
             "served_model_name": self.spec.recipe.served_model_name,
             "membership_version": self.membership_version,
             "ray_address": self.ray_address, "controller_node": ray.util.get_node_ip_address(),

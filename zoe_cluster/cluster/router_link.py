@@ -43,6 +43,8 @@ class RouterLink:
         self._client = httpx.AsyncClient(timeout=5.0, headers={"Authorization": f"Bearer {self.admin_key}"})
 
     def start(self, argv: list[str], log_path: Path) -> None:
+        if self.proc is not None:
+            self.proc.stop(1.0)
         self.log_path = log_path
         env = {**os.environ, "ZOE_ROUTER_ADMIN_KEY": self.admin_key}
         self.proc = spawn_supervised(argv, env, log_path)
