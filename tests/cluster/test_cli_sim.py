@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.cluster.conftest import glm
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,8 +55,11 @@ def test_bad_input_exits_nonzero_with_a_reason(args, message):
 def test_cli_lifecycle_with_simulated_replicas(ray_cluster):
     port = free_port()
     addr = ["--address", ray_cluster]
-    r = zoe("deploy", "glm-5.3", "--engine", "sim", "--replicas", "2", "--port", str(port), *SIM_ENV, *addr)
+    r = zoe("deploy", "glm-5.3", "--engine", "sim", "--concurrency", "32", "--replicas", "2", "--port", str(port),
+            *SIM_ENV, *addr)
     assert r.returncode == 0, r.stdout + r.stderr
+    planned = re.search(r"plan: (\S+) predicts", r.stdout).group(1)  # the planner chose the variant
+    assert planned in glm().variants
     endpoint = f"http://127.0.0.1:{port}/v1"
     assert f"OpenAI endpoint: {endpoint}" in " ".join(r.stdout.split())
     try:
@@ -67,6 +72,7 @@ def test_cli_lifecycle_with_simulated_replicas(ray_cluster):
 
         st = json.loads(zoe("status", "glm-5.3", "--json", *addr).stdout)
         assert st["replicas_ready"] == 2 and st["engine"] == "sim" and st["endpoint"] == endpoint
+        assert st["variant"] == planned and {r["variant"] for r in st["replicas"]} == {planned}
         assert sorted(len(r["gpu_ids"][0]) for r in st["replicas"]) == [8, 8]
         table = zoe("status", *addr).stdout
         assert "glm-5.3/0/1" in table and "ready" in table
@@ -77,11 +83,12 @@ def test_cli_lifecycle_with_simulated_replicas(ray_cluster):
         router_log = zoe("logs", "glm-5.3", "--router", *addr)
         assert router_log.returncode == 0 and "cli.main router" in router_log.stdout
 
-        sw = zoe("switch", "glm-5.3", "mxfp4-tp8", "--replica", "1", *addr)
+        target = "fp8-tp8" if planned != "fp8-tp8" else "mxfp4-tp8"
+        sw = zoe("switch", "glm-5.3", target, "--replica", "1", *addr)
         assert sw.returncode == 0, sw.stderr
         st = json.loads(zoe("status", "glm-5.3", "--json", *addr).stdout)
         r1 = next(r for r in st["replicas"] if r["index"] == 1)
-        assert r1["variant"] == "mxfp4-tp8" and r1["generation"] == 2 and r1["state"] == "ready"
+        assert r1["variant"] == target and r1["generation"] == 2 and r1["state"] == "ready"
         bad = zoe("switch", "glm-5.3", "nope", *addr)
         assert bad.returncode != 0 and "no variant 'nope'" in bad.stderr
 
