@@ -159,6 +159,7 @@ def test_compare_prints_ratios_and_writes_a_png(sim_url, tmp_path):
         (["prefill", "--url", "URL", "--hit-rates", "0.6", "--warmup", "0"], "warmup"),
         (["decode", "--url", "URL", "--prompt", "/nonexistent/prompt.txt"], "unknown prompt"),
         (["decode", "--url", "URL", "--concurrency", "1,x"], "not a positive concurrency"),
+        (["decode", "--url", "URL", "--api", "grpc"], "--api: expected"),
         (["trace", "/nonexistent.jsonl", "--url", "URL"], "does not exist"),
         (["prefill", "--url", "URL", "--model", "nope", "--lengths", "64"], "does not serve model"),
     ],

@@ -58,6 +58,11 @@ def _target(ctx: typer.Context, url: str, model: str | None, label: str | None, 
                   command=_full_command(ctx))  # fmt: skip
 
 
+def _check_api(api: str) -> None:
+    if api not in ("completions", "chat"):
+        fail(f"--api: expected completions or chat, got {api!r}")
+
+
 def _fresh_seed(ctx: typer.Context) -> int:
     """A new prompt seed, written back into the command's parameters so the report's command reproduces it."""
     import secrets
@@ -155,8 +160,7 @@ def prefill(
     from zoe_cluster.bench.runner import bench_prefill
     from zoe_cluster.bench.sizes import format_tokens, parse_rates, parse_token_counts
 
-    if api not in ("completions", "chat"):
-        fail(f"--api: expected completions or chat, got {api!r}")
+    _check_api(api)
     if seed is None:
         seed = _fresh_seed(ctx)
     parsed_lengths = _parse(parse_token_counts, lengths, "--lengths")
@@ -209,8 +213,7 @@ def decode(
     from zoe_cluster.bench.runner import bench_decode
     from zoe_cluster.bench.sizes import parse_positive_ints
 
-    if api not in ("completions", "chat"):
-        fail(f"--api: expected chat or completions, got {api!r}")
+    _check_api(api)
     prompt_label, prompt_text = _parse(load_prompt, prompt, "--prompt")
     config = DecodeConfig(
         concurrency=_parse(lambda t: parse_positive_ints(t, "concurrency"), concurrency, "--concurrency"),
