@@ -21,7 +21,8 @@ PAIRS = {"fp8-tp8": "baseline", "fp8-tp8-zoe": "zoe"}
 
 def main() -> None:
     recipe = RecipeRegistry.default().get("glm-5.3")
-    cells, lines = [], ["| variant | cell | seed | zoe bench on the sim | error | source |", "|---|---|---|---|---|---|"]
+    cells: list[dict] = []
+    lines = ["| variant | cell | seed | zoe bench on the sim | error | source |", "|---|---|---|---|---|---|"]
     for variant, tag in PAIRS.items():
         prefill = load_report(HERE / f"sim-glm53-prefill-{tag}.json")
         measured = {(r["input_len"], r["hit_rate_target"]): r["ttft_s"]["mean"] for r in prefill.rows}
@@ -42,7 +43,8 @@ def main() -> None:
         lines.append(f"| {c['variant']} | {c['kind']} {c['cell']} | {c['seed']:.4g} | {c['bench']:.4g} | "
                      f"{c['error_pct']:+.1f}% | {c['source']} |")  # fmt: skip
     abs_err = [abs(c["error_pct"]) for c in cells]
-    summary = {"cells": len(cells), "median_abs_error_pct": statistics.median(abs_err), "max_abs_error_pct": max(abs_err)}
+    summary = {"cells": len(cells), "median_abs_error_pct": statistics.median(abs_err),
+               "max_abs_error_pct": max(abs_err)}
     (HERE / "sim-glm53-vs-seed.json").write_text(json.dumps(
         {"command": "python bench/serving/seed_agreement.py", "summary": summary, "cells": cells}, indent=2) + "\n")
     print("\n".join(lines))

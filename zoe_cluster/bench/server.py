@@ -21,7 +21,8 @@ async def probe_server(session: aiohttp.ClientSession, base_url: str, model: str
         async with session.get(base + "/v1/models", timeout=aiohttp.ClientTimeout(total=15)) as resp:
             if resp.status != 200:
                 raise ServerUnreachable(f"{base}/v1/models answered HTTP {resp.status}: {(await resp.text())[:200]}")
-            served = [m.get("id") for m in (await resp.json(content_type=None)).get("data", [])]  # sglang-router: text/plain
+            # content_type=None: sglang-router answers /v1/models as text/plain.
+            served = [m.get("id") for m in (await resp.json(content_type=None)).get("data", [])]
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise ServerUnreachable(f"cannot reach {base}: {type(exc).__name__}: {exc}") from None
     except ValueError:
