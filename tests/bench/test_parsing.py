@@ -141,3 +141,26 @@ def test_text_of_tokens_hits_the_target_with_an_exact_counter_and_comes_close_wi
     a = asyncio.run(text_of_tokens(random.Random(1), 64, exact))
     b = asyncio.run(text_of_tokens(random.Random(2), 64, exact))
     assert a[:64] != b[:64]
+
+
+def _report(kind, rows, label):
+    from zoe_cluster.bench.report import BenchReport, ServerInfo
+
+    return BenchReport(kind=kind, label=label, command="zoe bench", created_at="t", versions={},
+                       server=ServerInfo(url="u", model="m"), config={}, rows=rows)  # fmt: skip
+
+
+def test_compare_orients_speedup_by_metric_and_lists_unmatched_cells():
+    from zoe_cluster.bench.compare import compare_reports
+
+    def row(c, user, node):
+        return {"concurrency": c, "per_user_tok_s": {"mean": user, "std": 1.0}, "per_node_tok_s": {"mean": node}}
+
+    a = _report("decode", [row(1, 50.0, 50.0), row(2, 45.0, 90.0)], "A")
+    b = _report("decode", [row(1, 60.0, 60.0), row(4, 40.0, 160.0)], "B")
+    cells, unmatched = compare_reports(a, b)
+    assert [(c["cell"], c["metric"]) for c in cells] == [("C=1", "per_user_tok_s"), ("C=1", "per_node_tok_s")]
+    assert cells[0]["ratio"] == pytest.approx(1.2) and cells[0]["speedup"] == pytest.approx(1.2)  # higher is better
+    assert unmatched == ["C=2 (only in A)", "C=4 (only in B)"]
+    with pytest.raises(ValueError, match="cannot compare"):
+        compare_reports(a, _report("prefill", [], "P"))
