@@ -13,7 +13,6 @@ Deterministic: the same trace, model, variant, replicas and policy give the same
 from __future__ import annotations
 
 import heapq
-import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -41,27 +40,22 @@ class TraceError(ValueError):
 
 
 def load_mooncake(path: str | Path, limit: int | None = None) -> list[TraceRow]:
-    """Rows of a Mooncake JSONL trace (`timestamp` ms, `input_length`, `output_length`, `hash_ids`)."""
-    rows: list[TraceRow] = []
+    """Rows of a Mooncake JSONL trace (`timestamp` ms, `input_length`, `output_length`, `hash_ids`), sorted by
+    arrival; parsing is `zoe_cluster.bench.traces.load_mooncake`'s (one reader for replay and `zoe bench trace`)."""
+    from zoe_cluster.bench.traces import load_mooncake as read_mooncake
+
     p = Path(path)
     try:
-        fh = p.open()
+        requests = read_mooncake(p)
     except OSError as e:
         raise TraceError(f"{p}: cannot read: {e.strerror}") from None
-    with fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                rows.append(TraceRow(float(d["timestamp"]) / 1000.0, int(d["input_length"]),
-                                     int(d["output_length"]), tuple(d.get("hash_ids") or ())))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise TraceError(f"{p}:{i}: not a Mooncake trace row ({type(e).__name__}: {e})") from None
-            if rows[-1].input_tokens <= 0:
-                raise TraceError(f"{p}:{i}: input_length must be positive")
-            if limit is not None and len(rows) >= limit:
-                break
+    except ValueError as e:
+        raise TraceError(str(e)) from None
+    rows: list[TraceRow] = []
+    for r in requests[:limit] if limit is not None else requests:
+        if r.input_len <= 0:
+            raise TraceError(f"{p}:{r.index + 1}: input_length must be positive")
+        rows.append(TraceRow(r.arrival_s, r.input_len, r.output_len, r.hash_ids or ()))
     rows.sort(key=lambda r: r.arrival_s)
     return rows
 
