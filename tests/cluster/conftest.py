@@ -29,6 +29,9 @@ FAST_HEALTH = HealthConfig(
 def ray_cluster():
     """A real local Ray with 16 GPUs declared; yields its GCS address. Shared by the tests of one module."""
     ray = pytest.importorskip("ray")
+    import ray._private.ray_constants as ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False  # in case ray was imported before the env above was set
     if ray.is_initialized():
         ray.shutdown()
     ray.init(address="local", num_gpus=16, num_cpus=4, include_dashboard=False, namespace="zoe",
