@@ -109,6 +109,22 @@ def test_cli_lifecycle_with_simulated_replicas(ray_cluster):
         chat(endpoint)
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+def test_deploy_that_keeps_crashing_gives_up_waiting_with_the_reason(ray_cluster):
+    addr = ["--address", ray_cluster]
+    r = zoe("deploy", "glm-5.3", "--engine", "sim", "--name", "broken", "--port", str(free_port()),
+            "--engine-arg", "--no-such-flag", *SIM_ENV, *addr)
+    try:
+        assert r.returncode == 1, r.stdout + r.stderr
+        err = " ".join(r.stderr.split())
+        assert "0/1 replicas ready" in err and "exited with code 2" in err and "zoe logs broken" in err
+        logs = zoe("logs", "broken", *addr).stdout
+        assert "No such option: --no-such-flag" in logs
+    finally:
+        assert zoe("undeploy", "broken", "--force", *addr).returncode == 0
+
+
 def _kill_cluster_in(tmpdir: str) -> None:
     """Stop the Ray processes of the cluster whose session lives under `tmpdir` (by pid; never `ray stop`)."""
     def pids():

@@ -98,8 +98,11 @@ def render_status(st: dict) -> None:
     console.print(t)
 
 
-def _wait_with_progress(handle, want: int, timeout_s: float, label: str) -> dict:
-    """Poll the controller, showing each replica's state, until `want` replicas are ready; returns the status."""
+def _wait_with_progress(handle, want: int, timeout_s: float, label: str, give_up_after: int = 3) -> dict:
+    """Poll the controller, showing each replica's state, until `want` replicas are ready; returns the status.
+
+    Returns early when no replica is ready and one has failed `give_up_after` times (a bad flag, a missing
+    binary: waiting longer will not help; the controller keeps retrying with backoff)."""
     import ray
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -123,6 +126,9 @@ def _wait_with_progress(handle, want: int, timeout_s: float, label: str) -> dict
             if st["replicas_ready"] >= want and len(st["replicas"]) >= want:
                 return st
             if time.monotonic() > deadline:
+                return st
+            stuck = [r for r in st["replicas"] if r["restarts"] >= give_up_after and r["state"] != "ready"]
+            if stuck and not st["replicas_ready"]:
                 return st
             time.sleep(0.5)
 
@@ -218,8 +224,10 @@ def register(app: typer.Typer) -> None:
         else:
             render_status(st)
         if st["replicas_ready"] < spec.replicas and wait:
-            fail(f"{st['replicas_ready']}/{spec.replicas} replicas ready after {timeout:.0f}s "
-                 f"(it keeps trying; see `zoe status` and `zoe logs {spec.name}`)", code=1)
+            failures = sorted({h["failure"] for h in st["history"] if h.get("failure")})
+            why = f"; last failures: {'; '.join(failures[-3:])}" if failures else ""
+            fail(f"{st['replicas_ready']}/{spec.replicas} replicas ready{why} (the controller keeps retrying; see "
+                 f"`zoe logs {spec.name}`, or `zoe undeploy {spec.name}`)", code=1)
         if st.get("endpoint"):
             console.print(f"[bold green]OpenAI endpoint:[/] {st['endpoint']}  model '{st['served_model_name']}'",
                           highlight=False)

@@ -209,16 +209,19 @@ class DeploymentController:
                 await self._start_engine(slot, facts)
                 await self._wait_ready(slot, facts)
                 await self._watch(slot, facts)
-            except ReplicaFailure as e:
+            except Superseded:
+                await self._stop(slot, facts, drain=False)
+                continue
+            except (ReplicaFailure, Exception) as e:  # noqa: BLE001 - anything unforeseen fails this generation only
+                if not isinstance(e, ReplicaFailure):
+                    log.exception("replica %s: unexpected error", facts.id)
+                    e = ReplicaFailure(f"controller error: {type(e).__name__}: {e}", gang_lost=True)
                 await self._fail(slot, facts, e)
                 slot.restarts += 1
                 slot.failures_in_a_row += 1
                 delay = backoff_s(slot.failures_in_a_row, h.backoff_base_s, h.backoff_cap_s)
                 facts.note("backoff", f"next start in {delay:.1f}s")
                 await self._sleep_or_wake(slot, delay)
-                continue
-            except Superseded:
-                await self._stop(slot, facts, drain=False)
                 continue
             except asyncio.CancelledError:
                 await self._stop(slot, facts, drain=False)
