@@ -157,6 +157,8 @@ class ReplicaSet:
         st.consecutive_failures = 0
 
     def record_failure(self, st: ReplicaState, kind: str) -> None:
+        if st.removed:  # it left membership while the request ran: no series for a replica that is gone
+            return
         self.metrics.upstream_errors.labels(replica=st.id, kind=kind).inc()
         st.consecutive_failures += 1
         if st.consecutive_failures >= self.passive_failures and self.clock() >= st.ejected_until:
