@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SHARED
+
 from zoe_cluster.bench.client import RequestResult
 from zoe_cluster.bench.decode import summarize_run
 from zoe_cluster.bench.engine_metrics import CacheCounters, hit_rate_between, parse_cache_counters
@@ -100,7 +102,7 @@ def test_traces(tmp_path):
 
 
 def test_the_shared_azure_trace_loads():
-    path = Path("/work/shared/traces/azure2023_conv.csv")
+    path = SHARED / "traces" / "azure2023_conv.csv"
     if not path.exists():
         pytest.skip("shared traces not on this machine")
     fmt, reqs = load_trace(path)

@@ -10,9 +10,10 @@ import pytest
 
 from zoe_cluster.recipes import RecipeRegistry
 from zoe_cluster.sim.calibrate import CalibrationError, calibrate
+from tests.conftest import SHARED
 from zoe_cluster.sim.replay import TraceError, load_mooncake, replay, rows_from
 
-MOONCAKE = Path("/work/shared/traces/mooncake_conversation_trace.jsonl")
+MOONCAKE = SHARED / "traces" / "mooncake_conversation_trace.jsonl"
 
 
 @pytest.fixture(scope="module")
