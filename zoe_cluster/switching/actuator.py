@@ -48,7 +48,7 @@ class DecisionRecord:
 
 
 class SwitchActuator:
-    def __init__(self, recipe: Recipe, config: SwitchConfig, control: FleetControl,
+    def __init__(self, recipe: Recipe, config: SwitchConfig, control: FleetControl | None = None,
                  clock: Callable[[], float] = time.time, history: int = 100):
         self.recipe, self.config, self.control, self.clock = recipe, config, control, clock
         self.window = ConcurrencyWindow(config.window_s)
@@ -58,14 +58,18 @@ class SwitchActuator:
         """The latest decision for each replica (holds included), for `zoe status`."""
         self.swaps_started = 0
 
-    def sample(self) -> None:
-        self.window.add(self.clock(), self.control.in_flight())
-
     def step(self) -> list[SwitchDecision]:
-        """Sample, decide, apply. Returns every decision of this step (holds included)."""
-        self.sample()
+        """Sample, decide, apply through `control`. Returns every decision of this step (holds included)."""
+        decisions = self.observe(self.control.replicas(), self.control.in_flight())
+        for d in decisions:
+            if d.action == "swap":
+                self.control.swap(d.replica, d.variant, d.reason)
+        return decisions
+
+    def observe(self, fleet: list[FleetReplica], in_flight: dict[str, float]) -> list[SwitchDecision]:
+        """Sample `in_flight`, decide over `fleet`, and record; the caller applies the swaps (async drivers)."""
         now = self.clock()
-        fleet = self.control.replicas()
+        self.window.add(now, in_flight)
         conc = {r.index: self.window.mean(r.replica_id, now) for r in fleet}
         obs = [ReplicaObservation(r.index, r.variant, r.state, conc[r.index], r.last_swap_at) for r in fleet]  # type: ignore[arg-type]
         decisions = decide(self.recipe, obs, self.config, now)
@@ -74,10 +78,14 @@ class SwitchActuator:
             self.latest[d.replica] = record
             if d.action == "swap":
                 self.history.append(record)
-                self.control.swap(d.replica, d.variant, d.reason)
                 self.swaps_started += 1
         return decisions
 
-    def estimate(self) -> dict[int, float]:
-        now = self.clock()
-        return {r.index: self.window.mean(r.replica_id, now) for r in self.control.replicas()}
+    def report(self) -> dict:
+        """What `zoe status` shows: the config, each replica's latest decision with its reason, recent swaps."""
+        row = lambda r: {"at": r.at, "replica": r.decision.replica, "action": r.decision.action,  # noqa: E731
+                         "variant": r.decision.variant, "concurrency": round(r.concurrency, 2),
+                         "reason": r.decision.reason}
+        return {"config": self.config.model_dump(), "swaps_started": self.swaps_started,
+                "latest": [row(self.latest[i]) for i in sorted(self.latest)],
+                "recent_swaps": [row(r) for r in list(self.history)[-10:]]}
