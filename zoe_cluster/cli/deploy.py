@@ -98,7 +98,8 @@ def render_status(st: dict) -> None:
     console.print(t)
 
 
-def _wait_with_progress(handle, want: int, timeout_s: float, label: str, give_up_after: int = 3) -> dict:
+def _wait_with_progress(handle, want: int, timeout_s: float, label: str, give_up_after: int = 3,
+                        expected_load_s: dict[str, float] | None = None) -> dict:
     """Poll the controller, showing each replica's state, until `want` replicas are ready; returns the status.
 
     Returns early when no replica is ready and one has failed `give_up_after` times (a bad flag, a missing
@@ -107,6 +108,7 @@ def _wait_with_progress(handle, want: int, timeout_s: float, label: str, give_up
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     order = ["pending", "starting", "loading", "ready"]
+    expected_load_s = expected_load_s or {}
     deadline = time.monotonic() + timeout_s
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
@@ -118,8 +120,13 @@ def _wait_with_progress(handle, want: int, timeout_s: float, label: str, give_up
                 if i not in tasks:
                     tasks[i] = progress.add_task(f"{label} replica {i}", total=len(order) - 1, state="")
                 step = order.index(r["state"]) if r["state"] in order else 0
-                detail = r["state"] + (f" ({r['last_health_error'][:40]})" if r["state"] == "loading"
-                                       and r.get("last_health_error") else "")
+                detail = r["state"]
+                if r["state"] == "loading":
+                    waited = st["now"] - r["state_since"]
+                    expected = expected_load_s.get(r["variant"])
+                    detail += f" {waited:.0f}s" + (f" of ~{expected:.0f}s" if expected else "")
+                    if expected:  # the bar moves through loading as the profile's load time passes
+                        step = order.index("loading") + min(0.95, waited / expected)
                 if r["state"] == "failed":
                     detail = f"failed: {(r.get('failure') or '')[:60]}; restarting"
                 progress.update(tasks[i], completed=step, state=detail)
@@ -209,6 +216,10 @@ def register(app: typer.Typer) -> None:
         except ValidationError as e:
             fail("; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()))
         console.print(f"deploying {spec.name}: {spec.replicas} x {chosen} on {engine} (Ray {gcs})", highlight=False)
+        load = recipe.variants[chosen].profile.weights_load_s
+        if engine == "sim" and load and not {"ZOE_SIM_TIME_SCALE", "ZOE_SIM_STARTUP_S"} & set(engine_env):
+            console.print(f"the simulated engine loads for {load.value:.0f} s like the real one ({load.source}); "
+                          "add --env ZOE_SIM_TIME_SCALE=0.01 to run it 100x faster", highlight=False)
         try:
             handle = create_deployment(spec, gcs)
         except (DeploymentExists, ValueError) as e:
@@ -218,7 +229,8 @@ def register(app: typer.Typer) -> None:
         if not wait:
             st = _call(handle.status.remote())
         else:
-            st = _wait_with_progress(handle, spec.replicas, timeout, spec.name)
+            st = _wait_with_progress(handle, spec.replicas, timeout, spec.name,
+                                     expected_load_s=_expected_load(recipe, engine_env if engine == "sim" else {}))
         if json_out:
             print_json(st)
         else:
@@ -315,6 +327,19 @@ def register(app: typer.Typer) -> None:
         except NoDeployment as e:
             fail(str(e))
         console.print(f"undeployed {model}")
+
+
+def _expected_load(recipe, sim_env: dict[str, str]) -> dict[str, float]:
+    """Seconds each variant is expected to load (profile.weights_load_s), as the simulated engine would take them."""
+    out = {}
+    for name, v in recipe.variants.items():
+        if v.profile.weights_load_s is None:
+            continue
+        secs = v.profile.weights_load_s.value
+        if "ZOE_SIM_STARTUP_S" in sim_env:
+            secs = float(sim_env["ZOE_SIM_STARTUP_S"])
+        out[name] = secs * float(sim_env.get("ZOE_SIM_TIME_SCALE", 1.0))
+    return out
 
 
 def _root_cause(e: BaseException) -> str:
