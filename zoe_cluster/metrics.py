@@ -76,6 +76,20 @@ METRICS: list[MetricSpec] = [
                "Requests routed outside their context pool (pool empty or saturated), by target pool.", ("pool",)),
     MetricSpec("router", "membership_version", "zoe_router_membership_version", "gauge",
                "Version of the membership the router applies."),
+    MetricSpec("router", "replica_info", "zoe_router_replica_info", "gauge",
+               "1 per replica in membership, labelled with its variant, context pool and state (ready/draining): "
+               "the variant mix of the fleet as the router sees it.", ("replica", "variant", "pool", "state")),
+    # --- recipe switching (zoe_cluster.switching, run by the deployment controller) ---
+    MetricSpec("switching", "decisions", "zoe_switch_decisions", "counter",
+               "Switching decisions by action (swap/hold); holds are counted once per evaluation.", ("action",)),
+    MetricSpec("switching", "swaps", "zoe_switch_swaps", "counter",
+               "Variant swaps by outcome: started, completed (the new variant is ready), failed.", ("outcome",)),
+    MetricSpec("switching", "concurrency_estimate", "zoe_switch_concurrency_estimate", "gauge",
+               "Mean requests in flight per replica over the switching window, as the switcher sees it.",
+               ("replica",)),
+    MetricSpec("switching", "predicted_tok_s", "zoe_switch_predicted_tok_s", "gauge",
+               "Predicted decode tok/s of the replica's current variant at its concurrency (seed-table "
+               "interpolation).", ("replica", "variant")),
 ]
 
 

@@ -49,6 +49,13 @@ def zoe_names() -> set[str]:
     return out
 
 
+def controller_names() -> set[str]:
+    """What the deployment controller exports on its own /metrics (recipe switching), not the router or engines."""
+    from zoe_cluster.metrics import metric_names as zoe_metric_names
+
+    return set(zoe_metric_names("switching"))
+
+
 def known_names() -> set[str]:
     return zoe_names() | kernel_names() | set(VLLM + SGLANG + PROMETHEUS) | set(_expand(VLLM_HISTOGRAMS + SGLANG_HISTOGRAMS))
 

@@ -113,6 +113,9 @@ class ReplicaSet:
                 updated.append(rid)
         self.version, self.membership = membership.version, membership
         self.metrics.membership_version.set(membership.version)
+        self.metrics.replica_info.clear()
+        for m in membership.replicas:
+            self.metrics.replica_info.labels(replica=m.id, variant=m.variant, pool=m.pool, state=m.state).set(1)
         self.refresh_gauges()
         self.on_change()
         return {"added": added, "updated": updated, "removed": removed}
