@@ -1,0 +1,73 @@
+"""The controller's switching loop: swaps through swap_replica, counts outcomes, exports its inputs."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from zoe_cluster.recipes import RecipeRegistry
+from zoe_cluster.switching import SwitchConfig
+from zoe_cluster.switching.loop import SwitchLoop
+
+GLM = RecipeRegistry.default().get("glm-5.3")
+CFG = SwitchConfig(candidates=["fp8-tp8-nightly", "mxfp4-tp8"], window_s=60, interval_s=1, dwell_s=600,
+                   horizon_s=7200, drain_s=30)
+
+
+class FakeController:
+    """Stands in for the Ray controller actor's three methods (the real one is tested in tests/cluster)."""
+
+    def __init__(self, fail: bool = False):
+        self.variants = ["fp8-tp8-nightly", "fp8-tp8-nightly"]
+        self.load = 32.0
+        self.fail = fail
+        self.swapped: list[tuple[int, str, str]] = []
+
+    def fleet(self):
+        return [{"index": i, "replica_id": f"glm/{i}/0", "variant": v, "state": "ready", "last_swap_at": None}
+                for i, v in enumerate(self.variants)]
+
+    async def in_flight(self):
+        return {f"glm/{i}/0": self.load for i in range(len(self.variants))}
+
+    async def swap_replica(self, index, variant, wait=True, timeout_s=None, reason=""):
+        await asyncio.sleep(0)
+        self.swapped.append((index, variant, reason))
+        if self.fail:
+            raise RuntimeError("new generation failed")
+        self.variants[index] = variant
+        return {}
+
+
+def _run(ctl):
+    reg = CollectorRegistry()
+    loop = SwitchLoop(GLM, CFG, ctl, reg)
+
+    async def go():
+        decisions = await loop.tick()
+        await asyncio.gather(*loop._swaps)
+        return decisions
+
+    return loop, reg, asyncio.run(go())
+
+
+def test_high_load_starts_one_swap_and_counts_it_completed():
+    ctl = FakeController()
+    loop, reg, decisions = _run(ctl)
+    assert [d.action for d in decisions] == ["swap", "hold"]
+    assert ctl.swapped[0][:2] == (0, "mxfp4-tp8") and "1338.7" in ctl.swapped[0][2]
+    text = generate_latest(reg).decode()
+    assert 'zoe_switch_swaps_total{outcome="started"} 1.0' in text
+    assert 'zoe_switch_swaps_total{outcome="completed"} 1.0' in text
+    assert 'zoe_switch_concurrency_estimate{replica="glm/0/0"} 32.0' in text
+    assert 'zoe_switch_predicted_tok_s{replica="glm/0/0",variant="fp8-tp8-nightly"} 1223.6' in text
+    rep = loop.report()
+    assert rep["recent_swaps"][0]["variant"] == "mxfp4-tp8" and len(rep["latest"]) == 2
+
+
+def test_a_failed_swap_is_counted_failed():
+    ctl = FakeController(fail=True)
+    _, reg, _ = _run(ctl)
+    text = generate_latest(reg).decode()
+    assert 'zoe_switch_swaps_total{outcome="failed"} 1.0' in text
