@@ -82,7 +82,8 @@ def render_status(st: dict) -> None:
     if st.get("router_error"):
         console.print(f"[red]router: {st['router_error']}[/]")
     t = Table(box=None, pad_edge=False)
-    for col in ("replica", "id", "state", "since", "variant", "nodes", "GPUs", "uptime", "restarts", "url", "last event"):
+    for col in ("replica", "id", "state", "since", "variant", "nodes", "GPUs", "uptime", "restarts", "kernels", "url",
+                "last event"):
         t.add_column(col)
     now = st["now"]
     for r in st["replicas"]:
@@ -92,10 +93,22 @@ def render_status(st: dict) -> None:
             last = r["failure"]
         gpus = " ".join(",".join(str(g) for g in ids) for ids in r["gpu_ids"]) or "-"
         style = _STATE_STYLE.get(r["state"], "")
+        # what the engine's zoe plugin reports running (its /metrics), not what the recipe asks for
+        kernels = "?" if r.get("kernels_active") is None else (",".join(r["kernels_active"]) or "none")
         t.add_row(str(r["index"]), r["id"], f"[{style}]{r['state']}[/]", _fmt_age(now - r["state_since"]),
                   r["variant"], " ".join(r["nodes"]) or "-", gpus, _fmt_age(r["uptime_s"]) if r["uptime_s"] else "-",
-                  str(r["restarts"]), r["url"] or "-", last[:60])
+                  str(r["restarts"]), kernels, r["url"] or "-", last[:60])
     console.print(t)
+    sw = st.get("switching")
+    if sw:
+        console.print(f"switching: {sw['swaps_started']} swap(s) started; candidates "
+                      f"{', '.join(sw['config']['candidates']) or 'all non-speculative variants'}", highlight=False)
+        for d in sw["latest"]:
+            console.print(f"  replica {d['replica']}: concurrency {d['concurrency']:.1f}, {d['action']}: {d['reason']}",
+                          highlight=False)
+        for d in sw["recent_swaps"][-3:]:
+            console.print(f"  swap at {_fmt_age(now - d['at'])} ago: replica {d['replica']} -> {d['variant']}",
+                          highlight=False)
 
 
 def _wait_with_progress(handle, want: int, timeout_s: float, label: str, give_up_after: int = 3,
@@ -171,6 +184,12 @@ def register(app: typer.Typer) -> None:
         wait: bool = typer.Option(True, help="Wait for the replicas to be ready (with progress)."),
         timeout: float = typer.Option(3600, help="Seconds to wait for readiness."),
         json_out: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
+        switch: Optional[str] = typer.Option(
+            None, "--switch", help="Let the controller switch recipes by concurrency among these variants "
+            "(comma-separated; 'auto' = every non-speculative variant of the engine)."),
+        switch_dwell: float = typer.Option(1800, help="Least seconds between two swaps of one replica."),
+        metrics_port: Optional[int] = typer.Option(
+            None, help="Serve the controller's switching metrics on this port (0: a free one)."),
     ) -> None:
         """Deploy MODEL as Ray actor gangs behind the router; prints the OpenAI endpoint when ready."""
         from pydantic import ValidationError
@@ -178,6 +197,7 @@ def register(app: typer.Typer) -> None:
         from zoe_cluster.cluster.client import DeploymentExists, create_deployment
         from zoe_cluster.cluster.spec import DeploymentSpec, HealthConfig, RouterConfig
         from zoe_cluster.recipes.loader import RecipeError, RecipeRegistry, UnknownModelError
+        from zoe_cluster.switching import SwitchConfig
 
         if engine is not None and engine not in ENGINES:
             fail(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -212,6 +232,10 @@ def register(app: typer.Typer) -> None:
                 engine_args=list(engine_arg), engine_env=engine_env,
                 health=HealthConfig(load_timeout_s=load_timeout),
                 router=RouterConfig(host=host or ("127.0.0.1" if local else "0.0.0.0"), port=port, policy=policy),
+                switching=None if switch is None else SwitchConfig(
+                    candidates=[] if switch == "auto" else [c.strip() for c in switch.split(",") if c.strip()],
+                    dwell_s=switch_dwell),
+                metrics_port=metrics_port,
             )
         except ValidationError as e:
             fail("; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()))

@@ -25,6 +25,7 @@ from zoe_cluster.cluster.placement import GangShape, fits_cluster
 from zoe_cluster.cluster.router_link import RouterLink, router_argv
 from zoe_cluster.cluster.spec import DeploymentSpec
 from zoe_cluster.engines import LaunchContext, get_adapter
+from zoe_cluster.recipes.profile import kv_capacity_tokens
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,9 @@ class DeploymentController:
         self._push_lock: asyncio.Lock | None = None
         self._http: httpx.AsyncClient | None = None
         self._closing = False
+        self.switch_loop = None
+        self._switch_task: asyncio.Task | None = None
+        self.metrics_url: str | None = None
         self._persist()
         self._generations: dict[str, int] = json.loads(_kv_get(KV_PREFIX + spec.name + "/generations") or "{}") \
             if stored else {}
@@ -137,7 +141,26 @@ class DeploymentController:
             if self.spec.router.enabled:
                 await self._start_router()
             self._loop = asyncio.create_task(self._reconcile_forever())
+            self._start_switching()
         return self.status()
+
+    def _start_switching(self) -> None:
+        """Run the recipe switcher (zoe_cluster.switching) and serve its metrics, when the spec asks for them."""
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        cfg = self.spec.switching
+        registry = CollectorRegistry()
+        if cfg is not None and cfg.enabled:
+            from zoe_cluster.switching.loop import SwitchLoop
+
+            self.switch_loop = SwitchLoop(self.spec.recipe, cfg, self, registry)
+            self._switch_task = asyncio.create_task(self.switch_loop.run_forever())
+        if self.spec.metrics_port is not None:
+            import ray
+
+            host = "127.0.0.1" if self.spec.router.host.startswith("127.") else ray.util.get_node_ip_address()
+            server, _thread = start_http_server(self.spec.metrics_port, addr=host, registry=registry)
+            self.metrics_url = f"http://{host}:{server.server_port}/metrics"
 
     async def _start_router(self) -> None:
         import ray
@@ -328,6 +351,16 @@ class DeploymentController:
             return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         return None if r.status_code == 200 else f"/health answered {r.status_code}"
 
+    async def _scrape_kernels(self, facts: ReplicaFacts) -> None:
+        """Which zoe kernels the engine reports active, from its /metrics (the plugin's `zoe_kernel_active`)."""
+        try:
+            r = await self._http.get(facts.url + "/metrics", timeout=self.spec.health.check_timeout_s)
+        except httpx.HTTPError:
+            return
+        if r.status_code == 200:
+            stats = self.adapter.parse_metrics(r.text, time.time())
+            facts.kernels_active, facts.metrics_scraped_at = list(stats.zoe_kernels_active), stats.scraped_at
+
     async def _exit_codes(self, slot: Slot) -> None:
         """Raise ReplicaFailure if any engine process of the gang exited or any member actor is gone."""
         try:
@@ -374,6 +407,7 @@ class DeploymentController:
                 why = await self._health(facts.url)
                 if why is None:
                     facts.last_health_ok_at, facts.health_failures_in_a_row, facts.last_health_error = time.time(), 0, None
+                    await self._scrape_kernels(facts)
                 else:
                     facts.health_failures_in_a_row += 1
                     facts.last_health_error = why
@@ -512,9 +546,15 @@ class DeploymentController:
                 "id": f.id, "url": f.url, "pool": f.pool, "variant": f.variant, "state": state.value,
                 "engine": self.spec.engine, "models": [self.spec.recipe.served_model_name],
                 "max_active_requests": v.max_num_seqs,
+                "kv_capacity_tokens": self._kv_tokens(f.variant),
                 "max_context_tokens": self.spec.max_model_len or self.spec.recipe.architecture.max_context_tokens,
             })
         return {"version": self.membership_version, "replicas": reps}
+
+    def _kv_tokens(self, variant: str) -> int:
+        """KV capacity the router sizes its prefix index to: the simulated engine's override, else the recipe's."""
+        override = self.spec.engine_env.get("ZOE_SIM_KV_TOKENS") if self.spec.engine == "sim" else None
+        return int(override) if override else max(1, kv_capacity_tokens(self.spec.recipe, variant))
 
     async def _push_membership(self) -> None:
         self.membership_version += 1
@@ -547,6 +587,8 @@ class DeploymentController:
             "ray_address": self.ray_address, "controller_node": ray.util.get_node_ip_address(),
             "created_at": self.created_at, "now": now,
             "replicas": current,
+            "switching": self.switch_loop.report() if self.switch_loop else None,
+            "metrics_url": self.metrics_url,
             "history": [f.to_dict(now) | {"events": []} for f in self.history[-HISTORY:]],
         }
 
@@ -686,6 +728,8 @@ class DeploymentController:
 
     async def shutdown(self) -> dict:
         """Drain and stop every replica, stop the router, free every GPU; the caller then kills this actor."""
+        if self._switch_task is not None:
+            self._switch_task.cancel()  # no swap may start while everything is being removed
         self.spec = self.spec.model_copy(update={"replicas": 0})
         for slot in self.slots.values():
             slot.remove = True

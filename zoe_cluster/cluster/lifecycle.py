@@ -79,6 +79,10 @@ class ReplicaFacts:
     """Pids of the gang's node actors, one per node."""
     restarts: int = 0
     """How many earlier generations of this replica index ended in failure."""
+    kernels_active: list[str] | None = None
+    """zoe kernels the engine's plugin reports patched in (`zoe_kernel_active` on its /metrics); None before the
+    first scrape. Reported by the engine, never inferred from the recipe."""
+    metrics_scraped_at: float | None = None
     events: list[Event] = field(default_factory=list)
 
     @property

@@ -13,6 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from zoe_cluster.cluster.placement import GangShape
 from zoe_cluster.recipes.schema import Recipe
+from zoe_cluster.switching.decide import SwitchConfig
+
+LONG_CONTEXT_TOKENS = 131072
+"""A variant meant for contexts beyond this (its recipe's `intended.context_tokens`) serves the router's "long" pool."""
 
 EngineName = Literal["vllm", "sglang", "sim"]
 PlatformChoice = Literal["auto", "rocm", "cuda", "cpu"]
@@ -84,6 +88,13 @@ class DeploymentSpec(BaseModel):
     health: HealthConfig = Field(default_factory=HealthConfig, description="Readiness, liveness and restarts.")
     router: RouterConfig = Field(default_factory=RouterConfig, description="The deployment's router.")
     log_dir: str | None = Field(default=None, description="Folder for engine logs on each node (default: Ray's).")
+    switching: SwitchConfig | None = Field(
+        default=None, description="Recipe switching by concurrency (None: the controller never swaps by itself)."
+    )
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535,
+        description="Port of the controller's own /metrics (switching); 0 picks a free one; None: not served.",
+    )
 
     @model_validator(mode="after")
     def _variants_exist(self) -> "DeploymentSpec":
@@ -94,6 +105,11 @@ class DeploymentSpec(BaseModel):
                 raise ValueError(
                     f"variant '{v}' of {self.recipe.name} runs on {self.recipe.variants[v].engine}, not {self.engine}"
                 )
+        if self.switching is not None:
+            for v in self.switching.candidates:
+                if v not in self.recipe.variants:
+                    raise ValueError(f"switching.candidates: model '{self.recipe.name}' has no variant '{v}'; "
+                                     f"known: {sorted(self.recipe.variants)}")
         return self
 
     def variant_of(self, index: int) -> str:
@@ -105,5 +121,6 @@ class DeploymentSpec(BaseModel):
         return GangShape.of(v.parallelism, None if self.engine == "sim" else v.accelerator_type, self.engine)
 
     def pool(self, variant: str) -> str:
-        """Router pool of a replica: its variant (the switcher moves replicas between pools by variant)."""
-        return variant
+        """Router pool of a replica: "long" when its variant is meant for contexts past LONG_CONTEXT_TOKENS (the
+        long-context kernels), else "default"; the router sends long prompts to the long pool first."""
+        return "long" if self.recipe.variant(variant).intended.context_tokens[1] > LONG_CONTEXT_TOKENS else "default"
