@@ -7,6 +7,7 @@ one subprocess, so the slow imports happen once.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -31,8 +32,11 @@ def _ctx(**kw) -> LaunchContext:
 
 
 def _parse(python: str, engine: str, argvs: list[list[str]]) -> list[dict]:
+    # With HF_HUB_OFFLINE set, vLLM's EngineArgs resolves the model id to a local snapshot, which a parser
+    # check of recipe checkpoints (never downloaded here) must not need; parsing itself makes no request.
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     out = subprocess.run([python, str(CHECK)], input=json.dumps({"engine": engine, "argvs": argvs}),
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
