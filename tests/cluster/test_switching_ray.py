@@ -75,7 +75,11 @@ def test_high_load_swaps_one_replica_to_mxfp4_without_failing_a_request(ray_clus
         router_metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
         assert 'variant="mxfp4-tp8"' in router_metrics and "zoe_router_replica_info" in router_metrics
         # the router sizes its prefix index to the variant's KV capacity, pushed with membership
-        members = ray.get(handle.membership_view.remote())["replicas"]
+        from zoe_cluster.router.membership import Membership
+
+        view = ray.get(handle.membership_view.remote())
+        Membership.model_validate(view)  # what the controller also publishes to the Helm release's router pods
+        members = view["replicas"]
         assert all(m["kv_capacity_tokens"] > 1_000_000 for m in members)
         # the simulated engine runs no zoe kernels, and status says so (it reports, it does not infer)
         assert all(r["kernels_active"] == [] for r in st["replicas"] if r["state"] == "ready"

@@ -26,6 +26,7 @@ from zoe_cluster.cluster.router_link import RouterLink, router_argv
 from zoe_cluster.cluster.spec import DeploymentSpec
 from zoe_cluster.engines import LaunchContext, get_adapter
 from zoe_cluster.recipes.profile import kv_capacity_tokens
+from zoe_cluster.router.membership import Membership
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,17 @@ CONTROLLER_PREFIX = "zoe-controller:"
 KV_PREFIX = "zoe/deployment/"
 POLL_S = 0.25  # how often a ready replica's process is polled (health checks run at health.check_interval_s)
 HISTORY = 20  # ended generations kept per deployment for `zoe status`
+
+
+def _k8s_fanout():
+    """The membership fan-out to the Helm release's router pods, when running under the chart (else None)."""
+    try:
+        from zoe_cluster.k8s import fanout_from_env
+
+        return fanout_from_env()
+    except Exception:  # noqa: BLE001 - no in-cluster credentials: not under the chart after all
+        log.exception("ZOE_K8S_* is set but the Kubernetes API is not reachable; router pods get no membership")
+        return None
 
 
 def controller_name(deployment: str) -> str:
@@ -106,6 +118,8 @@ class DeploymentController:
         self._closing = False
         self.switch_loop = None
         self._switch_task: asyncio.Task | None = None
+        self.fanout = _k8s_fanout()
+        self._last_resync = 0.0
         self.metrics_url: str | None = None
         self._persist()
         self._generations: dict[str, int] = json.loads(_kv_get(KV_PREFIX + spec.name + "/generations") or "{}") \
@@ -197,6 +211,9 @@ class DeploymentController:
             try:
                 self._reconcile()
                 await self._keep_router_up()
+                if self.fanout is not None and time.monotonic() - self._last_resync > 5.0:
+                    self._last_resync = time.monotonic()
+                    await asyncio.to_thread(self.fanout.resync)
             except Exception:  # noqa: BLE001 - the loop must outlive any one bad tick
                 log.exception("reconcile tick failed")
             await asyncio.sleep(POLL_S)
@@ -558,6 +575,11 @@ class DeploymentController:
 
     async def _push_membership(self) -> None:
         self.membership_version += 1
+        if self.fanout is not None:  # under the Helm chart: every router pod of the release gets it too
+            try:
+                await asyncio.to_thread(self.fanout.publish, Membership.model_validate(self.membership()))
+            except Exception:  # noqa: BLE001 - a pod that cannot be reached now is caught up by resync()
+                log.exception("pushing membership to the release's router pods failed")
         if self.router is None:
             return
         async with self._push_lock:
