@@ -42,7 +42,9 @@ def test_prefill_hit_rate_seen_by_vllm_is_close_to_the_target(vllm_url, tmp_path
         assert row["completed"] == 3
         # vLLM caches whole 32-token blocks: a 1K prompt sees the target rounded down by up to 32/1024.
         assert row["hit_rate_target"] - 0.05 <= row["engine_hit_rate"] <= row["hit_rate_target"] + 0.01
-        assert row["prompt_tokens_mean"] == pytest.approx(1024, abs=3)
+        # Prefix and suffix are sized separately with /tokenize; joined, BPE merges can shift the count, and
+        # the test model's tiny byte-level BPE spends several tokens on some words: within 2% of the target.
+        assert row["prompt_tokens_mean"] == pytest.approx(1024, rel=0.02)
 
 
 def test_decode_per_user_and_per_node_agree_on_vllm(vllm_url, tmp_path):
