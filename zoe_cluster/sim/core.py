@@ -295,18 +295,22 @@ class EngineCore:
                 req.finish_s = end
                 finished = True
         if finished:
-            keep = []
-            for req in self.running:
-                if req.finish_s is None:
-                    keep.append(req)
-                else:
-                    cache.release(req.held, req.private)
-                    req.held, req.private, req.nblocks = [], 0, 0
-                    c.finished += 1
-            self.running = keep
+            self._retire_finished()
         return out
 
     # --- many identical decode steps at once (virtual clock) ------------------------------------------
+    def _retire_finished(self) -> None:
+        """Drop finished requests from the running queue and return their blocks to the cache."""
+        keep = []
+        for req in self.running:
+            if req.finish_s is None:
+                keep.append(req)
+            else:
+                self.cache.release(req.held, req.private)
+                req.held, req.private, req.nblocks = [], 0, 0
+                self.counters.finished += 1
+        self.running = keep
+
     def fast_forward(self, now: float, horizon: float) -> Step | None:
         """When every running request is decoding and nobody waits, run k identical decode steps in one Step:
         k stops at the first request to finish, at the step in progress at `horizon` (the driver's next
@@ -383,14 +387,6 @@ class EngineCore:
                 req.finish_s = end
                 finished = True
         if finished:
-            keep = []
-            for req in self.running:
-                if req.finish_s is None:
-                    keep.append(req)
-                else:
-                    self.cache.release(req.held, req.private)
-                    req.held, req.private, req.nblocks = [], 0, 0
-                    c.finished += 1
-            self.running = keep
+            self._retire_finished()
         return out
 
