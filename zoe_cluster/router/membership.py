@@ -50,6 +50,11 @@ class MemberReplica(BaseModel):
     kv_capacity_tokens: int = Field(
         default=1_000_000, gt=0, description="KV-cache capacity, tokens (sizes the router's prefix index)."
     )
+    host_kv_capacity_tokens: int = Field(
+        default=0, ge=0,
+        description="KV tokens the engine also keeps in host memory (KV offloading); 0: none. The prefix index is "
+        "sized to the larger of this and kv_capacity_tokens.",
+    )
     max_active_requests: int = Field(
         default=256, gt=0, description="Concurrent requests before the router counts the replica saturated."
     )

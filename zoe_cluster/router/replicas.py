@@ -53,6 +53,7 @@ def _view(m: MemberReplica) -> ReplicaView:
         variant=m.variant,
         draining=m.state == "draining",
         kv_capacity_tokens=m.kv_capacity_tokens,
+        host_kv_capacity_tokens=m.host_kv_capacity_tokens,
         max_active_requests=m.max_active_requests,
     )
 
@@ -109,6 +110,7 @@ class ReplicaSet:
                 v = st.view
                 v.pool, v.variant, v.draining = m.pool, m.variant, m.state == "draining"
                 v.kv_capacity_tokens, v.max_active_requests = m.kv_capacity_tokens, m.max_active_requests
+                v.host_kv_capacity_tokens = m.host_kv_capacity_tokens
                 st.member, st.served = m, frozenset(m.models)
                 updated.append(rid)
         self.version, self.membership = membership.version, membership

@@ -52,6 +52,8 @@ class RequestContext:
     """Session key (`x-session-id` header, else the OpenAI `user` field): an affinity hint."""
     block_tokens: int = DEFAULT_BLOCK_TOKENS
     """Tokens per block of `block_hashes`."""
+    slo_class: str | None = None
+    """Service class of the request (`x-zoe-slo` header), for class-aware routing (`routing.slo`); None: default."""
 
     @property
     def prefix_blocks(self) -> int:
@@ -75,6 +77,10 @@ class ReplicaView:
     kv_capacity_tokens: int = 1_000_000
     """KV-cache capacity of the replica, tokens; the prefix index keeps kv_capacity_tokens // block_tokens
     blocks for it, so the router forgets what the engine must have evicted."""
+    host_kv_capacity_tokens: int = 0
+    """KV tokens the replica's engine also keeps in a host-memory tier (KV offloading: vLLM's offloading
+    connector, LMCache, SGLang HiCache), written through from HBM; 0 when it has none. The prefix index is sized
+    to the larger of the two tiers (`cache_capacity_tokens`)."""
     max_active_requests: int = 256
     """Requests the replica takes at once before the router counts it as saturated (its max_num_seqs)."""
     active_requests: int = 0
@@ -95,9 +101,15 @@ class ReplicaView:
     def saturated(self) -> bool:
         return self.active_requests >= self.max_active_requests
 
+    @property
+    def cache_capacity_tokens(self) -> int:
+        """Prefix-cache tokens the replica can serve hits from: HBM, or the host tier when it is larger (it holds
+        a copy of what HBM holds, so the two do not add up)."""
+        return max(self.kv_capacity_tokens, self.host_kv_capacity_tokens)
+
     def kv_capacity_blocks(self, block_tokens: int) -> int:
-        """KV capacity expressed in blocks of `block_tokens` tokens."""
-        return max(1, self.kv_capacity_tokens // max(1, block_tokens))
+        """Prefix-cache capacity (`cache_capacity_tokens`) expressed in blocks of `block_tokens` tokens."""
+        return max(1, self.cache_capacity_tokens // max(1, block_tokens))
 
     def engine_requests(self, max_age_s: float = 5.0, now: float | None = None) -> float | None:
         """running + waiting from a scrape younger than max_age_s, else None."""

@@ -45,7 +45,9 @@ class SimRequest:
     held: list[int] = field(default_factory=list)
     reg_upto: int = 0
     cached_tokens: int = -1
-    """Prompt tokens found in the prefix cache at first admission (-1 before it)."""
+    """Prompt tokens found in the prefix cache (HBM) at first admission (-1 before it)."""
+    host_cached_tokens: int = 0
+    """Prompt tokens loaded from the host KV tier at first admission (beyond `cached_tokens`)."""
     spec_credit: float = 0.0
     first_token_s: float | None = None
     finish_s: float | None = None
@@ -77,6 +79,8 @@ class EngineCounters:
     generation_tokens: int = 0
     prefix_queries_tokens: int = 0
     prefix_hits_tokens: int = 0
+    host_hits_tokens: int = 0
+    """Prompt tokens loaded from the host KV tier instead of recomputed."""
     preemptions: int = 0
     finished: int = 0
     aborted: int = 0
@@ -108,6 +112,7 @@ class EngineCore:
         self._bs = cache.block_tokens
         self._tpr = model.tokens_per_decode_request
         self._spec = model.spec_proposed_tokens > 0
+        self._load_s = 0.0  # host-tier loads of the requests admitted into the step being built
 
     # --- requests -----------------------------------------------------------------------------------
     def add(self, req: SimRequest) -> None:
@@ -208,7 +213,9 @@ class EngineCore:
             max_hit_blocks = (req.prefill_len - 1) // bs
             hashes = req.block_hashes[: min(max_hit_blocks, len(req.block_hashes))]
             hit = cache.match(hashes)
-            hit_tokens = hit * bs
+            # blocks gone from HBM but still in host memory are loaded back (into newly allocated blocks)
+            loaded = cache.host_match(hashes[hit:]) if cache.host_blocks else 0
+            hit_tokens = (hit + loaded) * bs
             n = min(req.prefill_len - hit_tokens, budget)
             cache.acquire(hashes[:hit])
             need = -(-(hit_tokens + n) // bs) - hit
@@ -218,14 +225,22 @@ class EngineCore:
             waiting.popleft()
             running.append(req)
             self.counters.prefix_queries_tokens += req.prefill_len
-            self.counters.prefix_hits_tokens += hit_tokens
+            self.counters.prefix_hits_tokens += hit * bs
             if req.cached_tokens < 0:
-                req.cached_tokens = hit_tokens
+                req.cached_tokens = hit * bs
+                req.host_cached_tokens = loaded * bs
             req.held = list(hashes[:hit])
-            req.reg_upto = hit
+            req.private = need
+            for h in hashes[hit:hit + loaded]:  # loaded blocks become cached blocks this request holds
+                if cache.register(h):
+                    req.held.append(h)
+                    req.private -= 1
+            if loaded:
+                self.counters.host_hits_tokens += loaded * bs
+                self._load_s += loaded * bs * cache.host_load_s_per_token
+            req.reg_upto = hit + loaded
             req.computed = hit_tokens
             req.nblocks = hit + need
-            req.private = need
             entries.append((req, n))
             budget -= n
 
@@ -246,6 +261,10 @@ class EngineCore:
             t = m.prefill_step_s(n_pre, ps, ps2, n_dec, dctx)
         else:
             t = m.decode_step_s(n_dec, dctx)
+        # Host-tier loads are charged to the step that admits the request, stalling the whole batch: more
+        # pessimistic than engines that load asynchronously while other requests keep running.
+        t += self._load_s
+        self._load_s = 0.0
         return Step(entries, t, n_pre, n_dec)
 
     def complete(self, step: Step, end: float) -> list[tuple[SimRequest, int]]:
