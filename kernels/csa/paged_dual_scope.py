@@ -288,14 +288,13 @@ def write_v4_pool(buf: torch.Tensor, page_size: int, slots: torch.Tensor, nope_f
     slots = slots.long().cpu()
     page, off = slots // page_size, slots % page_size
     data = torch.cat([nope_fp8.view(torch.uint8), rope_bf16.contiguous().view(torch.uint8)], dim=1)  # [N, 576]
-    scales = torch.cat([scale_ue8m0, torch.zeros_like(scale_ue8m0[:, :1])], dim=1)  # [N, 8]
     cols = torch.arange(DATA_BYTES)
     flat = buf.view(-1)
     stride = buf.stride(0)
     dev = buf.device
     flat[((page * stride + off * DATA_BYTES)[:, None] + cols).to(dev)] = data.to(dev)
-    scols = torch.arange(SCALE_BYTES)
-    flat[((page * stride + page_size * DATA_BYTES + off * SCALE_BYTES)[:, None] + scols).to(dev)] = scales.to(dev)
+    scols = torch.arange(SCALE_BYTES - 1)  # the pad byte is left as it is, as SGLang's store kernel does
+    flat[((page * stride + page_size * DATA_BYTES + off * SCALE_BYTES)[:, None] + scols).to(dev)] = scale_ue8m0.to(dev)
 
 
 def dequant_v4_slots(cache: torch.Tensor, slots: torch.Tensor, fp8_dtype: torch.dtype = torch.float8_e4m3fn):

@@ -1,4 +1,5 @@
-"""The SGLang hook: routes SGLang's DeepSeek-V4 CSA top-K to zoe_kernels when `ZOE_KERNELS` asks for it.
+"""The SGLang hook: routes SGLang's DeepSeek-V4 CSA top-K and decode attention to zoe_kernels when `ZOE_KERNELS`
+asks for it.
 
 SGLang 0.5.23 has a general-plugin mechanism: it calls every `sglang.srt.plugins` entry point early in each
 of its processes (engine, scheduler/TP workers, detokenizer, DP controller: `sglang.srt.plugins.load_plugins`).
@@ -11,10 +12,9 @@ What is patched (checked against the SGLang version and each function's paramete
   compressed-entry scores (`zoe_kernels.csa.topk`), then SGLang's page-table transform
   (`slot = page_table[pos // page_size] * page_size + pos % page_size`, -1 where fewer than 512 entries).
   bf16 scores keep SGLang's DeepSelect path (SGLang routes them elsewhere before these functions).
-- `csa_dual_scope`: not patched. SGLang decodes DeepSeek-V4 through FlashMLA's packed FP8 paged cache
-  (`flash_mla_with_kvcache` with `indices` + `extra_indices_in_kvcache`), while zoe's `dual_scope_decode`
-  takes each request's window and compressed entries as contiguous tensors; gathering them every step
-  would cost O(context), so the hook records a loud `unsupported` fallback instead of pretending.
+- `csa_dual_scope`: DeepSeek-V4's sparse decode attention (FlashMLA's `flash_mla_with_kvcache` on CUDA, the
+  HIP entry point on ROCm) over the packed FP8 paged pools, through zoe's paged kernel
+  (`zoe_kernels.csa.paged_dual_scope`, which reads the pool pages itself); see `sglang_dual_scope`.
 - `fused_moe`, `lightning_indexer`: zoe's recipes serve the models that use them on vLLM; on SGLang they
   are recorded as `unsupported` fallbacks.
 """
@@ -29,6 +29,7 @@ from typing import Callable
 
 from zoe_kernels.integrations.patching import PatchSpec, install_kernel
 from zoe_kernels.integrations.report import REPORT_DIR_ENV, KernelReporter, ReportCollector, log, requested_kernels
+from zoe_kernels.integrations.sglang_dual_scope import csa_dual_scope_specs
 
 SGLANG_VERSIONS = ("0.5.23", "0.5.24")
 INDEXER = "sglang.srt.layers.attention.dsv4.indexer"
@@ -36,10 +37,6 @@ TOPK_V1_PARAMS = ("scores", "seq_lens", "page_tables", "out_page_indices", "page
 TOPK_V2_PARAMS = ("scores", "seq_lens", "page_tables", "out_page_indices", "page_size", "metadata",
                   "out_raw_indices")  # fmt: skip
 UNSUPPORTED = {
-    "csa_dual_scope": "SGLang decodes DeepSeek-V4 through FlashMLA's packed FP8 paged cache "
-    "(flash_mla_with_kvcache with indices and extra_indices_in_kvcache), while zoe's dual_scope_decode takes "
-    "each request's window and compressed entries as contiguous [B, N, D] tensors; an adapter would gather "
-    "the whole compressed sequence every step, so there is none until the kernel reads paged caches",
     "fused_moe": "no SGLang integration: zoe's recipes run the fused-MoE models on vLLM",
     "lightning_indexer": "no SGLang integration: zoe's recipes run the DSA models on vLLM",
 }
@@ -99,7 +96,10 @@ def _csa_topk_specs(reporter: KernelReporter) -> list[PatchSpec]:
     ]
 
 
-KERNEL_SPECS: dict[str, Callable[[KernelReporter], list[PatchSpec]]] = {"csa_topk": _csa_topk_specs}
+KERNEL_SPECS: dict[str, Callable[[KernelReporter], list[PatchSpec]]] = {
+    "csa_topk": _csa_topk_specs,
+    "csa_dual_scope": csa_dual_scope_specs,
+}
 
 
 def source_params(target: str, package_dir: str | Path) -> tuple[str, ...] | None:
@@ -118,7 +118,9 @@ def source_params(target: str, package_dir: str | Path) -> tuple[str, ...] | Non
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
                 a = node.args
-                return tuple(x.arg for x in a.posonlyargs + a.args + a.kwonlyargs)
+                star = [a.vararg] if a.vararg else []
+                stars = [a.kwarg] if a.kwarg else []  # in inspect.signature's order
+                return tuple(x.arg for x in a.posonlyargs + a.args + star + a.kwonlyargs + stars)
         nxt = None
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and any((al.asname or al.name) == name for al in node.names):

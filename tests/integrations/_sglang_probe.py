@@ -3,6 +3,7 @@
     python _sglang_probe.py plugins REPORT_DIR   SGLang's own load_plugins() runs zoe's hook
     python _sglang_probe.py sources              the replaced functions' parameters in the installed source
     python _sglang_probe.py topk                 zoe's paged top-K vs SGLang's PyTorch top-K transform
+    python _sglang_probe.py dual_scope REPORT_DIR  the patched FlashMLA decode call over pools SGLang wrote
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ if mode == "plugins":
         "scheduler_loads_plugins": "load_plugins()" in scheduler_src,
     }))  # fmt: skip
 elif mode == "sources":
+    from zoe_kernels.integrations import sglang_dual_scope as ds
     from zoe_kernels.integrations import sglang_hook as h
 
     print(json.dumps({
@@ -50,6 +52,10 @@ elif mode == "sources":
         "v2": h.source_params(f"{h.INDEXER}:topk_transform_paged_v2", SGLANG_DIR),
         "expected_v1": h.TOPK_V1_PARAMS,
         "expected_v2": h.TOPK_V2_PARAMS,
+        "flash_mla": h.source_params(ds.CUDA_TARGET, SGLANG_DIR),
+        "expected_flash_mla": ds.CUDA_PARAMS,
+        "hip_entry": h.source_params(ds.HIP_TARGET, SGLANG_DIR),
+        "expected_hip_entry": ds.HIP_PARAMS,
     }))  # fmt: skip
 elif mode == "topk":
     assert os.environ.get("TRITON_INTERPRET") == "1"
@@ -92,3 +98,83 @@ elif mode == "topk":
                 mismatches.append(f"{name} use_pages={use_pages}: {a.tolist()} vs {z.tolist()}")
     selected = int((outs["zoe"][1] >= 0).sum())
     print(json.dumps({"mismatches": mismatches, "rows": b, "k": k, "selected": selected}))
+elif mode == "dual_scope":
+    # SGLang's FlashMLA interface module imports the CUDA-only `flash_mla` wheel at the top; a stand-in
+    # package lets the real module (and its real function object, the patch target) load here. Its kernel
+    # only records that it was called (SGLang's own path), so the probe sees which path each call took.
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    import functools
+    import types
+
+    import torch
+
+    engine_calls = []
+    stub = types.ModuleType("flash_mla")
+    stub.flash_mla_with_kvcache = lambda **kw: engine_calls.append(sorted(kw)) or ("engine", None)
+    stub.get_mla_metadata = lambda *a, **k: (None, None)
+    stub.fused_norm_rope_attn_rope_cast = types.ModuleType("flash_mla.fused_norm_rope_attn_rope_cast")
+    stub_iface = types.ModuleType("flash_mla.flash_mla_interface")
+    stub_iface.FlashMLASchedMeta = type("FlashMLASchedMeta", (), {})
+    stub.flash_mla_interface = stub_iface
+    sys.modules.update({"flash_mla": stub, "flash_mla.flash_mla_interface": stub_iface,
+                        "flash_mla.fused_norm_rope_attn_rope_cast": stub.fused_norm_rope_attn_rope_cast})  # fmt: skip
+    from sglang.kernels.ops.attention import flash_mla_interface
+    from sglang.kernels.ops.kvcache.dsv4_main_kv_store import NopeFp8RopeBf16Pack, _set_k_and_s_triton
+
+    from zoe_kernels.csa import paged_dual_scope as pds
+    from zoe_kernels.integrations.report import KernelReporter, read_reports
+    from zoe_kernels.integrations.sglang_hook import patch_sglang
+
+    gen = torch.Generator().manual_seed(7)
+
+    def pool(page_size, pages, tokens):
+        """The pool buffer written by SGLang's own store kernel, and the same bytes written by zoe's helper."""
+        slots = torch.randperm(pages * page_size, generator=gen)[:tokens]
+        keys = torch.randn(tokens, 512, generator=gen) * (torch.rand(tokens, 1, generator=gen) * 4 + 0.1)
+        nope, rope, scale = pds.quantize_v4_rows(keys)
+        ours = torch.full((pages, pds.page_bytes(page_size)), 0xFF, dtype=torch.uint8)
+        theirs = ours.clone()
+        pds.write_v4_pool(ours, page_size, slots, nope, rope, scale)
+        _set_k_and_s_triton(theirs, slots, NopeFp8RopeBf16Pack(nope, rope, scale), page_size)
+        return theirs, slots, bool(torch.equal(ours, theirs))
+
+    swa_page, ext_page, b, h, k_swa, k_ext = 64, 16, 3, 16, 64, 128
+    swa_buf, swa_slots, swa_same = pool(swa_page, 3, 150)
+    ext_buf, ext_slots, ext_same = pool(ext_page, 20, 300)
+    pick = lambda slots, k: torch.stack([slots[torch.randperm(slots.numel(), generator=gen)[:k]] for _ in range(b)])
+    swa_idx, ext_idx = pick(swa_slots, k_swa).int(), pick(ext_slots, k_ext).int()
+    ext_idx[:, 100:] = -1
+    swa_len = torch.tensor([64, 20, 1], dtype=torch.int32)
+    ext_len = torch.tensor([128, 64, 0], dtype=torch.int32)
+    q = torch.randn(b, 1, h, 512, generator=gen).half()
+    sink = torch.randn(h, generator=gen)
+
+    reporter = KernelReporter("sglang", sglang.__version__, ["csa_dual_scope"], sys.argv[2])
+    patched = patch_sglang(["csa_dual_scope"], reporter, sglang.__version__)
+    # what DeepseekV4AttnBackend.__init__ binds and _forward_attention calls (deepseek_v4_backend.py)
+    call = functools.partial(flash_mla_interface.flash_mla_with_kvcache, use_legacy=True)
+    swa_view = swa_buf[:, : swa_page * 584].view(swa_buf.shape[0], swa_page, 1, 584)
+    ext_view = ext_buf[:, : ext_page * 584].view(ext_buf.shape[0], ext_page, 1, 584)
+    out, lse = call(q=q, k_cache=swa_view, head_dim_v=512, block_table=None, cache_seqlens=None,
+                    tile_scheduler_metadata=stub_iface.FlashMLASchedMeta(), softmax_scale=512**-0.5,
+                    is_fp8_kvcache=True, indices=swa_idx[:, None], topk_length=swa_len, attn_sink=sink,
+                    extra_k_cache=ext_view, extra_indices_in_kvcache=ext_idx[:, None],
+                    extra_topk_length=ext_len)  # fmt: skip
+    ref_out, ref_lse = pds.paged_dual_scope_decode_reference(q[:, 0], swa_view, swa_idx, swa_len, ext_view, ext_idx,
+                                                             ext_len, sink=sink)  # fmt: skip
+    err = float((out[:, 0].double() - ref_out).norm() / ref_out.norm())
+    # a V4.1 pool (528 bytes a token) is not zoe's: SGLang's own kernel runs
+    v41 = torch.zeros(2, 16, 1, 528, dtype=torch.uint8)
+    engine_out = call(q=q, k_cache=v41, head_dim_v=512, block_table=None, cache_seqlens=None,
+                      tile_scheduler_metadata=stub_iface.FlashMLASchedMeta(), is_fp8_kvcache=True, indices=swa_idx[:, None],
+                      topk_length=swa_len, attn_sink=sink)  # fmt: skip
+    reporter.flush()
+    backend_src = (SGLANG_DIR / "srt/layers/attention/deepseek_v4_backend.py").read_text()
+    print(json.dumps({
+        "patched": patched, "pool_bytes_match_sglang_writer": swa_same and ext_same,
+        "out_shape": list(out.shape), "lse_shape": list(lse.shape), "rel_err": err,
+        "lse_err": float((lse[:2, 0].double() - ref_lse[:2]).abs().max()),
+        "engine_result": engine_out[0], "engine_calls": len(engine_calls),
+        "reports": [r.__dict__ for r in read_reports(sys.argv[2])],
+        "backend_binds_interface": "flash_mla_interface.flash_mla_with_kvcache," in backend_src,
+    }))  # fmt: skip
