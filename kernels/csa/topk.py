@@ -8,18 +8,25 @@ Selection rule (deterministic ties): a row's selected set is the k largest entri
 returned in ascending position order (not by value), followed by -1 padding when a row has fewer than
 k valid entries. NaN scores are not supported; -inf is a valid score.
 
-Method ("filter", the default): view a row as a matrix of G = 2k columns (entry i in column i mod G).
-The k-th largest column maximum T is a safe threshold: k columns have a maximum >= T, so at least k
-entries are >= T, and every top-k entry is >= T. For scores without structure only about 1.4k entries
-pass (each column max is the top of ~N/G entries). So: (1) column maxima, (2) keep the entries >= T as
-candidates (value, position) packed into one int64 key, (3) sort the few candidates (`tl.sort`, value
-descending then position ascending), keep the first k, and sort those positions ascending. Rows with
-more than 4k candidates (adversarial periodic data, massive ties) fall back, inside step 3, to the exact
-radix select of radix_select.py over the whole row, so the result is exact for every input.
-Few long rows (CSA decode) split steps 1-2 over many programs per row: column maxima combine with
-int32 atomic max and candidates are appended through an atomic counter (their order in the buffer
-varies, but the sort in step 3 makes the output deterministic). Many rows (indexer prefill) use one
-program per row that does all three steps.
+Method ("sample", the default; no sorting network anywhere, so compiles stay short):
+1. threshold: read a fixed sample of S entries of the row (S/SB blocks of SB contiguous entries spread
+   evenly; the whole row when it has <= S entries) and find, by a bitwise binary search over the
+   order-preserving int32 keys (one reduction per bit), a key T that about MARGIN*k entries of the row
+   should reach. On a row of <= S entries T is exactly the k-th largest key.
+2. filter: every entry with key >= T is a candidate; candidates are written in position order (a cumsum
+   per tile) to a fixed set of SLOTS slots, split evenly between the P programs of a row (P chunks of
+   the row), with a count per chunk.
+3. finish: over the candidate slots (still in position order), the same binary search finds the exact
+   k-th largest value v*; everything above v* is taken, plus the first (lowest-position) entries equal
+   to v* until k are taken; a cumsum compacts them into ascending positions.
+The result is exact whenever the candidates include the top k, i.e. when at least min(k, n) entries
+reached T and no chunk overflowed its slots; otherwise (adversarial layouts such as sorted rows, massive
+ties) the finish falls back to the exact radix select of radix_select.py over the whole row. Both
+conditions are checked on the device, so a call is a fixed set of launches (CUDA-graph friendly).
+
+Launches: many rows (indexer prefill) or short rows use one program per row that does all three steps
+(`_topk_row_kernel`); few long rows (CSA decode) use three launches: one threshold program per row,
+P = n/8192 (<= 128) filter programs per row, one finish program per row.
 """
 
 from __future__ import annotations
@@ -30,8 +37,12 @@ import triton.language as tl
 
 from zoe_kernels.csa.radix_select import RADIX_BINS, _chunk_topk_kernel, _radix_topk_range
 
-_INT32_MIN = -(2**31)
 MIN32 = tl.constexpr(-(2**31))  # an inline -2147483648 literal would be typed int64
+SAMPLE = 16384  # entries read to pick the threshold (64 KB of float32)
+SAMPLE_BLOCK = 8  # contiguous entries per sample block: one 32-byte sector, spread over the whole row
+MARGIN = 3  # the threshold aims at MARGIN * k candidates: under k happens with ~1e-5 odds on i.i.d. rows
+SPLIT_CHUNK = 8192  # entries per filter program in split mode (P = n / SPLIT_CHUNK, at most MAX_SPLITS)
+MAX_SPLITS = 128
 
 
 @triton.jit
@@ -51,175 +62,266 @@ def _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO: tl.constexpr):
 
 
 @triton.jit
-def _colmax_tile(row_val, start, lo, hi, G: tl.constexpr, R: tl.constexpr):
-    """Column maxima (signed keys) of the tile of R*G entries at `start` (start - lo a multiple of G)."""
-    offs = start + tl.arange(0, R * G)
-    key = _signed_key(tl.load(row_val + offs, mask=offs < hi, other=0.0))
-    key = tl.where(offs < hi, key, MIN32)
-    return tl.max(tl.reshape(key, (R, G)), axis=0)
+def _kth_largest_key(key, r, nbits):
+    """Largest int32 t with at least r keys >= t, searched on its top `nbits` bits (the rest zero, so t
+    rounds down). Invalid lanes must hold MIN32 (NaN's key, never a real score's)."""
+    c = tl.zeros([], tl.int64)  # the answer + 2^31 (unsigned order), built bit by bit from the top
+    for i in range(nbits):
+        cand = c | (tl.full([], 1, tl.int64) << (31 - i))
+        cnt = tl.sum((key >= (cand - 2147483648).to(tl.int32)).to(tl.int32), axis=0)
+        c = tl.where(cnt >= r, cand, c)
+    return (c - 2147483648).to(tl.int32)
 
 
 @triton.jit
-def _threshold(colmax, K, G: tl.constexpr):
-    """The K-th largest of the G column maxima (INT32_MIN if fewer than K columns hold entries)."""
-    ordered = tl.sort(colmax, descending=True)
-    return tl.max(tl.where(tl.arange(0, G) == K - 1, ordered, MIN32), axis=0)
+def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr):
+    """Step 1: the candidate threshold of the row [lo, lo + n) (see the module doc)."""
+    i = tl.arange(0, S)
+    sampled = n > S
+    blk = (i // SB).to(tl.int64)
+    start = (blk * tl.maximum(n - SB, 0)) // (S // SB - 1) + i % SB  # S/SB evenly spread blocks
+    offs = lo + tl.where(sampled, start, i)
+    ok = i < tl.where(sampled, S, n)
+    key = tl.where(ok, _signed_key(tl.load(row_val + offs, mask=ok, other=0.0)), MIN32)
+    r_sampled = tl.minimum((MARGIN_ * K * S + n - 1) // tl.maximum(n, 1), S)
+    r = tl.where(sampled, r_sampled, tl.minimum(K, n))
+    # 16 bits (sign, exponent, 7 mantissa bits) are plenty for a sampled estimate; exact rows need all 32
+    return _kth_largest_key(key, r, tl.where(sampled, 16, 32))
 
 
 @triton.jit
-def _filter_tile(row_val, start, lo, hi, thresh, cand, base, CAP: tl.constexpr, BLOCK: tl.constexpr):
-    """Appends the entries >= thresh of one tile to cand[base:] as (key << 32 | ~pos) int64; returns the count."""
-    offs = start + tl.arange(0, BLOCK)
-    ok = offs < hi
-    key = _signed_key(tl.load(row_val + offs, mask=ok, other=0.0))
-    take = ok & (key >= thresh)
-    n = tl.sum(take.to(tl.int32), axis=0)
-    if n > 0:
-        if base < CAP:
-            take_i = take.to(tl.int32)
-            pos = base + tl.cumsum(take_i, axis=0) - take_i
-            packed = (key.to(tl.int64) << 32) | (0xFFFFFFFF - (offs - lo).to(tl.int64))
-            tl.store(cand + pos, packed, mask=take & (pos < CAP))
-    return n
-
-
-@triton.jit
-def _emit_sorted(cand, count, out_row, K, C: tl.constexpr, IN_ORDER: tl.constexpr):
-    """Top K of the first `count` (<= C) packed candidates -> out_row[0:K], ascending positions, -1 padded.
-
-    IN_ORDER: the buffer already holds the candidates in ascending position order (one program per row),
-    so the K-th largest key is enough and a cumsum keeps them in order; otherwise a second sort orders
-    the chosen positions."""
-    r = tl.arange(0, C)
-    keys = tl.load(cand + r, mask=r < count, other=-9223372036854775808)
-    ordered = tl.sort(keys, descending=True)
-    if IN_ORDER:
-        # keys are unique (they hold the position), so exactly min(count, K) keys are >= the K-th largest
-        kth = tl.min(tl.where(r < tl.minimum(count, K), ordered, 9223372036854775807), axis=0)
-        take = (r < count) & (keys >= kth)
+def _filter_range(row_val, c_lo, c_hi, lo, thresh, cand_key, cand_pos, cap, TILE: tl.constexpr):
+    """Step 2 over [c_lo, c_hi): appends (key, position - lo) of entries >= thresh in position order to at
+    most `cap` slots; returns the number of candidates (which may exceed cap)."""
+    count = tl.zeros([], tl.int32)
+    for start in range(c_lo, c_hi, TILE):
+        offs = start + tl.arange(0, TILE)
+        ok = offs < c_hi
+        key = _signed_key(tl.load(row_val + offs, mask=ok, other=0.0))
+        take = ok & (key >= thresh)
         take_i = take.to(tl.int32)
-        slot = tl.cumsum(take_i, axis=0) - take_i
-        pos = (0xFFFFFFFF - (keys & 0xFFFFFFFF)).to(tl.int32)
-        tl.store(out_row + slot, pos, mask=take)
-        n_taken = tl.minimum(count, K)
-        tl.store(out_row + r, tl.full([C], -1, tl.int32), mask=(r >= n_taken) & (r < K))
+        n_take = tl.sum(take_i, axis=0)
+        if n_take > 0:
+            slot = count + tl.cumsum(take_i, axis=0) - take_i
+            keep = take & (slot < cap)
+            tl.store(cand_key + slot, key, mask=keep)
+            tl.store(cand_pos + slot, (offs - lo).to(tl.int32), mask=keep)
+        count += n_take
+    return count
+
+
+@triton.jit
+def _select(key, pos, total, kk, IN_ORDER: tl.constexpr):
+    """Step 3: which of `total` candidates (invalid slots: key MIN32) are the top kk. Everything above the
+    kk-th largest value v* is taken, and among entries equal to v* the lowest positions. IN_ORDER: the
+    slots hold the candidates in position order (the first ties are the lowest positions); otherwise the
+    last position to take is found by a second binary search (only when ties straddle the k-th place)."""
+    vstar = tl.full([], MIN32, tl.int32)
+    if total > kk:
+        vstar = _kth_largest_key(key, kk, 32)
+    gt = key > vstar
+    need = kk - tl.sum(gt.to(tl.int32), axis=0)
+    eq = (key == vstar) & (key != MIN32)
+    eq_i = eq.to(tl.int32)
+    if IN_ORDER:
+        take = gt | (eq & (tl.cumsum(eq_i, axis=0) - eq_i < need))
     else:
-        pos = (0xFFFFFFFF - (ordered & 0xFFFFFFFF)).to(tl.int32)
-        pos = tl.where(r < tl.minimum(count, K), pos, 2147483647)
-        pos = tl.sort(pos)
-        tl.store(out_row + r, tl.where(pos == 2147483647, -1, pos), mask=r < K)
+        last = tl.full([], 2147483647, tl.int32)
+        if tl.sum(eq_i, axis=0) > need:  # the need-th smallest tied position
+            c = tl.zeros([], tl.int32)
+            for i in range(31):
+                cand = c | (1 << (30 - i))
+                if tl.sum((eq & (pos < cand)).to(tl.int32), axis=0) < need:
+                    c = cand
+            last = c
+        take = gt | (eq & (pos <= last))
+    return take
 
 
 @triton.jit
-def _finish_row(row_val, lo, hi, cand, count, out_row, K, CAP: tl.constexpr, KP: tl.constexpr,
-                BLOCK: tl.constexpr, IN_ORDER: tl.constexpr):
-    # two sort sizes only: every tl.sort instance is a large unrolled network to compile
-    if count <= 2 * KP:
-        _emit_sorted(cand, count, out_row, K, 2 * KP, IN_ORDER)
-    elif count <= CAP:
-        _emit_sorted(cand, count, out_row, K, CAP, IN_ORDER)
-    else:  # too many candidates: exact radix select over the whole row
-        _radix_topk_range(row_val, row_val, lo, hi, lo, out_row, out_row, K, False, False, 256, BLOCK)
+def _pad(out_row, kk, K, SLOTS: tl.constexpr):
+    r = tl.arange(0, SLOTS)
+    tl.store(out_row + r, tl.full([SLOTS], -1, tl.int32), mask=(r >= kk) & (r < K))
 
 
 @triton.jit
-def _topk_row_kernel(val_ptr, lo_ptr, hi_ptr, cand_ptr, out_ptr, n_cols, stride_row, K, row0,
-                     HAS_LO: tl.constexpr, G: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr,
-                     KP: tl.constexpr):
-    """One program per row: column maxima, threshold, candidates, sort."""
+def _topk_row_kernel(val_ptr, lo_ptr, hi_ptr, cand_key_ptr, cand_pos_ptr, out_ptr, n_cols, stride_row, K, row0,
+                     HAS_LO: tl.constexpr, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr,
+                     SLOTS: tl.constexpr, TILE: tl.constexpr):
+    """One program per row: threshold, candidates (in position order), selection."""
     row = row0 + tl.program_id(0)
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
+    n = hi - lo
     row_val = val_ptr + row.to(tl.int64) * stride_row
-    cand = cand_ptr + tl.program_id(0).to(tl.int64) * CAP
     out_row = out_ptr + row.to(tl.int64) * K
-    colmax = tl.full([G], MIN32, tl.int32)
-    for start in range(lo, hi, R * G):
-        colmax = tl.maximum(colmax, _colmax_tile(row_val, start, lo, hi, G, R))
-    thresh = _threshold(colmax, K, G)
-    count = tl.zeros([], tl.int32)
-    for start in range(lo, hi, R * G):
-        count += _filter_tile(row_val, start, lo, hi, thresh, cand, count, CAP, R * G)
-    _finish_row(row_val, lo, hi, cand, count, out_row, K, CAP, KP, R * G, True)
+    cand_key = cand_key_ptr + tl.program_id(0).to(tl.int64) * SLOTS
+    cand_pos = cand_pos_ptr + tl.program_id(0).to(tl.int64) * SLOTS
+    thresh = _sample_threshold(row_val, lo, n, K, S, SB, MARGIN_)
+    total = _filter_range(row_val, lo, hi, lo, thresh, cand_key, cand_pos, SLOTS, TILE)
+    tl.debug_barrier()  # the candidates were stored by other threads of this program
+    kk = tl.minimum(K, n)
+    if (total > SLOTS) | (total < kk):  # threshold missed: exact radix select over the whole row
+        _radix_topk_range(row_val, row_val, lo, hi, lo, out_row, out_row, K, False, False, 256, TILE)
+    else:
+        r = tl.arange(0, SLOTS)
+        ok = r < total
+        key = tl.where(ok, tl.load(cand_key + r, mask=ok, other=0), MIN32)
+        pos = tl.load(cand_pos + r, mask=ok, other=0)
+        take = _select(key, pos, total, kk, True)
+        take_i = take.to(tl.int32)
+        tl.store(out_row + tl.cumsum(take_i, axis=0) - take_i, pos, mask=take)
+        _pad(out_row, kk, K, SLOTS)
 
 
 @triton.jit
-def _split_colmax_kernel(val_ptr, lo_ptr, hi_ptr, work_ptr, n_cols, stride_row, TILES,
-                         HAS_LO: tl.constexpr, G: tl.constexpr, R: tl.constexpr):
-    """Program (row, p): column maxima of tiles p*TILES.. of the row, atomically max-ed into work[row, :G]."""
+def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, n_cols, stride_row, K,
+                            HAS_LO: tl.constexpr, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr):
+    """Program per row: the threshold, and the row's slot counter reset for the filter launch."""
     row = tl.program_id(0)
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
-    first = lo + tl.program_id(1) * TILES * (R * G)
-    if first < hi:
-        colmax = tl.full([G], MIN32, tl.int32)
-        for t in range(TILES):
-            colmax = tl.maximum(colmax, _colmax_tile(row_val, first + t * (R * G), lo, hi, G, R))
-        tl.atomic_max(work_ptr + row.to(tl.int64) * (G + 1) + tl.arange(0, G), colmax,
-                      mask=colmax > MIN32, sem="relaxed")
+    tl.store(thresh_ptr + row, _sample_threshold(row_val, lo, hi - lo, K, S, SB, MARGIN_))
+    tl.store(fill_ptr + row, 0)
 
 
 @triton.jit
-def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, work_ptr, cand_ptr, n_cols, stride_row, K, TILES,
-                         HAS_LO: tl.constexpr, G: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr):
-    """Program (row, p): threshold from work[row, :G], then append its tiles' candidates (counter work[row, G],
-    which starts at INT32_MIN)."""
-    row = tl.program_id(0)
-    lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
-    row_val = val_ptr + row.to(tl.int64) * stride_row
-    first = lo + tl.program_id(1) * TILES * (R * G)
-    if first < hi:
-        work = work_ptr + row.to(tl.int64) * (G + 1)
-        thresh = _threshold(tl.load(work + tl.arange(0, G)), K, G)
-        cand = cand_ptr + row.to(tl.int64) * CAP
-        for t in range(TILES):
-            offs = first + t * (R * G) + tl.arange(0, R * G)
-            ok = offs < hi
-            key = _signed_key(tl.load(row_val + offs, mask=ok, other=0.0))
-            take = ok & (key >= thresh)
-            n = tl.sum(take.to(tl.int32), axis=0)
-            if n > 0:
-                base = tl.atomic_add(work + G, n, sem="relaxed").to(tl.int64) + 2147483648
-                take_i = take.to(tl.int32)
-                pos = base + tl.cumsum(take_i, axis=0) - take_i
-                packed = (key.to(tl.int64) << 32) | (0xFFFFFFFF - (offs - lo).to(tl.int64))
-                tl.store(cand + pos, packed, mask=take & (pos < CAP))
+def _split_chunk(lo, hi, P, p, TILE: tl.constexpr):
+    """Chunk p of the row's P equal chunks (a multiple of TILE entries, so every tile starts aligned)."""
+    chunk = tl.cdiv(tl.cdiv(hi - lo, P), TILE) * TILE
+    return chunk, tl.minimum(lo + p * chunk, hi), tl.minimum(lo + (p + 1) * chunk, hi)
 
 
 @triton.jit
-def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, work_ptr, cand_ptr, out_ptr, n_cols, stride_row, K,
-                         HAS_LO: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, KP: tl.constexpr,
-                         BLOCK: tl.constexpr):
+def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr,
+                         n_cols, stride_row, P, HAS_LO: tl.constexpr, SLOTS: tl.constexpr, TILE: tl.constexpr):
+    """Program (row, p): counts chunk p's candidates, reserves that many consecutive slots with one atomic
+    add (so every chunk is one segment, in position order inside), writes them, and records the segment
+    (first slot, count) in seg[row, p]. Chunks of one tile are filtered once, from registers."""
+    row = tl.program_id(0)
+    p = tl.program_id(1)
+    lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
+    _, c_lo, c_hi = _split_chunk(lo, hi, P, p, TILE)
+    row_val = val_ptr + row.to(tl.int64) * stride_row
+    thresh = tl.load(thresh_ptr + row)
+    base_row = row.to(tl.int64) * SLOTS
+    if c_hi - c_lo <= TILE:
+        offs = c_lo + tl.arange(0, TILE)
+        ok = offs < c_hi
+        key = _signed_key(tl.load(row_val + offs, mask=ok, other=0.0))
+        take = ok & (key >= thresh)
+        take_i = take.to(tl.int32)
+        count = tl.sum(take_i, axis=0)
+        first = tl.zeros([], tl.int32)
+        if count > 0:
+            first = tl.atomic_add(fill_ptr + row, count, sem="relaxed")
+            slot = first + tl.cumsum(take_i, axis=0) - take_i
+            keep = take & (slot < SLOTS)
+            tl.store(cand_key_ptr + base_row + slot, key, mask=keep)
+            tl.store(cand_pos_ptr + base_row + slot, (offs - lo).to(tl.int32), mask=keep)
+    else:
+        count = tl.zeros([], tl.int32)
+        for start in range(c_lo, c_hi, TILE):
+            offs = start + tl.arange(0, TILE)
+            key = _signed_key(tl.load(row_val + offs, mask=offs < c_hi, other=0.0))
+            count += tl.sum(((offs < c_hi) & (key >= thresh)).to(tl.int32), axis=0)
+        first = tl.zeros([], tl.int32)
+        if count > 0:
+            first = tl.atomic_add(fill_ptr + row, count, sem="relaxed")
+            room = tl.maximum(tl.minimum(SLOTS - first, count), 0)
+            _filter_range(row_val, c_lo, c_hi, lo, thresh, cand_key_ptr + base_row + first,
+                          cand_pos_ptr + base_row + first, room, TILE)
+    tl.store(seg_ptr + (row * P + p) * 2, first)
+    tl.store(seg_ptr + (row * P + p) * 2 + 1, count)
+
+
+@triton.jit
+def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr, n_cols,
+                         stride_row, K, P, HAS_LO: tl.constexpr, SLOTS: tl.constexpr, MAXP: tl.constexpr,
+                         TILE: tl.constexpr):
+    """Program per row: selects among the row's candidate segments and writes the top k in position order.
+
+    The output slot of a taken candidate i of chunk c is (taken in chunks < c) + (taken before i in c's
+    segment) = before[c] + E[i] - E[first[c]], with E the exclusive cumsum of `take` in slot order."""
     row = tl.program_id(0)
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
-    count = (tl.load(work_ptr + row.to(tl.int64) * (G + 1) + G).to(tl.int64) + 2147483648).to(tl.int32)
-    _finish_row(row_val, lo, hi, cand_ptr + row.to(tl.int64) * CAP, count, out_ptr + row.to(tl.int64) * K,
-                K, CAP, KP, BLOCK, False)
+    out_row = out_ptr + row.to(tl.int64) * K
+    total = tl.load(fill_ptr + row)
+    kk = tl.minimum(K, hi - lo)
+    if (total > SLOTS) | (total < kk):  # threshold missed: exact radix select
+        _radix_topk_range(row_val, row_val, lo, hi, lo, out_row, out_row, K, False, False, 256, TILE)
+    else:
+        base_row = row.to(tl.int64) * SLOTS
+        r = tl.arange(0, SLOTS)
+        ok = r < total
+        key = tl.where(ok, tl.load(cand_key_ptr + base_row + r, mask=ok, other=0), MIN32)
+        pos = tl.load(cand_pos_ptr + base_row + r, mask=ok, other=0)
+        take = _select(key, pos, total, kk, False)
+        take_i = take.to(tl.int32)
+        excl = tl.cumsum(take_i, axis=0) - take_i
+        # E and E + take go through the consumed candidate slots, so each chunk can read them at its
+        # segment's first and last slot
+        tl.debug_barrier()
+        tl.store(cand_key_ptr + base_row + r, excl, mask=ok)
+        tl.store(cand_pos_ptr + base_row + r, excl + take_i, mask=ok)
+        tl.debug_barrier()
+        c = tl.arange(0, MAXP)
+        seg = seg_ptr + (row * P + c) * 2
+        first = tl.load(seg, mask=c < P, other=0)
+        cnt = tl.load(seg + 1, mask=c < P, other=0)
+        has = (c < P) & (cnt > 0)
+        e_first = tl.load(cand_key_ptr + base_row + first, mask=has, other=0)
+        taken = tl.load(cand_pos_ptr + base_row + first + cnt - 1, mask=has, other=0) - e_first
+        delta = tl.cumsum(taken, axis=0) - taken - e_first
+        tl.debug_barrier()
+        tl.store(seg, delta, mask=c < P)
+        tl.debug_barrier()
+        chunk_len, _, _ = _split_chunk(lo, hi, P, 0, TILE)
+        slot = tl.load(seg_ptr + (row * P + pos // tl.maximum(chunk_len, 1)) * 2, mask=take, other=0) + excl
+        tl.store(out_row + slot, pos, mask=take)
+        _pad(out_row, kk, K, SLOTS)
 
 
 def auto_splits(max_len: int) -> int:
-    """Programs per row in split mode: one per 32K entries, a power of two capped at 32 (8/16/32 at 256K/512K/1M)."""
-    chunks = -(-max_len // 32768)
-    return min(32, 1 << max(0, chunks - 1).bit_length())
+    """Filter programs per row in split mode: one per 8192 entries, at most 128 (32 at 256K, 128 at 1M)."""
+    return max(1, min(MAX_SPLITS, -(-max_len // SPLIT_CHUNK)))
+
+
+def splits_for(rows: int, n: int, splits: int | None) -> int:
+    """Filter programs per row: one program per row for >= 64 rows (plenty of programs), else `auto_splits`."""
+    if splits is None:
+        splits = 1 if rows >= 64 else auto_splits(n)
+    return max(1, min(int(splits), MAX_SPLITS))
+
+
+def _warps_for(elements: int) -> int:
+    """Warps for a program holding `elements` values per tensor: about 32 per thread, 4 to 16 warps."""
+    return max(4, min(16, elements // 1024))
 
 
 def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.Tensor, k: int, *,
-                splits: int | None = None, method: str = "filter", tile: int = 4096, num_warps: int = 8,
-                row_chunk: int = 4096, out: torch.Tensor | None = None) -> torch.Tensor:
+                splits: int | None = None, method: str = "sample", tile: int | None = None, num_warps: int = 8,
+                row_chunk: int = 4096, sample: int = SAMPLE, out: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k positions of each row's valid range [starts[r], ends[r]) of `scores` [R, N] float32.
 
     Returns int32 [R, k]: positions relative to starts[r] (starts=None: 0), ascending, -1 padded (see
-    the module doc for the tie rule). splits: programs per row (default: 1 when there are >= 64 rows,
-    else `auto_splits`); method "filter" (default) or "radix" (one program per row, radix select only);
-    tile: entries per loop step; row_chunk: rows per launch in one-program-per-row mode (bounds the
-    candidate workspace to row_chunk * 4k * 8 bytes); out: optional preallocated int32 [R, k].
+    the module doc for the tie rule). splits: filter programs per row (default: one program per row for
+    everything when there are >= 64 rows or N <= 8192, else `auto_splits(N)`); method "sample" (default;
+    "filter" is accepted as its former name) or "radix" (one program per row, radix select only); tile:
+    entries per loop step (default 8192 in split mode, so a 1M row's 128 chunks are one tile each, else
+    4096); num_warps: warps of the split filter programs; row_chunk: rows per launch in
+    one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
+    entries read to pick the threshold (a power of two >= 512; smaller only to test the sampled path on
+    short rows); out: optional preallocated int32 [R, k].
     """
     if scores.dim() != 2 or scores.dtype != torch.float32:
         raise ValueError(f"scores must be a 2-D float32 tensor, got {tuple(scores.shape)} {scores.dtype}")
     if k <= 0:
         raise ValueError(f"k must be positive, got {k}")
-    if method not in ("filter", "radix"):
-        raise ValueError(f"method must be 'filter' or 'radix', got {method!r}")
+    if method not in ("sample", "filter", "radix"):
+        raise ValueError(f"method must be 'sample' or 'radix', got {method!r}")
+    if sample < 512 or sample & (sample - 1):
+        raise ValueError(f"sample must be a power of two >= 512, got {sample}")
     rows, n = scores.shape
     if (starts is not None and starts.shape != (rows,)) or ends.shape != (rows,):
         got = (tuple(starts.shape) if starts is not None else None, tuple(ends.shape))
@@ -239,40 +341,45 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     ends = ends.to(device=dev, dtype=torch.int32).contiguous()
     lo_arg = starts if starts is not None else ends
     has_lo = starts is not None
+    if tile is None:
+        tile = 8192 if splits_for(rows, n, splits) > 1 else 4096
     if method == "radix":
         _chunk_topk_kernel[(rows, 1)](
             scores, scores, lo_arg, ends, out, scores, n, scores.stride(0), k, k,
             HAS_LO=has_lo, HAS_HI=True, HAS_IDX=False, WRITE_VAL=False, NB=RADIX_BINS[8], BLOCK=tile,
             num_warps=num_warps)
         return out
-    kp = triton.next_power_of_2(k)
-    g = 2 * kp  # columns; the threshold is the k-th largest column maximum
-    cap = 4 * kp  # candidates kept before the radix fallback
-    r = max(1, tile // g)
-    if splits is None:
-        splits = 1 if rows >= 64 else auto_splits(n)
-    if splits <= 1:
+    slots = 8 * triton.next_power_of_2(k)  # ~2.7x the expected candidates (MARGIN * k)
+    common = dict(HAS_LO=has_lo)
+    sampling = dict(S=sample, SB=SAMPLE_BLOCK, MARGIN_=MARGIN)
+    splits = splits_for(rows, n, splits)
+    if splits == 1:
+        warps = _warps_for(max(sample, slots))
         for row0 in range(0, rows, row_chunk):
             nrows = min(row_chunk, rows - row0)
-            cand = torch.empty((nrows, cap), dtype=torch.int64, device=dev)
-            _topk_row_kernel[(nrows,)](scores, lo_arg, ends, cand, out, n, scores.stride(0), k, row0,
-                                       HAS_LO=has_lo, G=g, R=r, CAP=cap, KP=kp, num_warps=num_warps)
+            cand_key = torch.empty((nrows, slots), dtype=torch.int32, device=dev)
+            cand_pos = torch.empty((nrows, slots), dtype=torch.int32, device=dev)
+            _topk_row_kernel[(nrows,)](scores, lo_arg, ends, cand_key, cand_pos, out, n, scores.stride(0), k, row0,
+                                       **common, **sampling, SLOTS=slots, TILE=tile, num_warps=warps)
         return out
-    tiles_per_program = triton.cdiv(triton.cdiv(n, r * g), splits)
-    work = torch.full((rows, g + 1), _INT32_MIN, dtype=torch.int32, device=dev)
-    cand = torch.empty((rows, cap), dtype=torch.int64, device=dev)
-    grid = (rows, splits)
-    _split_colmax_kernel[grid](scores, lo_arg, ends, work, n, scores.stride(0), tiles_per_program,
-                               HAS_LO=has_lo, G=g, R=r, num_warps=num_warps)
-    _split_filter_kernel[grid](scores, lo_arg, ends, work, cand, n, scores.stride(0), k, tiles_per_program,
-                               HAS_LO=has_lo, G=g, R=r, CAP=cap, num_warps=num_warps)
-    _split_finish_kernel[(rows,)](scores, lo_arg, ends, work, cand, out, n, scores.stride(0), k,
-                                  HAS_LO=has_lo, G=g, CAP=cap, KP=kp, BLOCK=tile, num_warps=num_warps)
+    thresh = torch.empty((rows,), dtype=torch.int32, device=dev)
+    fill = torch.empty((rows,), dtype=torch.int32, device=dev)  # zeroed by the threshold launch
+    cand_key = torch.empty((rows, slots), dtype=torch.int32, device=dev)
+    cand_pos = torch.empty((rows, slots), dtype=torch.int32, device=dev)
+    seg = torch.empty((rows, splits, 2), dtype=torch.int32, device=dev)
+    _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, n, scores.stride(0), k, **common,
+                                     **sampling, num_warps=_warps_for(sample))
+    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, thresh, fill, cand_key, cand_pos, seg, n,
+                                         scores.stride(0), splits, **common, SLOTS=slots, TILE=tile,
+                                         num_warps=num_warps)
+    _split_finish_kernel[(rows,)](scores, lo_arg, ends, fill, cand_key, cand_pos, seg, out, n, scores.stride(0), k,
+                                  splits, **common, SLOTS=slots, MAXP=MAX_SPLITS, TILE=tile,
+                                  num_warps=_warps_for(slots))
     return out
 
 
 def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: int | None = None,
-         method: str = "filter", tile: int = 4096, num_warps: int = 8,
+         method: str = "sample", tile: int | None = None, num_warps: int = 8, sample: int = SAMPLE,
          out: torch.Tensor | None = None) -> torch.Tensor:
     """CSA top-K: the k best compressed entries of each request.
 
@@ -280,11 +387,11 @@ def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: i
     clamped to [0, N]). Returns int32 [B, k]: entry positions (0-based from the request's first entry,
     which is what vLLM's and SGLang's sparse-attention kernels expect before they map positions to KV
     slots), ascending, padded with -1 when lengths[b] < k. Ties: the larger value first, then the lower
-    position. With fewer than 64 rows each row is split over up to 32 programs (`auto_splits`).
+    position. With fewer than 64 rows each long row is split over up to 128 filter programs (`auto_splits`).
     """
     if scores.dim() != 2:
         raise ValueError(f"scores must be [B, N], got shape {tuple(scores.shape)}")
     if lengths.shape != (scores.shape[0],):
         raise ValueError(f"lengths must have shape ({scores.shape[0]},), got {tuple(lengths.shape)}")
     return topk_ranges(scores, None, lengths, k, splits=splits, method=method, tile=tile, num_warps=num_warps,
-                       out=out)
+                       sample=sample, out=out)

@@ -25,6 +25,10 @@ def _scores(kind: str, b: int, n: int, gen: torch.Generator) -> torch.Tensor:
         s = torch.randn(b, n, generator=gen)
         s[:, ::64] += 100.0
         return s
+    if kind == "rounded":  # ties at the k-th place without overflowing the candidate slots
+        return torch.round(torch.randn(b, n, generator=gen) * 8) / 8
+    if kind == "recent":  # the best entries crowd the end of the row (recency): one chunk gets most candidates
+        return torch.randn(b, n, generator=gen) + torch.linspace(0, 6, n)
     if kind == "equal":
         return torch.full((b, n), 0.25)
     if kind == "signed_inf":  # negative values, -inf and +inf in range
@@ -35,23 +39,29 @@ def _scores(kind: str, b: int, n: int, gen: torch.Generator) -> torch.Tensor:
     raise ValueError(kind)
 
 
+# sample: entries read for the threshold; under the row length it exercises the sampled (estimated) threshold,
+# at the default 16384 short rows get the exact k-th largest as threshold
 @pytest.mark.parametrize(
-    "kind,b,n,k,splits,method",
-    [("normal", 3, 3000, 128, 1, "filter"), ("normal", 2, 5000, 64, 4, "filter"),
-     ("uniform", 2, 4100, 128, 4, "filter"), ("ties", 2, 2500, 128, 1, "filter"),  # ties overflow -> radix
-     ("ties", 2, 3000, 100, 3, "filter"), ("equal", 2, 1500, 128, 2, "filter"),
-     ("signed_inf", 2, 2000, 100, 1, "filter"), ("normal", 2, 700, 512, None, "filter"),
-     ("uniform", 2, 3000, 200, 1, "radix"), ("ties", 2, 2000, 300, 1, "radix"),
-     ("sorted", 2, 6000, 64, 3, "filter"), ("periodic", 2, 4096, 64, 2, "filter")],
+    "kind,b,n,k,splits,method,sample",
+    [("normal", 3, 3000, 128, 1, "sample", 16384), ("normal", 3, 3000, 128, 1, "sample", 512),
+     ("normal", 2, 5000, 64, 4, "sample", 1024), ("uniform", 2, 4100, 128, 4, "sample", 16384),
+     ("ties", 2, 2500, 128, 1, "sample", 16384),  # ties overflow the slots -> radix fallback
+     ("ties", 2, 3000, 100, 3, "sample", 1024), ("equal", 2, 1500, 128, 2, "sample", 16384),
+     ("rounded", 2, 6000, 100, 3, "sample", 1024), ("rounded", 2, 3000, 64, 1, "sample", 512),
+     ("signed_inf", 2, 2000, 100, 1, "sample", 16384), ("normal", 2, 700, 512, None, "sample", 16384),
+     ("uniform", 2, 3000, 200, 1, "radix", 16384), ("ties", 2, 2000, 300, 1, "radix", 16384),
+     ("sorted", 2, 6000, 64, 3, "sample", 1024), ("recent", 2, 8000, 64, 4, "sample", 1024),
+     ("periodic", 2, 4096, 64, 2, "sample", 512)],
 )
-def test_topk_matches_reference_with_ragged_lengths(kind, b, n, k, splits, method):
+def test_topk_matches_reference_with_ragged_lengths(kind, b, n, k, splits, method, sample):
     gen = torch.Generator().manual_seed(hash((kind, b, n, k)) % 2**31)
     scores = _scores(kind, b, n, gen)
     lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
     lengths[0] = n
     lengths[-1] = min(int(lengths[-1]), k // 2)  # fewer valid entries than k: -1 padding
     poisoned = torch.full((b, k), 12345, dtype=torch.int32, device=DEVICE)  # every slot must be written
-    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, method=method, out=poisoned)
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, method=method, sample=sample,
+               out=poisoned)
     assert out.data_ptr() == poisoned.data_ptr()
     assert out.dtype == torch.int32 and out.shape == (b, k)
     ref = topk_reference(scores, lengths, k)
@@ -82,7 +92,7 @@ def test_empty_rows_and_zero_lengths():
 
 
 def test_auto_splits_follow_length():
-    assert [auto_splits(n) for n in (4096, 65536, 262144, 524288, 1 << 20, 4 << 20)] == [1, 2, 8, 16, 32, 32]
+    assert [auto_splits(n) for n in (4096, 65536, 262144, 524288, 1 << 20, 4 << 20)] == [1, 8, 32, 64, 128, 128]
 
 
 def test_bad_inputs_raise_clear_errors():
