@@ -76,3 +76,16 @@ def test_patched_flashmla_decode_runs_zoes_paged_kernel_on_pools_sglang_wrote(sg
     ]
     assert rep["calls"]["csa_dual_scope"] == {"zoe": 1, "engine": 1}
     assert rep["engine_path_reasons"]["csa_dual_scope"] == {"layout": 1}
+    # what `zoe status` shows: the replica's /metrics (ReportCollector over the report folder) parsed by the
+    # SGLang adapter. The probe process has exited, so its report is re-dated to this live process.
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from zoe_cluster.engines.sglang import SglangAdapter
+    from zoe_kernels.integrations.report import ReportCollector
+
+    (path,) = tmp_path.glob("sglang-*.json")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "pid": os.getpid()}))
+    registry = CollectorRegistry()
+    registry.register(ReportCollector(tmp_path))
+    stats = SglangAdapter().parse_metrics(generate_latest(registry).decode(), scraped_at=0.0)
+    assert stats.zoe_kernels_active == ("csa_dual_scope",)
