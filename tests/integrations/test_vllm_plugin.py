@@ -144,3 +144,38 @@ def test_served_moe_model_runs_zoe_below_the_crossover_and_matches_vllm(vllm_pyt
     assert max(diffs) < 0.05, diffs
     same = sum(a["text"] == b["text"] for a, b in zip(plain, patched))
     assert same >= len(PROMPTS) - 1, [(a["text"], b["text"]) for a, b in zip(plain, patched)]
+
+
+_PARSE_MOE_BACKEND = """
+import json, sys
+from vllm.engine.arg_utils import EngineArgs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+print(json.dumps([EngineArgs.from_cli_args(make_arg_parser(FlexibleArgumentParser()).parse_args(a)).moe_backend
+                  for a in json.loads(sys.stdin.read())]))
+"""
+
+
+def test_cuda_command_selects_vllms_triton_moe_for_zoes_fused_moe(vllm_python):
+    """On CUDA a fused_moe variant runs `--moe-backend triton` (the TritonExperts class zoe patches), checked
+    with vLLM's real parser; ROCm and variants without fused_moe keep vLLM's default, and an explicit choice in
+    extra_engine_args wins."""
+    from zoe_cluster.engines import LaunchContext, get_adapter
+    from zoe_cluster.engines.vllm import kernel_args
+    from zoe_cluster.recipes import RecipeRegistry
+
+    glm = RecipeRegistry.default().get("glm-5.3")
+
+    def argv(variant: str, platform: str) -> list[str]:
+        ctx = LaunchContext(gpu_ids=(0,), platform=platform, host="127.0.0.1", port=8100, served_model_name="m")
+        return get_adapter("vllm").command(glm, variant, ctx).argv[2:]  # without `vllm serve`
+
+    cuda, rocm, plain = argv("fp8-tp8-zoe", "cuda"), argv("fp8-tp8-zoe", "rocm"), argv("fp8-tp8", "cuda")
+    assert cuda[cuda.index("--moe-backend") + 1] == "triton"
+    assert "--moe-backend" not in rocm and "--moe-backend" not in plain
+    assert kernel_args(["fused_moe"], "cuda", ["--moe-backend=cutlass"]) == []
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}  # parsing resolves no checkpoint
+    proc = subprocess.run([vllm_python, "-c", _PARSE_MOE_BACKEND], input=json.dumps([cuda, plain]),
+                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["triton", "auto"]

@@ -28,6 +28,19 @@ def kernel_env(kernels: list[str]) -> dict[str, str]:
     return {"ZOE_KERNELS": ",".join(kernels)} if kernels else {}
 
 
+def kernel_args(kernels: list[str], platform: str, extra_engine_args: list[str]) -> list[str]:
+    """Flags that make vLLM take the path zoe's plugin patches.
+
+    On CUDA, vLLM 0.32's `--moe-backend auto` may build DeepGEMM, CUTLASS or FlashInfer MoE experts, which zoe
+    does not patch; `--moe-backend triton` builds `TritonExperts` (unquantized and FP8 block-scaled), whose
+    `apply` the plugin routes by M (zoe below the crossover, vLLM's Triton MoE above). An explicit
+    `--moe-backend` in the recipe's extra_engine_args wins. On ROCm the plugin itself keeps AITER's MoE off."""
+    pinned = any(a.startswith("--moe-backend") for a in extra_engine_args)
+    if platform == "cuda" and "fused_moe" in kernels and not pinned:
+        return ["--moe-backend", "triton"]
+    return []
+
+
 class VllmAdapter:
     name = "vllm"
     health_path = "/health"
@@ -68,6 +81,7 @@ class VllmAdapter:
         if v.speculative:
             spec = {"method": v.speculative.method, "num_speculative_tokens": v.speculative.num_speculative_tokens}
             argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+        argv += kernel_args(v.kernels, ctx.platform, list(v.extra_engine_args))
         argv += list(v.extra_engine_args)
         return EngineCommand(argv=argv, env=env)
 
