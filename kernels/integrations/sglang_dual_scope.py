@@ -58,6 +58,9 @@ def engine_path_reason(kw: dict) -> str | None:
     extra = kw.get("extra_indices_in_kvcache")
     if kw.get("extra_k_cache") is not None and (extra is None or extra.dim() != 3 or extra.shape[1] != 1):
         return "shape"
+    sink = kw.get("attn_sink")
+    if sink is not None and tuple(sink.shape) != (q.shape[2],):
+        return "shape"
     if q.element_size() != 2:
         return "dtype"
     if kw.get("inv_rope") is not None:  # ROCm: the model's inverse RoPE folded into the output
