@@ -77,41 +77,46 @@ def compile_one(label: str, fn, pointers: dict[str, str], constexprs: dict, num_
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sparse_aot.json"))
+    ap.add_argument("--only", default="topk,indexer,decode", help="comma-separated ops to compile")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     topk = importlib.import_module("zoe_kernels.csa.topk")
     decode = importlib.import_module("zoe_kernels.csa.dual_scope_decode")
     indexer = importlib.import_module("zoe_kernels.dsa.indexer")
     rows = []
-    for k in (512, 2048):  # CSA top-512, indexer top-2048
-        kp, tile = k, 4096
-        g, cap = 2 * kp, 4 * kp
-        r = max(1, tile // g)
-        ptrs = {"val_ptr": "*fp32", "lo_ptr": "*i32", "hi_ptr": "*i32", "cand_ptr": "*i64", "out_ptr": "*i32",
-                "work_ptr": "*i32"}
+    only = set(args.only.split(","))
+    for k in (512, 2048) if "topk" in only else ():  # CSA top-512, indexer top-2048
+        slots = 8 * k
+        ptrs = {"val_ptr": "*fp32", "lo_ptr": "*i32", "hi_ptr": "*i32", "cand_key_ptr": "*i32",
+                "cand_pos_ptr": "*i32", "out_ptr": "*i32", "thresh_ptr": "*i32", "fill_ptr": "*i32",
+                "seg_ptr": "*i32"}
+        sampling = dict(S=topk.SAMPLE, SB=topk.SAMPLE_BLOCK, MARGIN_=topk.MARGIN)
         rows.append(compile_one(f"topk_row k={k}", topk._topk_row_kernel, ptrs,
-                                dict(HAS_LO=True, G=g, R=r, CAP=cap, KP=kp), 8))
-        rows.append(compile_one(f"topk_split_colmax k={k}", topk._split_colmax_kernel, ptrs,
-                                dict(HAS_LO=False, G=g, R=r), 8))
-        rows.append(compile_one(f"topk_split_filter k={k}", topk._split_filter_kernel, ptrs,
-                                dict(HAS_LO=False, G=g, R=r, CAP=cap), 8))
+                                dict(HAS_LO=True, **sampling, SLOTS=slots, TILE=4096), 16))
+        if k == 512:
+            rows.append(compile_one("topk_split_threshold", topk._split_threshold_kernel, ptrs,
+                                    dict(HAS_LO=False, **sampling), 16))
+            for tile, warps in ((8192, 8), (8192, 16), (4096, 8)):
+                rows.append(compile_one(f"topk_split_filter tile={tile}", topk._split_filter_kernel, ptrs,
+                                        dict(HAS_LO=False, SLOTS=slots, TILE=tile), warps))
         rows.append(compile_one(f"topk_split_finish k={k}", topk._split_finish_kernel, ptrs,
-                                dict(HAS_LO=False, G=g, CAP=cap, KP=kp, BLOCK=tile), 8))
+                                dict(HAS_LO=False, SLOTS=slots, MAXP=topk.MAX_SPLITS, TILE=8192),
+                                topk._warps_for(slots)))
     iptrs = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "k_ptr": "*fp8e4nv", "k_scale_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}
-    for bm, bn, tiles, warps in ((2, 64, 8, 4), (2, 128, 4, 8)):
+    for bm, bn, tiles, warps in ((2, 64, 8, 4), (2, 128, 4, 8)) if "indexer" in only else ():
         rows.append(compile_one(f"indexer H=64 BM={bm} BN={bn}", indexer._indexer_logits_kernel, iptrs,
                                 dict(H=64, D=128, BM=bm, BN=bn, TILES=tiles), warps))
     dptrs = {"q_ptr": "*bf16", "win_k_ptr": "*fp8e4nv", "win_v_ptr": "*bf16", "win_len_ptr": "*i32",
              "comp_k_ptr": "*fp8e4nv", "comp_v_ptr": "*bf16", "comp_idx_ptr": "*i32", "win_ks_ptr": "*fp32",
              "win_vs_ptr": "*fp32", "comp_ks_ptr": "*fp32", "comp_vs_ptr": "*fp32", "part_out_ptr": "*fp32",
              "part_lse_ptr": "*fp32"}
-    for bh, bkv, warps in ((16, 32, 4), (32, 32, 8), (16, 16, 8)):
+    for bh, bkv, warps in ((16, 32, 4), (32, 32, 8), (16, 16, 8)) if "decode" in only else ():
         rows.append(compile_one(f"dual_scope D=512 BH={bh} BKV={bkv}", decode._dual_scope_partial_kernel, dptrs,
                                 dict(D=512, BH=bh, BKV=bkv, TILES_PER_SPLIT=5, K_SCALED=True, V_SCALED=False,
                                      DOT_DTYPE=tl.bfloat16, PRECISION="tf32"), warps, floats=("qk_scale_log2",)))
     meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
-            "command": "python bench/kernels/sparse_aot.py"}
+            "command": "python bench/kernels/sparse_aot.py " + " ".join(sys.argv[1:])}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 

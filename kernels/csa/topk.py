@@ -26,7 +26,7 @@ conditions are checked on the device, so a call is a fixed set of launches (CUDA
 
 Launches: many rows (indexer prefill) or short rows use one program per row that does all three steps
 (`_topk_row_kernel`); few long rows (CSA decode) use three launches: one threshold program per row,
-P = n/8192 (<= 128) filter programs per row, one finish program per row.
+P = n/4096 (<= 256) filter programs per row, one finish program per row.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ MIN32 = tl.constexpr(-(2**31))  # an inline -2147483648 literal would be typed i
 SAMPLE = 16384  # entries read to pick the threshold (64 KB of float32)
 SAMPLE_BLOCK = 8  # contiguous entries per sample block: one 32-byte sector, spread over the whole row
 MARGIN = 3  # the threshold aims at MARGIN * k candidates: under k happens with ~1e-5 odds on i.i.d. rows
-SPLIT_CHUNK = 8192  # entries per filter program in split mode (P = n / SPLIT_CHUNK, at most MAX_SPLITS)
-MAX_SPLITS = 128
+SPLIT_TILE = 4096  # entries per filter program (one tile) in split mode: P = n / SPLIT_TILE, at most MAX_SPLITS
+MAX_SPLITS = 256
 
 
 @triton.jit
@@ -282,21 +282,22 @@ def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, fill_ptr, cand_key_ptr, cand_p
         _pad(out_row, kk, K, SLOTS)
 
 
-def auto_splits(max_len: int) -> int:
-    """Filter programs per row in split mode: one per 8192 entries, at most 128 (32 at 256K, 128 at 1M)."""
-    return max(1, min(MAX_SPLITS, -(-max_len // SPLIT_CHUNK)))
+def auto_splits(max_len: int, tile: int = SPLIT_TILE) -> int:
+    """Filter programs per row in split mode: one per tile of entries, at most 256 (4096-entry tiles: 64 at
+    256K, 256 at 1M)."""
+    return max(1, min(MAX_SPLITS, -(-max_len // tile)))
 
 
-def splits_for(rows: int, n: int, splits: int | None) -> int:
+def splits_for(rows: int, n: int, splits: int | None, tile: int | None) -> int:
     """Filter programs per row: one program per row for >= 64 rows (plenty of programs), else `auto_splits`."""
     if splits is None:
-        splits = 1 if rows >= 64 else auto_splits(n)
+        splits = 1 if rows >= 64 else auto_splits(n, tile or SPLIT_TILE)
     return max(1, min(int(splits), MAX_SPLITS))
 
 
 def _warps_for(elements: int) -> int:
-    """Warps for a program holding `elements` values per tensor: about 32 per thread, 4 to 16 warps."""
-    return max(4, min(16, elements // 1024))
+    """Warps for a program holding `elements` values per tensor: 16 to 32 per thread, 4 to 16 warps."""
+    return max(4, min(16, elements // 512))
 
 
 def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.Tensor, k: int, *,
@@ -306,10 +307,10 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
 
     Returns int32 [R, k]: positions relative to starts[r] (starts=None: 0), ascending, -1 padded (see
     the module doc for the tie rule). splits: filter programs per row (default: one program per row for
-    everything when there are >= 64 rows or N <= 8192, else `auto_splits(N)`); method "sample" (default;
+    everything when there are >= 64 rows, else `auto_splits(N, tile)`); method "sample" (default;
     "filter" is accepted as its former name) or "radix" (one program per row, radix select only); tile:
-    entries per loop step (default 8192 in split mode, so a 1M row's 128 chunks are one tile each, else
-    4096); num_warps: warps of the split filter programs; row_chunk: rows per launch in
+    entries per loop step (default 4096; in split mode also the chunk of one filter program, so a 1M row
+    is 256 one-tile chunks); num_warps: warps of the split filter programs; row_chunk: rows per launch in
     one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
     entries read to pick the threshold (a power of two >= 512; smaller only to test the sampled path on
     short rows); out: optional preallocated int32 [R, k].
@@ -342,7 +343,7 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     lo_arg = starts if starts is not None else ends
     has_lo = starts is not None
     if tile is None:
-        tile = 8192 if splits_for(rows, n, splits) > 1 else 4096
+        tile = SPLIT_TILE
     if method == "radix":
         _chunk_topk_kernel[(rows, 1)](
             scores, scores, lo_arg, ends, out, scores, n, scores.stride(0), k, k,
@@ -352,7 +353,7 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     slots = 8 * triton.next_power_of_2(k)  # ~2.7x the expected candidates (MARGIN * k)
     common = dict(HAS_LO=has_lo)
     sampling = dict(S=sample, SB=SAMPLE_BLOCK, MARGIN_=MARGIN)
-    splits = splits_for(rows, n, splits)
+    splits = splits_for(rows, n, splits, tile)
     if splits == 1:
         warps = _warps_for(max(sample, slots))
         for row0 in range(0, rows, row_chunk):
@@ -387,7 +388,7 @@ def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: i
     clamped to [0, N]). Returns int32 [B, k]: entry positions (0-based from the request's first entry,
     which is what vLLM's and SGLang's sparse-attention kernels expect before they map positions to KV
     slots), ascending, padded with -1 when lengths[b] < k. Ties: the larger value first, then the lower
-    position. With fewer than 64 rows each long row is split over up to 128 filter programs (`auto_splits`).
+    position. With fewer than 64 rows each long row is split over up to 256 filter programs (`auto_splits`).
     """
     if scores.dim() != 2:
         raise ValueError(f"scores must be [B, N], got shape {tuple(scores.shape)}")

@@ -92,7 +92,7 @@ def test_empty_rows_and_zero_lengths():
 
 
 def test_auto_splits_follow_length():
-    assert [auto_splits(n) for n in (4096, 65536, 262144, 524288, 1 << 20, 4 << 20)] == [1, 8, 32, 64, 128, 128]
+    assert [auto_splits(n) for n in (4096, 65536, 262144, 524288, 1 << 20, 4 << 20)] == [1, 16, 64, 128, 256, 256]
 
 
 def test_bad_inputs_raise_clear_errors():
