@@ -53,12 +53,21 @@ def _signature(fn, pointers: dict[str, str], constexprs: dict, floats: tuple[str
     return sig
 
 
+def _aligned(fn, signature: dict[str, str]) -> dict:
+    """The 16-divisibility the JIT would infer at a real launch: pointers from torch's allocator, and the
+    integer arguments named stride_* (row strides of power-of-two widths)."""
+    return {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+            if signature[name].startswith("*") or (name.startswith("stride") and signature[name] == "i32")}
+
+
 def compile_one(label: str, fn, pointers: dict[str, str], constexprs: dict, num_warps: int,
-                floats: tuple[str, ...] = ()) -> dict:
+                floats: tuple[str, ...] = (), num_stages: int = 2) -> dict:
     t0 = time.time()
-    kernel = triton.compile(ASTSource(fn=fn, signature=_signature(fn, pointers, constexprs, floats),
-                                      constexprs=constexprs), target=TARGET, options={"num_warps": num_warps})
-    row = {"kernel": label, "num_warps": num_warps, "compile_s": round(time.time() - t0, 1),
+    sig = _signature(fn, pointers, constexprs, floats)
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=_aligned(fn, sig)),
+                            target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    row = {"kernel": label, "num_warps": num_warps, "num_stages": num_stages, "compile_s": round(time.time() - t0, 1),
+           "shared_bytes": kernel.metadata.shared,
            "constexprs": {k: str(v) for k, v in constexprs.items()}}
     ptxas = _ptxas()
     if ptxas:
@@ -110,11 +119,16 @@ def main() -> None:
     dptrs = {"q_ptr": "*bf16", "win_k_ptr": "*fp8e4nv", "win_v_ptr": "*bf16", "win_len_ptr": "*i32",
              "comp_k_ptr": "*fp8e4nv", "comp_v_ptr": "*bf16", "comp_idx_ptr": "*i32", "win_ks_ptr": "*fp32",
              "win_vs_ptr": "*fp32", "comp_ks_ptr": "*fp32", "comp_vs_ptr": "*fp32", "part_out_ptr": "*fp32",
-             "part_lse_ptr": "*fp32"}
-    for bh, bkv, warps in ((16, 32, 4), (32, 32, 8), (16, 16, 8)) if "decode" in only else ():
-        rows.append(compile_one(f"dual_scope D=512 BH={bh} BKV={bkv}", decode._dual_scope_partial_kernel, dptrs,
-                                dict(D=512, BH=bh, BKV=bkv, TILES_PER_SPLIT=5, K_SCALED=True, V_SCALED=False,
-                                     DOT_DTYPE=tl.bfloat16, PRECISION="tf32"), warps, floats=("qk_scale_log2",)))
+             "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": "*bf16"}
+    decode_cfgs = [(bh, dv, bkv, w, final) for bh, dv, bkv, w in [(64, 256, 32, 8), (64, 128, 32, 4), (64, 128, 64, 8),
+                                                                 (64, 512, 32, 8), (32, 256, 32, 8), (16, 512, 32, 4)]
+                   for final in (True, False)]
+    for bh, dv, bkv, warps, final in decode_cfgs if "decode" in only else ():
+        rows.append(compile_one(f"dual_scope D=512 BH={bh} DV={dv} BKV={bkv} final={final}",
+                                decode._dual_scope_partial_kernel, dptrs,
+                                dict(D=512, DV=dv, BH=bh, BKV=bkv, TILES_PER_SPLIT=5, K_SCALED=True, V_SCALED=False,
+                                     DOT_DTYPE=tl.bfloat16, PRECISION="tf32", FINAL=final, HAS_SINK=True),
+                                warps, floats=("qk_scale_log2",)))
     meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
             "command": "python bench/kernels/sparse_aot.py " + " ".join(sys.argv[1:])}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -16,9 +16,13 @@ Index convention: comp_idx [B, k] int32 holds positions in the request's compres
 (0-based, -1 padding): exactly what `zoe_kernels.csa.topk` returns. The window is passed as the last
 W tokens of each sequence, oldest first, win_len[b] <= W of them valid (rows t >= win_len[b] ignored).
 
-Work split: programs (sequence b, head block, split s) each take a contiguous run of entry tiles (window
-tiles first, then compressed tiles), run an online softmax in base 2 and write a normalized partial
-output with its log-sum-exp; a second launch merges the splits exactly (and adds the sink).
+Work split: programs (sequence b, head block x value-column block, split s). By default a program holds
+all heads of its sequence (K and V are read once per sequence, not once per head group) and 256 of the
+value columns (the scores, which need all key columns, are recomputed per value block: cheap next to the
+bytes). Each program takes a contiguous run of entry tiles (window tiles first, then compressed tiles)
+and runs an online softmax in base 2. With one split (large batches) it normalizes, adds the sink and
+writes the output itself; with several (small batches, to fill the GPU) it writes a normalized partial
+output with its log-sum-exp and a second launch merges the splits exactly (and adds the sink).
 """
 
 from __future__ import annotations
@@ -35,21 +39,29 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _dual_scope_partial_kernel(
     q_ptr, win_k_ptr, win_v_ptr, win_len_ptr, comp_k_ptr, comp_v_ptr, comp_idx_ptr,
-    win_ks_ptr, win_vs_ptr, comp_ks_ptr, comp_vs_ptr, part_out_ptr, part_lse_ptr,
+    win_ks_ptr, win_vs_ptr, comp_ks_ptr, comp_vs_ptr, part_out_ptr, part_lse_ptr, sink_ptr, out_ptr,
     H, W, KSEL, qk_scale_log2,
     stride_qb, stride_qh, stride_wkb, stride_wkn, stride_wvb, stride_wvn,
     stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_ib,
-    stride_wksb, stride_wvsb, stride_cksb, stride_cvsb,
-    D: tl.constexpr, BH: tl.constexpr, BKV: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
+    stride_wksb, stride_wvsb, stride_cksb, stride_cvsb, stride_ob, stride_oh,
+    D: tl.constexpr, DV: tl.constexpr, BH: tl.constexpr, BKV: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
     K_SCALED: tl.constexpr, V_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    FINAL: tl.constexpr, HAS_SINK: tl.constexpr,
 ):
+    """Program (b, head block x value-column block, split): BH heads, value columns [dv0, dv0 + DV), one
+    run of entry tiles. The scores need all D key columns, so with DV < D each value block recomputes
+    them (cheap next to reading K and V once from HBM; the blocks of one sequence share them through L2).
+    FINAL (one split): normalize, add the sink and write `out` directly; else write (out, lse) partials."""
     b = tl.program_id(0)
-    hb = tl.program_id(1)
+    n_vblk: tl.constexpr = D // DV
+    hb = tl.program_id(1) // n_vblk
+    dv0 = (tl.program_id(1) % n_vblk) * DV
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
     heads = hb * BH + tl.arange(0, BH)
     h_ok = heads < H
     dd = tl.arange(0, D)
+    dv = dv0 + tl.arange(0, DV)
     q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + dd[None, :],
                 mask=h_ok[:, None], other=0.0).to(tl.float32).to(DOT_DTYPE)
     win_len = tl.minimum(tl.load(win_len_ptr + b), W)
@@ -57,7 +69,7 @@ def _dual_scope_partial_kernel(
 
     m_i = tl.full([BH], float("-inf"), tl.float32)
     l_i = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, D], tl.float32)
+    acc = tl.zeros([BH, DV], tl.float32)
     for t in range(split * TILES_PER_SPLIT, (split + 1) * TILES_PER_SPLIT):
         # window tiles come first, then compressed tiles; a tile never mixes the two
         e = tl.arange(0, BKV)
@@ -81,7 +93,7 @@ def _dual_scope_partial_kernel(
         # fp8 rows convert straight to the dot dtype; the per-entry scales multiply the scores (keys) and
         # the probabilities (values) instead of whole tiles, which keeps [BKV, D] fp32 tiles out of registers
         kt = tl.load(k_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0).to(DOT_DTYPE)
-        vt = tl.load(v_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0).to(DOT_DTYPE)
+        vt = tl.load(v_rows[:, None] + dv[None, :], mask=ok[:, None], other=0.0).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * qk_scale_log2  # [BH, BKV], log2 units
         if K_SCALED:
             s = s * tl.load(ks_rows, mask=ok, other=0.0)[None, :]
@@ -97,11 +109,27 @@ def _dual_scope_partial_kernel(
         acc = acc * alpha[:, None] + tl.dot(pv.to(DOT_DTYPE), vt, input_precision=PRECISION)
         m_i = m_new
 
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-    base = (b.to(tl.int64) * num_splits + split) * H
-    tl.store(part_out_ptr + (base + heads)[:, None] * D + dd[None, :], out, mask=h_ok[:, None])
-    tl.store(part_lse_ptr + base + heads, lse, mask=h_ok)
+    if FINAL:
+        # one split: the merge's arithmetic here (sink in the denominator, zeros for an empty row)
+        denom = l_i
+        if HAS_SINK:
+            sink = tl.load(sink_ptr + heads, mask=h_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
+            top = tl.maximum(m_i, sink)
+            top_safe = tl.where(top == float("-inf"), 0.0, top)
+            m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+            rescale = tl.exp2(m_safe - top_safe)
+            acc = acc * rescale[:, None]
+            denom = l_i * rescale + tl.exp2(sink - top_safe)
+        out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+        tl.store(out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + dv[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+        base = (b.to(tl.int64) * num_splits + split) * H
+        tl.store(part_out_ptr + (base + heads)[:, None] * D + dv[None, :], out, mask=h_ok[:, None])
+        if dv0 == 0:
+            tl.store(part_lse_ptr + base + heads, lse, mask=h_ok)
 
 
 @triton.jit
@@ -134,6 +162,31 @@ def _merge_kernel(part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, H, NUM_SPLITS, 
 
 
 _DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+_TARGET_PROGRAMS = 132  # about one program per multiprocessor of an H200 (132 SMs; MI355X has 256 CUs)
+
+
+def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | None = None,
+                  block_dv: int | None = None, block_kv: int = 32, splits: int | None = None,
+                  num_warps: int | None = None) -> dict:
+    """Default launch parameters. All heads of a sequence in one program (up to 64), so K and V are read
+    once per sequence instead of once per head group, and the value columns split in blocks of 256 so the
+    [heads, block_dv] float32 accumulator stays in registers (64 heads x 256 columns over 8 warps: 64 per
+    thread). Entry splits only while batch x blocks leaves multiprocessors idle: the partials cost a write
+    and a read of [B, splits, H, D] float32, as many bytes as the K/V reads themselves at B = 64."""
+    if block_h is None:
+        block_h = 64
+    block_h = max(16, min(block_h, triton.next_power_of_2(heads)))
+    if block_dv is None:
+        block_dv = min(d, 256)
+    block_dv = min(block_dv, d)
+    programs = bsz * triton.cdiv(heads, block_h) * (d // block_dv)
+    tiles = max(1, triton.cdiv(entries, block_kv))
+    if splits is None:
+        splits = 1 if programs >= _TARGET_PROGRAMS else triton.cdiv(2 * _TARGET_PROGRAMS, programs)
+    splits = max(1, min(splits, tiles))
+    if num_warps is None:
+        num_warps = 8 if block_h * block_dv >= 64 * 128 else 4
+    return {"block_h": block_h, "block_dv": block_dv, "splits": splits, "num_warps": num_warps}
 
 
 def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor, win_len: torch.Tensor,
@@ -142,15 +195,17 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                       comp_k_scale: torch.Tensor | None = None, comp_v_scale: torch.Tensor | None = None,
                       sink: torch.Tensor | None = None, sm_scale: float | None = None,
                       splits: int | None = None, block_h: int | None = None, block_kv: int = 32,
-                      num_warps: int | None = None, num_stages: int = 2) -> torch.Tensor:
+                      block_dv: int | None = None, num_warps: int | None = None,
+                      num_stages: int = 2) -> torch.Tensor:
     """Decode attention of one query token per sequence over its window plus its selected entries.
 
     q: [B, H, D] (bf16, fp16 or fp32; D a power of two); win_k/win_v: [B, W, D]; win_len: [B];
     comp_k/comp_v: [B, Nc, D]; comp_idx: [B, k] int32 (-1 padded); fp8 keys/values need their
     float32 scales ([B, W] and [B, Nc]). sink: [H] float32 logits or None. sm_scale defaults to
     1/sqrt(D). Returns [B, H, D] in q's dtype; a sequence with no valid entry (and no sink) gets zeros.
-    Defaults (fastest measured on an H200 at H=64, D=512): 16 heads and 4 warps per program for B < 8,
-    32 heads and 8 warps from B = 8 on; 32 entries per tile.
+    Launch parameters (defaults from `launch_config`): block_h heads and block_dv value columns per
+    program, block_kv entries per tile, splits programs over the entries of a sequence (one split writes
+    the output directly; more write (out, lse) partials that a second launch merges exactly).
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")
@@ -196,24 +251,37 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     comp_idx = comp_idx.to(device=dev, dtype=torch.int32).contiguous()
     win_len = win_len.to(device=dev, dtype=torch.int32).contiguous()
     w_entries, k_sel = win_k.shape[1], comp_idx.shape[1]
-    if block_h is None:
-        block_h = 16 if bsz < 8 else 32
-    if num_warps is None:
-        num_warps = 4 if block_h <= 16 else 8
-    block_h = max(16, min(block_h, triton.next_power_of_2(heads)))
+    cfg = launch_config(bsz, heads, d, w_entries + k_sel, block_h=block_h, block_dv=block_dv, block_kv=block_kv,
+                        splits=splits, num_warps=num_warps)
+    block_h, block_dv, splits = cfg["block_h"], cfg["block_dv"], cfg["splits"]
     head_blocks = triton.cdiv(heads, block_h)
     tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
-    if splits is None:
-        # enough programs to cover the GPU's multiprocessors about twice
-        splits = max(1, min(tiles, triton.cdiv(264, bsz * head_blocks)))
-    splits = max(1, min(splits, tiles))
     tiles_per_split = triton.cdiv(tiles, splits)
     splits = triton.cdiv(tiles, tiles_per_split)
-    part_out = torch.empty((bsz, splits, heads, d), dtype=torch.float32, device=dev)
-    part_lse = torch.empty((bsz, splits, heads), dtype=torch.float32, device=dev)
+    final = splits == 1
+    part_out = torch.empty((bsz, splits, heads, d) if not final else (1,), dtype=torch.float32, device=dev)
+    part_lse = torch.empty((bsz, splits, heads) if not final else (1,), dtype=torch.float32, device=dev)
     out = torch.empty((bsz, heads, d), dtype=q.dtype, device=dev)
     if bsz == 0:
         return out
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+    sink_t = sink.to(device=dev, dtype=torch.float32).contiguous() if sink is not None else part_lse
+    _dual_scope_partial_kernel[(bsz, head_blocks * (d // block_dv), splits)](
+        q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, part_out, part_lse, sink_t, out,
+        heads, w_entries, k_sel, scale * _LOG2E,
+        q.stride(0), q.stride(1), win_k.stride(0), win_k.stride(1), win_v.stride(0), win_v.stride(1),
+        comp_k.stride(0), comp_k.stride(1), comp_v.stride(0), comp_v.stride(1), comp_idx.stride(0),
+        wks.stride(0), wvs.stride(0), cks.stride(0), cvs.stride(0), out.stride(0), out.stride(1),
+        D=d, DV=block_dv, BH=block_h, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, K_SCALED=k_scaled,
+        V_SCALED=v_scaled, DOT_DTYPE=_DOT_DTYPES[q.dtype],
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FINAL=final, HAS_SINK=sink is not None,
+        num_warps=cfg["num_warps"], num_stages=num_stages)
+    if not final:
+        merge_h = min(block_h, 16)  # the merge holds [merge_h, D] float32 partial rows
+        _merge_kernel[(bsz, triton.cdiv(heads, merge_h))](
+            part_out, part_lse, sink_t, out, heads, splits, out.stride(0), out.stride(1),
+            D=d, BH=merge_h, SPLITS_P2=triton.next_power_of_2(splits), HAS_SINK=sink is not None, num_warps=4)
+    return out
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
     _dual_scope_partial_kernel[(bsz, head_blocks, splits)](
         q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, part_out, part_lse,

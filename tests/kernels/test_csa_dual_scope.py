@@ -76,6 +76,16 @@ def test_dual_scope_decode_matches_reference(dtype, with_sink, splits):
         assert (out[2].cpu() == 0).all()  # no entries and no sink
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+def test_value_column_blocks_with_sink(splits):
+    # block_dv < D: each program owns part of the value columns and recomputes the scores over all of D
+    gen = torch.Generator().manual_seed(23 + splits)
+    args = _case(3, 16, 64, 24, 60, 30, torch.float16, fp8_kv=False, gen=gen)
+    sink = torch.randn(16, generator=gen)
+    out = _run(args, splits=splits, block_kv=16, block_dv=16, block_h=16, sink=sink)
+    _check(out, _reference(args, sink=sink), torch.float16)
+
+
 def test_fp8_values_odd_heads_and_custom_scale():
     gen = torch.Generator().manual_seed(5)
     args = _case(2, 20, 32, 33, 70, 25, torch.float32, fp8_kv=True, gen=gen)
