@@ -215,9 +215,14 @@ def test_membership_push_drain_and_stale_versions():
     try:
         assert completion(c.client).status_code == 503  # nothing to route to yet
         urls = [s.url for s in c.servers]
-        m = Membership(version=1, replicas=[MemberReplica(id=f"glm/{i}/1", url=u) for i, u in enumerate(urls)])
+        m = Membership(version=1, replicas=[MemberReplica(id=f"glm/{i}/1", url=u, kv_capacity_tokens=2_000_000,
+                                                          host_kv_capacity_tokens=5_000_000 * i)
+                                            for i, u in enumerate(urls)])
         r = c.client.put("/admin/membership", json=m.model_dump(), headers=ADMIN)
         assert r.status_code == 200 and r.json()["added"] == ["glm/0/1", "glm/1/1"]
+        # the prefix index is sized to the larger KV tier: HBM on glm/0/1, the host tier on glm/1/1
+        views = c.router.replicas.by_id
+        assert [views[f"glm/{i}/1"].view.cache_capacity_tokens for i in (0, 1)] == [2_000_000, 5_000_000]
         assert c.client.put("/admin/membership", json=m.model_dump(), headers=ADMIN).status_code == 200  # idempotent
         stale = Membership(version=1, replicas=m.replicas[:1])
         assert c.client.put("/admin/membership", json=stale.model_dump(), headers=ADMIN).status_code == 409

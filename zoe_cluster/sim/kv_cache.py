@@ -21,7 +21,7 @@ prices it, `sim.core`). Host-tier hits are counted apart from HBM hits. See docs
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from zoe_cluster.recipes import Recipe
@@ -112,23 +112,11 @@ class PrefixCache:
 
     def match(self, block_hashes: Sequence[int]) -> int:
         """Leading blocks of `block_hashes` that are cached (held or evictable)."""
-        ref = self._ref
-        n = 0
-        for h in block_hashes:
-            if h not in ref:
-                break
-            n += 1
-        return n
+        return _leading(block_hashes, self._ref)
 
     def host_match(self, block_hashes: Sequence[int]) -> int:
         """Leading blocks of `block_hashes` held by the host tier."""
-        host = self._host
-        n = 0
-        for h in block_hashes:
-            if h not in host:
-                break
-            n += 1
-        return n
+        return _leading(block_hashes, self._host)
 
     @property
     def host_cached_blocks(self) -> int:
@@ -204,3 +192,13 @@ class PrefixCache:
         self._lru.clear()
         self._never_used += n
         return n
+
+
+def _leading(block_hashes: Sequence[int], present: Container[int]) -> int:
+    """How many leading hashes are in `present` (a chain: stops at the first miss)."""
+    n = 0
+    for h in block_hashes:
+        if h not in present:
+            break
+        n += 1
+    return n
