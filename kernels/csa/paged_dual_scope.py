@@ -106,23 +106,24 @@ def _paged_partial_kernel(
             ok, row, srow = _scope_rows(ext_idx_ptr, ext_len_ptr, b, (t - swa_tiles) * BKV + e, stride_eib, K_EXT,
                                         ext_page_size, ext_page_stride, EXT_LEN)
             u8, f8, bf = ext_u8, ext_f8, ext_bf
-        # dequantize on load: nope = fp8 * 2**(ue8m0 - 127) per 64 values, rope is bf16 as stored
-        nope_m = ok[:, None] & is_nope[None, :]
-        nope = tl.load(f8 + row[:, None] + dd[None, :], mask=nope_m, other=0.0).to(tl.float32)
-        sbyte = tl.load(u8 + srow[:, None] + tile_of[None, :], mask=nope_m, other=127).to(tl.int32)
-        scale = (sbyte << 23).to(tl.float32, bitcast=True)
-        rope = tl.load(bf + (row // 2 + 224)[:, None] + rope_col[None, :], mask=ok[:, None] & (dd >= 448)[None, :],
-                       other=0.0).to(tl.float32)
-        kt = tl.where(is_nope[None, :], nope * scale, rope).to(DOT_DTYPE)  # [BKV, 512], exact in bf16
-        s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * qk_scale_log2  # [BH, BKV], log2 units
-        s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), kt, input_precision=PRECISION)
-        m_i = m_new
+        if tl.max(ok.to(tl.int32), axis=0) > 0:  # skip tiles past the lengths or of -1 slots only
+            # dequantize on load: nope = fp8 * 2**(ue8m0 - 127) per 64 values, rope is bf16 as stored
+            nope_m = ok[:, None] & is_nope[None, :]
+            nope = tl.load(f8 + row[:, None] + dd[None, :], mask=nope_m, other=0.0).to(tl.float32)
+            sbyte = tl.load(u8 + srow[:, None] + tile_of[None, :], mask=nope_m, other=127).to(tl.int32)
+            scale = (sbyte << 23).to(tl.float32, bitcast=True)
+            rope = tl.load(bf + (row // 2 + 224)[:, None] + rope_col[None, :], mask=ok[:, None] & (dd >= 448)[None, :],
+                           other=0.0).to(tl.float32)
+            kt = tl.where(is_nope[None, :], nope * scale, rope).to(DOT_DTYPE)  # [BKV, 512], exact in bf16
+            s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * qk_scale_log2  # [BH, BKV], log2 units
+            s = tl.where(ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), kt, input_precision=PRECISION)
+            m_i = m_new
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))

@@ -166,8 +166,8 @@ elif mode == "dual_scope":
     # a V4.1 pool (528 bytes a token) is not zoe's: SGLang's own kernel runs
     v41 = torch.zeros(2, 16, 1, 528, dtype=torch.uint8)
     engine_out = call(q=q, k_cache=v41, head_dim_v=512, block_table=None, cache_seqlens=None,
-                      tile_scheduler_metadata=stub_iface.FlashMLASchedMeta(), is_fp8_kvcache=True, indices=swa_idx[:, None],
-                      topk_length=swa_len, attn_sink=sink)  # fmt: skip
+                      tile_scheduler_metadata=stub_iface.FlashMLASchedMeta(), is_fp8_kvcache=True,
+                      indices=swa_idx[:, None], topk_length=swa_len, attn_sink=sink)  # fmt: skip
     reporter.flush()
     backend_src = (SGLANG_DIR / "srt/layers/attention/deepseek_v4_backend.py").read_text()
     print(json.dumps({

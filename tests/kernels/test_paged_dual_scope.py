@@ -90,6 +90,7 @@ def test_window_only_no_lengths_and_custom_scale():
     gen = torch.Generator().manual_seed(11)
     q, swa, swa_idx, _, _, _, _ = _case(2, 16, 48, 16, gen, swa_page=32)
     swa_idx[1, :7] = -1
+    swa_idx[0, 16:32] = -1  # a whole tile of holes between live tiles
     out, lse = paged_dual_scope_decode(q.to(DEVICE), swa, *_dev(swa_idx), sm_scale=0.03, block_kv=16)
     ref_out, ref_lse = paged_dual_scope_decode_reference(q, swa, swa_idx, sm_scale=0.03)
     _check(out, lse, ref_out, ref_lse, torch.float32)
