@@ -131,14 +131,13 @@ def _cuda_wrap(reporter: KernelReporter) -> Callable[[Callable], Callable]:
 
 
 def _hip_wrap(reporter: KernelReporter) -> Callable[[Callable], Callable]:
-    def fp8_dtype():
-        from sglang.srt.layers.attention import hip_flash_mla  # e4m3fnuz on gfx942, e4m3fn on gfx950
-
-        return hip_flash_mla.FP8_DTYPE
-
-    route = _Router(reporter, HIP_TARGET, fp8_dtype)
-
     def wrap(original: Callable) -> Callable:
+        import torch
+
+        # the pool's fp8 flavour is hip_flash_mla's FP8_DTYPE: e4m3fnuz on gfx942, e4m3fn on gfx950
+        fp8 = getattr(original, "__globals__", {}).get("FP8_DTYPE", torch.float8_e4m3fn)
+        route = _Router(reporter, HIP_TARGET, lambda: fp8)
+
         def flash_mla_with_kvcache_entrypoint(backend, **kwargs):
             return route(kwargs, lambda: original(backend=backend, **kwargs))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from zoe_kernels.integrations.report import KernelReporter
-from zoe_kernels.integrations.sglang_dual_scope import _cuda_wrap, engine_path_reason
+from zoe_kernels.integrations.sglang_dual_scope import _cuda_wrap, _hip_wrap, engine_path_reason
 
 
 def _call(**over):
@@ -59,3 +59,27 @@ def test_wrapper_sends_other_calls_to_the_engine_and_counts_them(tmp_path):
     assert [f["reason"] for f in rep.report.fallbacks] == ["runtime_error"]
     assert "csa_dual_scope" not in rep.report.patched
     assert rep.report.engine_path_reasons["csa_dual_scope"] == {"layout": 1, "zoe_error": 2}
+
+
+FP8_DTYPE = torch.float8_e4m3fnuz  # what hip_flash_mla defines on gfx942; the HIP wrapper reads its module's
+
+
+def test_hip_entry_point_wrapper_keeps_the_backend_and_reads_the_pools_fp8_flavour(tmp_path, monkeypatch):
+    from zoe_kernels.integrations import sglang_dual_scope as ds
+
+    rep = KernelReporter("sglang", "0.5.23", ["csa_dual_scope"], tmp_path)
+    seen, ran = [], []
+
+    def flash_mla_with_kvcache_entrypoint(backend, **kwargs):
+        seen.append((backend, kwargs["k_cache"].shape[-1]))
+        return "engine", None
+
+    monkeypatch.setattr(ds, "run_zoe", lambda kw, fp8: ran.append(fp8) or ("zoe", None))
+    patched = _hip_wrap(rep)(flash_mla_with_kvcache_entrypoint)
+    assert patched(**_call(), backend="aiter_sparse") == ("zoe", None)
+    assert ran == [torch.float8_e4m3fnuz]
+    v41 = _call(k_cache=torch.zeros(3, 64, 1, 528, dtype=torch.uint8), extra_k_cache=None,
+                extra_indices_in_kvcache=None)  # fmt: skip
+    assert patched(**v41, backend="aiter_sparse") == ("engine", None)
+    assert seen == [("aiter_sparse", 528)]
+    assert rep.report.calls["csa_dual_scope"] == {"zoe": 1, "engine": 1}
