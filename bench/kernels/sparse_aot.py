@@ -113,9 +113,13 @@ def main() -> None:
                                 topk._warps_for(slots)))
     iptrs = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "k_ptr": "*fp8e4nv", "k_scale_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}
-    for bm, bn, tiles, warps in ((2, 64, 8, 4), (2, 128, 4, 8)) if "indexer" in only else ():
-        rows.append(compile_one(f"indexer H=64 BM={bm} BN={bn}", indexer._indexer_logits_kernel, iptrs,
-                                dict(H=64, D=128, BM=bm, BN=bn, TILES=tiles), warps))
+    index_cfgs = [("heads", 2, 64, 8, 4), ("keys", 2, 128, 4, 8), ("keys", 2, 128, 4, 4), ("keys", 4, 128, 4, 8),
+                  ("keys", 2, 256, 2, 8)]
+    for layout, bm, bn, tiles, warps in index_cfgs if "indexer" in only else ():
+        kernel = indexer._indexer_logits_keys_kernel if layout == "keys" else indexer._indexer_logits_kernel
+        rows.append(compile_one(f"indexer {layout} H=64 BM={bm} BN={bn}", kernel, iptrs,
+                                dict(H=64, D=128, BM=bm, BN=bn, **({"TILES": tiles} if layout == "heads" else {})),
+                                warps, num_stages=3))
     dptrs = {"q_ptr": "*bf16", "win_k_ptr": "*fp8e4nv", "win_v_ptr": "*bf16", "win_len_ptr": "*i32",
              "comp_k_ptr": "*fp8e4nv", "comp_v_ptr": "*bf16", "comp_idx_ptr": "*i32", "win_ks_ptr": "*fp32",
              "win_vs_ptr": "*fp32", "comp_ks_ptr": "*fp32", "comp_vs_ptr": "*fp32", "part_out_ptr": "*fp32",

@@ -18,9 +18,11 @@ positions relative to ks[i], i.e. the token position inside the row's sequence (
 transform). Rows with fewer than k valid keys are padded with -1. Ties: larger logit first, then lower
 position; the selected positions are returned in ascending order.
 
-Kernel: a program owns BM query rows (a [BM*H, D] fp8 Q tile kept in registers) and a run of key tiles;
-per key tile one fp8 `tl.dot` gives [BM*H, BN] float32 scores, then relu(score * k_scale), the
-weighted head sum, and the range mask; tiles entirely outside every row's range only write -inf.
+Kernel: a program owns BM query rows (a [D, BM*H] fp8 Q^T tile, loaded once) and a run of key tiles;
+per key tile one fp8 `tl.dot` gives scores^T [BN, BM*H] float32, then relu, the weighted head sum along
+the columns, the k_scale factor (k_scale >= 0, so relu(s * k_scale) = k_scale * relu(s)) and the range
+mask; tiles entirely outside every row's range only write -inf. Run 1's kernel (heads along the rows,
+the head sum across warps) stays selectable as layout="heads" for comparison.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import triton
 import triton.language as tl
 
 from zoe_kernels.csa.topk import topk_ranges
+
+_TARGET_PROGRAMS = 1056  # about 8 programs per multiprocessor of an H200 (132 SMs)
 
 
 @triton.jit
@@ -74,6 +78,59 @@ def _indexer_logits_kernel(
         tl.store(out_rows + cols[None, :], logits, mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _indexer_logits_keys_kernel(
+    q_ptr, w_ptr, k_ptr, k_scale_ptr, ks_ptr, ke_ptr, out_ptr,
+    M, N, stride_qm, stride_qh, stride_wm, stride_kn, stride_om, TILES,
+    H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+):
+    """Keys-as-rows variant (the default): per key tile one fp8 dot gives scores^T [BN keys, BM*H], so the
+    weighted head sum runs along the accumulator's columns (inside a thread and its quad, no shared-memory
+    reduction), and since k_scale >= 0, relu(s * k_scale) = k_scale * relu(s) moves the scale out of the
+    head sum: the epilogue is one max and one fma per score, then one multiply per logit."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rows = pid_m * BM + tl.arange(0, BM)
+    row_ok = rows < M
+    lo = tl.load(ks_ptr + rows, mask=row_ok, other=0)
+    hi = tl.load(ke_ptr + rows, mask=row_ok, other=0)
+    blk_lo = tl.min(tl.where(row_ok & (hi > lo), lo, 2147483647), axis=0)
+    blk_hi = tl.max(tl.where(row_ok, hi, 0), axis=0)
+
+    # Q^T tile: column c = (query i, head h) flattened as i * H + h
+    qc = tl.arange(0, BM * H)
+    q_row = pid_m * BM + qc // H
+    q_ok = q_row < M
+    dd = tl.arange(0, D)
+    q_t = tl.load(q_ptr + q_row.to(tl.int64)[None, :] * stride_qm + (qc % H)[None, :] * stride_qh + dd[:, None],
+                  mask=q_ok[None, :], other=0.0)  # [D, BM*H]
+    w = tl.load(w_ptr + q_row.to(tl.int64) * stride_wm + qc % H, mask=q_ok, other=0.0)
+
+    out_rows = out_ptr + rows.to(tl.int64)[None, :] * stride_om
+    t0 = pid_n * TILES
+    t1 = tl.minimum(t0 + TILES, tl.cdiv(N, BN))
+    # tiles that meet some row's range get the dot, in a loop of their own (no branch around the loads, so
+    # the K loads are pipelined); the others only get -inf
+    a = tl.minimum(tl.maximum(t0, blk_lo // BN), t1)
+    b = tl.maximum(tl.minimum(t1, tl.cdiv(blk_hi, BN)), a)
+    for t in range(a, b):
+        cols = t * BN + tl.arange(0, BN)
+        col_ok = cols < N
+        kt = tl.load(k_ptr + cols.to(tl.int64)[:, None] * stride_kn + dd[None, :], mask=col_ok[:, None], other=0.0)
+        s = tl.dot(kt, q_t)  # [BN, BM*H] fp32, exact products of fp8
+        prod = tl.maximum(s, 0.0) * w[None, :]
+        logits = tl.sum(tl.reshape(prod, (BN, BM, H)), axis=2)  # [BN, BM]
+        logits = logits * tl.load(k_scale_ptr + cols, mask=col_ok, other=0.0)[:, None]
+        valid = (cols[:, None] >= lo[None, :]) & (cols[:, None] < hi[None, :])
+        tl.store(out_rows + cols[:, None], tl.where(valid, logits, float("-inf")),
+                 mask=row_ok[None, :] & col_ok[:, None])
+    for t in range(t0, t1):
+        if (t < a) | (t >= b):
+            cols = t * BN + tl.arange(0, BN)
+            tl.store(out_rows + cols[:, None], tl.full((BN, BM), float("-inf"), tl.float32),
+                     mask=row_ok[None, :] & (cols < N)[:, None])
+
+
 def _check_inputs(q, weights, k, k_scale, ks, ke):
     if q.dim() != 3:
         raise ValueError(f"q must be [M, H, D], got shape {tuple(q.shape)}")
@@ -93,16 +150,21 @@ def _check_inputs(q, weights, k, k_scale, ks, ke):
 
 
 def lightning_indexer(q_fp8: torch.Tensor, weights: torch.Tensor, k_fp8: torch.Tensor, k_scale: torch.Tensor,
-                      ks: torch.Tensor, ke: torch.Tensor, *, block_m: int | None = None, block_n: int = 64,
-                      tiles_per_program: int = 8, num_warps: int = 4, num_stages: int = 3,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      ks: torch.Tensor, ke: torch.Tensor, *, block_m: int | None = None, block_n: int | None = None,
+                      tiles_per_program: int | None = None, num_warps: int | None = None, num_stages: int = 3,
+                      layout: str = "keys", out: torch.Tensor | None = None) -> torch.Tensor:
     """DSA indexer logits [M, N] float32 (see the module doc for the math and the -inf masking).
 
-    block_m query rows share one program (default: 128 // H, so a program's fp8 dot has 128 rows). The
-    default tiles are the fastest of four configs on an H200 (8K causal square: 267 TFLOP/s against 182
-    for block_n=128/8 warps; bench/kernels/sparse_README.md);
-    `out` is an optional preallocated contiguous [M, N] float32 tensor to write into."""
+    k_scale must be >= 0 (a quantization scale), which the default kernel relies on. layout: "keys"
+    (default; scores^T tiles [block_n keys, block_m * H], head sum along the accumulator's columns) or
+    "heads" (run 1's kernel: [block_m * H, block_n] tiles, head sum across warps). block_m query rows
+    share one program (default: 128 // H, so a program's fp8 dot has 128 query-head columns or rows);
+    defaults per layout: "keys" 128-key tiles, all of a row block's key tiles in one program unless
+    that leaves under ~1000 programs, 8 warps; "heads" 64-key tiles, 8 per program, 4 warps (run 1's fastest, bench/kernels/sparse_README.md). `out` is an optional
+    preallocated contiguous [M, N] float32 tensor to write into."""
     _check_inputs(q_fp8, weights, k_fp8, k_scale, ks, ke)
+    if layout not in ("keys", "heads"):
+        raise ValueError(f"layout must be 'keys' or 'heads', got {layout!r}")
     m, h, d = q_fp8.shape
     n = k_fp8.shape[0]
     if q_fp8.stride(2) != 1 or q_fp8.stride(1) != d:
@@ -119,11 +181,22 @@ def lightning_indexer(q_fp8: torch.Tensor, weights: torch.Tensor, k_fp8: torch.T
     if m == 0 or n == 0:
         return out
     bm = block_m or max(1, 128 // h)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, block_n * tiles_per_program))
-    _indexer_logits_kernel[grid](
-        q_fp8, weights, k_fp8, k_scale, ks, ke, out,
-        m, n, q_fp8.stride(0), q_fp8.stride(1), weights.stride(0), k_fp8.stride(0), out.stride(0),
-        H=h, D=d, BM=bm, BN=block_n, TILES=tiles_per_program, num_warps=num_warps, num_stages=num_stages)
+    args = (q_fp8, weights, k_fp8, k_scale, ks, ke, out,
+            m, n, q_fp8.stride(0), q_fp8.stride(1), weights.stride(0), k_fp8.stride(0), out.stride(0))
+    if layout == "heads":
+        bn, tiles = block_n or 64, tiles_per_program or 8
+        _indexer_logits_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn * tiles))](
+            *args, H=h, D=d, BM=bm, BN=bn, TILES=tiles, num_warps=num_warps or 4, num_stages=num_stages)
+        return out
+    bn = block_n or 128
+    n_tiles = triton.cdiv(n, bn)
+    if tiles_per_program is None:
+        # a program sweeps all of its rows' keys (Q^T is loaded once), unless that leaves too few programs
+        # (decode): then the keys split until there are about 8 programs per multiprocessor
+        n_splits = min(n_tiles, max(1, triton.cdiv(_TARGET_PROGRAMS, triton.cdiv(m, bm))))
+        tiles_per_program = triton.cdiv(n_tiles, n_splits)
+    _indexer_logits_keys_kernel[(triton.cdiv(m, bm), triton.cdiv(n_tiles, tiles_per_program))](
+        *args, tiles_per_program, H=h, D=d, BM=bm, BN=bn, num_warps=num_warps or 8, num_stages=num_stages)
     return out
 
 

@@ -49,15 +49,16 @@ def _assert_logits_close(out, ref):
     assert err < LOGITS_TOL, f"relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("h,m,n,ranges,block_m", [(32, 37, 300, "ragged", None), (64, 45, 400, "causal", None),
-                                                   (64, 23, 500, "prefix", 1), (32, 19, 260, "causal", 2)])
-def test_lightning_indexer_matches_float64_reference(h, m, n, ranges, block_m):
+@pytest.mark.parametrize("h,m,n,ranges,block_m,layout", [
+    (32, 37, 300, "ragged", None, "keys"), (64, 45, 400, "causal", None, "keys"), (64, 23, 500, "prefix", 1, "keys"),
+    (32, 19, 260, "causal", 2, "keys"), (32, 37, 300, "ragged", None, "heads"), (64, 23, 500, "prefix", 1, "heads")])
+def test_lightning_indexer_matches_float64_reference(h, m, n, ranges, block_m, layout):
     gen = torch.Generator().manual_seed(m * 1000 + n + h)
     cpu, dev = _inputs(m, h, n, ranges, gen)
     tiles = 1 if ON_GPU else 2
     poisoned = torch.full((m, n), float("nan"), device=DEVICE)  # every element must be overwritten
     out = lightning_indexer(*dev, block_m=block_m, block_n=64 if not ON_GPU else 128, tiles_per_program=tiles,
-                            out=poisoned)
+                            layout=layout, out=poisoned)
     assert out.data_ptr() == poisoned.data_ptr()
     assert out.shape == (m, n) and out.dtype == torch.float32
     _assert_logits_close(out, lightning_indexer_reference(*cpu))
