@@ -66,6 +66,9 @@ def register(app: typer.Typer) -> None:
         kv_capacity_tokens: int = typer.Option(
             1_000_000, help="KV capacity of each --replica, tokens (sizes the prefix index)."
         ),
+        host_kv_capacity_tokens: int = typer.Option(
+            0, min=0, help="KV tokens each --replica also keeps in host memory (KV offloading); 0: none."
+        ),
         max_active_requests: int = typer.Option(256, help="Requests per replica before it counts as saturated."),
         engine: str = typer.Option("vllm", help="Engine of the --replica URLs (vllm, sglang, sim): /metrics parser."),
         kv_events_endpoint: Optional[str] = typer.Option(
@@ -96,8 +99,8 @@ def register(app: typer.Typer) -> None:
                 api_keys=_keys(api_key, "ZOE_ROUTER_API_KEYS"), admin_key=admin_key or None,
                 max_context_tokens=max_context_tokens, kv_events_endpoint=kv_events_endpoint, **extra,
             )
-            fields = dict(kv_capacity_tokens=kv_capacity_tokens, max_active_requests=max_active_requests,
-                          engine=engine)
+            fields = dict(kv_capacity_tokens=kv_capacity_tokens, host_kv_capacity_tokens=host_kv_capacity_tokens,
+                          max_active_requests=max_active_requests, engine=engine)
             members = static_membership(replica, **fields).replicas + [
                 MemberReplica(id=f"static-long/{i}/0", url=u, pool="long", **fields) for i, u in enumerate(long_replica)
             ]
