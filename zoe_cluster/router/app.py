@@ -26,7 +26,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -42,6 +42,7 @@ from zoe_cluster.router.replicas import ReplicaSet, ReplicaState
 from zoe_cluster.router.upstream import UpstreamPool, UpstreamResponse
 from zoe_cluster.routing.context import BadRequest, RequestContext, RoutingDecision, context_from_openai
 from zoe_cluster.routing.policy import Policy, get_policy
+from zoe_cluster.routing.slo import slo_class_from_headers  # also registers the class-aware `slo` policy
 
 _PROXIED = {b"/v1/completions": "completions", b"/v1/chat/completions": "chat"}
 _RETRY_STATUSES = {502, 503, 504}
@@ -279,6 +280,7 @@ class Router:
             )
         except BadRequest as e:
             raise HttpError(400, str(e)) from None
+        ctx = replace(ctx, slo_class=slo_class_from_headers(headers))
         models = self.served_models()
         if models and ctx.model not in models:
             raise HttpError(404, f"model '{ctx.model}' is not served here; available: {', '.join(sorted(models))}",

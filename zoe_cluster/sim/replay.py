@@ -15,12 +15,13 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.routing import ReplicaView, context_from_trace, get_policy
+from zoe_cluster.routing import slo as _slo  # noqa: F401  (registers the class-aware `slo` policy)
 from zoe_cluster.routing.hashing import MOONCAKE_BLOCK_TOKENS
 from zoe_cluster.sim.calibrate import Calibration, calibrate
 from zoe_cluster.sim.core import EngineCore, RequestTooLarge, SimRequest
@@ -33,6 +34,8 @@ class TraceRow:
     input_tokens: int
     output_tokens: int
     hash_ids: tuple[int, ...]
+    slo_class: str | None = None
+    """Service class of the request (class-aware routing, per-class goodput); None: the default class."""
 
 
 class TraceError(ValueError):
@@ -97,8 +100,9 @@ class ReplayResult:
     """Output tokens/s of requests that met both SLOs (`slo_ttft_s`, `slo_tpot_s`), when SLOs were given."""
     swaps: int = 0
     timeline: list[dict[str, Any]] = field(default_factory=list)
-    request_log: list[tuple[float, float, float, int, str]] = field(default_factory=list)
-    """With `log_requests`: (arrival_s, ttft_s, tpot_s, output_tokens, variant) of every completed request."""
+    request_log: list[tuple[float, float, float, int, str, str | None]] = field(default_factory=list)
+    """With `log_requests`: (arrival_s, ttft_s, tpot_s, output_tokens, variant, slo_class) of every completed
+    request."""
     """One row per controller tick: time, requests in flight, each replica's variant and state, tokens out."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,6 +130,10 @@ class ReplayFleet:
         self.last_swap_at: list[float | None] = [None] * n
         self.pending: dict[int, str] = {}
         self.swaps = 0
+        self.class_in_flight: dict[str, int] = {}
+        """Requests in flight across the fleet per service class (the trace's `slo_class`; None counts as "")."""
+        self.class_prefill_tokens: dict[str, int] = {}
+        """Prompt tokens routed per class that the router expected to miss the prefix cache (cumulative)."""
         self.cores: list[EngineCore] = []
         self.views: list[ReplicaView] = []
         for i, v in enumerate(variants):
@@ -152,6 +160,12 @@ class ReplayFleet:
 
     def in_flight(self) -> dict[str, float]:
         return {v.replica_id: float(v.active_requests) for v in self.views}
+
+    def in_flight_by_class(self) -> dict[str, float]:
+        return {c: float(n) for c, n in self.class_in_flight.items()}
+
+    def prefill_tokens_by_class(self) -> dict[str, float]:
+        return {c: float(n) for c, n in self.class_prefill_tokens.items()}
 
     def swap(self, index: int, variant: str, reason: str = "") -> None:
         if self.state[index] != "ready":
@@ -230,7 +244,7 @@ def replay(
     timeline: list[dict[str, Any]] = []
     tick_tokens = 0
     removed_preemptions = 0
-    request_log: list[tuple[float, float, float, int, str]] = []
+    request_log: list[tuple[float, float, float, int, str, str | None]] = []
 
     def start(i: int, now: float) -> None:
         nonlocal seq
@@ -261,6 +275,8 @@ def replay(
             row = rows[k]
             now = row.arrival_s
             ctx = context_from_trace(f"r{k}", recipe.name, row.hash_ids, row.input_tokens, max(1, row.output_tokens))
+            if row.slo_class is not None:
+                ctx = replace(ctx, slo_class=row.slo_class)
             k += 1
             cands = [view for view in views if view.routable]
             if not cands:
@@ -272,6 +288,9 @@ def replay(
             i = int(d.replica_id.split("/")[1])
             est = d.matched_tokens(ctx)
             views[i].admit(ctx, est)
+            cls = row.slo_class or ""
+            fleet.class_in_flight[cls] = fleet.class_in_flight.get(cls, 0) + 1
+            fleet.class_prefill_tokens[cls] = fleet.class_prefill_tokens.get(cls, 0) + max(0, row.input_tokens - est)
             req = SimRequest(ctx.request_id, row.input_tokens, max(1, row.output_tokens), ctx.block_hashes,
                              arrival_s=now, payload=[ctx, est, False, views[i]])
             try:
@@ -279,6 +298,7 @@ def replay(
             except RequestTooLarge:
                 dropped += 1
                 views[i].finish(ctx, est, prefilled=False)
+                fleet.class_in_flight[cls] -= 1
                 pol.on_finished(ctx, d.replica_id, False)
                 continue
             if not busy[i]:
@@ -292,7 +312,7 @@ def replay(
             controller(fleet)  # type: ignore[misc]
             timeline.append({"t_s": end, "in_flight": sum(v.active_requests for v in views),
                              "variants": list(fleet.variants), "states": list(fleet.state),
-                             "output_tokens": tick_tokens})
+                             "output_tokens": tick_tokens, "in_flight_by_class": fleet.in_flight_by_class()})
             tick_tokens = 0
             for j in range(replicas):  # a replica told to drain while idle starts loading now
                 if fleet.state[j] == "draining" and not busy[j]:
@@ -319,6 +339,7 @@ def replay(
             if req.finish_s is not None:
                 completed += 1
                 view.finish(pay[0], pay[1])
+                fleet.class_in_flight[pay[0].slo_class or ""] -= 1
                 pol.on_finished(pay[0], view.replica_id, True)
                 frontend = cal_for(fleet.variants[i]).model.frontend_s
                 ttft = req.first_token_s - req.arrival_s + frontend  # type: ignore[operator]
@@ -327,7 +348,7 @@ def replay(
                 if req.output > 1:
                     tpots.append(tpot)
                 if log_requests:
-                    request_log.append((req.arrival_s, ttft, tpot, req.output, fleet.variants[i]))
+                    request_log.append((req.arrival_s, ttft, tpot, req.output, fleet.variants[i], pay[0].slo_class))
                 if (slo_ttft_s is None or ttft <= slo_ttft_s) and (slo_tpot_s is None or tpot <= slo_tpot_s):
                     good_tokens += req.output
                 prompt_tokens += req.prompt_tokens

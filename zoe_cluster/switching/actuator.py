@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.switching.decide import ReplicaObservation, SwitchConfig, SwitchDecision, decide
-from zoe_cluster.switching.window import ConcurrencyWindow
+from zoe_cluster.switching.window import ConcurrencyWindow, RateWindow
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,14 @@ class FleetControl(Protocol):
         """Requests in flight per replica id, as the router counts them now."""
         ...
 
+    def in_flight_by_class(self) -> dict[str, float]:
+        """Requests in flight across the fleet per service class (needed only when the config names classes)."""
+        ...
+
+    def prefill_tokens_by_class(self) -> dict[str, float]:
+        """Uncached prompt tokens admitted so far per service class (a cumulative counter; optional)."""
+        ...
+
     def swap(self, index: int, variant: str, reason: str) -> None:
         """Start a drain-first swap of replica `index` to `variant` (returns once it has begun)."""
         ...
@@ -52,6 +60,12 @@ class SwitchActuator:
                  clock: Callable[[], float] = time.time, history: int = 100):
         self.recipe, self.config, self.control, self.clock = recipe, config, control, clock
         self.window = ConcurrencyWindow(config.window_s)
+        self.class_window = ConcurrencyWindow(config.window_s)
+        self.prefill_window = RateWindow(config.window_s)
+        self.prefill_tok_s: dict[str, float] | None = None
+        """The latest uncached prompt tokens/s per class (fleet-wide), when the driver counts them."""
+        self.demand: dict[str, float] | None = None
+        """The latest per-class concurrency estimate (fleet-wide), when classes are configured."""
         self.history: deque[DecisionRecord] = deque(maxlen=history)
         """Swap decisions, newest last."""
         self.latest: dict[int, DecisionRecord] = {}
@@ -60,19 +74,33 @@ class SwitchActuator:
 
     def step(self) -> list[SwitchDecision]:
         """Sample, decide, apply through `control`. Returns every decision of this step (holds included)."""
-        decisions = self.observe(self.control.replicas(), self.control.in_flight())
+        by_class = self.control.in_flight_by_class() if self.config.classes else None
+        prefill = self.control.prefill_tokens_by_class() if self.config.classes else None
+        decisions = self.observe(self.control.replicas(), self.control.in_flight(), by_class, prefill)
         for d in decisions:
             if d.action == "swap":
                 self.control.swap(d.replica, d.variant, d.reason)
         return decisions
 
-    def observe(self, fleet: list[FleetReplica], in_flight: dict[str, float]) -> list[SwitchDecision]:
-        """Sample `in_flight`, decide over `fleet`, and record; the caller applies the swaps (async drivers)."""
+    def observe(self, fleet: list[FleetReplica], in_flight: dict[str, float],
+                in_flight_by_class: dict[str, float] | None = None,
+                prefill_tokens_by_class: dict[str, float] | None = None) -> list[SwitchDecision]:
+        """Sample `in_flight` (and the per-class counts and prompt-token counters, when given), decide over
+        `fleet`, and record; the caller applies the swaps (async drivers)."""
         now = self.clock()
         self.window.add(now, in_flight)
         conc = {r.index: self.window.mean(r.replica_id, now) for r in fleet}
+        if in_flight_by_class is not None:
+            sample = {c.name: float(in_flight_by_class.get(c.name, 0.0)) for c in self.config.classes}
+            self.class_window.add(now, sample)
+            self.demand = {c: self.class_window.mean(c, now) for c in sample}
+        if prefill_tokens_by_class is not None:
+            self.prefill_window.add(now, prefill_tokens_by_class)
+            self.prefill_tok_s = self.prefill_window.rates()
         obs = [ReplicaObservation(r.index, r.variant, r.state, conc[r.index], r.last_swap_at) for r in fleet]  # type: ignore[arg-type]
-        decisions = decide(self.recipe, obs, self.config, now)
+        decisions = decide(self.recipe, obs, self.config, now,
+                           self.demand if in_flight_by_class is not None else None,
+                           self.prefill_tok_s if prefill_tokens_by_class is not None else None)
         for d in decisions:
             record = DecisionRecord(now, d, conc[d.replica])
             self.latest[d.replica] = record
@@ -86,6 +114,6 @@ class SwitchActuator:
         row = lambda r: {"at": r.at, "replica": r.decision.replica, "action": r.decision.action,  # noqa: E731
                          "variant": r.decision.variant, "concurrency": round(r.concurrency, 2),
                          "reason": r.decision.reason}
-        return {"config": self.config.model_dump(), "swaps_started": self.swaps_started,
+        return {"config": self.config.model_dump(), "swaps_started": self.swaps_started, "demand": self.demand,
                 "latest": [row(self.latest[i]) for i in sorted(self.latest)],
                 "recent_swaps": [row(r) for r in list(self.history)[-10:]]}

@@ -30,6 +30,16 @@ ReplicaState = Literal["pending", "starting", "loading", "ready", "draining", "s
 IN_FLIGHT_STATES = frozenset({"pending", "starting", "loading", "draining"})
 
 
+class ServiceClass(BaseModel):
+    """One service class and its objective (a request meets it when TTFT <= ttft_s and ITL <= itl_s)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, description="Class name, as requests send it (`x-zoe-slo` header).")
+    ttft_s: float = Field(gt=0, description="Time-to-first-token objective, seconds.")
+    itl_s: float = Field(gt=0, description="Inter-token latency objective (time per output token), seconds.")
+
+
 class SwitchConfig(BaseModel):
     """Switching settings of a deployment (validated; part of the deployment spec)."""
 
@@ -53,10 +63,24 @@ class SwitchConfig(BaseModel):
         default=1.0, gt=0, description="Multiplier on the profile's weights load time (the sim's time scale)."
     )
 
+    classes: list[ServiceClass] = Field(
+        default_factory=list,
+        description="Service classes with their objectives, tightest first; when set and the driver reports "
+        "in-flight requests per class, the switcher targets a mix of variants (`switching.mix`).",
+    )
+    slo_headroom: float = Field(
+        default=0.95, gt=0, le=1,
+        description="The router's per-class limits keep a replica's predicted ITL at most this share of the "
+        "class's objective (margin for prefill interference and load swings).",
+    )
+
     @model_validator(mode="after")
     def _horizon_covers_dwell(self) -> "SwitchConfig":
         if self.horizon_s < self.interval_s:
             raise ValueError("horizon_s must be at least interval_s")
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"classes: duplicate names in {names}")
         return self
 
 
@@ -108,10 +132,21 @@ def _load_s(recipe: Recipe, variant: str, config: SwitchConfig) -> float:
     return (load.value if load else 600.0) * config.load_time_scale
 
 
-def decide(recipe: Recipe, replicas: list[ReplicaObservation], config: SwitchConfig, now: float) -> list[SwitchDecision]:
-    """One decision per replica, in replica order. Pure: same inputs, same decisions."""
+def decide(recipe: Recipe, replicas: list[ReplicaObservation], config: SwitchConfig, now: float,
+           demand: dict[str, float] | None = None,
+           prefill_tok_s: dict[str, float] | None = None) -> list[SwitchDecision]:
+    """One decision per replica, in replica order. Pure: same inputs, same decisions.
+
+    `demand` is the fleet's mean in-flight requests per service class over the window (and `prefill_tok_s` its
+    uncached prompt tokens/s per class); with it and `config.classes`, the fleet is steered toward the best mix
+    of variants (`switching.mix.decide_mix`), else each replica is decided on its own concurrency (the rule in
+    the module docstring)."""
     if not config.enabled:
         return [SwitchDecision(r.index, "hold", r.variant, "switching disabled") for r in replicas]
+    if config.classes and demand is not None:
+        from zoe_cluster.switching.mix import decide_mix  # mix builds on this module's helpers
+
+        return decide_mix(recipe, replicas, config, now, demand, prefill_tok_s)
     in_flight = sum(1 for r in replicas if r.state in IN_FLIGHT_STATES)
     ready = sum(1 for r in replicas if r.state == "ready")
     min_ready = math.ceil(config.min_ready_fraction * len(replicas))

@@ -40,3 +40,28 @@ class ConcurrencyWindow:
                 total += v * (hi - lo)
                 span += hi - lo
         return total / span if span > 0 else q[-1][1]
+
+
+class RateWindow:
+    """Per-key rate of cumulative counters (e.g. prompt tokens admitted per class) over the last `window_s`."""
+
+    def __init__(self, window_s: float):
+        if window_s <= 0:
+            raise ValueError("window_s must be > 0")
+        self.window_s = window_s
+        self._samples: deque[tuple[float, dict[str, float]]] = deque()
+
+    def add(self, now: float, totals: dict[str, float]) -> None:
+        if self._samples and now < self._samples[-1][0]:
+            raise ValueError(f"sample at {now} is older than the last one ({self._samples[-1][0]})")
+        self._samples.append((now, dict(totals)))
+        while len(self._samples) > 2 and self._samples[1][0] <= now - self.window_s:
+            self._samples.popleft()
+
+    def rates(self) -> dict[str, float]:
+        """Increase per second of each counter between the oldest kept sample and the newest (0 with one)."""
+        if len(self._samples) < 2:
+            return {k: 0.0 for k in (self._samples[-1][1] if self._samples else {})}
+        (t0, first), (t1, last) = self._samples[0], self._samples[-1]
+        span = t1 - t0
+        return {k: max(0.0, v - first.get(k, 0.0)) / span if span > 0 else 0.0 for k, v in last.items()}

@@ -37,9 +37,12 @@ def ramp(points: Sequence[tuple[float, float]]) -> Callable[[float], float]:
 def day_shaped_rows(recipe: Recipe, reference_variant: str, target: Callable[[float], float], duration_s: float,
                     replicas: int, seed: int = 0, input_blocks: tuple[int, int] = (2, 8),
                     output_tokens: tuple[int, int] = (256, 1024), sessions: int = 400,
-                    history_blocks: int = 16) -> list[TraceRow]:
-    """Arrivals over [0, duration_s) that hold about `target(t)` requests in flight across `replicas`."""
+                    history_blocks: int = 16, class_shares: dict[str, float] | None = None) -> list[TraceRow]:
+    """Arrivals over [0, duration_s) that hold about `target(t)` requests in flight across `replicas`.
+
+    With `class_shares` ({class: share}, shares summing to 1) every request draws its service class."""
     rng = random.Random(seed)
+    classes = assign_classes(class_shares, seed + 1) if class_shares else None
     mean_out = sum(output_tokens) / 2
     history: dict[int, list[int]] = {}
     next_block = 1
@@ -65,8 +68,26 @@ def day_shaped_rows(recipe: Recipe, reference_variant: str, target: Callable[[fl
             next_block += 1
         del hist[:-history_blocks]  # a session keeps its most recent history_blocks x 512 tokens
         ids = (0, *hist)  # block 0: the shared system prompt
-        items.append((t, len(ids) * BLOCK, rng.randint(*output_tokens), ids))
+        row = (t, len(ids) * BLOCK, rng.randint(*output_tokens), ids)
+        items.append((*row, classes()) if classes else row)
     return rows_from(items)
+
+
+def assign_classes(shares: dict[str, float], seed: int = 0) -> Callable[[], str]:
+    """A seeded draw of a service class with the given shares (its own stream: arrivals stay the same)."""
+    total = sum(shares.values())
+    if not shares or total <= 0 or any(v < 0 for v in shares.values()):
+        raise ValueError(f"class shares must be non-negative and sum to more than 0: {shares}")
+    rng = random.Random(seed)
+    names = list(shares)
+    weights = [shares[n] / total for n in names]
+    return lambda: rng.choices(names, weights)[0]
+
+
+def with_classes(rows: Sequence[TraceRow], shares: dict[str, float], seed: int = 0) -> list[TraceRow]:
+    """`rows` with a service class drawn for each (a trace that has none, e.g. Azure's)."""
+    draw = assign_classes(shares, seed)
+    return [TraceRow(r.arrival_s, r.input_tokens, r.output_tokens, r.hash_ids, draw()) for r in rows]
 
 
 def mean_concurrency(rows: Sequence[TraceRow], e2e_s: Sequence[float], t0: float, t1: float) -> float:
