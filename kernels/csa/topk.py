@@ -350,7 +350,8 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
             HAS_LO=has_lo, HAS_HI=True, HAS_IDX=False, WRITE_VAL=False, NB=RADIX_BINS[8], BLOCK=tile,
             num_warps=num_warps)
         return out
-    slots = 8 * triton.next_power_of_2(k)  # ~2.7x the expected candidates (MARGIN * k)
+    # >= ~2.7x the expected candidates (MARGIN * k); one size for every k <= 512 keeps specialisations few
+    slots = max(4096, 8 * triton.next_power_of_2(k))
     common = dict(HAS_LO=has_lo)
     sampling = dict(S=sample, SB=SAMPLE_BLOCK, MARGIN_=MARGIN)
     splits = splits_for(rows, n, splits, tile)

@@ -6,7 +6,7 @@ import torch
 from tests.kernels._sparse_device import DEVICE, ON_GPU
 from zoe_kernels.csa import topk, topk_ranges
 from zoe_kernels.csa.reference import topk_ranges_reference, topk_reference
-from zoe_kernels.csa.topk import auto_splits
+from zoe_kernels.csa.topk import SAMPLE_BLOCK, auto_splits
 
 pytestmark = pytest.mark.kernels
 BLOCK = 4096 if ON_GPU else 512
@@ -40,18 +40,19 @@ def _scores(kind: str, b: int, n: int, gen: torch.Generator) -> torch.Tensor:
 
 
 # sample: entries read for the threshold; under the row length it exercises the sampled (estimated) threshold,
-# at the default 16384 short rows get the exact k-th largest as threshold
+# at the default 16384 short rows get the exact k-th largest as threshold (two values only: each one is a
+# compiled specialisation on the GPU)
 @pytest.mark.parametrize(
     "kind,b,n,k,splits,method,sample",
-    [("normal", 3, 3000, 128, 1, "sample", 16384), ("normal", 3, 3000, 128, 1, "sample", 512),
+    [("normal", 3, 3000, 128, 1, "sample", 16384), ("normal", 3, 3000, 128, 1, "sample", 1024),
      ("normal", 2, 5000, 64, 4, "sample", 1024), ("uniform", 2, 4100, 128, 4, "sample", 16384),
      ("ties", 2, 2500, 128, 1, "sample", 16384),  # ties overflow the slots -> radix fallback
      ("ties", 2, 3000, 100, 3, "sample", 1024), ("equal", 2, 1500, 128, 2, "sample", 16384),
-     ("rounded", 2, 6000, 100, 3, "sample", 1024), ("rounded", 2, 3000, 64, 1, "sample", 512),
+     ("rounded", 2, 6000, 100, 3, "sample", 1024), ("rounded", 2, 3000, 64, 1, "sample", 1024),
      ("signed_inf", 2, 2000, 100, 1, "sample", 16384), ("normal", 2, 700, 512, None, "sample", 16384),
      ("uniform", 2, 3000, 200, 1, "radix", 16384), ("ties", 2, 2000, 300, 1, "radix", 16384),
      ("sorted", 2, 6000, 64, 3, "sample", 1024), ("recent", 2, 8000, 64, 4, "sample", 1024),
-     ("periodic", 2, 4096, 64, 2, "sample", 512)],
+     ("periodic", 2, 4096, 64, 2, "sample", 1024)],
 )
 def test_topk_matches_reference_with_ragged_lengths(kind, b, n, k, splits, method, sample):
     gen = torch.Generator().manual_seed(hash((kind, b, n, k)) % 2**31)
@@ -69,6 +70,29 @@ def test_topk_matches_reference_with_ragged_lengths(kind, b, n, k, splits, metho
     # a row with fewer valid entries than k: every valid entry, then -1
     last = out[-1].cpu()
     assert (last[: int(lengths[-1])] >= 0).all() and (last[int(lengths[-1]):] == -1).all()
+
+
+def _sampled_positions(n: int, sample: int) -> torch.Tensor:
+    """The entries the threshold step reads on a row of n > sample entries (see topk._sample_threshold)."""
+    i = torch.arange(sample)
+    blocks = sample // SAMPLE_BLOCK
+    return (i // SAMPLE_BLOCK) * (n - SAMPLE_BLOCK) // (blocks - 1) + i % SAMPLE_BLOCK
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("case", ["overflow", "undershoot"])
+def test_threshold_misses_fall_back_to_exact_radix(case, splits):
+    gen = torch.Generator().manual_seed(31)
+    n, k = 6000, 64
+    if case == "overflow":  # 5000 equal top values: more candidates than the 4096 slots
+        scores = torch.randn(2, n, generator=gen)
+        scores[:, 1000:] = 7.0
+    else:  # large, well spaced values exactly where the sample looks: the threshold keeps fewer than k entries
+        scores = torch.randn(2, n, generator=gen)
+        scores[:, _sampled_positions(n, 1024)] = 2.0 ** (torch.arange(1024) / 16.0) + 10.0
+    lengths = torch.tensor([n, n - 7])
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024).cpu()
+    assert torch.equal(out, topk_reference(scores, lengths, k))
 
 
 def test_topk_ranges_are_relative_to_the_row_start():
