@@ -165,6 +165,10 @@ def replay_cmd(
     policy: str = typer.Option("prefix", "--policy", help="Routing policy (zoe_cluster.routing registry)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N requests."),
     kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="KV capacity per replica override, tokens."),
+    host_kv_gb: float = typer.Option(
+        0.0, "--host-kv-gb", min=0.0,
+        help="Host memory per replica for a second KV tier (KV offloading), GB; 0: none (docs/router.md).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Replay a trace on N simulated replicas behind the router's real policy code, on the virtual clock."""
@@ -186,17 +190,18 @@ def replay_cmd(
         fail(f"{trace}: no requests")
     cal = _calibrate(recipe, name)
     if json_out:
-        res = replay(recipe, name, rows, replicas, policy, calibration=cal, kv_tokens=kv_tokens)
+        res = replay(recipe, name, rows, replicas, policy, calibration=cal, kv_tokens=kv_tokens,
+                     host_kv_gb=host_kv_gb)
         return print_json(res.to_dict())
     from rich.progress import Progress
 
     with Progress(console=console, transient=True) as prog:
         task = prog.add_task(f"replaying {len(rows):,} requests", total=len(rows))
         res = replay(recipe, name, rows, replicas, policy, calibration=cal, kv_tokens=kv_tokens,
-                     progress=lambda n: prog.update(task, completed=n))
+                     host_kv_gb=host_kv_gb, progress=lambda n: prog.update(task, completed=n))
     d = res.to_dict()
-    for k in ("requests", "completed", "dropped", "prefix_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
-              "tpot_p50_s", "output_tok_s", "simulated_s", "preemptions", "wall_s", "routing_reasons"):
+    for k in ("requests", "completed", "dropped", "prefix_hit_rate", "host_hit_rate", "ttft_p50_s", "ttft_p90_s",
+              "ttft_p99_s", "tpot_p50_s", "output_tok_s", "simulated_s", "preemptions", "wall_s", "routing_reasons"):
         v = d[k]
         console.print(f"[bold]{k}[/]: {round(v, 4) if isinstance(v, float) else v}")
 

@@ -25,7 +25,7 @@ from zoe_cluster.routing import slo as _slo  # noqa: F401  (registers the class-
 from zoe_cluster.routing.hashing import MOONCAKE_BLOCK_TOKENS
 from zoe_cluster.sim.calibrate import Calibration, calibrate
 from zoe_cluster.sim.core import EngineCore, RequestTooLarge, SimRequest
-from zoe_cluster.sim.kv_cache import PrefixCache, kv_capacity
+from zoe_cluster.sim.kv_cache import HOST_LINK_GB_S, PrefixCache, host_kv_tier, kv_capacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +83,7 @@ class ReplayResult:
     completed: int
     dropped: int
     prefix_hit_rate: float
+    """Share of prompt tokens served from HBM prefix caches."""
     ttft_p50_s: float
     ttft_p90_s: float
     ttft_p99_s: float
@@ -99,6 +100,11 @@ class ReplayResult:
     goodput_tok_s: float | None = None
     """Output tokens/s of requests that met both SLOs (`slo_ttft_s`, `slo_tpot_s`), when SLOs were given."""
     swaps: int = 0
+    host_hit_rate: float = 0.0
+    """Share of prompt tokens loaded from host-memory KV tiers (`host_kv_gb`); GPU+host = this + prefix_hit_rate."""
+    host_kv_gb: float = 0.0
+    host_kv_tokens: int = 0
+    """Host-tier capacity per replica, tokens (0: no host tier)."""
     timeline: list[dict[str, Any]] = field(default_factory=list)
     request_log: list[tuple[float, float, float, int, str, str | None]] = field(default_factory=list)
     """With `log_requests`: (arrival_s, ttft_s, tpot_s, output_tokens, variant, slo_class) of every completed
@@ -119,8 +125,10 @@ class ReplayFleet:
     """
 
     def __init__(self, recipe: Recipe, variants: list[str], cal_for: Callable[[str], Calibration],
-                 kv_tokens: int | None, load_time_scale: float = 1.0):
+                 kv_tokens: int | None, load_time_scale: float = 1.0, host_kv_gb: float = 0.0,
+                 host_link_gb_s: float = HOST_LINK_GB_S):
         self.recipe, self.cal_for, self.kv_tokens = recipe, cal_for, kv_tokens
+        self.host_kv_gb, self.host_link_gb_s = host_kv_gb, host_link_gb_s
         self.load_time_scale = load_time_scale
         self.now = 0.0
         n = len(variants)
@@ -145,10 +153,11 @@ class ReplayFleet:
         v = self.recipe.variant(variant)
         cap = self.kv_tokens if self.kv_tokens is not None else kv_capacity(self.recipe, variant).tokens
         bs = MOONCAKE_BLOCK_TOKENS
-        core = EngineCore(self.cal_for(variant).model, PrefixCache(max(1, cap // bs), bs), v.max_num_seqs,
-                          v.max_num_batched_tokens)
+        host = host_kv_tier(self.recipe, variant, self.host_kv_gb, self.host_link_gb_s)
+        cache = PrefixCache(max(1, cap // bs), bs, host.tokens // bs, host.load_s_per_token)
+        core = EngineCore(self.cal_for(variant).model, cache, v.max_num_seqs, v.max_num_batched_tokens)
         view = ReplicaView(f"sim/{i}/{self.generation[i]}", f"sim://{i}", variant=variant, kv_capacity_tokens=cap,
-                           max_active_requests=v.max_num_seqs)
+                           host_kv_capacity_tokens=host.tokens, max_active_requests=v.max_num_seqs)
         return core, view
 
     # FleetControl
@@ -207,12 +216,16 @@ def replay(
     slo_ttft_s: float | None = None,
     slo_tpot_s: float | None = None,
     log_requests: bool = False,
+    host_kv_gb: float = 0.0,
+    host_link_gb_s: float = HOST_LINK_GB_S,
 ) -> ReplayResult:
     """Serve `rows` on `replicas` simulated replicas of `variant` routed by `policy`; see the module docstring.
 
     `variants` gives each replica its own starting variant (mixed fleets). `controller(fleet)` is called every
     `tick_s` simulated seconds with the `ReplayFleet` (e.g. a switching actuator's `step`); ticks also record the
-    timeline. With `slo_ttft_s`/`slo_tpot_s`, goodput counts only requests that met both.
+    timeline. With `slo_ttft_s`/`slo_tpot_s`, goodput counts only requests that met both. `host_kv_gb` gives
+    every replica a host-memory KV tier of that size (`sim.kv_cache.host_kv_tier`), loading at `host_link_gb_s`
+    per GPU; the router's prefix index is sized to it.
     """
     if replicas <= 0:
         raise ValueError(f"replicas must be positive, got {replicas}")
@@ -227,7 +240,8 @@ def replay(
             cals[name] = calibrate(recipe, name)
         return cals[name]
 
-    fleet = ReplayFleet(recipe, list(variants or [variant] * replicas), cal_for, kv_tokens, load_time_scale)
+    fleet = ReplayFleet(recipe, list(variants or [variant] * replicas), cal_for, kv_tokens, load_time_scale,
+                        host_kv_gb, host_link_gb_s)
     cores, views = fleet.cores, fleet.views
     busy = [False] * replicas
     heap: list[tuple[float, int, int, Any]] = []
@@ -237,7 +251,7 @@ def replay(
     e2es: list[float] = []
     reasons: dict[str, int] = {}
     dropped = completed = 0
-    prompt_tokens = cached_tokens = out_tokens = good_tokens = 0
+    prompt_tokens = cached_tokens = host_tokens = out_tokens = good_tokens = 0
     last_finish = 0.0
     n_rows = len(rows)
     k = 0  # next arrival
@@ -353,6 +367,7 @@ def replay(
                     good_tokens += req.output
                 prompt_tokens += req.prompt_tokens
                 cached_tokens += max(0, req.cached_tokens)
+                host_tokens += req.host_cached_tokens
                 out_tokens += req.output
                 tick_tokens += req.output
                 last_finish = max(last_finish, end)
@@ -377,6 +392,8 @@ def replay(
         wall_s=time.perf_counter() - t_wall, routing_reasons=reasons, per_replica=per,
         tpot_p90_s=_pct(tpots, 0.9), goodput_tok_s=(good_tokens / span if span > 0 else 0.0) if with_slo else None,
         swaps=fleet.swaps, timeline=timeline, request_log=request_log,
+        host_hit_rate=host_tokens / prompt_tokens if prompt_tokens else 0.0, host_kv_gb=host_kv_gb,
+        host_kv_tokens=fleet.views[0].host_kv_capacity_tokens if fleet.views else 0,
     )
 
 
