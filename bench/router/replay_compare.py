@@ -158,15 +158,16 @@ def plot(doc: dict, path: Path) -> None:
         w = 0.8 / len(policies)
         for j, p in enumerate(policies):
             xs = [i + (j - (len(policies) - 1) / 2) * w for i in range(len(sizes))]
-            bars = ax.bar(xs, [summ[s][p][key] for s in sizes], width=w, label=p)
+            ax.bar(xs, [summ[s][p][key] for s in sizes], width=w, label=p, color=f"C{j}")
             if key == "prefix_hit_rate" and p.endswith("@host-kv"):  # the host tier's hits on top, hatched
                 ax.bar(xs, [summ[s][p]["host_hit_rate"] for s in sizes], width=w, hatch="//", fill=False,
-                       bottom=[summ[s][p][key] for s in sizes], edgecolor=bars.patches[0].get_facecolor())
+                       bottom=[summ[s][p][key] for s in sizes], edgecolor=f"C{j}")
         ax.set_xticks(range(len(sizes)), [f"{s} replicas" for s in sizes])
         ax.set_title(title)
         if key == "prefix_hit_rate":
             ax.axhline(doc["ceiling_hit_rate"], color="k", ls="--", lw=1, label="ceiling (36.6%)")
-        ax.legend(fontsize=8)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.35)  # room for the legend above the bars
+        ax.legend(fontsize=7, ncol=2, loc="upper left")
     fig.suptitle("Mooncake conversation trace, GLM-5.3 simulated replicas (zoe sim replay)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
