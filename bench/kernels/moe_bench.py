@@ -39,7 +39,10 @@ SHAPES = {
 }
 MS = [1, 8, 16, 64, 256, 512, 1024, 4096]
 FORMATS = ["bf16", "fp8", "w4a16", "mxfp4"]
-PROVIDERS = ["zoe", "fallback_loop", "torch_grouped_mm", "torch_scaled_grouped_mm_rowwise"]
+# "zoe": fused_moe as dispatched; "zoe_gemv" / "zoe_dot": one path forced (the small-M GEMV kernels of
+# gemv.py, or the tl.dot tiles of grouped_gemm.py), for the side-by-side comparison that sets the dispatch.
+PROVIDERS = ["zoe_gemv", "zoe_dot", "fallback_loop", "torch_grouped_mm", "torch_scaled_grouped_mm_rowwise"]
+ZOE_PATHS = {"zoe": None, "zoe_gemv": "gemv", "zoe_dot": "dot"}
 
 
 def _import_zoe_kernels() -> None:
@@ -55,9 +58,10 @@ def _import_zoe_kernels() -> None:
     os.environ["PYTHONPATH"] = f"{shim}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
 
 
-def run_tests(out: Path) -> dict:
+def run_tests(out: Path, k: str = "") -> dict:
     t0 = time.time()
     cmd = [sys.executable, "-m", "pytest", "tests/kernels/test_moe.py", "-q", "-p", "no:cacheprovider", "-rf"]
+    cmd += ["-k", k] if k else []
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     (out / "pytest.log").write_text(proc.stdout + proc.stderr)
     summary = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
@@ -244,12 +248,14 @@ def bench_shape(name: str, shape: dict, ms: list[int], deadline: float, device_n
         line = [f"{name:10s} M={m:5d}"]
         for fmt in formats:
             w13, s13, w2, s2 = weights[fmt]
-            if "zoe" not in providers:
-                continue
-            r = record(fmt, "zoe", lambda i, w13=w13, s13=s13, w2=w2, s2=s2, fmt=fmt: (
-                lambda: fused_moe(xs[i], w13, w2, routes[i][0], routes[i][1], fmt=fmt, w13_scale=s13,
-                                  w2_scale=s2)))
-            line.append(f"{fmt}:{r.get('median_us', float('nan')):9.1f}us {r.get('pct_roofline', 0):5.1f}%")
+            for provider, path in ZOE_PATHS.items():
+                if provider not in providers:
+                    continue
+                r = record(fmt, provider, lambda i, w13=w13, s13=s13, w2=w2, s2=s2, fmt=fmt, path=path: (
+                    lambda: fused_moe(xs[i], w13, w2, routes[i][0], routes[i][1], fmt=fmt, w13_scale=s13,
+                                      w2_scale=s2, path=path)))
+                line.append(f"{fmt}/{provider[4:] or 'auto'}:{r.get('median_us', float('nan')):8.1f}us "
+                            f"{r.get('pct_roofline', 0):5.1f}%")
             if fmt != "bf16" and m == 1 and "fallback_loop" in providers:
                 record(fmt, "fallback_loop", lambda i, w13=w13, s13=s13, w2=w2, s2=s2, fmt=fmt: (
                     lambda: fallback_moe(xs[i], w13, w2, routes[i][0], routes[i][1], fmt=fmt, w13_scale=s13,
@@ -273,6 +279,23 @@ def bench_shape(name: str, shape: dict, ms: list[int], deadline: float, device_n
 # ---------------------------------------------------------------------------------------------- crossover
 BASELINE_OF = {"bf16": "torch_grouped_mm", "fp8": "fallback_loop", "w4a16": "fallback_loop",
                "mxfp4": "fallback_loop"}
+
+
+def dispatched_rows(rows: list[dict]) -> list[dict]:
+    """The "zoe" rows (fused_moe as dispatched by `config.use_gemv`) from the timed zoe_gemv / zoe_dot rows,
+    for the points where no "zoe" row was timed. Dispatch is a pure function of (M, k, E, format), so this
+    is the time the default call takes."""
+    from zoe_kernels.moe.config import use_gemv
+
+    timed = {(r["shape"], r["M"], r["fmt"], r["provider"]): r for r in rows}
+    out = []
+    for (shape, m, fmt, provider), r in timed.items():
+        if provider not in ("zoe_gemv", "zoe_dot") or (shape, m, fmt, "zoe") in timed:
+            continue
+        path = "gemv" if use_gemv(m, r["k"] + r["shared"], r["E"] + r["shared"], fmt) else "dot"
+        if provider == f"zoe_{path}":
+            out.append(r | {"provider": "zoe", "path": path})
+    return out
 
 
 def crossover(rows: list[dict]) -> dict:
@@ -364,6 +387,85 @@ def sweep_m1(out_rows: list, formats: list[str], device_name: str) -> None:
         torch.cuda.empty_cache()
 
 
+GEMV_SWEEP = {  # stage -> format -> (BLOCK_N, groups per K step) tried; warps follow config.gemv_warps
+    1: {"bf16": [(8, 1), (8, 2), (16, 1), (16, 2)], "fp8": [(16, 1), (16, 2), (16, 4), (32, 2)],
+        "w4a16": [(16, 4), (32, 2), (32, 4), (64, 2)], "mxfp4": [(32, 4), (32, 8), (64, 4), (128, 2)]},
+    2: {"bf16": [(16, 2), (8, 2)], "fp8": [(32, 2), (16, 4)], "w4a16": [(16, 4), (32, 2)],
+        "mxfp4": [(32, 4), (64, 4)]},
+}
+CHUNK_SWEEP = [1, 2, 8]  # stage 2: top-k slot chunks per token tried at M=1 (run5; run4 had 1 only)
+
+
+def gemv_sweep(out_rows: list, formats: list[str], shapes: list[str], device_name: str, apply: bool,
+               stages: tuple[int, ...] = (1, 2), chunk_sweep: tuple[int, ...] = tuple(CHUNK_SWEEP)) -> None:
+    """Time each GEMV stage alone at M=1 for every tile of GEMV_SWEEP (stage 2 also per number of slot chunks;
+    with several, stage 2 adds into float32). With `apply`, put the tile with the best geometric-mean time
+    ratio over `shapes` into config.GEMV_TILES for the rest of the run (the printed choice is what config.py
+    should hold)."""
+    import torch
+
+    from zoe_kernels.moe import config
+    from zoe_kernels.moe.gemv import gemv_down_combine, gemv_gate_up
+
+    reps = 4
+    for fmt in formats:
+        per_shape = {}
+        for name in shapes:
+            shape = SHAPES[name]
+            w13, s13, w2, s2 = make_weights(shape, fmt, "cuda")
+            routes = [make_routing(shape, 1, seed=500 + r, device="cuda") for r in range(reps)]
+            k = routes[0][1].shape[1]
+            xs = [torch.randn((1, shape["H"]), dtype=torch.bfloat16, device="cuda") for _ in range(reps)]
+            inter = [torch.randn((k, shape["I"]), dtype=torch.bfloat16, device="cuda") for _ in range(reps)]
+            outs = {dt: torch.zeros((1, shape["H"]), dtype=dt, device="cuda") for dt in (torch.bfloat16, torch.float32)}
+            for stage in stages:
+                variants = [(t, config.GEMV_FP8_BITS, c) for t in GEMV_SWEEP[stage][fmt]
+                            for c in (chunk_sweep if stage == 2 else (1,))]
+                for tile, bits, chunks in variants:
+                    rows = k if stage == 1 else 1
+                    n = shape["I"] if stage == 1 else shape["H"]
+                    cfg = config.gemv_config(rows, n, fmt, gated=stage == 1, tile=tile) | {"FP8_BITS": bits,
+                                                                                         "CHUNKS": chunks}
+                    if stage == 1:
+                        calls = [lambda i=i: gemv_gate_up(xs[i], w13, s13, inter[i], routes[i][1], fmt=fmt, cfg=cfg)
+                                 for i in range(reps)]
+                        nbytes = k * 2 * shape["I"] * bytes_per_expert(shape, fmt) / (3 * shape["I"])
+                    else:
+                        out = outs[torch.float32 if chunks > 1 else torch.bfloat16]
+                        calls = [lambda i=i: gemv_down_combine(inter[i], w2, s2, out, routes[i][0], routes[i][1],
+                                                               fmt=fmt, cfg=cfg) for i in range(reps)]
+                        nbytes = k * bytes_per_expert(shape, fmt) / 3
+                    try:
+                        us = time_graph(calls)
+                    except Exception as exc:
+                        print(f"[gemv-sweep] {name} {fmt} stage{stage} {tile}: {type(exc).__name__}: {exc}")
+                        continue
+                    row = {"shape": name, "fmt": fmt, "stage": stage, "BLOCK_N": tile[0], "GPI": tile[1],
+                           "num_warps": cfg["num_warps"], "fp8_bits": bits, "chunks": chunks,
+                           "median_us": round(us, 2), "pct_read_bw": round(100 * nbytes / READ_BW / (us * 1e-6), 1),
+                           "device": device_name}
+                    out_rows.append(row)
+                    per_shape.setdefault((stage, tile, chunks), {})[name] = us
+                    print(f"[gemv-sweep] {name:9s} {fmt:5s} stage{stage} BN={tile[0]:3d} GPI={tile[1]} "
+                          f"warps={cfg['num_warps']} chunks={chunks}: {us:7.1f}us {row['pct_read_bw']:5.1f}%",
+                          flush=True)
+            del w13, s13, w2, s2
+            torch.cuda.empty_cache()
+        for stage in stages:
+            cands = {key: v for key, v in per_shape.items() if key[0] == stage and len(v) == len(shapes)}
+            if not cands:
+                continue
+            best_of = {name: min(v[name] for v in cands.values()) for name in shapes}
+            score = {key: statistics.geometric_mean([v[n] / best_of[n] for n in shapes]) for key, v in cands.items()}
+            (_, tile, chunks), ratio = min(score.items(), key=lambda kv: kv[1])
+            print(f"[gemv-sweep] best {fmt} stage{stage}: tile {tile} chunks={chunks} (geomean {ratio:.3f} of the "
+                  f"per-shape best)", flush=True)
+            out_rows.append({"best": True, "fmt": fmt, "stage": stage, "BLOCK_N": tile[0], "GPI": tile[1],
+                             "chunks": chunks, "geomean_vs_best": round(ratio, 3)})
+            if apply:
+                config.GEMV_TILES[fmt][stage] = tile
+
+
 def merge_results(paths: list[Path], out: Path) -> None:
     """One results file from several runs: a row of a later file replaces the same (shape, M, fmt, provider)."""
     merged: dict[tuple, dict] = {}
@@ -392,6 +494,10 @@ def main() -> None:
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--sweep", default="", help="formats whose M=1 block sizes to sweep first (e.g. fp8,w4a16)")
     ap.add_argument("--crossover", type=Path, help="merge a results file into kernels/moe/crossover.json")
+    ap.add_argument("--gemv-sweep", default="", help="shapes on which to sweep the GEMV tiles at M=1 first")
+    ap.add_argument("--apply-sweep", action="store_true", help="use the sweep's best GEMV tiles for this run")
+    ap.add_argument("--gemv-sweep-stages", default="1,2", help="which GEMV stages to sweep")
+    ap.add_argument("--tests-k", default="", help="pytest -k expression selecting the GPU tests to run")
     args = ap.parse_args()
     if args.crossover:
         merge_crossover(args.crossover.resolve())
@@ -412,7 +518,7 @@ def main() -> None:
     from zoe_kernels.platform import device_name
 
     dev = device_name("cuda")
-    tests = {"skipped": True} if args.skip_tests else run_tests(args.out)
+    tests = {"skipped": True} if args.skip_tests else run_tests(args.out, args.tests_k)
     shapes = [s for s in args.shapes.split(",") if s]
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
@@ -427,14 +533,38 @@ def main() -> None:
     if args.sweep:
         meta["sweep_m1"] = []
         sweep_m1(meta["sweep_m1"], args.sweep.split(","), dev)
+    if args.gemv_sweep:
+        meta["gemv_sweep"] = []
+        gemv_sweep(meta["gemv_sweep"], args.formats.split(","), args.gemv_sweep.split(","), dev, args.apply_sweep,
+                   stages=tuple(int(x) for x in args.gemv_sweep_stages.split(",")))
+        from zoe_kernels.moe import config as _cfg
+
+        meta["gemv_tiles_used"] = {f: {str(st): list(t) for st, t in v.items()} for f, v in _cfg.GEMV_TILES.items()}
+        meta["gemv_fp8_bits_used"] = _cfg.GEMV_FP8_BITS
+        (args.out / "moe_results.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     for name in shapes:
         bench_shape(name, SHAPES[name], ms, deadline, dev, rows, args.formats.split(","),
                     set(args.providers.split(",")))
         (args.out / "moe_results.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    rows += dispatched_rows(rows)
     meta["crossover"] = crossover(rows)
     (args.out / "moe_results.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     print(json.dumps({f: e["zoe_max_m"] for f, e in meta["crossover"].items()}))
+    print_summary(rows)
     print(f"[done] {time.time() - t_start:.0f}s", flush=True)
+
+
+def print_summary(rows: list[dict]) -> None:
+    """Compact table: per shape and M, gemv / dot microseconds per format (and the ratio dot / gemv)."""
+    t = {(r["shape"], r["M"], r["fmt"], r["provider"]): r.get("median_us") for r in rows}
+    keys = sorted({(r["shape"], r["M"]) for r in rows}, key=lambda k: (list(SHAPES).index(k[0]), k[1]))
+    print("shape      M     " + "  ".join(f"{f:>19s}" for f in FORMATS) + "   (gemv/dot us)")
+    for shape, m in keys:
+        cells = []
+        for f in FORMATS:
+            g, d = t.get((shape, m, f, "zoe_gemv")), t.get((shape, m, f, "zoe_dot"))
+            cells.append(f"{g or float('nan'):8.1f}/{d or float('nan'):8.1f}  ")
+        print(f"{shape:10s} {m:5d} " + " ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -62,3 +62,60 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
         warps = 4
         stages = 4 if fmt in ("fp8", "w4a16", "mxfp4") else 3
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+
+
+# The GEMV path (`gemv.py`) runs while the expected edges per active expert stay at or below this, per format
+# (measured on the H200: bench/kernels/moe_README.md). Above it, the `tl.dot` path shares each dequantized
+# weight tile among the tokens of an expert and wins.
+GEMV_MAX_EDGES_PER_EXPERT = {"bf16": 1.0, "fp8": 1.0, "w4a16": 3.0, "mxfp4": 3.0}
+# Bytes of one weight row per scale group (one K step of `gemv._dequant_group`): bf16 256, fp8 128, int4 64,
+# mxfp4 16.
+GROUP_ROW_BYTES = {"bf16": 256, "fp8": 128, "w4a16": 64, "mxfp4": 16}
+# (BLOCK_N, groups per K step) per format and stage (1: gate+up, 2: down): the best of a sweep at M=1 on
+# DeepSeek-V3.2 and its TP8 slice on the H200 (bench/kernels/results/raw/run4_*, run5_*).
+GEMV_TILES = {
+    "bf16": {1: (16, 2), 2: (16, 2)},
+    "fp8": {1: (16, 2), 2: (32, 2)},
+    "w4a16": {1: (16, 4), 2: (16, 4)},
+    "mxfp4": {1: (32, 4), 2: (32, 4)},
+}
+# fp8 weights decoded by the exponent-bit trick of `gemv.py` (True) or by Triton's `.to(float32)` (False):
+# on the H200 the hardware e4m3x2 -> f16x2 conversion won (stage 1 at M=1: 71.6 us against 105.3 us, run4).
+GEMV_FP8_BITS = False
+
+
+def edges_per_expert(m: int, top_k: int, num_experts: int) -> float:
+    """Expected edges per expert that receives any, under uniform routing: M k / (E (1 - (1 - k/E)^M))."""
+    edges = m * top_k
+    if edges == 0:
+        return 0.0
+    k_frac = min(1.0, top_k / max(1, num_experts))
+    active = num_experts * (1.0 - (1.0 - k_frac) ** m)
+    return edges / max(1.0, active)
+
+
+def use_gemv(m: int, top_k: int, num_experts: int, fmt: str) -> bool:
+    """True when the small-M GEMV path should run (few tokens per expert)."""
+    return edges_per_expert(m, top_k, num_experts) <= GEMV_MAX_EDGES_PER_EXPERT[fmt]
+
+
+def gemv_warps(block_n: int, fmt: str) -> int:
+    """Warps such that every thread loads 16 bytes of weights per group: BLOCK_N rows x group bytes / 16."""
+    return max(1, min(8, block_n * GROUP_ROW_BYTES[fmt] // 16 // 32))
+
+
+def gemv_config(rows: int, n: int, fmt: str, *, gated: bool, tile: tuple[int, int] | None = None,
+                top_k: int = 1) -> dict:
+    """Launch parameters of one GEMV stage (`rows` edges or tokens, n output rows): BLOCK_N rows of weights
+    per program, GPI scale groups per K step (independent loads in flight), 16-byte loads per thread, and
+    for stage 2 the number of chunks the top-k slots are split into: more than one only while the grid
+    would have fewer than GEMV_MIN_PROGRAMS programs (then they add with atomics)."""
+    if interpreting():
+        return {"BLOCK_N": 16, "GPI": 1, "num_warps": 4, "CHUNKS": 1 if rows > 1 else top_k, "FP8_BITS": GEMV_FP8_BITS}
+    bn, gpi = tile or GEMV_TILES[fmt][1 if gated else 2]
+    programs = rows * -(-n // bn)
+    chunks = 1
+    while not gated and chunks < top_k and programs * chunks < GEMV_MIN_PROGRAMS:
+        chunks *= 2
+    return {"BLOCK_N": bn, "GPI": gpi, "num_warps": gemv_warps(bn, fmt), "FP8_BITS": GEMV_FP8_BITS,
+            "CHUNKS": min(chunks, top_k)}

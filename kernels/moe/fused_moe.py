@@ -1,10 +1,12 @@
-"""`fused_moe`: the routed-expert MLP of a Mixture-of-Experts layer in three Triton launches.
+"""`fused_moe`: the routed-expert MLP of a Mixture-of-Experts layer in two or three Triton launches.
 
     out[t] = sum_{s < k} topk_weights[t, s] * W2[e] (silu(W_gate[e] x[t]) * (W_up[e] x[t])),  e = topk_ids[t, s]
 
 with vLLM's `fused_experts` layout: w13 [E, 2I, H] (rows: gate then up), w2 [E, H, I]. Launches: align
 (bucket edges by expert, `align.py`), stage 1 (gate+up GEMM, SwiGLU epilogue) and stage 2 (down GEMM,
 top-k weighted combine epilogue), `grouped_gemm.py`; fp8 (w8a8) adds two activation-quantization launches.
+With few tokens per expert (decode) the GEMV path (`gemv.py`) runs instead: two launches, no align, no
+activation quantization (`config.use_gemv` picks by the expected edges per expert, measured per format).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import torch
 
 from zoe_kernels.moe.act_quant import quantize_act_fp8
 from zoe_kernels.moe.align import moe_align
-from zoe_kernels.moe.config import block_m_for, fp8_act_quant_for, mx_native, stage_config
+from zoe_kernels.moe.config import block_m_for, fp8_act_quant_for, gemv_config, mx_native, stage_config, use_gemv
 from zoe_kernels.moe.formats import FORMATS, FP8_BLOCK, INT4_GROUP, MX_GROUP
+from zoe_kernels.moe.gemv import gemv_down_combine, gemv_gate_up
 from zoe_kernels.moe.grouped_gemm import down_combine, gate_up_swiglu, kernel_format
 
 
@@ -86,6 +89,7 @@ def fused_moe(
     block_m: int | None = None,
     fp8_act_quant: bool | None = None,
     alloc: Callable[..., torch.Tensor] = torch.empty,
+    path: str | None = None,
 ) -> torch.Tensor:
     """Routed-expert MLP; returns [M, H] in the dtype of `hidden_states`.
 
@@ -96,7 +100,9 @@ def fused_moe(
     fmt "fp8" quantizes the activations (w8a8) when `fp8_act_quant` is true and keeps them in 16 bits with
     the weights upcast in registers (w8a16) when false; None takes `config.fp8_act_quant_for` (w8a8, the
     faster mode on the H200 at every M). `block_m` overrides the rows per tile; `alloc` allocates scratch
-    (tests pass one that poisons).
+    (tests pass one that poisons). `path` forces "gemv" (small-M kernels, fp8 then always w8a16) or "dot"
+    (tiled `tl.dot` kernels); None picks by `config.use_gemv`, unless `block_m` or `fp8_act_quant=True`
+    asks for the dot path.
     """
     i, top_k = check_moe_args(hidden_states, w13, w2, topk_weights, topk_ids, fmt, w13_scale, w2_scale)
     m, h = hidden_states.shape
@@ -106,6 +112,21 @@ def fused_moe(
         return torch.zeros((0, h), dtype=dtype, device=dev)
     x = hidden_states.contiguous()
     topk_weights = topk_weights.float().contiguous()
+    if path is None:
+        path = "gemv" if block_m is None and not fp8_act_quant and use_gemv(m, top_k, e, fmt) else "dot"
+    if path == "gemv":
+        ids = topk_ids.contiguous()
+        cfg2 = gemv_config(m, h, fmt, gated=False, top_k=top_k)
+        # slots split over several programs (few tokens): they add into a float32 buffer that stage 1 zeroes
+        split = min(cfg2["CHUNKS"], top_k) > 1
+        out = alloc((m, h), dtype=torch.float32 if split else dtype, device=dev)
+        inter = alloc((m * top_k, i), dtype=dtype, device=dev)
+        gemv_gate_up(x, w13, w13_scale, inter, ids, fmt=fmt, cfg=gemv_config(m * top_k, i, fmt, gated=True),
+                     zero=out if split else None)
+        gemv_down_combine(inter, w2, w2_scale, out, topk_weights, ids, fmt=fmt, cfg=cfg2)
+        return out.to(dtype) if out.dtype != dtype else out
+    if path != "dot":
+        raise ValueError(f"path must be 'gemv', 'dot' or None, got {path!r}")
     bm = block_m or block_m_for(m, top_k, e)
     if fp8_act_quant is None:
         fp8_act_quant = fp8_act_quant_for(bm)

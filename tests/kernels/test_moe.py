@@ -97,11 +97,91 @@ def test_fused_moe_matches_reference(mode, dtype, m, h, i, e, k, experts):
         pytest.skip("covered by the fp16 case; keeps the interpreter run short")
     x, w13, w2, tw, ti, kw = _problem(m, h, i, e, k, fmt, dtype, seed=zlib.crc32(f"{mode}{m}{dtype}".encode()),
                                       experts=experts)
-    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, **fp8, **kw)
+    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dot", **fp8, **kw)
     ref = fused_moe_reference(x, w13, w2, tw, ti, **fp8, **kw)
     assert out.shape == (m, h) and out.dtype == dtype
     assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
     assert _rel_err(out, ref) < _tol(fmt, dtype)
+
+
+# The small-M GEMV path (`gemv.py`): M = 1, 2, 3 with H and I off every tile size, empty experts, top-1,
+# and ids of another rank (-1, E).
+GEMV_CASES = [
+    pytest.param(1, 203, 97, 8, 2, None, False, id="M1-oddHI"),
+    pytest.param(3, 130, 66, 24, 1, None, True, id="M3-top1-invalid"),
+    pytest.param(2, 96, 160, 16, 4, 5, True, id="M2-empty-experts-invalid"),
+]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m,h,i,e,k,experts,invalid", GEMV_CASES)
+def test_gemv_path_matches_reference(fmt, m, h, i, e, k, experts, invalid):
+    dtype = DTYPES[0]
+    x, w13, w2, tw, ti, kw = _problem(m, h, i, e, k, fmt, dtype, seed=zlib.crc32(f"gemv{fmt}{m}".encode()),
+                                      experts=experts)
+    if invalid:
+        ti[0, 0] = -1
+        ti[-1, -1] = e
+    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="gemv", **kw)
+    ref = fused_moe_reference(x, w13, w2, tw, ti, fp8_act_quant=False, **kw)  # gemv: fp8 weights only
+    assert out.shape == (m, h) and out.dtype == dtype
+    assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
+    assert _rel_err(out, ref) < _tol(fmt, dtype)
+    if invalid and k == 1:
+        assert (out[0] == 0).all() and (out[-1] == 0).all()
+
+
+def _tiny_codes(fmt: str, n: int, k: int, gen: torch.Generator):
+    """Weights whose codes are the format's smallest (fp8 subnormals, e2m1 0.5, e8m0 scale 2^-127), which a
+    flush-to-zero decode would lose: returns (weight, scale) and the exact float32 values."""
+    if fmt == "fp8":
+        bits = torch.randint(0, 8, (1, n, k), generator=gen, dtype=torch.uint8) | (
+            torch.randint(0, 2, (1, n, k), generator=gen, dtype=torch.uint8) << 7)
+        w = bits.view(torch.float8_e4m3fn).to(DEVICE)
+        s = torch.full((1, -(-n // 128), -(-k // 128)), 3.0, device=DEVICE)
+    else:  # mxfp4: nibbles 0, 1 (0.5) and 9 (-0.5); scale bytes 0 (2^-127, subnormal) and 1 (2^-126)
+        nib = torch.tensor([0, 1, 9], dtype=torch.uint8)[torch.randint(0, 3, (1, n, k), generator=gen)]
+        w = (nib[..., 0::2] | (nib[..., 1::2] << 4)).to(DEVICE)
+        s = torch.randint(0, 2, (1, n, k // 32), generator=gen, dtype=torch.uint8).to(DEVICE)
+    return w, s, dequantize_weights(w, s, fmt, k)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
+def test_gemv_decodes_tiny_codes_exactly(fmt):
+    """The bit-trick decoders land on float32 subnormals; they must not be flushed to zero."""
+    from zoe_kernels.moe.gemv import gemv_down_combine
+
+    gen = torch.Generator().manual_seed(4)
+    n, k = 48, 128
+    w, s, dense = _tiny_codes(fmt, n, k, gen)
+    scale = 1.0 if fmt == "fp8" else 2.0**100  # keeps the results of 2^-127-scaled groups normal
+    a = (torch.randn((1, k), generator=gen) * scale).to(DEVICE)
+    out = torch.full((1, n), float("nan"), device=DEVICE)
+    ids = torch.zeros((1, 1), dtype=torch.int32, device=DEVICE)
+    gemv_down_combine(a, w, s, out, torch.ones((1, 1), device=DEVICE), ids, fmt=fmt,
+                      cfg={"BLOCK_N": 16, "GPI": 1, "num_warps": 4})
+    ref = (a.double() @ dense[0].double().T).float()
+    assert ref.abs().max() > 0
+    assert _rel_err(out, ref) < 1e-5
+
+
+def test_gemv_dispatch_by_tokens_per_expert(monkeypatch):
+    """Default dispatch: the GEMV path at decode sizes, the dot path with many tokens per expert, and the dot
+    path whenever the caller asks for tiles (block_m) or fp8 activation quantization."""
+    from zoe_kernels.moe import config
+
+    assert config.use_gemv(1, 8, 256, "fp8") and not config.use_gemv(4096, 8, 256, "fp8")
+    calls = []
+    fm = sys.modules["zoe_kernels.moe.fused_moe"]
+    monkeypatch.setattr(fm, "gemv_gate_up", lambda *a, **kw: calls.append("gemv") or a[3].zero_())
+    monkeypatch.setattr(fm, "gemv_down_combine", lambda *a, **kw: a[3].zero_())
+    x, w13, w2, tw, ti, kw = _problem(1, 64, 32, 8, 2, "w4a16", DTYPES[0], seed=2)
+    fused_moe(x, w13, w2, tw, ti, **kw)
+    assert calls == ["gemv"]
+    fused_moe(x, w13, w2, tw, ti, block_m=16, **kw)
+    assert calls == ["gemv"]
+    with pytest.raises(ValueError, match="path"):
+        fused_moe(x, w13, w2, tw, ti, path="simd", **kw)
 
 
 @pytest.mark.skipif(ON_GPU and not has_native_mx(), reason="Hopper emulates tl.dot_scaled; zoe does not use it there")
@@ -110,7 +190,7 @@ def test_mxfp4_native_scaled_dot_path(monkeypatch):
     monkeypatch.setattr(sys.modules["zoe_kernels.moe.fused_moe"], "mx_native", lambda: True)
     dtype = torch.float16
     x, w13, w2, tw, ti, kw = _problem(3, 256, 128, 8, 2, "mxfp4", dtype, seed=21)
-    out = fused_moe(x, w13, w2, tw, ti, **kw)
+    out = fused_moe(x, w13, w2, tw, ti, path="dot", **kw)
     assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol("mxfp4", dtype)
 
 
@@ -227,8 +307,20 @@ def test_gpu_production_tiles(fmt, m):
     from zoe_kernels.moe.config import block_m_for, fp8_act_quant_for
 
     x, w13, w2, tw, ti, kw = _problem(m, 1024, 384, 32, 8, fmt, torch.bfloat16, seed=m)
-    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, **kw)
+    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dot", **kw)
     act_quant = fp8_act_quant_for(block_m_for(m, 8, 32))
     ref = fused_moe_reference(x, w13, w2, tw, ti, fp8_act_quant=act_quant, **kw)
+    assert torch.isfinite(out).all()
+    assert _rel_err(out, ref) < _tol(fmt, torch.bfloat16)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="production GEMV tiles need a GPU")
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m", [1, 5, 64])
+def test_gpu_gemv_production_tiles(fmt, m):
+    """The GEMV path with the block sizes of `config.GEMV_TILES`, at DeepSeek-V3.2's H and a short I."""
+    x, w13, w2, tw, ti, kw = _problem(m, 7168, 256, 64, 8, fmt, torch.bfloat16, seed=100 + m)
+    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="gemv", **kw)
+    ref = fused_moe_reference(x, w13, w2, tw, ti, fp8_act_quant=False, **kw)
     assert torch.isfinite(out).all()
     assert _rel_err(out, ref) < _tol(fmt, torch.bfloat16)
