@@ -95,7 +95,7 @@ def main() -> None:
     rows = []
     only = set(args.only.split(","))
     for k in (512, 2048) if "topk" in only else ():  # CSA top-512, indexer top-2048
-        slots = 8 * k
+        slots = max(4096, 8 * k)
         ptrs = {"val_ptr": "*fp32", "lo_ptr": "*i32", "hi_ptr": "*i32", "cand_key_ptr": "*i32",
                 "cand_pos_ptr": "*i32", "out_ptr": "*i32", "thresh_ptr": "*i32", "fill_ptr": "*i32",
                 "seg_ptr": "*i32"}
@@ -105,11 +105,11 @@ def main() -> None:
         if k == 512:
             rows.append(compile_one("topk_split_threshold", topk._split_threshold_kernel, ptrs,
                                     dict(HAS_LO=False, **sampling), 16))
-            for tile, warps in ((8192, 8), (8192, 16), (4096, 8)):
+            for tile, warps in ((2048, 4), (4096, 8), (1024, 2)):
                 rows.append(compile_one(f"topk_split_filter tile={tile}", topk._split_filter_kernel, ptrs,
                                         dict(HAS_LO=False, SLOTS=slots, TILE=tile), warps))
         rows.append(compile_one(f"topk_split_finish k={k}", topk._split_finish_kernel, ptrs,
-                                dict(HAS_LO=False, SLOTS=slots, MAXP=topk.MAX_SPLITS, TILE=8192),
+                                dict(HAS_LO=False, SLOTS=slots, MAXP=topk.MAX_SPLITS, TILE=2048),
                                 topk._warps_for(slots)))
     iptrs = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "k_ptr": "*fp8e4nv", "k_scale_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}

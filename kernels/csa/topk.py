@@ -26,7 +26,7 @@ conditions are checked on the device, so a call is a fixed set of launches (CUDA
 
 Launches: many rows (indexer prefill) or short rows use one program per row that does all three steps
 (`_topk_row_kernel`); few long rows (CSA decode) use three launches: one threshold program per row,
-P = n/4096 (<= 256) filter programs per row, one finish program per row.
+P = n/2048 (<= 512) filter programs per row, one finish program per row.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ MIN32 = tl.constexpr(-(2**31))  # an inline -2147483648 literal would be typed i
 SAMPLE = 16384  # entries read to pick the threshold (64 KB of float32)
 SAMPLE_BLOCK = 8  # contiguous entries per sample block: one 32-byte sector, spread over the whole row
 MARGIN = 3  # the threshold aims at MARGIN * k candidates: under k happens with ~1e-5 odds on i.i.d. rows
-SPLIT_TILE = 4096  # entries per filter program (one tile) in split mode: P = n / SPLIT_TILE, at most MAX_SPLITS
-MAX_SPLITS = 256
+SPLIT_TILE = 2048  # entries per filter program (one tile) in split mode: P = n / SPLIT_TILE, at most MAX_SPLITS
+MAX_SPLITS = 512
+ROW_TILE = 4096  # entries per loop step in one-program-per-row mode
 
 
 @triton.jit
@@ -63,13 +64,19 @@ def _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO: tl.constexpr):
 
 @triton.jit
 def _kth_largest_key(key, r, nbits):
-    """Largest int32 t with at least r keys >= t, searched on its top `nbits` bits (the rest zero, so t
-    rounds down). Invalid lanes must hold MIN32 (NaN's key, never a real score's)."""
-    c = tl.zeros([], tl.int64)  # the answer + 2^31 (unsigned order), built bit by bit from the top
-    for i in range(nbits):
-        cand = c | (tl.full([], 1, tl.int64) << (31 - i))
-        cnt = tl.sum((key >= (cand - 2147483648).to(tl.int32)).to(tl.int32), axis=0)
-        c = tl.where(cnt >= r, cand, c)
+    """Largest int32 t with at least r keys >= t, searched on its top `nbits` bits (a multiple of 4; the rest
+    zero, so t rounds down). Invalid lanes must hold MIN32 (NaN's key, never a real score's).
+
+    A 16-way search: each step counts the keys above 15 candidate thresholds at once ([16, n] compares, one
+    reduction), fixing 4 bits; on a GPU the reduction's synchronisation, not the compares, is the cost."""
+    c = tl.zeros([], tl.int64)  # the answer + 2^31 (unsigned order), built 4 bits at a time from the top
+    j = tl.arange(0, 16).to(tl.int64)
+    for step in range(nbits // 4):
+        shift = 28 - 4 * step
+        t = (c + (j << shift) - 2147483648).to(tl.int32)  # j = 0: c itself, which always has r keys
+        cnt = tl.sum((key[None, :] >= t[:, None]).to(tl.int32), axis=1)  # non-increasing in j
+        best = tl.sum((cnt >= r).to(tl.int32), axis=0) - 1
+        c = c + (best.to(tl.int64) << shift)
     return (c - 2147483648).to(tl.int32)
 
 
@@ -283,8 +290,8 @@ def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, fill_ptr, cand_key_ptr, cand_p
 
 
 def auto_splits(max_len: int, tile: int = SPLIT_TILE) -> int:
-    """Filter programs per row in split mode: one per tile of entries, at most 256 (4096-entry tiles: 64 at
-    256K, 256 at 1M)."""
+    """Filter programs per row in split mode: one per tile of entries, at most 512 (2048-entry tiles: 128 at
+    256K, 512 at 1M)."""
     return max(1, min(MAX_SPLITS, -(-max_len // tile)))
 
 
@@ -301,7 +308,7 @@ def _warps_for(elements: int) -> int:
 
 
 def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.Tensor, k: int, *,
-                splits: int | None = None, method: str = "sample", tile: int | None = None, num_warps: int = 8,
+                splits: int | None = None, method: str = "sample", tile: int | None = None, num_warps: int = 4,
                 row_chunk: int = 4096, sample: int = SAMPLE, out: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k positions of each row's valid range [starts[r], ends[r]) of `scores` [R, N] float32.
 
@@ -309,8 +316,9 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     the module doc for the tie rule). splits: filter programs per row (default: one program per row for
     everything when there are >= 64 rows, else `auto_splits(N, tile)`); method "sample" (default;
     "filter" is accepted as its former name) or "radix" (one program per row, radix select only); tile:
-    entries per loop step (default 4096; in split mode also the chunk of one filter program, so a 1M row
-    is 256 one-tile chunks); num_warps: warps of the split filter programs; row_chunk: rows per launch in
+    entries per loop step (split mode: also the chunk of one filter program, default 2048, so a 1M row is
+    512 one-tile chunks; one program per row: default 4096); num_warps: warps of the split filter programs
+    (small programs, many per multiprocessor, hide the latency of their load -> atomic -> store chain); row_chunk: rows per launch in
     one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
     entries read to pick the threshold (a power of two >= 512; smaller only to test the sampled path on
     short rows); out: optional preallocated int32 [R, k].
@@ -343,7 +351,7 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     lo_arg = starts if starts is not None else ends
     has_lo = starts is not None
     if tile is None:
-        tile = SPLIT_TILE
+        tile = SPLIT_TILE if splits_for(rows, n, splits, None) > 1 else ROW_TILE
     if method == "radix":
         _chunk_topk_kernel[(rows, 1)](
             scores, scores, lo_arg, ends, out, scores, n, scores.stride(0), k, k,
@@ -381,7 +389,7 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
 
 
 def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: int | None = None,
-         method: str = "sample", tile: int | None = None, num_warps: int = 8, sample: int = SAMPLE,
+         method: str = "sample", tile: int | None = None, num_warps: int = 4, sample: int = SAMPLE,
          out: torch.Tensor | None = None) -> torch.Tensor:
     """CSA top-K: the k best compressed entries of each request.
 
@@ -389,7 +397,7 @@ def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: i
     clamped to [0, N]). Returns int32 [B, k]: entry positions (0-based from the request's first entry,
     which is what vLLM's and SGLang's sparse-attention kernels expect before they map positions to KV
     slots), ascending, padded with -1 when lengths[b] < k. Ties: the larger value first, then the lower
-    position. With fewer than 64 rows each long row is split over up to 256 filter programs (`auto_splits`).
+    position. With fewer than 64 rows each long row is split over up to 512 filter programs (`auto_splits`).
     """
     if scores.dim() != 2:
         raise ValueError(f"scores must be [B, N], got shape {tuple(scores.shape)}")

@@ -116,7 +116,7 @@ def test_empty_rows_and_zero_lengths():
 
 
 def test_auto_splits_follow_length():
-    assert [auto_splits(n) for n in (4096, 65536, 262144, 524288, 1 << 20, 4 << 20)] == [1, 16, 64, 128, 256, 256]
+    assert [auto_splits(n) for n in (2048, 65536, 262144, 524288, 1 << 20, 4 << 20)] == [1, 32, 128, 256, 512, 512]
 
 
 def test_bad_inputs_raise_clear_errors():
