@@ -89,8 +89,9 @@ def measure_ceilings() -> None:
 
 
 # --------------------------------------------------------------------------------------------------------- top-k
-TOPK_CONFIGS = [("sample (default)", dict()), ("sample tile=8192 warps=16", dict(tile=8192, num_warps=16)),
-                ("sample warps=4", dict(num_warps=4)), ("radix (run 1)", dict(method="radix", tile=4096, num_warps=8))]
+TOPK_CONFIGS = [("sample (default)", dict()), ("sample tile=4096 warps=8", dict(tile=4096, num_warps=8)),
+                ("sample tile=1024 warps=2", dict(tile=1024, num_warps=2)),
+                ("radix (run 1)", dict(method="radix", tile=4096, num_warps=8))]
 
 
 def _topk_scores(b: int, n: int, kind: str, gen) -> torch.Tensor:
@@ -162,8 +163,8 @@ def _torch_indexer(q, w, k, k_scale, ks, ke, chunk=1024):
 
 def bench_indexer(quick: bool) -> None:
     h = 64
-    configs = [dict(layout="keys"), dict(layout="keys", block_m=4), dict(layout="keys", num_warps=4),
-               dict(layout="keys", block_n=256), dict(layout="heads")]  # heads: run 1's kernel and defaults
+    configs = [dict(layout="keys"), dict(layout="keys", num_warps=8), dict(layout="keys", block_m=4),
+               dict(layout="keys", block_m=4, num_warps=8), dict(layout="heads")]  # heads: run 1's kernel
     shapes = [(4096, 4096, "causal"), (8192, 8192, "causal"), (16384, 16384, "causal"),
               (2048, 16384, "prefix"), (4096, 65536, "prefix"), (32, 65536, "decode"), (128, 65536, "decode")]
     if not quick:
@@ -256,15 +257,16 @@ def _torch_dual_scope(q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, com
 
 
 def bench_decode(quick: bool) -> None:
-    configs = [("default", dict()), ("BH=64 DV=128 4 warps", dict(block_dv=128, num_warps=4)),
-               ("BH=64 DV=256 BKV=64", dict(block_kv=64)), ("BH=64 DV=512", dict(block_dv=512)),
-               ("BH=64 DV=256 stages=3", dict(num_stages=3))]
+    configs = [("default BH=64 DV=256 BKV=64", dict()), ("BH=64 DV=256 BKV=32", dict(block_kv=32)),
+               ("BH=64 DV=512 BKV=32", dict(block_dv=512, block_kv=32)),
+               ("BH=32 DV=512 BKV=32", dict(block_h=32, block_dv=512, block_kv=32, num_warps=8)),
+               ("BH=64 DV=128 BKV=64 4 warps", dict(block_dv=128, num_warps=4))]
     for b in (1, 8, 32, 64, 128):
         tiles = 128 // 32 + 512 // 32
         # run 1's defaults: 16 heads / 4 warps under B=8, 32 heads / 8 warps from B=8, all 512 value columns,
         # entry splits to cover 264 programs
         bh1 = 16 if b < 8 else 32
-        run1 = dict(block_h=bh1, block_dv=512, num_warps=4 if bh1 == 16 else 8,
+        run1 = dict(block_h=bh1, block_dv=512, block_kv=32, num_warps=4 if bh1 == 16 else 8,
                     splits=max(1, min(tiles, -(-264 // (b * (64 // bh1))))))
         cfgs = configs + [("run 1 defaults", run1)]
         q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = _decode_inputs(b)

@@ -37,6 +37,30 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _attend_tile(q, m_i, l_i, acc, k_rows, v_rows, ks_rows, vs_rows, ok, dd, dv, qk_scale_log2,
+                 K_SCALED: tl.constexpr, V_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+    """One tile of entries (row pointers, valid mask) folded into the online softmax state (m_i, l_i, acc)."""
+    # fp8 rows convert straight to the dot dtype; the per-entry scales multiply the scores (keys) and
+    # the probabilities (values) instead of whole tiles, which keeps [BKV, D] fp32 tiles out of registers
+    kt = tl.load(k_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0).to(DOT_DTYPE)
+    vt = tl.load(v_rows[:, None] + dv[None, :], mask=ok[:, None], other=0.0).to(DOT_DTYPE)
+    s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * qk_scale_log2  # [BH, BKV], log2 units
+    if K_SCALED:
+        s = s * tl.load(ks_rows, mask=ok, other=0.0)[None, :]
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    pv = p
+    if V_SCALED:
+        pv = p * tl.load(vs_rows, mask=ok, other=0.0)[None, :]
+    acc = acc * alpha[:, None] + tl.dot(pv.to(DOT_DTYPE), vt, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _dual_scope_partial_kernel(
     q_ptr, win_k_ptr, win_v_ptr, win_len_ptr, comp_k_ptr, comp_v_ptr, comp_idx_ptr,
     win_ks_ptr, win_vs_ptr, comp_ks_ptr, comp_vs_ptr, part_out_ptr, part_lse_ptr, sink_ptr, out_ptr,
@@ -70,44 +94,29 @@ def _dual_scope_partial_kernel(
     m_i = tl.full([BH], float("-inf"), tl.float32)
     l_i = tl.zeros([BH], tl.float32)
     acc = tl.zeros([BH, DV], tl.float32)
-    for t in range(split * TILES_PER_SPLIT, (split + 1) * TILES_PER_SPLIT):
-        # window tiles come first, then compressed tiles; a tile never mixes the two
-        e = tl.arange(0, BKV)
-        if t < win_tiles:
-            pos = t * BKV + e
-            ok = pos < win_len
-            row = pos.to(tl.int64)
-            k_rows = win_k_ptr + b.to(tl.int64) * stride_wkb + row * stride_wkn
-            v_rows = win_v_ptr + b.to(tl.int64) * stride_wvb + row * stride_wvn
-            ks_rows = win_ks_ptr + b.to(tl.int64) * stride_wksb + row
-            vs_rows = win_vs_ptr + b.to(tl.int64) * stride_wvsb + row
-        else:
-            j = (t - win_tiles) * BKV + e
-            sel = tl.load(comp_idx_ptr + b.to(tl.int64) * stride_ib + j, mask=j < KSEL, other=-1)
-            ok = sel >= 0
-            row = tl.maximum(sel, 0).to(tl.int64)
-            k_rows = comp_k_ptr + b.to(tl.int64) * stride_ckb + row * stride_ckn
-            v_rows = comp_v_ptr + b.to(tl.int64) * stride_cvb + row * stride_cvn
-            ks_rows = comp_ks_ptr + b.to(tl.int64) * stride_cksb + row
-            vs_rows = comp_vs_ptr + b.to(tl.int64) * stride_cvsb + row
-        # fp8 rows convert straight to the dot dtype; the per-entry scales multiply the scores (keys) and
-        # the probabilities (values) instead of whole tiles, which keeps [BKV, D] fp32 tiles out of registers
-        kt = tl.load(k_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0).to(DOT_DTYPE)
-        vt = tl.load(v_rows[:, None] + dv[None, :], mask=ok[:, None], other=0.0).to(DOT_DTYPE)
-        s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * qk_scale_log2  # [BH, BKV], log2 units
-        if K_SCALED:
-            s = s * tl.load(ks_rows, mask=ok, other=0.0)[None, :]
-        s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        pv = p
-        if V_SCALED:
-            pv = p * tl.load(vs_rows, mask=ok, other=0.0)[None, :]
-        acc = acc * alpha[:, None] + tl.dot(pv.to(DOT_DTYPE), vt, input_precision=PRECISION)
-        m_i = m_new
+    # this split's tiles [t0, t1): window tiles first, then compressed tiles, each scope in a loop of its own
+    # (no branch around the loads, so the compiler can pipeline them)
+    t0 = split * TILES_PER_SPLIT
+    t1 = t0 + TILES_PER_SPLIT
+    e = tl.arange(0, BKV)
+    bq = b.to(tl.int64)
+    for t in range(t0, tl.minimum(t1, win_tiles)):
+        pos = t * BKV + e
+        ok = pos < win_len
+        row = pos.to(tl.int64)
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, win_k_ptr + bq * stride_wkb + row * stride_wkn,
+            win_v_ptr + bq * stride_wvb + row * stride_wvn, win_ks_ptr + bq * stride_wksb + row,
+            win_vs_ptr + bq * stride_wvsb + row, ok, dd, dv, qk_scale_log2, K_SCALED, V_SCALED, DOT_DTYPE, PRECISION)
+    for t in range(tl.maximum(t0, win_tiles), tl.minimum(t1, win_tiles + tl.cdiv(KSEL, BKV))):
+        j = (t - win_tiles) * BKV + e
+        sel = tl.load(comp_idx_ptr + bq * stride_ib + j, mask=j < KSEL, other=-1)
+        ok = sel >= 0
+        row = tl.maximum(sel, 0).to(tl.int64)
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, comp_k_ptr + bq * stride_ckb + row * stride_ckn,
+            comp_v_ptr + bq * stride_cvb + row * stride_cvn, comp_ks_ptr + bq * stride_cksb + row,
+            comp_vs_ptr + bq * stride_cvsb + row, ok, dd, dv, qk_scale_log2, K_SCALED, V_SCALED, DOT_DTYPE, PRECISION)
 
     if FINAL:
         # one split: the merge's arithmetic here (sink in the denominator, zeros for an empty row)
@@ -166,7 +175,7 @@ _TARGET_PROGRAMS = 132  # about one program per multiprocessor of an H200 (132 S
 
 
 def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | None = None,
-                  block_dv: int | None = None, block_kv: int = 32, splits: int | None = None,
+                  block_dv: int | None = None, block_kv: int = 64, splits: int | None = None,
                   num_warps: int | None = None) -> dict:
     """Default launch parameters. All heads of a sequence in one program (up to 64), so K and V are read
     once per sequence instead of once per head group, and the value columns split in blocks of 256 so the
@@ -194,7 +203,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                       win_k_scale: torch.Tensor | None = None, win_v_scale: torch.Tensor | None = None,
                       comp_k_scale: torch.Tensor | None = None, comp_v_scale: torch.Tensor | None = None,
                       sink: torch.Tensor | None = None, sm_scale: float | None = None,
-                      splits: int | None = None, block_h: int | None = None, block_kv: int = 32,
+                      splits: int | None = None, block_h: int | None = None, block_kv: int = 64,
                       block_dv: int | None = None, num_warps: int | None = None,
                       num_stages: int = 2) -> torch.Tensor:
     """Decode attention of one query token per sequence over its window plus its selected entries.
@@ -281,19 +290,4 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
         _merge_kernel[(bsz, triton.cdiv(heads, merge_h))](
             part_out, part_lse, sink_t, out, heads, splits, out.stride(0), out.stride(1),
             D=d, BH=merge_h, SPLITS_P2=triton.next_power_of_2(splits), HAS_SINK=sink is not None, num_warps=4)
-    return out
-    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
-    _dual_scope_partial_kernel[(bsz, head_blocks, splits)](
-        q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, part_out, part_lse,
-        heads, w_entries, k_sel, scale * _LOG2E,
-        q.stride(0), q.stride(1), win_k.stride(0), win_k.stride(1), win_v.stride(0), win_v.stride(1),
-        comp_k.stride(0), comp_k.stride(1), comp_v.stride(0), comp_v.stride(1), comp_idx.stride(0),
-        wks.stride(0), wvs.stride(0), cks.stride(0), cvs.stride(0),
-        D=d, BH=block_h, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, K_SCALED=k_scaled, V_SCALED=v_scaled,
-        DOT_DTYPE=_DOT_DTYPES[q.dtype],
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages)
-    sink_t = sink.to(device=dev, dtype=torch.float32).contiguous() if sink is not None else part_lse
-    _merge_kernel[(bsz, head_blocks)](
-        part_out, part_lse, sink_t, out, heads, splits, out.stride(0), out.stride(1),
-        D=d, BH=block_h, SPLITS_P2=triton.next_power_of_2(splits), HAS_SINK=sink is not None, num_warps=4)
     return out
