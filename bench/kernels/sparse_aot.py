@@ -109,7 +109,7 @@ def main() -> None:
                 rows.append(compile_one(f"topk_split_filter tile={tile}", topk._split_filter_kernel, ptrs,
                                         dict(HAS_LO=False, SLOTS=slots, TILE=tile), warps))
         rows.append(compile_one(f"topk_split_finish k={k}", topk._split_finish_kernel, ptrs,
-                                dict(HAS_LO=False, SLOTS=slots, MAXP=topk.MAX_SPLITS, TILE=2048),
+                                dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXP=topk.MAX_SPLITS, TILE=2048),
                                 topk._warps_for(slots)))
     iptrs = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "k_ptr": "*fp8e4nv", "k_scale_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}
