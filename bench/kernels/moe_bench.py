@@ -397,11 +397,12 @@ CHUNK_SWEEP = [1, 2, 8]  # stage 2: top-k slot chunks per token tried at M=1 (ru
 
 
 def gemv_sweep(out_rows: list, formats: list[str], shapes: list[str], device_name: str, apply: bool,
-               stages: tuple[int, ...] = (1, 2), chunk_sweep: tuple[int, ...] = tuple(CHUNK_SWEEP)) -> None:
+               stages: tuple[int, ...] = (1, 2), chunk_sweep: tuple[int, ...] = tuple(CHUNK_SWEEP),
+               num_stages: tuple[int, ...] = ()) -> None:
     """Time each GEMV stage alone at M=1 for every tile of GEMV_SWEEP (stage 2 also per number of slot chunks;
     with several, stage 2 adds into float32). With `apply`, put the tile with the best geometric-mean time
     ratio over `shapes` into config.GEMV_TILES for the rest of the run (the printed choice is what config.py
-    should hold)."""
+    should hold). With `num_stages`, time instead the configured tiles at each software-pipelining depth."""
     import torch
 
     from zoe_kernels.moe import config
@@ -419,13 +420,17 @@ def gemv_sweep(out_rows: list, formats: list[str], shapes: list[str], device_nam
             inter = [torch.randn((k, shape["I"]), dtype=torch.bfloat16, device="cuda") for _ in range(reps)]
             outs = {dt: torch.zeros((1, shape["H"]), dtype=dt, device="cuda") for dt in (torch.bfloat16, torch.float32)}
             for stage in stages:
-                variants = [(t, config.GEMV_FP8_BITS, c) for t in GEMV_SWEEP[stage][fmt]
-                            for c in (chunk_sweep if stage == 2 else (1,))]
-                for tile, bits, chunks in variants:
+                if num_stages:  # the configured tile only, software-pipelined num_stages deep
+                    variants = [(config.GEMV_TILES[fmt][stage], config.GEMV_FP8_BITS, 0, ns) for ns in num_stages]
+                else:
+                    variants = [(t, config.GEMV_FP8_BITS, c, 1) for t in GEMV_SWEEP[stage][fmt]
+                                for c in (chunk_sweep if stage == 2 else (1,))]
+                for tile, bits, chunks, ns in variants:
+                    chunks = chunks or config.gemv_config(1, shape["H"], fmt, gated=False, top_k=k)["CHUNKS"]
                     rows = k if stage == 1 else 1
                     n = shape["I"] if stage == 1 else shape["H"]
-                    cfg = config.gemv_config(rows, n, fmt, gated=stage == 1, tile=tile) | {"FP8_BITS": bits,
-                                                                                         "CHUNKS": chunks}
+                    cfg = config.gemv_config(rows, n, fmt, gated=stage == 1, tile=tile) | {
+                        "FP8_BITS": bits, "CHUNKS": chunks, "num_stages": ns}
                     if stage == 1:
                         calls = [lambda i=i: gemv_gate_up(xs[i], w13, s13, inter[i], routes[i][1], fmt=fmt, cfg=cfg)
                                  for i in range(reps)]
@@ -441,13 +446,14 @@ def gemv_sweep(out_rows: list, formats: list[str], shapes: list[str], device_nam
                         print(f"[gemv-sweep] {name} {fmt} stage{stage} {tile}: {type(exc).__name__}: {exc}")
                         continue
                     row = {"shape": name, "fmt": fmt, "stage": stage, "BLOCK_N": tile[0], "GPI": tile[1],
-                           "num_warps": cfg["num_warps"], "fp8_bits": bits, "chunks": chunks,
+                           "num_warps": cfg["num_warps"], "fp8_bits": bits, "chunks": chunks, "num_stages": ns,
                            "median_us": round(us, 2), "pct_read_bw": round(100 * nbytes / READ_BW / (us * 1e-6), 1),
                            "device": device_name}
                     out_rows.append(row)
-                    per_shape.setdefault((stage, tile, chunks), {})[name] = us
+                    per_shape.setdefault((stage, tile, chunks, ns), {})[name] = us
                     print(f"[gemv-sweep] {name:9s} {fmt:5s} stage{stage} BN={tile[0]:3d} GPI={tile[1]} "
-                          f"warps={cfg['num_warps']} chunks={chunks}: {us:7.1f}us {row['pct_read_bw']:5.1f}%",
+                          f"warps={cfg['num_warps']} chunks={chunks} stages={ns}: {us:7.1f}us "
+                          f"{row['pct_read_bw']:5.1f}%",
                           flush=True)
             del w13, s13, w2, s2
             torch.cuda.empty_cache()
@@ -457,12 +463,12 @@ def gemv_sweep(out_rows: list, formats: list[str], shapes: list[str], device_nam
                 continue
             best_of = {name: min(v[name] for v in cands.values()) for name in shapes}
             score = {key: statistics.geometric_mean([v[n] / best_of[n] for n in shapes]) for key, v in cands.items()}
-            (_, tile, chunks), ratio = min(score.items(), key=lambda kv: kv[1])
-            print(f"[gemv-sweep] best {fmt} stage{stage}: tile {tile} chunks={chunks} (geomean {ratio:.3f} of the "
-                  f"per-shape best)", flush=True)
+            (_, tile, chunks, ns), ratio = min(score.items(), key=lambda kv: kv[1])
+            print(f"[gemv-sweep] best {fmt} stage{stage}: tile {tile} chunks={chunks} stages={ns} (geomean "
+                  f"{ratio:.3f} of the per-shape best)", flush=True)
             out_rows.append({"best": True, "fmt": fmt, "stage": stage, "BLOCK_N": tile[0], "GPI": tile[1],
-                             "chunks": chunks, "geomean_vs_best": round(ratio, 3)})
-            if apply:
+                             "chunks": chunks, "num_stages": ns, "geomean_vs_best": round(ratio, 3)})
+            if apply and not num_stages:
                 config.GEMV_TILES[fmt][stage] = tile
 
 
@@ -497,6 +503,7 @@ def main() -> None:
     ap.add_argument("--gemv-sweep", default="", help="shapes on which to sweep the GEMV tiles at M=1 first")
     ap.add_argument("--apply-sweep", action="store_true", help="use the sweep's best GEMV tiles for this run")
     ap.add_argument("--gemv-sweep-stages", default="1,2", help="which GEMV stages to sweep")
+    ap.add_argument("--gemv-num-stages", default="", help="sweep num_stages (e.g. 1,3) of the configured tiles")
     ap.add_argument("--tests-k", default="", help="pytest -k expression selecting the GPU tests to run")
     args = ap.parse_args()
     if args.crossover:
@@ -536,7 +543,8 @@ def main() -> None:
     if args.gemv_sweep:
         meta["gemv_sweep"] = []
         gemv_sweep(meta["gemv_sweep"], args.formats.split(","), args.gemv_sweep.split(","), dev, args.apply_sweep,
-                   stages=tuple(int(x) for x in args.gemv_sweep_stages.split(",")))
+                   stages=tuple(int(x) for x in args.gemv_sweep_stages.split(",")),
+                   num_stages=tuple(int(x) for x in args.gemv_num_stages.split(",") if x))
         from zoe_kernels.moe import config as _cfg
 
         meta["gemv_tiles_used"] = {f: {str(st): list(t) for st, t in v.items()} for f, v in _cfg.GEMV_TILES.items()}

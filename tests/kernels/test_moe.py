@@ -184,6 +184,21 @@ def test_gemv_dispatch_by_tokens_per_expert(monkeypatch):
         fused_moe(x, w13, w2, tw, ti, path="simd", **kw)
 
 
+def test_gemv_production_config(monkeypatch):
+    """The launch parameters the GPU gets (the interpreter takes its own): 16-byte loads per thread, and the
+    top-k slots of stage 2 split over programs at one token but not at many."""
+    from zoe_kernels.moe import config
+
+    monkeypatch.setattr(config, "interpreting", lambda: False)
+    for fmt in FORMATS:
+        for gated in (True, False):
+            cfg = config.gemv_config(1, 7168, fmt, gated=gated, top_k=8)
+            bn = cfg["BLOCK_N"]
+            assert cfg["num_warps"] * 32 * 16 == bn * config.GROUP_ROW_BYTES[fmt] or cfg["num_warps"] in (1, 8)
+            assert cfg["CHUNKS"] == (1 if gated else 8)
+        assert config.gemv_config(4096, 7168, fmt, gated=False, top_k=8)["CHUNKS"] == 1
+
+
 @pytest.mark.skipif(ON_GPU and not has_native_mx(), reason="Hopper emulates tl.dot_scaled; zoe does not use it there")
 def test_mxfp4_native_scaled_dot_path(monkeypatch):
     """The `tl.dot_scaled` path that gfx950 takes, forced on where the interpreter runs it."""
