@@ -257,10 +257,9 @@ def _torch_dual_scope(q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, com
 
 
 def bench_decode(quick: bool) -> None:
-    configs = [("default BH=64 DV=256 BKV=64", dict()), ("BH=64 DV=256 BKV=32", dict(block_kv=32)),
-               ("BH=64 DV=512 BKV=32", dict(block_dv=512, block_kv=32)),
-               ("BH=32 DV=512 BKV=32", dict(block_h=32, block_dv=512, block_kv=32, num_warps=8)),
-               ("BH=64 DV=128 BKV=64 4 warps", dict(block_dv=128, num_warps=4))]
+    configs = [("default BH=32 DV=512 BKV=32", dict()), ("BH=64 DV=256 BKV=64", dict(block_h=64, block_dv=256, block_kv=64)),
+               ("BH=64 DV=256 BKV=32", dict(block_h=64, block_dv=256)), ("BH=64 DV=512 BKV=32", dict(block_h=64)),
+               ("BH=64 DV=128 BKV=64 4 warps", dict(block_h=64, block_dv=128, block_kv=64, num_warps=4))]
     for b in (1, 8, 32, 64, 128):
         tiles = 128 // 32 + 512 // 32
         # run 1's defaults: 16 heads / 4 warps under B=8, 32 heads / 8 warps from B=8, all 512 value columns,
