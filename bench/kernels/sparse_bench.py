@@ -91,7 +91,7 @@ def measure_ceilings() -> None:
 # --------------------------------------------------------------------------------------------------------- top-k
 TOPK_CONFIGS = [("sample (default)", dict()), ("sample tile=4096 warps=8", dict(tile=4096, num_warps=8)),
                 ("sample tile=1024 warps=2", dict(tile=1024, num_warps=2)),
-                ("radix (run 1)", dict(method="radix", tile=4096, num_warps=8))]
+                ("radix fallback, one program per row", dict(method="radix", tile=4096, num_warps=8))]
 
 
 def _topk_scores(b: int, n: int, kind: str, gen) -> torch.Tensor:
