@@ -158,7 +158,7 @@ def summarize(runs, classes, phases, dwell_s):
     return out
 
 
-def plot_timeline(runs, target, title, path):
+def plot_timeline(runs, target, title, path, bin_s=600.0):
     sw = runs["switching"][0]
     t = [row["t_s"] / H for row in sw.timeline]
     fig, axes = plt.subplots(3, 1, figsize=(10, 9.5), sharex=True)
@@ -185,10 +185,10 @@ def plot_timeline(runs, target, title, path):
         for arr, ttft, tpot, out, _, cls in res.request_log:
             c = obj[cls or CLASSES[-1].name]
             if ttft <= c.ttft_s and tpot <= c.itl_s:
-                bins[int(arr // 600)] = bins.get(int(arr // 600), 0) + out
+                bins[int(arr // bin_s)] = bins.get(int(arr // bin_s), 0) + out
         xs = sorted(bins)
-        ax.plot([(x + 0.5) / 6 for x in xs], [bins[x] / 600 for x in xs], lw=1.2, label=name)
-    ax.set_ylabel("goodput, tok/s (10-min bins, by arrival)")
+        ax.plot([(x + 0.5) * bin_s / H for x in xs], [bins[x] / bin_s for x in xs], lw=1.2, label=name)
+    ax.set_ylabel(f"goodput, tok/s ({bin_s / 60:g}-min bins, by arrival)")
     ax.set_xlabel("simulated hours")
     ax.legend(loc="upper left", fontsize=8)
     fig.suptitle(title)
@@ -238,7 +238,7 @@ def main_classes(console) -> None:
     plot_timeline(day_runs, ramp(DAY), f"GLM-5.3, {REPLICAS} simulated replicas, day-shaped load, "
                   f"{INTERACTIVE_SHARE:.0%} interactive: switching toward a mix", OUT / "switching_day.png")
     plot_timeline(azure_runs, None, f"GLM-5.3, {REPLICAS} simulated replicas, Azure conversation trace x1.5, "
-                  f"{INTERACTIVE_SHARE:.0%} interactive", OUT / "switching_azure.png")
+                  f"{INTERACTIVE_SHARE:.0%} interactive", OUT / "switching_azure.png", bin_s=120.0)
     doc = {
         "command": "python bench/switching/evaluate.py",
         "python": sys.version.split()[0], "machine": platform.machine(), "replicas": REPLICAS,
@@ -272,21 +272,26 @@ def main_sensitivity(console) -> None:
     doc = {"command": "python bench/switching/evaluate.py --sensitivity", "replicas": REPLICAS,
            "classes": [c.model_dump() for c in CLASSES], "sweeps": out}
     (OUT / "sensitivity.json").write_text(json.dumps(doc, indent=1))
+    plot_sensitivity(out, OUT / "switching_sensitivity.png")
+
+
+def plot_sensitivity(sweeps: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.3))
     for ax, axis, label in ((axes[0], "share", "interactive share of requests (objective 20 ms)"),
                             (axes[1], "itl_ms", f"interactive ITL objective, ms ({INTERACTIVE_SHARE:.0%} interactive)")):
-        xs = sorted(out[axis], key=float)
-        names = [n for n in out[axis][xs[0]] if n != "fixed_mix"]
-        for i, name in enumerate(names):
-            label_name = "fixed mix (best for the mean load)" if name.startswith("fixed mix") else name
-            ax.plot([float(x) for x in xs], [out[axis][x][name]["goodput_tok_s"] for x in xs], marker="o", ms=3,
-                    label=label_name)
+        xs = sorted(sweeps[axis], key=float)
+        # the fixed mix differs between points (best for each point's mean load): one line for all of them
+        pick = lambda point, key: next(v for n, v in point.items() if n.startswith(key))  # noqa: E731
+        for key, label_name in ((f"always {A}", f"always {A}"), (f"always {B}", f"always {B}"),
+                                ("fixed mix", "fixed mix (best for the mean load)"), ("switching", "switching")):
+            ax.plot([float(x) for x in xs], [pick(sweeps[axis][x], key)["goodput_tok_s"] for x in xs], marker="o",
+                    ms=3, label=label_name)
         ax.set_xlabel(label)
         ax.set_ylabel("goodput over the day, tok/s")
         ax.legend(fontsize=8)
     fig.suptitle(f"GLM-5.3, {REPLICAS} simulated replicas, day-shaped load: goodput sensitivity")
     fig.tight_layout()
-    fig.savefig(OUT / "switching_sensitivity.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
 
 

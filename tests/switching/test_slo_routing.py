@@ -92,3 +92,32 @@ def test_header_parsing():
     assert slo_class_from_headers({b"x-zoe-slo": b" interactive "}) == "interactive"
     assert slo_class_from_headers({b"x-zoe-slo": b""}) is None
     assert slo_class_from_headers({}) is None
+
+
+def test_live_router_reads_the_class_header_and_routes_by_variant():
+    """The router app parses `x-zoe-slo` and its `slo` policy sends each class to its variant (FAKE backends)."""
+    import httpx
+
+    from tests.router.fake_backend import FakeBackend, ServerThread
+    from zoe_cluster.router.app import build_router
+    from zoe_cluster.router.config import RouterConfig
+    from zoe_cluster.router.membership import MemberReplica, Membership
+
+    backends = [FakeBackend("fast"), FakeBackend("bulk")]
+    servers = [ServerThread(b.app).start() for b in backends]
+    members = Membership(version=0, replicas=[MemberReplica(id=f"d/{i}/0", url=s.url, variant=v)
+                                              for i, (s, v) in enumerate(zip(servers, (A, B)))])
+    config = RouterConfig(models=["m"], health_interval_s=0, policy="slo",
+                          policy_config={"classes": {"interactive": {A: 4}, "standard": {B: 32}}})
+    router = ServerThread(build_router(config, membership=members).app).start()
+    try:
+        with httpx.Client(base_url=router.url, timeout=10) as client:
+            for i in range(3):
+                body = {"model": "m", "prompt": f"question {i} " * 20, "max_tokens": 4}
+                assert client.post("/v1/completions", json=body, headers={"x-zoe-slo": "interactive"}).status_code == 200
+                assert client.post("/v1/completions", json=body).status_code == 200
+        assert len(backends[0].seen) == 3 and len(backends[1].seen) == 3
+    finally:
+        router.stop()
+        for s in servers:
+            s.stop()
