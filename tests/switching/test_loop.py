@@ -71,3 +71,32 @@ def test_a_failed_swap_is_counted_failed():
     _, reg, _ = _run(ctl)
     text = generate_latest(reg).decode()
     assert 'zoe_switch_swaps_total{outcome="failed"} 1.0' in text
+
+
+def test_with_classes_the_loop_steers_a_mix_from_the_controllers_per_class_counts():
+    from zoe_cluster.switching.classes import ServiceClass
+
+    class ClassCountingController(FakeController):
+        def __init__(self):
+            super().__init__()
+            self.variants = ["fp8-tp8-nightly"] * 4
+            self.load = 12.0
+
+        async def in_flight_by_class(self):
+            return {"interactive": 9.6, "standard": 38.4}
+
+    cfg = CFG.model_copy(update={"classes": [ServiceClass(name="interactive", ttft_s=1.0, itl_s=0.020),
+                                             ServiceClass(name="standard", ttft_s=2.0, itl_s=0.030)],
+                                 "dwell_s": 1800})
+    ctl = ClassCountingController()
+    loop = SwitchLoop(GLM, cfg, ctl, CollectorRegistry())
+
+    async def go():
+        decisions = await loop.tick()
+        await asyncio.gather(*loop._swaps)
+        return decisions
+
+    decisions = asyncio.run(go())
+    assert [d.action for d in decisions].count("swap") == 1
+    assert ctl.swapped[0][1] == "mxfp4-tp8" and "in flight by class: interactive 9.6" in ctl.swapped[0][2]
+    assert loop.report()["demand"] == {"interactive": 9.6, "standard": 38.4}
