@@ -112,9 +112,11 @@ def test_mix_does_not_flap_on_an_oscillating_load():
         assert all(b - a >= CFG.dwell_s for a, b in zip(times, times[1:]))
 
 
-def test_class_names_must_be_unique():
+def test_class_config_is_validated():
     with pytest.raises(ValidationError, match="duplicate"):
-        SwitchConfig(classes=[CLASSES[0], CLASSES[0]])
+        SwitchConfig(candidates=[A, B], classes=[CLASSES[0], CLASSES[0]])
+    with pytest.raises(ValidationError, match="candidates"):
+        SwitchConfig(classes=CLASSES)
 
 
 def test_prefill_share_stretches_the_predicted_itl():

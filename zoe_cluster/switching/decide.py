@@ -81,6 +81,9 @@ class SwitchConfig(BaseModel):
         names = [c.name for c in self.classes]
         if len(set(names)) != len(names):
             raise ValueError(f"classes: duplicate names in {names}")
+        if self.classes and not 2 <= len(self.candidates) <= 4:
+            raise ValueError("classes: name 2 to 4 candidates (the mix search covers every split of the replicas "
+                             "over them)")
         return self
 
 
