@@ -126,6 +126,10 @@ def test_bad_inputs_raise_clear_errors():
         topk(torch.randn(2, 10).double(), torch.tensor([1, 2]), 4)
     with pytest.raises(ValueError, match="k must be positive"):
         topk(torch.randn(2, 10), torch.tensor([1, 2]), 0)
+    with pytest.raises(ValueError, match="method must be"):
+        topk(torch.randn(2, 10), torch.tensor([1, 2]), 4, method="sort")
+    with pytest.raises(ValueError, match="sample must be a power of two"):
+        topk(torch.randn(2, 10), torch.tensor([1, 2]), 4, sample=1000)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="long rows need a GPU")

@@ -104,6 +104,8 @@ def test_bad_inputs_raise_clear_errors():
         lightning_indexer(q.float(), w, k, k_scale, ks, ke)
     with pytest.raises(ValueError, match="k must be"):
         lightning_indexer(q, w, k[:, :64], k_scale, ks, ke)
+    with pytest.raises(ValueError, match="layout must be"):
+        lightning_indexer(q, w, k, k_scale, ks, ke, layout="rows")
     with pytest.raises(TypeError, match="positional"):
         indexer_topk(q, w, k=4)
 
