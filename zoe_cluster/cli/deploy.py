@@ -58,6 +58,24 @@ def _parse_env(items: list[str]) -> dict[str, str]:
     return env
 
 
+def _parse_classes(items: list[str]) -> list:
+    """`--switch-class NAME:TTFT_S:ITL_S` values as service classes (a bad one exits with the reason)."""
+    from pydantic import ValidationError
+
+    from zoe_cluster.switching.decide import ServiceClass
+
+    out = []
+    for item in items:
+        parts = item.split(":")
+        if len(parts) != 3:
+            fail(f"--switch-class expects NAME:TTFT_S:ITL_S (e.g. interactive:1:0.020), got {item!r}")
+        try:
+            out.append(ServiceClass(name=parts[0], ttft_s=float(parts[1]), itl_s=float(parts[2])))
+        except (ValueError, ValidationError) as e:
+            fail(f"--switch-class {item!r}: {e}")
+    return out
+
+
 def _fmt_age(seconds: float) -> str:
     seconds = max(0, int(seconds))
     if seconds < 120:
@@ -188,6 +206,10 @@ def register(app: typer.Typer) -> None:
             None, "--switch", help="Let the controller switch recipes by concurrency among these variants "
             "(comma-separated; 'auto' = every non-speculative variant of the engine)."),
         switch_dwell: float = typer.Option(1800, help="Least seconds between two swaps of one replica."),
+        switch_class: list[str] = typer.Option(
+            [], "--switch-class", help="Service class NAME:TTFT_S:ITL_S, tightest first (repeatable), e.g. "
+            "interactive:1:0.020 standard:2:0.030; requests name theirs in the x-zoe-slo header. With classes the "
+            "router runs the class-aware 'slo' policy and the switcher targets a mix of variants."),
         metrics_port: Optional[int] = typer.Option(
             None, help="Serve the controller's switching metrics on this port (0: a free one)."),
     ) -> None:
@@ -222,6 +244,9 @@ def register(app: typer.Typer) -> None:
             fail(f"model {model} has no variant '{chosen}'; known: {', '.join(sorted(recipe.variants))}")
         engine = engine or recipe.variants[chosen].engine
         engine_env = _parse_env(env)
+        classes = _parse_classes(switch_class)
+        if classes and switch is None:
+            fail("--switch-class needs --switch (the variants the mix is made of)")
         gcs = _connect(address, start_local=True, num_gpus=num_gpus)
         local = gcs.startswith("127.0.0.1:")
         try:
@@ -234,7 +259,7 @@ def register(app: typer.Typer) -> None:
                 router=RouterConfig(host=host or ("127.0.0.1" if local else "0.0.0.0"), port=port, policy=policy),
                 switching=None if switch is None else SwitchConfig(
                     candidates=[] if switch == "auto" else [c.strip() for c in switch.split(",") if c.strip()],
-                    dwell_s=switch_dwell),
+                    dwell_s=switch_dwell, classes=classes),
                 metrics_port=metrics_port,
             )
         except ValidationError as e:

@@ -183,7 +183,8 @@ class DeploymentController:
         host = ray.util.get_node_ip_address() if rc.host in ("0.0.0.0", "::") else rc.host
         if self.router is None:
             self.router = RouterLink(f"http://{host}:{rc.port}")
-        argv = router_argv(rc.host, rc.port, rc.policy, [self.spec.recipe.served_model_name], rc.extra_args)
+        policy, policy_args = self.spec.router_policy_args()
+        argv = router_argv(rc.host, rc.port, policy, [self.spec.recipe.served_model_name], policy_args + rc.extra_args)
         self.router.start(argv, self.log_dir / f"{self.spec.name}-router.log")
         try:
             await self.router.wait_ready()
@@ -664,6 +665,10 @@ class DeploymentController:
         if self.router is None:
             return {}
         return await self.router.active_by_replica()
+
+    async def in_flight_by_class(self) -> dict[str, float] | None:
+        """Requests in flight per service class (the router's `slo` policy counts them); None without them."""
+        return None if self.router is None else await self.router.in_flight_by_class()
 
     async def swap_replica(self, index: int, variant: str, wait: bool = True, timeout_s: float | None = None,
                            reason: str = "") -> dict:

@@ -91,6 +91,18 @@ class RouterLink:
         except (httpx.HTTPError, ValueError, TypeError, KeyError):
             return {}
 
+    async def in_flight_by_class(self) -> dict[str, float] | None:
+        """Requests in flight per service class as the router's `slo` policy counts them; None when the router
+        runs another policy or does not answer (the switcher then decides per replica)."""
+        try:
+            r = await self._client.get(self.url + "/admin/membership")
+            if r.status_code != 200:
+                return None
+            counts = r.json().get("policy", {}).get("in_flight_by_class")
+            return None if counts is None else {str(c): float(n) for c, n in counts.items()}
+        except (httpx.HTTPError, ValueError, TypeError, AttributeError):
+            return None
+
     async def active_requests(self, replica_id: str) -> int | None:
         """In-flight requests the router has open to `replica_id`, or None when it cannot tell."""
         counts = await self.active_by_replica()

@@ -7,6 +7,7 @@ controller, which keeps a copy in Ray's key-value store so a restarted controlle
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -110,7 +111,22 @@ class DeploymentSpec(BaseModel):
                 if v not in self.recipe.variants:
                     raise ValueError(f"switching.candidates: model '{self.recipe.name}' has no variant '{v}'; "
                                      f"known: {sorted(self.recipe.variants)}")
+            if self.switching.classes and self.router.policy not in (None, "slo"):
+                raise ValueError(f"router.policy: switching.classes needs the class-aware 'slo' policy (it counts "
+                                 f"requests per class for the mix decision), not '{self.router.policy}'")
         return self
+
+    def router_policy_args(self) -> tuple[str | None, list[str]]:
+        """The router's policy and its `--policy-config` flags. With service classes the router runs the `slo`
+        filter, its per-class limits derived from the recipe's profiles (`switching.classes.slo_policy_config`),
+        so that requests reach the variants that meet their objective and the switcher sees per-class counts."""
+        sw = self.switching
+        if sw is None or not sw.classes:
+            return self.router.policy, []
+        from zoe_cluster.switching.classes import slo_policy_config
+
+        options = slo_policy_config(self.recipe, sw.classes, sw.candidates, sw.slo_headroom)
+        return "slo", [a for k, v in options.items() for a in ("--policy-config", f"{k}={json.dumps(v)}")]
 
     def variant_of(self, index: int) -> str:
         return self.replica_variants.get(index, self.variant)

@@ -42,7 +42,7 @@ from zoe_cluster.router.replicas import ReplicaSet, ReplicaState
 from zoe_cluster.router.upstream import UpstreamPool, UpstreamResponse
 from zoe_cluster.routing.context import BadRequest, RequestContext, RoutingDecision, context_from_openai
 from zoe_cluster.routing.policy import Policy, get_policy
-from zoe_cluster.routing.slo import slo_class_from_headers  # also registers the class-aware `slo` policy
+from zoe_cluster.routing.slo import slo_class_from_headers
 
 _PROXIED = {b"/v1/completions": "completions", b"/v1/chat/completions": "chat"}
 _RETRY_STATUSES = {502, 503, 504}

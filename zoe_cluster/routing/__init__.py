@@ -50,6 +50,7 @@ from zoe_cluster.routing.policy import (
     validate_policy_config,
 )
 from zoe_cluster.routing import policies as _policies  # noqa: E402,F401  (registers the built-in policies)
+from zoe_cluster.routing import slo as _slo  # noqa: E402,F401  (registers the class-aware `slo` filter)
 from zoe_cluster.routing.policies import LeastLoadPolicy, PrefixPolicy, RoundRobinPolicy
 from zoe_cluster.routing.prefix_index import PrefixIndex
 

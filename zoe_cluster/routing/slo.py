@@ -119,5 +119,14 @@ class SloPolicy(Policy, name="slo"):
         """Requests in flight on `replica_id` per class, as this policy counted them."""
         return {c: n for c, n in self._active.get(replica_id, {}).items() if n > 0}
 
+    def in_flight_by_class(self) -> dict[str, int]:
+        """Requests in flight across all replicas per class (what the switcher's mix decision reads)."""
+        totals: dict[str, int] = defaultdict(int)
+        for counts in self._active.values():
+            for cls, n in counts.items():
+                totals[cls] += n
+        return {c: totals.get(c, 0) for c in {*self.config.classes, self.config.default_class}}
+
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "inner_policy": self.inner.describe()}
+        return {**super().describe(), "inner_policy": self.inner.describe(),
+                "in_flight_by_class": self.in_flight_by_class()}

@@ -21,7 +21,6 @@ from typing import Any
 
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.routing import ReplicaView, context_from_trace, get_policy
-from zoe_cluster.routing import slo as _slo  # noqa: F401  (registers the class-aware `slo` policy)
 from zoe_cluster.routing.hashing import MOONCAKE_BLOCK_TOKENS
 from zoe_cluster.sim.calibrate import Calibration, calibrate
 from zoe_cluster.sim.core import EngineCore, RequestTooLarge, SimRequest

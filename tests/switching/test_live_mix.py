@@ -1,0 +1,130 @@
+"""The live path of mixed fleets: a deployment with service classes runs its router with the `slo` filter (limits
+derived from the recipe), and the controller reads per-class in-flight counts back from that router, which is what
+`SwitchLoop` hands to `decide` (the same function the replay uses)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from zoe_cluster.cli.router import _parse_kv
+from zoe_cluster.cluster.router_link import RouterLink
+from zoe_cluster.cluster.spec import DeploymentSpec, RouterConfig
+from zoe_cluster.recipes.loader import RecipeRegistry
+from zoe_cluster.routing import validate_policy_config
+from zoe_cluster.switching import SwitchConfig
+from zoe_cluster.switching.decide import ServiceClass
+
+A, B = "fp8-tp8-nightly", "mxfp4-tp8"
+CLASSES = [ServiceClass(name="interactive", ttft_s=1.0, itl_s=0.020),
+           ServiceClass(name="standard", ttft_s=2.0, itl_s=0.030)]
+
+
+def spec(policy=None, classes=CLASSES):
+    recipe = RecipeRegistry.default().get("glm-5.3")
+    return DeploymentSpec(name="glm", recipe=recipe, variant=B, replicas=4, engine="sim",
+                          router=RouterConfig(policy=policy),
+                          switching=SwitchConfig(candidates=[A, B], classes=classes))
+
+
+def test_classes_put_the_router_on_the_slo_filter_with_limits_from_the_recipe():
+    policy, args = spec().router_policy_args()
+    assert policy == "slo"
+    options = _parse_kv(args[1::2])  # what `zoe router --policy-config` makes of them
+    validate_policy_config(policy, options)
+    limits = options["classes"]
+    # Only FP8 is fast enough for a 20 ms ITL (MXFP4 is at 19.2 ms with one request, seed A8, over the 95% margin).
+    assert set(limits["interactive"]) == {A} and 1 <= limits["interactive"][A] < limits["standard"][A]
+    assert options["default_class"] == "standard"
+
+
+def test_without_classes_the_configured_policy_stays():
+    assert spec(policy="least_load", classes=[]).router_policy_args() == ("least_load", [])
+
+
+def test_classes_with_another_policy_are_rejected_naming_the_field():
+    with pytest.raises(ValidationError, match="router.policy: switching.classes needs"):
+        spec(policy="prefix")
+
+
+def test_controller_reads_per_class_in_flight_from_the_router():
+    """An interactive request held by a hanging (FAKE) backend shows in the router's per-class count."""
+    from tests.router.fake_backend import FakeBackend, ServerThread
+    from zoe_cluster.router.app import build_router
+    from zoe_cluster.router.config import RouterConfig as ProxyConfig
+    from zoe_cluster.router.membership import MemberReplica, Membership
+
+    backends = [FakeBackend("fast", mode="hang"), FakeBackend("bulk")]
+    servers = [ServerThread(b.app).start() for b in backends]
+    members = Membership(version=0, replicas=[MemberReplica(id=f"d/{i}/0", url=s.url, variant=v)
+                                              for i, (s, v) in enumerate(zip(servers, (A, B)))])
+    config = ProxyConfig(models=["m"], health_interval_s=0, policy="slo", admin_key="k",
+                         policy_config={"classes": {"interactive": {A: 4}, "standard": {B: 32}}})
+    router = ServerThread(build_router(config, membership=members).app).start()
+
+    def hold():
+        body = {"model": "m", "prompt": "hello " * 20, "max_tokens": 4}
+        try:
+            httpx.post(router.url + "/v1/completions", json=body, headers={"x-zoe-slo": "interactive"}, timeout=3)
+        except httpx.HTTPError:
+            pass
+
+    async def counts():
+        link = RouterLink(router.url, admin_key="k")
+        try:
+            for _ in range(50):
+                got = await link.in_flight_by_class()
+                if got and got.get("interactive"):
+                    return got
+                await asyncio.sleep(0.05)
+            return got
+        finally:
+            await link.close()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert asyncio.run(counts()) == {"interactive": 1.0, "standard": 0.0}
+    finally:
+        t.join()
+        router.stop()
+        for s in servers:
+            s.stop()
+
+
+def test_a_router_without_the_slo_filter_reports_no_classes():
+    from tests.router.fake_backend import ServerThread
+    from zoe_cluster.router.app import build_router
+    from zoe_cluster.router.config import RouterConfig as ProxyConfig
+
+    router = ServerThread(build_router(ProxyConfig(models=["m"], health_interval_s=0, admin_key="k")).app).start()
+
+    async def counts():
+        link = RouterLink(router.url, admin_key="k")
+        try:
+            return await link.in_flight_by_class()
+        finally:
+            await link.close()
+
+    try:
+        assert asyncio.run(counts()) is None
+    finally:
+        router.stop()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--switch", f"{A},{B}", "--switch-class", "interactive:1"], "expects NAME:TTFT_S:ITL_S"),
+    (["--switch", f"{A},{B}", "--switch-class", "interactive:1:-0.02"], "greater than 0"),
+    (["--switch-class", "interactive:1:0.02"], "needs --switch"),
+])
+def test_deploy_rejects_bad_classes_before_touching_ray(args, message):
+    from typer.testing import CliRunner
+
+    from zoe_cluster.cli.main import app
+
+    result = CliRunner().invoke(app, ["deploy", "glm-5.3", "--engine", "sim", *args])
+    assert result.exit_code != 0 and message in result.output
