@@ -418,7 +418,8 @@ def gemv_sweep(out_rows: list, formats: list[str], shapes: list[str], device_nam
             k = routes[0][1].shape[1]
             xs = [torch.randn((1, shape["H"]), dtype=torch.bfloat16, device="cuda") for _ in range(reps)]
             inter = [torch.randn((k, shape["I"]), dtype=torch.bfloat16, device="cuda") for _ in range(reps)]
-            outs = {dt: torch.zeros((1, shape["H"]), dtype=dt, device="cuda") for dt in (torch.bfloat16, torch.float32)}
+            outs = {dt: torch.zeros((1, shape["H"]), dtype=dt, device="cuda")
+                    for dt in (torch.bfloat16, torch.float32)}
             for stage in stages:
                 if num_stages:  # the configured tile only, software-pipelined num_stages deep
                     variants = [(config.GEMV_TILES[fmt][stage], config.GEMV_FP8_BITS, 0, ns) for ns in num_stages]
@@ -455,7 +456,6 @@ def gemv_sweep(out_rows: list, formats: list[str], shapes: list[str], device_nam
                           f"warps={cfg['num_warps']} chunks={chunks} stages={ns}: {us:7.1f}us "
                           f"{row['pct_read_bw']:5.1f}%",
                           flush=True)
-            del w13, s13, w2, s2
             torch.cuda.empty_cache()
         for stage in stages:
             cands = {key: v for key, v in per_shape.items() if key[0] == stage and len(v) == len(shapes)}

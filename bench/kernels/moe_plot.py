@@ -1,4 +1,5 @@
 """Plot fused-MoE results: time per call and percent of roofline against M, one column per model shape.
+"zoe" is fused_moe as dispatched (GEMV path or tl.dot path by tokens per expert); dashed: the tl.dot path alone.
 
     python bench/kernels/moe_plot.py bench/kernels/results/moe_h200.json bench/kernels/results/moe_h200.png
 """
@@ -19,6 +20,8 @@ STYLE = {  # (format, provider) -> (label, colour, line style)
     ("fp8", "zoe"): ("zoe fp8", "tab:orange", "-"),
     ("w4a16", "zoe"): ("zoe w4a16", "tab:green", "-"),
     ("mxfp4", "zoe"): ("zoe mxfp4", "tab:red", "-"),
+    ("w4a16", "zoe_dot"): ("zoe w4a16, tl.dot path only", "tab:green", "--"),
+    ("mxfp4", "zoe_dot"): ("zoe mxfp4, tl.dot path only", "tab:red", "--"),
     ("bf16", "torch_grouped_mm"): ("torch._grouped_mm bf16", "tab:blue", ":"),
     ("fp8", "torch_scaled_grouped_mm_rowwise"): ("torch._scaled_grouped_mm fp8 rowwise", "tab:orange", ":"),
 }

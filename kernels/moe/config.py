@@ -64,19 +64,23 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
 
 
-# The GEMV path (`gemv.py`) runs while the expected edges per active expert stay at or below this, per format
-# (measured on the H200: bench/kernels/moe_README.md). Above it, the `tl.dot` path shares each dequantized
-# weight tile among the tokens of an expert and wins.
-GEMV_MAX_EDGES_PER_EXPERT = {"bf16": 1.0, "fp8": 1.0, "w4a16": 3.0, "mxfp4": 3.0}
+# The GEMV path (`gemv.py`) runs while the expected edges per active expert (`edges_per_expert`) stay at or
+# below this, per format. Measured on the H200 (bench/kernels/moe_README.md, run4/run5): for the 4-bit formats
+# the GEMV path beat the tl.dot path at every point with up to ~2.9 edges per expert (M <= 64 on every shape)
+# and lost at M = 256 (8-11 per expert); for bf16 and fp8 it lost at every point but ZAYA1 M=8 (by 2-3 %), so
+# they never take it by default (0.0).
+GEMV_MAX_EDGES_PER_EXPERT = {"bf16": 0.0, "fp8": 0.0, "w4a16": 3.0, "mxfp4": 3.0}
 # Bytes of one weight row per scale group (one K step of `gemv._dequant_group`): bf16 256, fp8 128, int4 64,
 # mxfp4 16.
 GROUP_ROW_BYTES = {"bf16": 256, "fp8": 128, "w4a16": 64, "mxfp4": 16}
 # (BLOCK_N, groups per K step) per format and stage (1: gate+up, 2: down): the best of a sweep at M=1 on
-# DeepSeek-V3.2 and its TP8 slice on the H200 (bench/kernels/results/raw/run4_*, run5_*).
+# DeepSeek-V3.2 and its TP8 slice on the H200 (bench/kernels/results/raw/run4_*, run5_*); for w4a16 stage 2
+# the tile that was best on DeepSeek-V3.2 itself (43.0 us against 48.4 us with slot chunks, 97.8 against 113.5
+# without), which is also the tile of run4's end-to-end rows.
 GEMV_TILES = {
     "bf16": {1: (16, 2), 2: (16, 2)},
     "fp8": {1: (16, 2), 2: (32, 2)},
-    "w4a16": {1: (16, 4), 2: (32, 2)},
+    "w4a16": {1: (16, 4), 2: (16, 4)},
     "mxfp4": {1: (32, 4), 2: (32, 4)},
 }
 # Stage 2 splits the top-k slots over more programs (adding with float32 atomics) until its grid has this many:
