@@ -25,7 +25,8 @@ SOURCE = {"csa_topk": 5, "csa_dual_scope_decode": 4, "dsa_indexer": 4, "dsa_inde
 RENAME = {"zoe BH=32 DV=512 BKV=32": "zoe default BH=32 DV=512 BKV=32",  # run 4's labels -> today's defaults
           "zoe default BH=64 DV=256 BKV=64": "zoe BH=64 DV=256 BKV=64",
           "zoe run 1 defaults": "zoe run 1 config, current kernel",
-          "zoe radix (run 1)": "zoe radix fallback, one program per row"}
+          "zoe radix (run 1)": "zoe radix fallback, one program per row",
+          "zoe sample (default)": "zoe sample tile=2048 warps=4"}  # the default is "auto" since run 5
 # the decode kernel before run 4 (one loop with a branch around the loads), measured in run 3 with run 1's config
 PREVIOUS_DECODE = (3, "zoe run 1 defaults", "zoe previous kernel (run 3), run 1 config")
 
