@@ -8,7 +8,7 @@ Selection rule (deterministic ties): a row's selected set is the k largest entri
 returned in ascending position order (not by value), followed by -1 padding when a row has fewer than
 k valid entries. NaN scores are not supported; -inf is a valid score.
 
-Method ("sample", the default; no sorting network anywhere, so compiles stay short):
+Method "sample" (no sorting network anywhere, so compiles stay short):
 1. threshold: read a fixed sample of S entries of the row (S/SB blocks of SB contiguous entries spread
    evenly; the whole row when it has <= S entries) and find, by a bitwise binary search over the
    order-preserving int32 keys (one reduction per bit), a key T that about MARGIN*k entries of the row
@@ -23,6 +23,9 @@ The result is exact whenever the candidates include the top k, i.e. when at leas
 reached T and no chunk overflowed its slots; otherwise (adversarial layouts such as sorted rows, massive
 ties) the finish falls back to the exact radix select of radix_select.py over the whole row. Both
 conditions are checked on the device, so a call is a fixed set of launches (CUDA-graph friendly).
+
+Methods: "auto" (default) uses the radix select alone for fewer than 64 rows of at most 4096 entries (one
+launch, faster there), "sample" (the above) otherwise.
 
 Launches: many rows (indexer prefill) or short rows use one program per row that does all three steps
 (`_topk_row_kernel`); few long rows (CSA decode) use three launches: one threshold program per row,
