@@ -13,14 +13,15 @@ Method "sample" (no sorting network anywhere, so compiles stay short):
    evenly; the whole row when it has <= S entries) and find, by a bitwise binary search over the
    order-preserving int32 keys (one reduction per bit), a key T that about MARGIN*k entries of the row
    should reach. On a row of <= S entries T is exactly the k-th largest key.
-2. filter: every entry with key >= T is a candidate; candidates are written in position order (a cumsum
-   per tile) to a fixed set of SLOTS slots, split evenly between the P programs of a row (P chunks of
-   the row), with a count per chunk.
-3. finish: over the candidate slots (still in position order), the same binary search finds the exact
-   k-th largest value v*; everything above v* is taken, plus the first (lowest-position) entries equal
-   to v* until k are taken; a cumsum compacts them into ascending positions.
+2. filter: every entry with key >= T is a candidate. Each of the P programs of a row (P chunks) counts
+   its candidates, reserves that many consecutive slots of the row's SLOTS with one atomic add, and
+   writes (key, position) there in position order (a cumsum per tile): one segment per chunk.
+3. finish: over the candidate slots, the same binary search finds the exact k-th largest value v* (or
+   takes T when it was exact); everything above v* is taken, and among entries equal to v* the lowest
+   positions (a binary search on positions, when ties straddle the k-th place); a taken entry's output
+   slot is (taken in earlier chunks) + (taken before it in its segment), so positions come out ascending.
 The result is exact whenever the candidates include the top k, i.e. when at least min(k, n) entries
-reached T and no chunk overflowed its slots; otherwise (adversarial layouts such as sorted rows, massive
+reached T and they fit the SLOTS; otherwise (adversarial layouts such as sorted rows, massive
 ties) the finish falls back to the exact radix select of radix_select.py over the whole row. Both
 conditions are checked on the device, so a call is a fixed set of launches (CUDA-graph friendly).
 
