@@ -21,7 +21,7 @@ Method "sample" (no sorting network anywhere, so compiles stay short):
    positions (a binary search on positions, when ties straddle the k-th place); a taken entry's output
    slot is (taken in earlier chunks) + (taken before it in its segment), so positions come out ascending.
 The result is exact whenever the candidates include the top k, i.e. when at least min(k, n) entries
-reached T and they fit the SLOTS; otherwise (adversarial layouts such as sorted rows, massive
+reached T and they fit the SLOTS; otherwise (adversarial layouts that fool the sample, massive
 ties) the finish falls back to the exact radix select of radix_select.py over the whole row. Both
 conditions are checked on the device, so a call is a fixed set of launches (CUDA-graph friendly).
 
