@@ -22,9 +22,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = {1: ("sparse_results_run1.json", "de0a532"), 3: ("sparse_results_run3.json", "16cdafd"), 4: ("sparse_results_run4.json", "8cef3bc"),
         5: ("sparse_results_run5.json", "6c9d14e")}
 SOURCE = {"csa_topk": 5, "csa_dual_scope_decode": 4, "dsa_indexer": 4, "dsa_indexer_topk2048": 3}
-RENAME = {"zoe BH=32 DV=512 BKV=32": "zoe default BH=32 DV=512 BKV=32",  # run 4's labels -> today's defaults
+RENAME = {"zoe BH=32 DV=512 BKV=32": "zoe BH=32 DV=512 BKV=32 (default from B=8)",  # run 4's labels
           "zoe default BH=64 DV=256 BKV=64": "zoe BH=64 DV=256 BKV=64",
-          "zoe run 1 defaults": "zoe run 1 config, current kernel",
+          "zoe run 1 defaults": "zoe run 1 config, current kernel (default below B=8)",
           "zoe radix (run 1)": "zoe radix fallback, one program per row",
           "zoe sample (default)": "zoe sample tile=2048 warps=4"}  # the default is "auto" since run 5
 # the decode kernel before run 4 (one loop with a branch around the loads), measured in run 3 with run 1's config

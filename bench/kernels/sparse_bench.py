@@ -258,7 +258,7 @@ def _torch_dual_scope(q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, com
 
 
 def bench_decode(quick: bool) -> None:
-    configs = [("default BH=32 DV=512 BKV=32", dict()), ("BH=64 DV=256 BKV=64", dict(block_h=64, block_dv=256, block_kv=64)),
+    configs = [("default", dict()), ("BH=64 DV=256 BKV=64", dict(block_h=64, block_dv=256, block_kv=64)),
                ("BH=64 DV=256 BKV=32", dict(block_h=64, block_dv=256)), ("BH=64 DV=512 BKV=32", dict(block_h=64)),
                ("BH=64 DV=128 BKV=64 4 warps", dict(block_h=64, block_dv=128, block_kv=64, num_warps=4))]
     for b in (1, 8, 32, 64, 128):
