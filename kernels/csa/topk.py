@@ -102,16 +102,22 @@ def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARG
 
 
 @triton.jit
+def _tile_candidates(row_val, offs, end, thresh):
+    """Keys of row_val[offs] (masked at `end`) and which of them reach the threshold (bool and int32)."""
+    ok = offs < end
+    key = _signed_key(tl.load(row_val + offs, mask=ok, other=0.0))
+    take = ok & (key >= thresh)
+    return key, take, take.to(tl.int32)
+
+
+@triton.jit
 def _filter_range(row_val, c_lo, c_hi, lo, thresh, cand_key, cand_pos, cap, TILE: tl.constexpr):
     """Step 2 over [c_lo, c_hi): appends (key, position - lo) of entries >= thresh in position order to at
     most `cap` slots; returns the number of candidates (which may exceed cap)."""
     count = tl.zeros([], tl.int32)
     for start in range(c_lo, c_hi, TILE):
         offs = start + tl.arange(0, TILE)
-        ok = offs < c_hi
-        key = _signed_key(tl.load(row_val + offs, mask=ok, other=0.0))
-        take = ok & (key >= thresh)
-        take_i = take.to(tl.int32)
+        key, take, take_i = _tile_candidates(row_val, offs, c_hi, thresh)
         n_take = tl.sum(take_i, axis=0)
         if n_take > 0:
             slot = count + tl.cumsum(take_i, axis=0) - take_i
@@ -222,10 +228,7 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
     base_row = row.to(tl.int64) * SLOTS
     if c_hi - c_lo <= TILE:
         offs = c_lo + tl.arange(0, TILE)
-        ok = offs < c_hi
-        key = _signed_key(tl.load(row_val + offs, mask=ok, other=0.0))
-        take = ok & (key >= thresh)
-        take_i = take.to(tl.int32)
+        key, take, take_i = _tile_candidates(row_val, offs, c_hi, thresh)
         count = tl.sum(take_i, axis=0)
         first = tl.zeros([], tl.int32)
         if count > 0:
@@ -237,9 +240,8 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
     else:
         count = tl.zeros([], tl.int32)
         for start in range(c_lo, c_hi, TILE):
-            offs = start + tl.arange(0, TILE)
-            key = _signed_key(tl.load(row_val + offs, mask=offs < c_hi, other=0.0))
-            count += tl.sum(((offs < c_hi) & (key >= thresh)).to(tl.int32), axis=0)
+            tile_take = _tile_candidates(row_val, start + tl.arange(0, TILE), c_hi, thresh)[2]
+            count += tl.sum(tile_take, axis=0)
         first = tl.zeros([], tl.int32)
         if count > 0:
             first = tl.atomic_add(fill_ptr + row, count, sem="relaxed")

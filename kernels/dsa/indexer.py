@@ -37,6 +37,18 @@ _TARGET_PROGRAMS = 1056  # about 8 programs per multiprocessor of an H200 (132 S
 
 
 @triton.jit
+def _row_block(ks_ptr, ke_ptr, pid_m, M, BM: tl.constexpr):
+    """Query rows of block pid_m, their [ks, ke) ranges and the union of the non-empty ones [blk_lo, blk_hi)."""
+    rows = pid_m * BM + tl.arange(0, BM)
+    row_ok = rows < M
+    lo = tl.load(ks_ptr + rows, mask=row_ok, other=0)
+    hi = tl.load(ke_ptr + rows, mask=row_ok, other=0)
+    blk_lo = tl.min(tl.where(row_ok & (hi > lo), lo, 2147483647), axis=0)
+    blk_hi = tl.max(tl.where(row_ok, hi, 0), axis=0)
+    return rows, row_ok, lo, hi, blk_lo, blk_hi
+
+
+@triton.jit
 def _indexer_logits_kernel(
     q_ptr, w_ptr, k_ptr, k_scale_ptr, ks_ptr, ke_ptr, out_ptr,
     M, N, stride_qm, stride_qh, stride_wm, stride_kn, stride_om,
@@ -44,12 +56,7 @@ def _indexer_logits_kernel(
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    rows = pid_m * BM + tl.arange(0, BM)
-    row_ok = rows < M
-    lo = tl.load(ks_ptr + rows, mask=row_ok, other=0)
-    hi = tl.load(ke_ptr + rows, mask=row_ok, other=0)
-    blk_lo = tl.min(tl.where(row_ok & (hi > lo), lo, 2147483647), axis=0)
-    blk_hi = tl.max(tl.where(row_ok, hi, 0), axis=0)
+    rows, row_ok, lo, hi, blk_lo, blk_hi = _row_block(ks_ptr, ke_ptr, pid_m, M, BM)
 
     # Q tile: row r = (query i, head h) flattened as i * H + h
     qr = tl.arange(0, BM * H)
@@ -90,12 +97,7 @@ def _indexer_logits_keys_kernel(
     head sum: the epilogue is one max and one fma per score, then one multiply per logit."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    rows = pid_m * BM + tl.arange(0, BM)
-    row_ok = rows < M
-    lo = tl.load(ks_ptr + rows, mask=row_ok, other=0)
-    hi = tl.load(ke_ptr + rows, mask=row_ok, other=0)
-    blk_lo = tl.min(tl.where(row_ok & (hi > lo), lo, 2147483647), axis=0)
-    blk_hi = tl.max(tl.where(row_ok, hi, 0), axis=0)
+    rows, row_ok, lo, hi, blk_lo, blk_hi = _row_block(ks_ptr, ke_ptr, pid_m, M, BM)
 
     # Q^T tile: column c = (query i, head h) flattened as i * H + h
     qc = tl.arange(0, BM * H)
