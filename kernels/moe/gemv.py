@@ -7,12 +7,13 @@ token's activations and reduces along K, one scale group at a time:
 
 - stage 1 (`gemv_gate_up`): a program per (edge, block of BLOCK_N rows of I) computes the gate and up rows
   and writes silu(gate) * up for that edge; edges with an expert id outside [0, E) are skipped;
-- stage 2 (`gemv_down_combine`): a program per (token, block of BLOCK_N rows of H) loops over the token's
-  top-k slots, accumulates weight * (inter[edge] . w2[e, n]) in registers and stores the output row in its
-  final dtype, so there are no atomics, no zero-fill and no cast launch.
+- stage 2 (`gemv_down_combine`): a program per (token, chunk of top-k slots, block of BLOCK_N rows of H)
+  accumulates weight * (inter[edge] . w2[e, n]) in registers. With one chunk (many tokens) it stores the
+  output row in its final dtype: no atomics, no zero-fill, no cast. With several (few tokens: more programs
+  in flight) the chunks add with float32 atomics into a buffer that stage 1 zero-fills on its way.
 
-No align launch and no activation quantization (fp8 runs weight-only: activations stay in 16 bits), so
-M=1 takes two launches. Programs are ordered block-of-rows major, so the programs that read the same rows
+No align launch and no activation quantization (fp8 runs weight-only: activations stay in 16 bits): two
+launches, plus the cast of the float32 buffer when the slots are split. Programs are ordered block-of-rows major, so the programs that read the same rows
 of an expert (several tokens routed to it) run together and the repeats come from L2.
 
 Dequantization uses bit tricks instead of int -> float conversions (slow on GPUs):
@@ -79,6 +80,27 @@ def _dequant_group(w_base, ws_base, rows, row_mask, kk, K, KP, a,
 
 
 @triton.jit
+def _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KP, stride_wn, stride_wsn, stride_wsk,
+              BOTH: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, GPI: tl.constexpr, BLOCK_N: tl.constexpr,
+              FP8_MUL: tl.constexpr):
+    """(a_row . W[offs_n], a_row . W[N + offs_n] if BOTH else zeros) over the whole K, float32 [BLOCK_N] each:
+    GPI scale groups per step, the activations of a group loaded once for both row sets."""
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, K, G * GPI):
+        for gi in tl.static_range(GPI):
+            kk = k0 + gi * G
+            offs_k = kk + tl.arange(0, G)
+            a = tl.load(a_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+            acc += _dequant_group(w_base, ws_base, offs_n, n_mask, kk, K, KP, a, stride_wn,
+                                  stride_wsn, stride_wsk, FMT, G, FP8_MUL)
+            if BOTH:
+                acc2 += _dequant_group(w_base, ws_base, N + offs_n, n_mask, kk, K, KP, a, stride_wn,
+                                       stride_wsn, stride_wsk, FMT, G, FP8_MUL)
+    return acc, acc2
+
+
+@triton.jit
 def _gemv_kernel(
     a_ptr, w_ptr, ws_ptr, out_ptr, ids_ptr, topk_w_ptr, zero_ptr,
     num_rows, num_chunks, slots_per_chunk, top_k, num_experts, N, K, KP, zero_numel,
@@ -110,16 +132,8 @@ def _gemv_kernel(
         w_base = w_ptr + expert.to(tl.int64) * stride_we
         ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
         a_row = a_ptr + token.to(tl.int64) * stride_am
-        acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for k0 in range(0, K, G * GPI):
-            for gi in tl.static_range(GPI):
-                kk = k0 + gi * G
-                offs_k = kk + tl.arange(0, G)
-                a = tl.load(a_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-                acc += _dequant_group(w_base, ws_base, offs_n, n_mask, kk, K, KP, a, stride_wn,
-                                      stride_wsn, stride_wsk, FMT, G, FP8_MUL)
-                acc_up += _dequant_group(w_base, ws_base, N + offs_n, n_mask, kk, K, KP, a, stride_wn,
-                                         stride_wsn, stride_wsk, FMT, G, FP8_MUL)
+        acc, acc_up = _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KP, stride_wn, stride_wsn,
+                                stride_wsk, True, FMT, G, GPI, BLOCK_N, FP8_MUL)
         h = acc / (1.0 + tl.exp(-acc)) * acc_up
         tl.store(out_ptr + r.to(tl.int64) * stride_om + offs_n, h.to(out_ptr.dtype.element_ty),
                  mask=n_mask)
@@ -133,14 +147,8 @@ def _gemv_kernel(
                 w_base = w_ptr + expert.to(tl.int64) * stride_we
                 ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
                 a_row = a_ptr + edge.to(tl.int64) * stride_am
-                part = tl.zeros((BLOCK_N,), dtype=tl.float32)
-                for k0 in range(0, K, G * GPI):
-                    for gi in tl.static_range(GPI):
-                        kk = k0 + gi * G
-                        offs_k = kk + tl.arange(0, G)
-                        a = tl.load(a_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-                        part += _dequant_group(w_base, ws_base, offs_n, n_mask, kk, K, KP, a, stride_wn,
-                                               stride_wsn, stride_wsk, FMT, G, FP8_MUL)
+                part, _ = _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KP, stride_wn, stride_wsn,
+                                    stride_wsk, False, FMT, G, GPI, BLOCK_N, FP8_MUL)
                 acc += weight * part
         o_ptrs = out_ptr + r.to(tl.int64) * stride_om + offs_n
         if ATOMIC:

@@ -200,6 +200,21 @@ def test_gemv_production_config(monkeypatch):
         assert config.gemv_config(4096, 7168, fmt, gated=False, top_k=8)["CHUNKS"] == 1
 
 
+@pytest.mark.skipif(ON_GPU, reason="test_gpu_gemv_production_tiles covers this on a GPU")
+@pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
+def test_gemv_production_tiles_in_interpreter(fmt, monkeypatch):
+    """The GPU's GEMV tiles (BLOCK_N 16-32, several groups per K step, slots split over chunks at one token),
+    run by the interpreter: the tiling and the float32 slot accumulation, not only the interpreter's tiles."""
+    from zoe_kernels.moe import config
+
+    monkeypatch.setattr(config, "interpreting", lambda: False)
+    x, w13, w2, tw, ti, kw = _problem(1, 256, 128, 8, 4, fmt, DTYPES[0], seed=31)
+    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, **kw)  # dispatch: GEMV for the 4-bit formats
+    assert config.gemv_config(1, 256, fmt, gated=False, top_k=4)["CHUNKS"] > 1
+    assert torch.isfinite(out).all()
+    assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, DTYPES[0])
+
+
 @pytest.mark.skipif(ON_GPU and not has_native_mx(), reason="Hopper emulates tl.dot_scaled; zoe does not use it there")
 def test_mxfp4_native_scaled_dot_path(monkeypatch):
     """The `tl.dot_scaled` path that gfx950 takes, forced on where the interpreter runs it."""
