@@ -143,8 +143,12 @@ def _dual_scope_partial_kernel(
 
 
 @triton.jit
-def _merge_kernel(part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, H, NUM_SPLITS, stride_ob, stride_oh,
-                  D: tl.constexpr, BH: tl.constexpr, SPLITS_P2: tl.constexpr, HAS_SINK: tl.constexpr):
+def merge_partials_kernel(part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr, H, NUM_SPLITS, stride_ob,
+                          stride_oh, D: tl.constexpr, BH: tl.constexpr, SPLITS_P2: tl.constexpr,
+                          HAS_SINK: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """Exact merge of the splits' (out, lse) partials (lse in log2 units), the sink in the denominator only.
+    With WRITE_LSE it also stores the entries' log-sum-exp in natural-log units, +inf for a row with no entry
+    (FlashMLA's convention; the paged entry point returns it)."""
     b = tl.program_id(0)
     heads = tl.program_id(1) * BH + tl.arange(0, BH)
     h_ok = heads < H
@@ -157,7 +161,8 @@ def _merge_kernel(part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, H, NUM_SPLITS, 
         sink = tl.load(sink_ptr + heads, mask=h_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
         top = tl.maximum(top, sink)
     top_safe = tl.where(top == float("-inf"), 0.0, top)
-    denom = tl.sum(tl.exp2(lse - top_safe[None, :]), axis=0)
+    entries = tl.sum(tl.exp2(lse - top_safe[None, :]), axis=0)  # the entries' sum, relative to top
+    denom = entries
     if HAS_SINK:
         denom += tl.exp2(sink - top_safe)
     dd = tl.arange(0, D)
@@ -169,6 +174,10 @@ def _merge_kernel(part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, H, NUM_SPLITS, 
     acc = acc / tl.where(denom > 0, denom, 1.0)[:, None]
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + dd[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
+    if WRITE_LSE:
+        total = tl.where(entries > 0, (top_safe + tl.log2(tl.where(entries > 0, entries, 1.0))) * 0.6931471805599453,
+                         float("inf"))
+        tl.store(lse_ptr + b.to(tl.int64) * H + heads, total, mask=h_ok)
 
 
 _DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -289,7 +298,8 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
         num_warps=cfg["num_warps"], num_stages=num_stages)
     if not final:
         merge_h = min(block_h, 16)  # the merge holds [merge_h, D] float32 partial rows
-        _merge_kernel[(bsz, triton.cdiv(heads, merge_h))](
-            part_out, part_lse, sink_t, out, heads, splits, out.stride(0), out.stride(1),
-            D=d, BH=merge_h, SPLITS_P2=triton.next_power_of_2(splits), HAS_SINK=sink is not None, num_warps=4)
+        merge_partials_kernel[(bsz, triton.cdiv(heads, merge_h))](
+            part_out, part_lse, sink_t, out, part_lse, heads, splits, out.stride(0), out.stride(1),
+            D=d, BH=merge_h, SPLITS_P2=triton.next_power_of_2(splits), HAS_SINK=sink is not None, WRITE_LSE=False,
+            num_warps=4)
     return out

@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from zoe_kernels.csa.dual_scope_decode import merge_partials_kernel
+
 D_NOPE, D_ROPE, NOPE_TILE = 448, 64, 64
 D_QK = D_NOPE + D_ROPE  # 512
 DATA_BYTES = D_NOPE + 2 * D_ROPE  # 576: the nope + rope row of one token
@@ -130,38 +132,6 @@ def _paged_partial_kernel(
     base = (b.to(tl.int64) * num_splits + split) * H
     tl.store(part_out_ptr + (base + heads)[:, None] * 512 + dd[None, :], out, mask=h_ok[:, None])
     tl.store(part_lse_ptr + base + heads, lse, mask=h_ok)
-
-
-@triton.jit
-def _paged_merge_kernel(part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr, H, NUM_SPLITS, stride_ob, stride_oh,
-                        BH: tl.constexpr, SPLITS_P2: tl.constexpr, HAS_SINK: tl.constexpr):
-    b = tl.program_id(0)
-    heads = tl.program_id(1) * BH + tl.arange(0, BH)
-    h_ok = heads < H
-    ss = tl.arange(0, SPLITS_P2)
-    base = b.to(tl.int64) * NUM_SPLITS * H
-    lse = tl.load(part_lse_ptr + base + ss[:, None] * H + heads[None, :],
-                  mask=(ss[:, None] < NUM_SPLITS) & h_ok[None, :], other=float("-inf"))  # [S, BH], log2
-    top = tl.max(lse, axis=0)
-    top_safe = tl.where(top == float("-inf"), 0.0, top)
-    entries = tl.sum(tl.exp2(lse - top_safe[None, :]), axis=0)  # entries' sum, relative to top
-    denom = entries
-    if HAS_SINK:
-        sink = tl.load(sink_ptr + heads, mask=h_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
-        denom += tl.exp2(sink - top_safe)
-    dd = tl.arange(0, 512)
-    acc = tl.zeros([BH, 512], tl.float32)
-    for s in range(NUM_SPLITS):
-        lse_s = tl.load(part_lse_ptr + base + s * H + heads, mask=h_ok, other=float("-inf"))
-        part = tl.load(part_out_ptr + (base + s * H + heads)[:, None] * 512 + dd[None, :], mask=h_ok[:, None],
-                       other=0.0)
-        acc += tl.exp2(lse_s - top_safe)[:, None] * part
-    acc = acc / tl.where(denom > 0, denom, 1.0)[:, None]
-    tl.store(out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + dd[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
-    total = tl.where(entries > 0, (top_safe + tl.log2(tl.where(entries > 0, entries, 1.0))) * 0.6931471805599453,
-                     float("inf"))
-    tl.store(lse_ptr + b.to(tl.int64) * H + heads, total, mask=h_ok)
 
 
 _DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -263,9 +233,10 @@ def paged_dual_scope_decode(
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     sink_t = sink.to(device=dev, dtype=torch.float32).contiguous() if sink is not None else part_lse
-    _paged_merge_kernel[(bsz, head_blocks)](
+    merge_partials_kernel[(bsz, head_blocks)](
         part_out, part_lse, sink_t, out, lse, heads, splits, out.stride(0), out.stride(1),
-        BH=block_h, SPLITS_P2=triton.next_power_of_2(splits), HAS_SINK=sink is not None, num_warps=4,
+        D=512, BH=block_h, SPLITS_P2=triton.next_power_of_2(splits), HAS_SINK=sink is not None, WRITE_LSE=True,
+        num_warps=4,
     )  # fmt: skip
     return out, lse
 
