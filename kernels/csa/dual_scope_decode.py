@@ -156,13 +156,15 @@ def merge_partials_kernel(part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr
     base = b.to(tl.int64) * NUM_SPLITS * H
     lse = tl.load(part_lse_ptr + base + ss[:, None] * H + heads[None, :],
                   mask=(ss[:, None] < NUM_SPLITS) & h_ok[None, :], other=float("-inf"))  # [S, BH]
-    top = tl.max(lse, axis=0)
+    top_e = tl.max(lse, axis=0)
+    top_e = tl.where(top_e == float("-inf"), 0.0, top_e)
+    entries = tl.sum(tl.exp2(lse - top_e[None, :]), axis=0)  # the entries' sum relative to their own max (>= 1)
+    top_safe = top_e
     if HAS_SINK:
         sink = tl.load(sink_ptr + heads, mask=h_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
-        top = tl.maximum(top, sink)
-    top_safe = tl.where(top == float("-inf"), 0.0, top)
-    entries = tl.sum(tl.exp2(lse - top_safe[None, :]), axis=0)  # the entries' sum, relative to top
-    denom = entries
+        top = tl.maximum(tl.max(lse, axis=0), sink)
+        top_safe = tl.where(top == float("-inf"), 0.0, top)
+    denom = entries * tl.exp2(top_e - top_safe)
     if HAS_SINK:
         denom += tl.exp2(sink - top_safe)
     dd = tl.arange(0, D)
@@ -175,7 +177,7 @@ def merge_partials_kernel(part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + dd[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
     if WRITE_LSE:
-        total = tl.where(entries > 0, (top_safe + tl.log2(tl.where(entries > 0, entries, 1.0))) * 0.6931471805599453,
+        total = tl.where(entries > 0, (top_e + tl.log2(tl.where(entries > 0, entries, 1.0))) * 0.6931471805599453,
                          float("inf"))
         tl.store(lse_ptr + b.to(tl.int64) * H + heads, total, mask=h_ok)
 

@@ -86,6 +86,23 @@ def test_paged_decode_matches_float64_reference_from_the_pool_bytes(dtype, with_
     assert (out[2].cpu() == 0).all()  # no entry: zeros, with or without the sink
 
 
+def test_a_sink_far_above_the_scores_keeps_the_entries_lse_exact():
+    """The merge keeps the entries' log-sum-exp relative to their own maximum, so a sink logit far above every
+    score (all probability on the sink) neither underflows the entries' sum nor marks the row empty."""
+    gen = torch.Generator().manual_seed(5)
+    b, h = 2, 16
+    q, swa, swa_idx, swa_len, ext, ext_idx, ext_len = _case(b, h, 32, 48, gen)
+    q = q * 0.01  # scores near 0; the sink at 120 nats is about 173 in log2 units, past float32's range
+    sink = torch.full((h,), 120.0)
+    for splits in (1, None):
+        out, lse = paged_dual_scope_decode(q.to(DEVICE), swa, *_dev(swa_idx, swa_len), ext, *_dev(ext_idx, ext_len),
+                                           sink=sink.to(DEVICE), splits=splits, block_kv=16)  # fmt: skip
+        _, ref_lse = paged_dual_scope_decode_reference(q, swa, swa_idx, swa_len, ext, ext_idx, ext_len, sink=sink)
+        assert torch.isfinite(lse.cpu()).all() and torch.isfinite(out.cpu()).all()
+        assert torch.allclose(lse.cpu().double(), ref_lse, rtol=1e-5, atol=1e-4)
+        assert out.abs().max().item() < 1e-30  # the sink takes all the probability
+
+
 def test_window_only_no_lengths_and_custom_scale():
     gen = torch.Generator().manual_seed(11)
     q, swa, swa_idx, _, _, _, _ = _case(2, 16, 48, 16, gen, swa_page=32)
