@@ -1,7 +1,7 @@
 """Runs INSIDE an engine's test venv: parses argv lists with the engine's real argument parser.
 
 stdin: JSON {"engine": "vllm"|"sglang", "argvs": [[...], ...]} (argv without the launcher);
-stdout (last line): JSON list of {"ok": bool, "error": str}.
+stdout (last line): JSON list of {"ok": bool, "error": str, "values": {...}} (a few parsed settings zoe sets).
 """
 
 import contextlib
@@ -39,7 +39,8 @@ def check_vllm(argvs):
                 raise ValueError(f"speculative method {spec.get('method')!r} not in vLLM's {sorted(methods)}")
             if eng.quantization and eng.quantization not in QUANTIZATION_METHODS:
                 raise ValueError(f"unknown quantization {eng.quantization!r}")
-            results.append({"ok": True, "error": ""})
+            results.append({"ok": True, "error": "", "values": {
+                "kv_offloading_size": eng.kv_offloading_size, "kv_offloading_backend": eng.kv_offloading_backend}})
         except BaseException as e:  # argparse exits with SystemExit
             results.append({"ok": False, "error": (err.getvalue().strip().splitlines() or [repr(e)])[-1]})
     return results
@@ -57,7 +58,8 @@ def check_sglang(argvs):
                 args = prepare_server_args(argv)
             if args.speculative_algorithm is not None:
                 SpeculativeAlgorithm.from_string(args.speculative_algorithm)  # raises on unknown names
-            results.append({"ok": True, "error": ""})
+            results.append({"ok": True, "error": "", "values": {
+                "enable_hierarchical_cache": args.enable_hierarchical_cache, "hicache_size": args.hicache_size}})
         except BaseException as e:
             results.append({"ok": False, "error": (err.getvalue().strip().splitlines() or [repr(e)])[-1]})
     return results

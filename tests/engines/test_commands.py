@@ -55,11 +55,20 @@ def test_every_vllm_variant_passes_vllms_parser(vllm_python):
     argvs.append(argvs[0] + ["--max-num-seqz", "4"])
     argvs.append(argvs[0] + ["--kv-cache-dtype", "fp7"])
     argvs.append(argvs[0] + ["--speculative-config", '{"method":"telepathy","num_speculative_tokens":2}'])
+    # a host KV tier of 2000 GB per replica: vLLM's native CPU offloading, sized in GiB over the replica's ranks
+    r0, n0 = cases[0]
+    argvs.append(_strip("vllm", adapter.command(r0, n0, _ctx(served_model_name=r0.served_model_name,
+                                                             host_kv_gb=2000)).argv))
     res = _parse(vllm_python, "vllm", argvs)
     for (r, name), got in zip(cases, res):
         assert got["ok"], f"{r.name}/{name}: {got['error']}"
-    assert [g["ok"] for g in res[len(cases):]] == [False, False, False], res[len(cases):]
+        assert got["values"]["kv_offloading_size"] is None  # HBM only unless asked
+    assert [g["ok"] for g in res[len(cases):len(cases) + 3]] == [False, False, False], res[len(cases):]
     assert "max-num-seqz" in res[len(cases)]["error"]
+    host = res[len(cases) + 3]
+    assert host["ok"], host["error"]
+    assert host["values"] == {"kv_offloading_size": pytest.approx(2000e9 / 2**30, abs=0.1),
+                              "kv_offloading_backend": "native"}
 
 
 @pytest.mark.sglang
@@ -74,11 +83,19 @@ def test_every_sglang_variant_passes_sglangs_parser(sglang_python):
                                                                dist_init_addr="10.0.0.1:5000")).argv))
     argvs.append(argvs[0] + ["--tp-size", "eight"])
     argvs.append(argvs[0] + ["--speculative-algorithm", "TELEPATHY"])
+    # a host KV tier of 2000 GB per replica: HiCache, whole GB per rank
+    argvs.append(_strip("sglang", adapter.command(r0, n0, _ctx(served_model_name=r0.served_model_name,
+                                                               host_kv_gb=2000)).argv))
     res = _parse(sglang_python, "sglang", argvs)
     for (r, name), got in zip(cases, res):
         assert got["ok"], f"{r.name}/{name}: {got['error']}"
+        assert got["values"]["enable_hierarchical_cache"] is False
     assert res[len(cases)]["ok"], res[len(cases)]
-    assert [g["ok"] for g in res[len(cases) + 1:]] == [False, False]
+    assert [g["ok"] for g in res[len(cases) + 1:len(cases) + 3]] == [False, False]
+    host = res[len(cases) + 3]
+    ranks = r0.variants[n0].parallelism.tp * r0.variants[n0].parallelism.pp * r0.variants[n0].parallelism.dp
+    assert host["ok"], host["error"]
+    assert host["values"] == {"enable_hierarchical_cache": True, "hicache_size": 2000 // ranks}
 
 
 def test_gpu_ids_are_exported_per_platform_and_kernels_set():

@@ -196,6 +196,9 @@ def register(app: typer.Typer) -> None:
             None, help="Command that starts the engine, e.g. '/opt/venv/bin/vllm' (default: the engine's own)."),
         engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra engine flag (repeatable)."),
         env: list[str] = typer.Option([], "--env", help="Extra engine environment KEY=VALUE (repeatable)."),
+        host_kv_gb: float = typer.Option(
+            0.0, "--host-kv-gb", help="Host memory for a second KV tier, GB per replica (vLLM's CPU offloading, "
+            "SGLang's HiCache, the simulated engine's host tier); 0: HBM only."),
         load_timeout: float = typer.Option(1800, help="Seconds a replica may take to load before it is restarted."),
         num_gpus: Optional[int] = typer.Option(
             None, help="GPUs a new local Ray declares (default: the machine's, or 16 fake ones without GPUs)."),
@@ -244,6 +247,8 @@ def register(app: typer.Typer) -> None:
             fail(f"model {model} has no variant '{chosen}'; known: {', '.join(sorted(recipe.variants))}")
         engine = engine or recipe.variants[chosen].engine
         engine_env = _parse_env(env)
+        if host_kv_gb < 0:
+            fail(f"--host-kv-gb must be >= 0, got {host_kv_gb}")
         classes = _parse_classes(switch_class)
         if classes and switch is None:
             fail("--switch-class needs --switch (the variants the mix is made of)")
@@ -254,7 +259,7 @@ def register(app: typer.Typer) -> None:
                 name=name or recipe.name, recipe=recipe, variant=chosen,
                 replicas=1 if replicas is None else replicas, engine=engine, model_path=model_path,
                 max_model_len=max_model_len, launcher=shlex.split(launcher) if launcher else None,
-                engine_args=list(engine_arg), engine_env=engine_env,
+                engine_args=list(engine_arg), engine_env=engine_env, host_kv_gb=host_kv_gb,
                 health=HealthConfig(load_timeout_s=load_timeout),
                 router=RouterConfig(host=host or ("127.0.0.1" if local else "0.0.0.0"), port=port, policy=policy),
                 switching=None if switch is None else SwitchConfig(

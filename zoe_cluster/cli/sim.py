@@ -53,6 +53,9 @@ def serve_cmd(
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", envvar="ZOE_SIM_MAX_MODEL_LEN"),
     kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", envvar="ZOE_SIM_KV_TOKENS",
                                             help="KV capacity override, tokens."),
+    host_kv_gb: float = typer.Option(
+        0.0, "--host-kv-gb", envvar="ZOE_SIM_HOST_KV_GB",
+        help="Host memory for a second KV tier, GB per replica (as vLLM's --kv-offloading-size); 0: HBM only."),
     crash_after: Optional[int] = typer.Option(None, "--crash-after", envvar="ZOE_SIM_CRASH_AFTER"),
     hang_after: Optional[int] = typer.Option(None, "--hang-after", envvar="ZOE_SIM_HANG_AFTER"),
     error_after: Optional[int] = typer.Option(None, "--error-after", envvar="ZOE_SIM_ERROR_AFTER"),
@@ -73,6 +76,8 @@ def serve_cmd(
         fail(f"--port must be in 1..65535, got {port}")
     if startup_s is not None and startup_s < 0:
         fail(f"--startup-s must be >= 0, got {startup_s}")
+    if host_kv_gb < 0:
+        fail(f"--host-kv-gb must be >= 0, got {host_kv_gb}")
     try:
         faults = FaultConfig(crash_after=crash_after, hang_after=hang_after, error_after=error_after,
                              error_rate=error_rate, slowdown=slowdown)
@@ -86,7 +91,7 @@ def serve_cmd(
     config = ServerConfig(
         served_model_name=served_model_name or recipe.served_model_name, time_scale=time_scale, seed=seed,
         startup_s=startup_s, metrics_mode=metrics_mode,  # type: ignore[arg-type]
-        max_model_len=max_model_len, kv_tokens=kv_tokens, faults=faults,
+        max_model_len=max_model_len, kv_tokens=kv_tokens, host_kv_gb=host_kv_gb, faults=faults,
     )
     try:
         server = SimServer(recipe, name, config, _calibrate(recipe, name))

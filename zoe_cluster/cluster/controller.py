@@ -25,7 +25,7 @@ from zoe_cluster.cluster.placement import GangShape, fits_cluster
 from zoe_cluster.cluster.router_link import RouterLink, router_argv
 from zoe_cluster.cluster.spec import DeploymentSpec
 from zoe_cluster.engines import LaunchContext, get_adapter
-from zoe_cluster.recipes.profile import kv_capacity_tokens
+from zoe_cluster.recipes.profile import host_kv_tokens, kv_capacity_tokens
 from zoe_cluster.router.membership import Membership
 
 log = logging.getLogger(__name__)
@@ -342,7 +342,7 @@ class DeploymentController:
                     served_model_name=self.spec.recipe.served_model_name, node_rank=rank, nnodes=gang.shape.nodes,
                     dist_init_addr=dist, model_path=self.spec.model_path, max_model_len=self.spec.max_model_len,
                     launcher=tuple(self.spec.launcher) if self.spec.launcher else None,
-                    extra_env=dict(self.spec.engine_env),
+                    extra_env=dict(self.spec.engine_env), host_kv_gb=self.spec.host_kv_gb,
                 )
                 cmd = self.adapter.command(self.spec.recipe, facts.variant, ctx)
                 argv = cmd.argv + list(self.spec.engine_args) if cmd.argv else []
@@ -565,6 +565,7 @@ class DeploymentController:
                 "engine": self.spec.engine, "models": [self.spec.recipe.served_model_name],
                 "max_active_requests": v.max_num_seqs,
                 "kv_capacity_tokens": self._kv_tokens(f.variant),
+                "host_kv_capacity_tokens": host_kv_tokens(self.spec.recipe, f.variant, self.spec.host_kv_gb),
                 "max_context_tokens": self.spec.max_model_len or self.spec.recipe.architecture.max_context_tokens,
             })
         return {"version": self.membership_version, "replicas": reps}

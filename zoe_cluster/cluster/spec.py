@@ -83,6 +83,11 @@ class DeploymentSpec(BaseModel):
     launcher: list[str] | None = Field(default=None, description="argv prefix that starts the engine (its binary).")
     engine_args: list[str] = Field(default_factory=list, description="Extra flags appended to every engine argv.")
     engine_env: dict[str, str] = Field(default_factory=dict, description="Extra environment for every engine.")
+    host_kv_gb: float = Field(
+        default=0.0, ge=0,
+        description="Host memory for a second KV tier, GB per replica (vLLM CPU offloading, SGLang HiCache, the "
+        "simulated engine's host tier); 0: HBM only. The router sizes its prefix index to the larger tier.",
+    )
     host: str | None = Field(
         default=None, description="Address engines bind; default: the node's Ray IP (loopback on a local Ray)."
     )

@@ -35,6 +35,9 @@ class LaunchContext:
     launcher: tuple[str, ...] | None = None
     """argv prefix that starts the engine (default: `vllm` / `python3 -m sglang.launch_server` on PATH)."""
     extra_env: dict[str, str] = field(default_factory=dict)
+    host_kv_gb: float = 0.0
+    """Host memory for a second KV tier, GB per replica (0: HBM only); each adapter turns it into its engine's
+    flags: vLLM's CPU offloading, SGLang's HiCache, the simulated engine's host tier."""
 
 
 @dataclass(frozen=True)

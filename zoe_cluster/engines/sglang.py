@@ -67,6 +67,9 @@ class SglangAdapter:
                 raise ValueError("a multi-node SGLang replica needs dist_init_addr (host:port of node rank 0)")
             argv += ["--nnodes", str(ctx.nnodes), "--node-rank", str(ctx.node_rank),
                      "--dist-init-addr", ctx.dist_init_addr]
+        if ctx.host_kv_gb > 0:  # HiCache: --hicache-size is whole GB per rank (each TP rank keeps its own pool)
+            per_rank = max(1, int(ctx.host_kv_gb // (par.tp * par.pp * par.dp)))
+            argv += ["--enable-hierarchical-cache", "--hicache-size", str(per_rank)]
         argv += list(v.extra_engine_args)
         env = {**v.env, **kernel_env(v.kernels), **visible_devices_env(ctx.platform, ctx.gpu_ids), **ctx.extra_env}
         return EngineCommand(argv=argv, env=env)

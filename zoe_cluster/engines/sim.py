@@ -3,7 +3,7 @@
 The simulated engine needs no GPUs; it keeps the variant's GPU count for placement. Its knobs travel as
 environment variables (`ZOE_SIM_TIME_SCALE`, `ZOE_SIM_SEED`, `ZOE_SIM_STARTUP_S`, `ZOE_SIM_CRASH_AFTER`,
 `ZOE_SIM_HANG_AFTER`, `ZOE_SIM_ERROR_AFTER`, `ZOE_SIM_ERROR_RATE`, `ZOE_SIM_SLOWDOWN`, `ZOE_SIM_METRICS`,
-`ZOE_SIM_KV_TOKENS`, `ZOE_SIM_MAX_MODEL_LEN`) from `LaunchContext.extra_env`, which `zoe sim serve` reads as
+`ZOE_SIM_KV_TOKENS`, `ZOE_SIM_MAX_MODEL_LEN`, `ZOE_SIM_HOST_KV_GB`) from `LaunchContext.extra_env`, which `zoe sim serve` reads as
 option defaults.
 """
 
@@ -29,6 +29,8 @@ class SimAdapter:
         if ctx.max_model_len is not None:
             argv += ["--max-model-len", str(ctx.max_model_len)]
         env = {k: v for k, v in ctx.extra_env.items()}
+        if ctx.host_kv_gb > 0:
+            env["ZOE_SIM_HOST_KV_GB"] = str(ctx.host_kv_gb)
         return EngineCommand(argv=argv, env=env)
 
     def parse_metrics(self, text: str, scraped_at: float) -> EngineStats:

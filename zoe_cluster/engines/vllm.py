@@ -81,6 +81,8 @@ class VllmAdapter:
         if v.speculative:
             spec = {"method": v.speculative.method, "num_speculative_tokens": v.speculative.num_speculative_tokens}
             argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+        if ctx.host_kv_gb > 0:  # vLLM's native CPU offloading; its size is GiB summed over the replica's ranks
+            argv += ["--kv-offloading-size", f"{ctx.host_kv_gb * 1e9 / 2**30:.1f}", "--kv-offloading-backend", "native"]
         argv += kernel_args(v.kernels, ctx.platform, list(v.extra_engine_args))
         argv += list(v.extra_engine_args)
         return EngineCommand(argv=argv, env=env)

@@ -134,6 +134,16 @@ def kv_capacity(recipe: Recipe, variant: str, reserve_gb_per_gpu: float = RESERV
     return KvCapacity(tokens=tokens, free_hbm_gb=free_gb * par.dp, kv_copies=copies, reserve_gb=reserve * par.dp)
 
 
+def host_kv_tokens(recipe: Recipe, variant: str, host_kv_gb: float) -> int:
+    """Tokens a host-memory KV tier of `host_kv_gb` GB per replica holds (vLLM's `--kv-offloading-size`,
+    SGLang's HiCache): every rank offloads its own KV, so a latent-KV model stores tp copies per token, as in HBM.
+    The router sizes its prefix index to it and the simulated engine models it (`sim.kv_cache.host_kv_tier`)."""
+    if host_kv_gb <= 0:
+        return 0
+    copies = recipe.variant(variant).parallelism.tp if recipe.architecture.attention in LATENT_KV_ATTENTION else 1
+    return int(host_kv_gb * 1e9 / (recipe.architecture.kv_bytes_per_token.value * copies))
+
+
 def kv_capacity_tokens(recipe: Recipe, variant: str) -> int:
     """`kv_capacity(...).tokens`, or 0 when the weights leave no room."""
     try:

@@ -32,6 +32,7 @@ from zoe_cluster.recipes.profile import (  # noqa: E402,F401
     LATENT_KV_ATTENTION,
     RESERVE_GB_PER_GPU,
     KvCapacity,
+    host_kv_tokens,
     kv_capacity,
 )
 
@@ -65,7 +66,7 @@ def host_kv_tier(recipe: Recipe, variant: str, host_kv_gb: float, link_gb_s: flo
     v = recipe.variant(variant)
     gpus = v.parallelism.tp * v.parallelism.pp
     per_token_bytes = recipe.architecture.kv_bytes_per_token.value * cap.kv_copies
-    tokens = int(host_kv_gb * 1e9 / per_token_bytes) if host_kv_gb > 0 else 0
+    tokens = host_kv_tokens(recipe, variant, host_kv_gb)
     return HostKvTier(tokens, host_kv_gb, per_token_bytes / gpus / (link_gb_s * 1e9))
 
 

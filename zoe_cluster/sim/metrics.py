@@ -55,6 +55,9 @@ class SimMetrics:
             self.kv = Gauge(p + "kv_cache_usage_perc", "KV-cache usage, 1 = full.", names, registry=r)
             self.queries = Counter(p + "prefix_cache_queries", "Prefix-cache queries, tokens.", names, registry=r)
             self.hits = Counter(p + "prefix_cache_hits", "Prefix-cache hits, tokens.", names, registry=r)
+            self.external_hits = Counter(p + "external_prefix_cache_hits",
+                                         "Prompt tokens loaded from the host KV tier (vLLM's KV offloading), tokens.",
+                                         names, registry=r)
             self.prompt = Counter(p + "prompt_tokens", "Prefilled prompt tokens.", names, registry=r)
             self.gen = Counter(p + "generation_tokens", "Generated tokens.", names, registry=r)
             self.preempt = Counter(p + "num_preemptions", "Preemptions.", names, registry=r)
@@ -80,6 +83,7 @@ class SimMetrics:
             self.preempt = Counter(p + "num_retractions", "Retracted (preempted) requests.", names, registry=r)
             self.success = None
             self.req_prompt = self.req_gen = None
+            self.external_hits = None
         self.ttft = Histogram(p + "time_to_first_token_seconds", "Time to first token.", names,
                               buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram(p + "inter_token_latency_seconds", "Time between output steps of a request.", names,
@@ -87,10 +91,10 @@ class SimMetrics:
         self.e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end request latency.", names,
                              buckets=E2E_BUCKETS, registry=r)
         self._labels = labels
-        self._last = {"q": 0, "h": 0, "p": 0, "g": 0, "x": 0}
+        self._last = {"q": 0, "h": 0, "p": 0, "g": 0, "x": 0, "e": 0}
         # Children bound to the labels once (cheaper per update).
         for attr in ("running", "waiting", "kv", "queries", "hits", "gen", "preempt", "ttft", "itl", "e2e",
-                     "req_prompt", "req_gen", "cache_hit_rate"):
+                     "req_prompt", "req_gen", "cache_hit_rate", "external_hits"):
             m = getattr(self, attr)
             if m is not None:
                 setattr(self, "_" + attr, m.labels(**labels))
@@ -106,7 +110,8 @@ class SimMetrics:
         self._kv.set(core.cache.usage)
         if self.mode == "vllm":
             for key, value, child in (("q", c.prefix_queries_tokens, self._queries), ("h", c.prefix_hits_tokens,
-                                      self._hits), ("p", c.prompt_tokens, self._prompt_child)):
+                                      self._hits), ("p", c.prompt_tokens, self._prompt_child),
+                                      ("e", c.host_hits_tokens, self._external_hits)):
                 if value > last[key]:
                     child.inc(value - last[key])
                     last[key] = value

@@ -33,7 +33,7 @@ from zoe_cluster.sim.calibrate import Calibration, calibrate
 from zoe_cluster.sim.clock import WallClock
 from zoe_cluster.sim.core import EngineCore, RequestTooLarge, SimRequest
 from zoe_cluster.sim.faults import FaultConfig, FaultState
-from zoe_cluster.sim.kv_cache import PrefixCache, kv_capacity
+from zoe_cluster.sim.kv_cache import PrefixCache, host_kv_tier, kv_capacity
 from zoe_cluster.sim.metrics import MetricsMode, SimMetrics
 from zoe_cluster.sim.tokens import OutputText, prompt_blocks, render_chat
 
@@ -55,6 +55,9 @@ class ServerConfig:
     """Longest prompt + output, tokens; None: the model's max_context_tokens."""
     kv_tokens: int | None = None
     """KV capacity override, tokens (tests); None: computed from the recipe."""
+    host_kv_gb: float = 0.0
+    """Host memory for a second KV tier, GB per replica (vLLM's `--kv-offloading-size`, SGLang's HiCache);
+    0: HBM only. Sized and priced by `sim.kv_cache.host_kv_tier`."""
     block_tokens: int = SERVER_BLOCK_TOKENS
     faults: FaultConfig | None = None
 
@@ -93,7 +96,9 @@ class SimServer:
         kv_tokens = config.kv_tokens or cap.tokens
         self.capacity = cap
         self.max_model_len = config.max_model_len or recipe.architecture.max_context_tokens
-        cache = PrefixCache(max(1, kv_tokens // config.block_tokens), config.block_tokens)
+        self.host_tier = host_kv_tier(recipe, variant, config.host_kv_gb)
+        cache = PrefixCache(max(1, kv_tokens // config.block_tokens), config.block_tokens,
+                            self.host_tier.tokens // config.block_tokens, self.host_tier.load_s_per_token)
         self.core = EngineCore(self.calibration.model, cache, v.max_num_seqs, v.max_num_batched_tokens)
         self.metrics = SimMetrics(config.metrics_mode, config.served_model_name)
         self.faults = FaultState(config.faults or FaultConfig(), config.seed)
@@ -298,7 +303,8 @@ class SimServer:
             "prompt_tokens": req.prompt_tokens,
             "completion_tokens": req.output,
             "total_tokens": req.prompt_tokens + req.output,
-            "prompt_tokens_details": {"cached_tokens": max(0, req.cached_tokens)},
+            # as vLLM's num_cached_tokens: local prefix hits plus tokens a KV connector (the host tier) loaded
+            "prompt_tokens_details": {"cached_tokens": max(0, req.cached_tokens) + req.host_cached_tokens},
         }
 
     async def _sse(self, req: SimRequest, chat: bool, rid: str, created: int, model: str,
@@ -375,6 +381,8 @@ class SimServer:
             "ready": self.ready, "max_model_len": self.max_model_len,
             "kv_capacity_tokens": self.core.cache.num_blocks * self.core.cache.block_tokens,
             "kv_capacity": self.capacity.explain(), "block_tokens": self.core.cache.block_tokens,
+            "host_kv_capacity_tokens": self.host_tier.tokens,
+            "host_kv": self.host_tier.explain() if self.host_tier.tokens else None,
             "calibration": self.calibration.to_dict(), "faults": self.faults.config.model_dump(),
             "requests": self.faults.requests, "metrics_mode": self.config.metrics_mode,
         })
