@@ -79,16 +79,18 @@ def test_controller_reads_per_class_in_flight_from_the_router():
             for _ in range(50):
                 got = await link.in_flight_by_class()
                 if got and got.get("interactive"):
-                    return got
+                    return got, await link.prefill_tokens_by_class()
                 await asyncio.sleep(0.05)
-            return got
+            return got, None
         finally:
             await link.close()
 
     t = threading.Thread(target=hold)
     t.start()
     try:
-        assert asyncio.run(counts()) == {"interactive": 1.0, "standard": 0.0}
+        in_flight, prefill = asyncio.run(counts())
+        assert in_flight == {"interactive": 1.0, "standard": 0.0}
+        assert prefill["interactive"] > 0 and prefill["standard"] == 0  # the held prompt, nothing cached
     finally:
         t.join()
         router.stop()
@@ -128,3 +130,47 @@ def test_deploy_rejects_bad_classes_before_touching_ray(args, message):
 
     result = CliRunner().invoke(app, ["deploy", "glm-5.3", "--engine", "sim", *args])
     assert result.exit_code != 0 and message in result.output
+
+
+def test_the_loop_hands_per_class_counts_and_prompt_rates_to_decide():
+    """SwitchLoop passes the router's per-class in-flight counts and prompt-token counters to the actuator, as
+    the replay's fleet does (FAKE controller; the decision itself is decide's, tested elsewhere)."""
+    from prometheus_client import CollectorRegistry
+
+    from zoe_cluster.switching.loop import SwitchLoop
+
+    class FakeController:
+        tokens = 0.0
+
+        def fleet(self):
+            return [{"index": i, "replica_id": f"d/{i}/1", "variant": B, "state": "ready", "last_swap_at": None}
+                    for i in range(2)]
+
+        async def in_flight(self):
+            return {"d/0/1": 3.0, "d/1/1": 3.0}
+
+        async def in_flight_by_class(self):
+            return {"interactive": 2.0, "standard": 4.0}
+
+        async def prefill_tokens_by_class(self):
+            self.tokens += 30_000.0
+            return {"interactive": self.tokens / 3, "standard": self.tokens}
+
+        async def swap_replica(self, *a, **kw):
+            return {}
+
+    recipe = RecipeRegistry.default().get("glm-5.3")
+    config = SwitchConfig(candidates=[A, B], classes=CLASSES, interval_s=30, window_s=300)
+    now = [0.0]
+    loop = SwitchLoop(recipe, config, FakeController(), CollectorRegistry())
+    loop.actuator.clock = lambda: now[0]
+
+    async def ticks():
+        for t in (0.0, 30.0):
+            now[0] = t
+            await loop.tick()
+
+    asyncio.run(ticks())
+    assert loop.actuator.demand == {"interactive": 2.0, "standard": 4.0}
+    rates = loop.actuator.prefill_tok_s
+    assert rates is not None and rates["standard"] == pytest.approx(1000.0) and rates["interactive"] > 0

@@ -671,6 +671,10 @@ class DeploymentController:
         """Requests in flight per service class (the router's `slo` policy counts them); None without them."""
         return None if self.router is None else await self.router.in_flight_by_class()
 
+    async def prefill_tokens_by_class(self) -> dict[str, float] | None:
+        """Uncached prompt tokens routed so far per service class (cumulative); None without them."""
+        return None if self.router is None else await self.router.prefill_tokens_by_class()
+
     async def swap_replica(self, index: int, variant: str, wait: bool = True, timeout_s: float | None = None,
                            reason: str = "") -> dict:
         """Drain replica `index`, stop it, start `variant` on the same GPUs (when the shape allows), wait ready.

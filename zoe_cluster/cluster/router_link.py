@@ -91,17 +91,25 @@ class RouterLink:
         except (httpx.HTTPError, ValueError, TypeError, KeyError):
             return {}
 
-    async def in_flight_by_class(self) -> dict[str, float] | None:
-        """Requests in flight per service class as the router's `slo` policy counts them; None when the router
-        runs another policy or does not answer (the switcher then decides per replica)."""
+    async def _policy_counts(self, key: str) -> dict[str, float] | None:
+        """A per-class count the router's `slo` policy publishes in `GET /admin/membership` (`key` of its
+        description); None when the router runs another policy or does not answer."""
         try:
             r = await self._client.get(self.url + "/admin/membership")
             if r.status_code != 200:
                 return None
-            counts = r.json().get("policy", {}).get("in_flight_by_class")
+            counts = r.json().get("policy", {}).get(key)
             return None if counts is None else {str(c): float(n) for c, n in counts.items()}
         except (httpx.HTTPError, ValueError, TypeError, AttributeError):
             return None
+
+    async def in_flight_by_class(self) -> dict[str, float] | None:
+        """Requests in flight per service class (the switcher then decides per replica without them)."""
+        return await self._policy_counts("in_flight_by_class")
+
+    async def prefill_tokens_by_class(self) -> dict[str, float] | None:
+        """Uncached prompt tokens routed so far per service class (cumulative)."""
+        return await self._policy_counts("prefill_tokens_by_class")
 
     async def active_requests(self, replica_id: str) -> int | None:
         """In-flight requests the router has open to `replica_id`, or None when it cannot tell."""

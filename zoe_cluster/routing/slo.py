@@ -72,6 +72,8 @@ class SloPolicy(Policy, name="slo"):
         self.inner = get_policy(self.config.inner, **self.config.inner_config)
         self._active: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         """Requests in flight per replica and class (this policy's own count)."""
+        self._prefill_tokens: dict[str, int] = defaultdict(int)
+        """Uncached prompt tokens routed so far per class (cumulative; the switcher turns it into a rate)."""
 
     def class_of(self, ctx: RequestContext) -> str:
         return ctx.slo_class if ctx.slo_class in self.config.classes else self.config.default_class
@@ -98,7 +100,9 @@ class SloPolicy(Policy, name="slo"):
         return replace(self.inner.select(ctx, others), reason="slo_spill", spilled=True)
 
     def on_routed(self, ctx: RequestContext, decision: RoutingDecision) -> None:
-        self._active[decision.replica_id][self.class_of(ctx)] += 1
+        cls = self.class_of(ctx)
+        self._active[decision.replica_id][cls] += 1
+        self._prefill_tokens[cls] += max(0, ctx.prompt_tokens - decision.matched_tokens(ctx))
         self.inner.on_routed(ctx, decision)
 
     def on_finished(self, ctx: RequestContext, replica_id: str, ok: bool) -> None:
@@ -128,5 +132,7 @@ class SloPolicy(Policy, name="slo"):
         return {c: totals.get(c, 0) for c in {*self.config.classes, self.config.default_class}}
 
     def describe(self) -> dict[str, Any]:
+        classes = {*self.config.classes, self.config.default_class}
         return {**super().describe(), "inner_policy": self.inner.describe(),
-                "in_flight_by_class": self.in_flight_by_class()}
+                "in_flight_by_class": self.in_flight_by_class(),
+                "prefill_tokens_by_class": {c: self._prefill_tokens.get(c, 0) for c in classes}}

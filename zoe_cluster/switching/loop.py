@@ -48,10 +48,12 @@ class SwitchLoop:
     async def tick(self) -> list[SwitchDecision]:
         fleet = [FleetReplica(d["index"], d["replica_id"], d["variant"], d["state"], d["last_swap_at"])
                  for d in self.controller.fleet()]
-        by_class = None  # per-class counts steer a mix (switching.mix); a controller without them: per replica
+        by_class = prefill = None  # per-class counts steer a mix (switching.mix); without them: per replica
         if self.config.classes and hasattr(self.controller, "in_flight_by_class"):
             by_class = await self.controller.in_flight_by_class()
-        decisions = self.actuator.observe(fleet, await self.controller.in_flight(), by_class)
+            if by_class is not None and hasattr(self.controller, "prefill_tokens_by_class"):
+                prefill = await self.controller.prefill_tokens_by_class()
+        decisions = self.actuator.observe(fleet, await self.controller.in_flight(), by_class, prefill)
         by_index = {r.index: r for r in fleet}
         self.metrics.concurrency_estimate.clear()
         self.metrics.predicted_tok_s.clear()
