@@ -283,6 +283,9 @@ def replay(
         seq += 1
         heapq.heappush(heap, (rows[0].arrival_s, seq, -1, "tick"))
 
+    # per-class counts as the live router's `slo` policy keeps them (a request naming no class is the default's)
+    class_key = pol.class_of if hasattr(pol, "class_of") else (lambda c: c.slo_class or "")
+
     while k < n_rows or heap:
         if k < n_rows and (not heap or rows[k].arrival_s <= heap[0][0]):
             row = rows[k]
@@ -301,7 +304,7 @@ def replay(
             i = int(d.replica_id.split("/")[1])
             est = d.matched_tokens(ctx)
             views[i].admit(ctx, est)
-            cls = row.slo_class or ""
+            cls = class_key(ctx)
             fleet.class_in_flight[cls] = fleet.class_in_flight.get(cls, 0) + 1
             fleet.class_prefill_tokens[cls] = fleet.class_prefill_tokens.get(cls, 0) + max(0, row.input_tokens - est)
             req = SimRequest(ctx.request_id, row.input_tokens, max(1, row.output_tokens), ctx.block_hashes,
@@ -352,7 +355,7 @@ def replay(
             if req.finish_s is not None:
                 completed += 1
                 view.finish(pay[0], pay[1])
-                fleet.class_in_flight[pay[0].slo_class or ""] -= 1
+                fleet.class_in_flight[class_key(pay[0])] -= 1
                 pol.on_finished(pay[0], view.replica_id, True)
                 frontend = cal_for(fleet.variants[i]).model.frontend_s
                 ttft = req.first_token_s - req.arrival_s + frontend  # type: ignore[operator]
