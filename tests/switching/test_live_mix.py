@@ -174,3 +174,36 @@ def test_the_loop_hands_per_class_counts_and_prompt_rates_to_decide():
     assert loop.actuator.demand == {"interactive": 2.0, "standard": 4.0}
     rates = loop.actuator.prefill_tok_s
     assert rates is not None and rates["standard"] == pytest.approx(1000.0) and rates["interactive"] > 0
+
+
+def test_the_controller_adds_the_router_pods_load_to_its_own_routers():
+    """Under the Helm chart traffic also goes through the release's router pods: the switcher sees the sum
+    (FAKE router link and fanout; `MembershipFanout.load` itself is tested in tests/k8s)."""
+    from types import SimpleNamespace
+
+    from zoe_cluster.cluster.controller import DeploymentController as C
+
+    class Link:
+        async def active_by_replica(self):
+            return {"d/0/1": 2.0}
+
+        async def in_flight_by_class(self):
+            return None  # the controller's own router runs another policy
+
+        async def prefill_tokens_by_class(self):
+            return None
+
+    class Pods:
+        def load(self):
+            return {"active_by_replica": {"d/0/1": 3.0, "d/1/1": 4.0}, "in_flight_by_class": {"interactive": 2.0},
+                    "prefill_tokens_by_class": {"interactive": 700.0}}
+
+    ctl = SimpleNamespace(router=Link(), fanout=Pods())
+    ctl._pod_counts = lambda key: C._pod_counts(ctl, key)
+
+    async def read():
+        return (await C.in_flight(ctl), await C.in_flight_by_class(ctl), await C.prefill_tokens_by_class(ctl))
+
+    assert asyncio.run(read()) == ({"d/0/1": 5.0, "d/1/1": 4.0}, {"interactive": 2.0}, {"interactive": 700.0})
+    ctl.fanout = None  # off Kubernetes: the own router alone
+    assert asyncio.run(read()) == ({"d/0/1": 2.0}, None, None)

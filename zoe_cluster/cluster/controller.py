@@ -37,6 +37,18 @@ POLL_S = 0.25  # how often a ready replica's process is polled (health checks ru
 HISTORY = 20  # ended generations kept per deployment for `zoe status`
 
 
+def _summed(*parts: dict[str, float] | None) -> dict[str, float] | None:
+    """Counts of several routers added key by key; None when none of them counts."""
+    given = [p for p in parts if p is not None]
+    if not given:
+        return None
+    out: dict[str, float] = {}
+    for p in given:
+        for k, n in p.items():
+            out[k] = out.get(k, 0.0) + n
+    return out
+
+
 def _k8s_fanout():
     """The membership fan-out to the Helm release's router pods, when running under the chart (else None)."""
     try:
@@ -662,18 +674,31 @@ class DeploymentController:
         ]
 
     async def in_flight(self) -> dict[str, float]:
-        """Requests in flight per replica id, as the router counts them now (empty without a router)."""
-        if self.router is None:
-            return {}
-        return await self.router.active_by_replica()
+        """Requests in flight per replica id, as the routers count them now: the deployment's own router plus,
+        under the Helm chart, every router pod (each counts the traffic it routed); empty without a router."""
+        own = await self.router.active_by_replica() if self.router is not None else {}
+        pods = await self._pod_counts("active_by_replica")
+        return _summed(own, pods) or {}
 
     async def in_flight_by_class(self) -> dict[str, float] | None:
-        """Requests in flight per service class (the router's `slo` policy counts them); None without them."""
-        return None if self.router is None else await self.router.in_flight_by_class()
+        """Requests in flight per service class (the routers' `slo` policy counts them); None without them."""
+        own = await self.router.in_flight_by_class() if self.router is not None else None
+        return _summed(own, await self._pod_counts("in_flight_by_class"))
 
     async def prefill_tokens_by_class(self) -> dict[str, float] | None:
         """Uncached prompt tokens routed so far per service class (cumulative); None without them."""
-        return None if self.router is None else await self.router.prefill_tokens_by_class()
+        own = await self.router.prefill_tokens_by_class() if self.router is not None else None
+        return _summed(own, await self._pod_counts("prefill_tokens_by_class"))
+
+    async def _pod_counts(self, key: str) -> dict[str, float] | None:
+        """One of the Helm release's router pods' summed counts (`MembershipFanout.load`); None off Kubernetes."""
+        if self.fanout is None:
+            return None
+        try:
+            return (await asyncio.to_thread(self.fanout.load))[key]
+        except Exception:  # the Kubernetes API or a pod may be away; the own router's counts still stand
+            log.warning("router pods' load could not be read", exc_info=True)
+            return None
 
     async def swap_replica(self, index: int, variant: str, wait: bool = True, timeout_s: float | None = None,
                            reason: str = "") -> dict:

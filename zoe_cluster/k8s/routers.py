@@ -159,6 +159,31 @@ class MembershipFanout:
         return result
 
 
+    def load(self) -> dict[str, dict[str, float] | None]:
+        """The router pods' own counts, summed over the pods (each counts only the traffic it routed): requests in
+        flight per replica id (`active_by_replica`) and, from pods whose policy is the class-aware `slo`, requests
+        in flight and uncached prompt tokens routed per service class (`in_flight_by_class`,
+        `prefill_tokens_by_class`; None when no pod counts classes). A pod that does not answer counts nothing."""
+        out: dict[str, dict[str, float] | None] = {"active_by_replica": {}, "in_flight_by_class": None,
+                                                   "prefill_tokens_by_class": None}
+        for e in self._find():
+            try:
+                r = self._http.get(f"{e.url}/admin/membership", headers=self._headers, timeout=5.0)
+                body = r.json() if r.status_code == 200 else {}
+            except Exception:  # one unreachable pod must not hide the others' load
+                continue
+            active = out["active_by_replica"]
+            for rep in body.get("replicas", []):
+                active[rep["id"]] = active.get(rep["id"], 0.0) + float(rep.get("active_requests", 0))
+            policy = body.get("policy") or {}
+            for key in ("in_flight_by_class", "prefill_tokens_by_class"):
+                if (counts := policy.get(key)) is not None:
+                    total = out[key] = out[key] or {}
+                    for c, n in counts.items():
+                        total[c] = total.get(c, 0.0) + float(n)
+        return out
+
+
 def fanout_from_env(env: dict[str, str] | None = None, core: Any = None, http: Any = None) -> MembershipFanout | None:
     """The fanout a controller running under the Helm chart uses; None when not under the chart.
 
