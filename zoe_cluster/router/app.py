@@ -26,7 +26,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -276,11 +276,11 @@ class Router:
                 body,
                 request_id=rid.decode("latin-1") if rid else f"{self._id_prefix}{next(self._ids)}",
                 session_header=session.decode("latin-1") if session else None,
+                slo_class=slo_class_from_headers(headers),
                 block_tokens=self.config.block_tokens,
             )
         except BadRequest as e:
             raise HttpError(400, str(e)) from None
-        ctx = replace(ctx, slo_class=slo_class_from_headers(headers))
         models = self.served_models()
         if models and ctx.model not in models:
             raise HttpError(404, f"model '{ctx.model}' is not served here; available: {', '.join(sorted(models))}",

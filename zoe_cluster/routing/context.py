@@ -183,6 +183,7 @@ def context_from_openai(
     *,
     request_id: str,
     session_header: str | None = None,
+    slo_class: str | None = None,
     block_tokens: int = DEFAULT_BLOCK_TOKENS,
 ) -> RequestContext:
     """Build the context of an OpenAI /v1/completions ("completions") or /v1/chat/completions ("chat") body.
@@ -219,6 +220,7 @@ def context_from_openai(
         max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
         session=session,
         block_tokens=block_tokens,
+        slo_class=slo_class,
     )
 
 
