@@ -302,22 +302,26 @@ class EngineCore:
                 req.spec_credit -= emitted
             else:
                 emitted = 1
-            left = req.max_tokens - req.output
-            if emitted > left:
-                emitted = left
-            req.output += emitted
-            if req.computed >= req.prefill_len:
-                req.computed += emitted
-            c.generation_tokens += emitted
-            out.append((req, emitted))
-            if req.output >= req.max_tokens:
-                req.finish_s = end
-                finished = True
+            finished |= self._emit(req, emitted, end, out)
         if finished:
             self._retire_finished()
         return out
 
     # --- many identical decode steps at once (virtual clock) ------------------------------------------
+    def _emit(self, req: SimRequest, emitted: int, end: float, out: list[tuple[SimRequest, int]]) -> bool:
+        """Hand `emitted` output tokens of one step (or of k fast-forwarded steps) to `req`, at most what it has
+        left; a decoding request's KV grows with them. True when the request has finished."""
+        emitted = min(emitted, req.max_tokens - req.output)
+        req.output += emitted
+        if req.computed >= req.prefill_len:
+            req.computed += emitted
+        self.counters.generation_tokens += emitted
+        out.append((req, emitted))
+        if req.output >= req.max_tokens:
+            req.finish_s = end
+            return True
+        return False
+
     def _retire_finished(self) -> None:
         """Drop finished requests from the running queue and return their blocks to the cache."""
         keep = []
@@ -395,16 +399,7 @@ class EngineCore:
                 req.spec_credit = tot - emitted
             else:
                 emitted = k
-            left = req.max_tokens - req.output
-            if emitted > left:
-                emitted = left
-            req.output += emitted
-            req.computed += emitted
-            c.generation_tokens += emitted
-            out.append((req, emitted))
-            if req.output >= req.max_tokens:
-                req.finish_s = end
-                finished = True
+            finished |= self._emit(req, emitted, end, out)
         if finished:
             self._retire_finished()
         return out
