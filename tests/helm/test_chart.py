@@ -126,6 +126,30 @@ def test_rendered_commands_parse_with_the_real_zoe_cli(case):
     assert ctx.params["address"].startswith("ray://")
 
 
+def test_service_classes_give_router_pods_the_controllers_slo_limits():
+    """switching.classes reach `zoe deploy` (--switch, --switch-class) and every router pod (--slo-*); the pods
+    derive the same `slo` policy options the controller gives its own router (one function, two processes)."""
+    import typer
+
+    from tests.switching.test_live_mix import spec
+    from zoe_cluster.cli.main import app
+    from zoe_cluster.cli.router import _parse_kv, _slo_policy
+
+    objs = docs(VALUES["production"])
+    deploy = _deploy_args(objs)
+    assert deploy[deploy.index("--policy") + 1] == "slo"
+    assert deploy[deploy.index("--switch") + 1] == "fp8-tp8-nightly,mxfp4-tp8"
+    assert [deploy[i + 1] for i, a in enumerate(deploy) if a == "--switch-class"] == ["interactive:1:0.02", "standard:2:0.03"]
+    (dep,) = by_kind(objs, "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    p = typer.main.get_command(app).commands["router"].make_context("router", list(args)).params
+    policy, options = _slo_policy(p["policy"], _parse_kv(p["policy_config"]), p["slo_class"], p["slo_model"],
+                                  p["slo_variants"])
+    want_policy, want_args = spec().router_policy_args()  # the controller's router, same classes and variants
+    assert (policy, options) == (want_policy, _parse_kv(want_args[1::2]))
+    assert set(options["classes"]["interactive"]) == {"fp8-tp8-nightly"}  # only FP8 meets a 20 ms ITL (seed A8)
+
+
 def test_an_upgrade_reruns_zoe_deploy_in_a_new_job():
     assert by_kind(docs({}), "Job")[0]["metadata"]["name"] == "zoe-deploy-1"
     upgraded = docs({"model": {"replicas": 3}}, revision=4)
@@ -220,6 +244,11 @@ BAD = [
     ({"auth": {"enabled": False, "apiKeys": ["0123456789abcdef0123"]}}, "auth.enabled is false"),
     ({"rayCluster": {"worker": {"modelCache": {"type": "pvc"}}}}, "claimName is empty"),
     ({"rayCluster": {"worker": {"replicas": 0}}}, "rayCluster.worker.replicas is 0 but model.engine is the variant's engine"),
+    ({"switching": {"classes": [{"name": "fast", "ttftS": 1, "itlS": 0.02}]}},
+     "switching.classes needs 2 to 4 switching.candidates (the variants the mix is made of), got 0"),
+    ({"switching": {"candidates": ["fp8-tp8-nightly", "mxfp4-tp8"], "classes": [{"name": "fast", "ttftS": 1, "itlS": 0.02}]},
+      "router": {"policy": "least_load"}}, "router.policy least_load cannot be combined"),
+    ({"switching": {"classes": [{"name": "fast", "ttftS": 1}]}}, "at '/switching/classes/0': missing property 'itlS'"),
 ]
 
 

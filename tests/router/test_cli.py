@@ -29,6 +29,14 @@ def run_cli(*args, env=None, timeout=30):
         (["--replica", "http://127.0.0.1:1", "--policy-config", "oops"], "key=value"),
         (["--replica", "not-a-url"], "http://"),
         ([], "no --replica"),
+        (["--replica", "http://127.0.0.1:1", "--slo-class", "fast:1:0.02"], "--slo-class needs --slo-model"),
+        (["--replica", "http://127.0.0.1:1", "--slo-class", "fast:1", "--slo-model", "glm-5.3", "--slo-variants",
+          "mxfp4-tp8"], "--slo-class expects NAME:TTFT_S:ITL_S"),
+        (["--replica", "http://127.0.0.1:1", "--slo-class", "fast:1:0.02", "--slo-model", "glm-5.3",
+          "--slo-variants", "mxfp4-tp8,fp9"], "--slo-variants: model glm-5.3 has no variant 'fp9'"),
+        (["--replica", "http://127.0.0.1:1", "--slo-class", "fast:1:0.02", "--slo-model", "glm-9",
+          "--slo-variants", "a"], "--slo-model"),
+        (["--replica", "http://127.0.0.1:1", "--slo-model", "glm-5.3"], "only apply with --slo-class"),
     ],
 )
 def test_bad_arguments_exit_with_a_reason(args, needle):

@@ -20,3 +20,22 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def parse_service_classes(items: list[str], flag: str) -> list:
+    """`NAME:TTFT_S:ITL_S` values of `flag` as service classes (a bad one exits with the reason). `zoe deploy
+    --switch-class` and `zoe router --slo-class` take the same form."""
+    from pydantic import ValidationError
+
+    from zoe_cluster.switching.decide import ServiceClass
+
+    out = []
+    for item in items:
+        parts = item.split(":")
+        if len(parts) != 3:
+            fail(f"{flag} expects NAME:TTFT_S:ITL_S (e.g. interactive:1:0.020), got {item!r}")
+        try:
+            out.append(ServiceClass(name=parts[0], ttft_s=float(parts[1]), itl_s=float(parts[2])))
+        except (ValueError, ValidationError) as e:
+            fail(f"{flag} {item!r}: {e}")
+    return out

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from zoe_cluster.cli.common import console, fail, print_json
+from zoe_cluster.cli.common import console, fail, parse_service_classes, print_json
 
 ENGINES = ("vllm", "sglang", "sim")
 
@@ -56,24 +56,6 @@ def _parse_env(items: list[str]) -> dict[str, str]:
             fail(f"--env expects KEY=VALUE, got {item!r}")
         env[k] = v
     return env
-
-
-def _parse_classes(items: list[str]) -> list:
-    """`--switch-class NAME:TTFT_S:ITL_S` values as service classes (a bad one exits with the reason)."""
-    from pydantic import ValidationError
-
-    from zoe_cluster.switching.decide import ServiceClass
-
-    out = []
-    for item in items:
-        parts = item.split(":")
-        if len(parts) != 3:
-            fail(f"--switch-class expects NAME:TTFT_S:ITL_S (e.g. interactive:1:0.020), got {item!r}")
-        try:
-            out.append(ServiceClass(name=parts[0], ttft_s=float(parts[1]), itl_s=float(parts[2])))
-        except (ValueError, ValidationError) as e:
-            fail(f"--switch-class {item!r}: {e}")
-    return out
 
 
 def _fmt_age(seconds: float) -> str:
@@ -249,7 +231,7 @@ def register(app: typer.Typer) -> None:
         engine_env = _parse_env(env)
         if host_kv_gb < 0:
             fail(f"--host-kv-gb must be >= 0, got {host_kv_gb}")
-        classes = _parse_classes(switch_class)
+        classes = parse_service_classes(switch_class, "--switch-class")
         if classes and switch is None:
             fail("--switch-class needs --switch (the variants the mix is made of)")
         gcs = _connect(address, start_local=True, num_gpus=num_gpus)

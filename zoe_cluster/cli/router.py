@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from zoe_cluster.cli.common import console, fail
+from zoe_cluster.cli.common import console, fail, parse_service_classes
 
 
 def _parse_kv(items: list[str]) -> dict:
@@ -74,6 +74,15 @@ def register(app: typer.Typer) -> None:
         kv_events_endpoint: Optional[str] = typer.Option(
             None, help="Precise mode: bind this ZMQ endpoint for vLLM KV events (topic = replica id)."
         ),
+        slo_class: list[str] = typer.Option(
+            [], "--slo-class", help="Service class NAME:TTFT_S:ITL_S, tightest first (repeatable), as `zoe deploy "
+            "--switch-class`: runs the `slo` filter around --policy with per-class limits derived from the "
+            "--slo-model recipe's profiles of the --slo-variants (what the controller gives its own router).",
+        ),
+        slo_model: Optional[str] = typer.Option(None, "--slo-model", help="Recipe the --slo-class limits come from."),
+        slo_variants: Optional[str] = typer.Option(
+            None, "--slo-variants", help="Comma-separated variants the replicas run (`zoe deploy --switch`)."
+        ),
         config_json: Optional[str] = typer.Option(
             None, "--config-json", help="Any other RouterConfig fields as JSON, e.g. '{\"max_retries\": 1}'."
         ),
@@ -87,6 +96,7 @@ def register(app: typer.Typer) -> None:
         from zoe_cluster.router.membership import MemberReplica, Membership
         from zoe_cluster.routing import PolicyConfigError
 
+        policy, options = _slo_policy(policy, _parse_kv(policy_config), slo_class, slo_model, slo_variants)
         extra = {}
         if config_json:
             try:
@@ -95,7 +105,7 @@ def register(app: typer.Typer) -> None:
                 fail(f"--config-json is not valid JSON: {e}")
         try:
             cfg = RouterConfig(
-                host=host, port=port, policy=policy, policy_config=_parse_kv(policy_config), models=model,
+                host=host, port=port, policy=policy, policy_config=options, models=model,
                 api_keys=_keys(api_key, "ZOE_ROUTER_API_KEYS"), admin_key=admin_key or None,
                 max_context_tokens=max_context_tokens, kv_events_endpoint=kv_events_endpoint, **extra,
             )
@@ -112,6 +122,39 @@ def register(app: typer.Typer) -> None:
         if membership is None and cfg.admin_key is None:
             fail("no --replica given and no --admin-key to receive membership: the router would have nothing to route to")
         run_router(build_router(cfg, membership=membership), cfg, log_level)
+
+
+def _slo_policy(policy: str, options: dict, slo_class: list[str], slo_model: str | None,
+                slo_variants: str | None) -> tuple[str, dict]:
+    """The policy and options the router runs: unchanged without --slo-class; with it the `slo` filter around
+    `policy`, its limits from `switching.classes.slo_policy_config` (the function the controller uses for its
+    own router, so router pods of a Helm release and the controller's router apply the same limits).
+    --policy-config values win over the derived ones."""
+    if not slo_class:
+        if slo_model or slo_variants:
+            fail("--slo-model and --slo-variants only apply with --slo-class")
+        return policy, options
+    from zoe_cluster.recipes.loader import RecipeError, RecipeRegistry, UnknownModelError
+    from zoe_cluster.switching.classes import slo_policy_config
+
+    if not slo_model or not slo_variants:
+        fail("--slo-class needs --slo-model and --slo-variants (the recipe and the variants the limits come from)")
+    try:
+        recipe = RecipeRegistry.default().get(slo_model)
+    except (UnknownModelError, RecipeError) as e:
+        fail(f"--slo-model: {e}")
+    variants = [v.strip() for v in slo_variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in recipe.variants]
+    if unknown or not variants:
+        fail(f"--slo-variants: model {slo_model} has no variant {', '.join(map(repr, unknown)) or '(none given)'}; "
+             f"known: {', '.join(sorted(recipe.variants))}")
+    classes = parse_service_classes(slo_class, "--slo-class")
+    inner = options.pop("inner", None) or (policy if policy != "slo" else "prefix")
+    try:
+        derived = slo_policy_config(recipe, classes, variants, inner=inner)
+    except ValueError as e:
+        fail(f"--slo-class: {e}")
+    return "slo", derived | options
 
 
 def run_router(router, cfg, log_level: str = "warning") -> None:

@@ -155,6 +155,13 @@ spec:
 
 {{/* ---------- Pod template: MI355X worker (8 GPUs, /dev/shm, host IPC; engines run here). ---------- */}}
 {{- define "zoe.rayWorkerPodTemplate" -}}
+{{- $sw := .Values.switching -}}
+{{- if and $sw.classes (or (lt (len $sw.candidates) 2) (gt (len $sw.candidates) 4)) -}}
+{{- fail (printf "switching.classes needs 2 to 4 switching.candidates (the variants the mix is made of), got %d" (len $sw.candidates)) -}}
+{{- end -}}
+{{- if and $sw.classes (not (has .Values.router.policy (list "prefix" "slo"))) -}}
+{{- fail (printf "switching.classes runs the slo filter around prefix on every router; router.policy %s cannot be combined with it (set router.policy=prefix)" .Values.router.policy) -}}
+{{- end -}}
 {{- $w := .Values.rayCluster.worker -}}
 metadata:
   labels:
@@ -297,7 +304,15 @@ spec:
 - {{ . | quote }}
 {{- end }}
 - --policy
-- {{ .Values.router.policy | quote }}
+- {{ include "zoe.routerPolicy" . | quote }}
+{{- with .Values.switching.candidates }}
+- --switch
+- {{ join "," . | quote }}
+{{- end }}
+{{- range .Values.switching.classes }}
+- --switch-class
+- {{ printf "%s:%v:%v" .name .ttftS .itlS | quote }}
+{{- end }}
 {{- range .Values.controller.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -348,7 +363,18 @@ spec:
         - --port
         - {{ $r.port | quote }}
         - --policy
-        - {{ $r.policy | quote }}
+        - {{ include "zoe.routerPolicy" . | quote }}
+        {{- with .Values.switching.classes }}
+        {{- /* the slo filter with the limits the controller gives its own router (zoe router --slo-class) */}}
+        - --slo-model
+        - {{ $.Values.model.name | quote }}
+        - --slo-variants
+        - {{ join "," $.Values.switching.candidates | quote }}
+        {{- range . }}
+        - --slo-class
+        - {{ printf "%s:%v:%v" .name .ttftS .itlS | quote }}
+        {{- end }}
+        {{- end }}
         {{- range $r.models }}
         - --model
         - {{ . | quote }}
@@ -385,6 +411,12 @@ spec:
         runAsUser: 10001
 {{- end -}}
 
+{{/* The routing policy of the controller's router and the router pods: with service classes, the class-aware
+`slo` filter (around `prefix`), which counts requests per class for the switcher. */}}
+{{- define "zoe.routerPolicy" -}}
+{{- if .Values.switching.classes }}slo{{ else }}{{ .Values.router.policy }}{{ end -}}
+{{- end -}}
+
 {{/* Rules that span several values; each failure names the keys to change. */}}
 {{- define "zoe.validate" -}}
 {{- $a := .Values.auth -}}
@@ -397,6 +429,13 @@ spec:
 {{- $ra := .Values.router.autoscaling -}}
 {{- if and $ra.enabled (gt (int $ra.minReplicas) (int $ra.maxReplicas)) -}}
 {{- fail (printf "router.autoscaling.minReplicas (%d) is above router.autoscaling.maxReplicas (%d)" (int $ra.minReplicas) (int $ra.maxReplicas)) -}}
+{{- end -}}
+{{- $sw := .Values.switching -}}
+{{- if and $sw.classes (or (lt (len $sw.candidates) 2) (gt (len $sw.candidates) 4)) -}}
+{{- fail (printf "switching.classes needs 2 to 4 switching.candidates (the variants the mix is made of), got %d" (len $sw.candidates)) -}}
+{{- end -}}
+{{- if and $sw.classes (not (has .Values.router.policy (list "prefix" "slo"))) -}}
+{{- fail (printf "switching.classes runs the slo filter around prefix on every router; router.policy %s cannot be combined with it (set router.policy=prefix)" .Values.router.policy) -}}
 {{- end -}}
 {{- $w := .Values.rayCluster.worker -}}
 {{- if and (eq $w.modelCache.type "pvc") (not $w.modelCache.claimName) -}}
