@@ -4,6 +4,7 @@ Kernels ask this module for the fp8 flavour of the device and for extra launch o
 `zoe_kernels` branches on the vendor.
 - fp8: `float8_e4m3fn` on NVIDIA and gfx950 (MI355X); `float8_e4m3fnuz` on gfx942 (MI300X/MI325X).
 - launch options: `waves_per_eu` and `matrix_instr_nonkdim` exist only on ROCm and raise on NVIDIA.
+- inline PTX (`tl.inline_asm_elementwise`): only on NVIDIA GPUs (`has_ptx`); kernels keep a portable path.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ def device_name(device: torch.device | str | None = None) -> str:
     if not torch.cuda.is_available():
         return "cpu"
     return torch.cuda.get_device_name(dev.index if dev is not None and dev.index is not None else 0)
+
+
+def has_ptx() -> bool:
+    """True where kernels may emit inline PTX: an NVIDIA GPU, not ROCm and not the CPU interpreter."""
+    return not interpreting() and not is_rocm() and torch.cuda.is_available()
 
 
 def has_native_mx(device_index: int = 0) -> bool:

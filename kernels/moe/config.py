@@ -83,6 +83,12 @@ GEMV_TILES = {
     "w4a16": {1: (16, 4), 2: (16, 4)},
     "mxfp4": {1: (32, 4), 2: (32, 4)},
 }
+# The word-wise 4-bit kernel (`gemv_4bit.py`, rows of whole int32 words): (BLOCK_N, NS slices of 32 k per K step,
+# num_warps) per format and stage.
+GEMV_4BIT_TILES = {
+    "w4a16": {1: (16, 8, 1), 2: (16, 8, 1)},
+    "mxfp4": {1: (16, 8, 1), 2: (16, 8, 1)},
+}
 # Stage 2 splits the top-k slots over more programs (adding with float32 atomics) until its grid has this many:
 # at M=1 on DeepSeek-V3.2 8 chunks took fp8 stage 2 from 82 us to 42 us (run5 sweep).
 GEMV_MIN_PROGRAMS = 2048
@@ -112,19 +118,31 @@ def gemv_warps(block_n: int, fmt: str) -> int:
 
 
 def gemv_config(rows: int, n: int, fmt: str, *, gated: bool, tile: tuple[int, int] | None = None,
-                top_k: int = 1) -> dict:
+                top_k: int = 1, words_tile: tuple[int, int, int] | None = None) -> dict:
     """Launch parameters of one GEMV stage (`rows` edges or tokens, n output rows): BLOCK_N rows of weights
     per program, GPI scale groups per K step (independent loads in flight), 16-byte loads per thread, and
     for stage 2 the number of chunks the top-k slots are split into: more than one only while the grid
-    would have fewer than GEMV_MIN_PROGRAMS programs (then they add with atomics)."""
+    would have fewer than GEMV_MIN_PROGRAMS programs (then they add with atomics). The 4-bit formats add
+    "WORDS", the tile of the word-wise kernel (`gemv_4bit.py`) that runs where the weight rows are whole words."""
     if interpreting():
         # few programs, and both stage-2 modes covered at small M (one token: slots split; more: not)
-        return {"BLOCK_N": 16, "GPI": 1, "num_warps": 4, "CHUNKS": 1 if rows > 1 else top_k,
-                "FP8_BITS": GEMV_FP8_BITS}
+        cfg = {"BLOCK_N": 16, "GPI": 1, "num_warps": 4, "CHUNKS": 1 if rows > 1 else top_k,
+               "FP8_BITS": GEMV_FP8_BITS}
+        if fmt in GEMV_4BIT_TILES:
+            cfg["WORDS"] = {"BLOCK_N": 16, "NS": 2, "num_warps": 1}
+        return cfg
     bn, gpi = tile or GEMV_TILES[fmt][1 if gated else 2]
     programs = rows * -(-n // bn)
+    words = None
+    if fmt in GEMV_4BIT_TILES:
+        wbn, ns, wwarps = words_tile or GEMV_4BIT_TILES[fmt][1 if gated else 2]
+        words = {"BLOCK_N": wbn, "NS": ns, "num_warps": wwarps}
+        programs = rows * -(-n // wbn)
     chunks = 1
     while not gated and chunks < top_k and programs * chunks < GEMV_MIN_PROGRAMS:
         chunks *= 2
-    return {"BLOCK_N": bn, "GPI": gpi, "num_warps": gemv_warps(bn, fmt), "FP8_BITS": GEMV_FP8_BITS,
-            "CHUNKS": min(chunks, top_k)}
+    cfg = {"BLOCK_N": bn, "GPI": gpi, "num_warps": gemv_warps(bn, fmt), "FP8_BITS": GEMV_FP8_BITS,
+           "CHUNKS": min(chunks, top_k)}
+    if words:
+        cfg["WORDS"] = words
+    return cfg

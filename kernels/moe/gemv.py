@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from zoe_kernels.moe.gemv_4bit import launch_4bit, rows_are_words
+
 # Scale group along K of each format (fp8 also groups 128 rows per scale).
 GROUP = {0: 128, 1: 128, 2: 128, 3: 32}
 FMT_CODE = {"bf16": 0, "fp8": 1, "w4a16": 2, "mxfp4": 3}
@@ -165,9 +167,13 @@ def fp8_decode_multiplier(dtype: torch.dtype) -> float:
 
 def _launch(a, w, w_scale, out, ids, topk_w, *, num_rows, top_k, n, k, fmt, gated, cfg, chunks=1, zero=None):
     code = FMT_CODE[fmt]
-    bn = cfg["BLOCK_N"]
     if a.stride(1) != 1 or w.stride(2) != 1 or out.stride(1) != 1:
         raise ValueError("the GEMV path takes activations, weights and outputs with a contiguous last axis")
+    if cfg.get("WORDS") and rows_are_words(w):  # the 4-bit formats, decoded a word at a time (gemv_4bit.py)
+        launch_4bit(a, w, w_scale, out, ids, topk_w, num_rows=num_rows, top_k=top_k, n=n, k=k, fmt=fmt,
+                    gated=gated, cfg=cfg["WORDS"], chunks=chunks, zero=zero)
+        return
+    bn = cfg["BLOCK_N"]
     w_scale = w_scale if w_scale is not None else w
     ws_strides = (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2)) if w_scale.dim() == 3 else (0, 0, 0)
     grid = (num_rows * chunks * triton.cdiv(n, bn),)

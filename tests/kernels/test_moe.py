@@ -105,11 +105,15 @@ def test_fused_moe_matches_reference(mode, dtype, m, h, i, e, k, experts):
 
 
 # The small-M GEMV path (`gemv.py`): M = 1, 2, 3 with H and I off every tile size, empty experts, top-1,
-# and ids of another rank (-1, E).
+# and ids of another rank (-1, E). The 4-bit formats run the word-wise kernel (`gemv_4bit.py`) where the
+# packed rows are whole int32 words (ceil(K/2) % 4 == 0: M2, M1-words with a padding nibble, M3-words with
+# every K step full), `gemv.py`'s byte-wise one elsewhere (M1-oddHI, M3-top1-invalid).
 GEMV_CASES = [
     pytest.param(1, 203, 97, 8, 2, None, False, id="M1-oddHI"),
     pytest.param(3, 130, 66, 24, 1, None, True, id="M3-top1-invalid"),
     pytest.param(2, 96, 160, 16, 4, 5, True, id="M2-empty-experts-invalid"),
+    pytest.param(1, 199, 71, 8, 2, None, False, id="M1-words-oddHI"),
+    pytest.param(3, 256, 128, 8, 2, 3, True, id="M3-words-even-invalid"),
 ]
 
 
@@ -146,9 +150,10 @@ def _tiny_codes(fmt: str, n: int, k: int, gen: torch.Generator):
     return w, s, dequantize_weights(w, s, fmt, k)
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
-def test_gemv_decodes_tiny_codes_exactly(fmt):
-    """The bit-trick decoders land on float32 subnormals; they must not be flushed to zero."""
+@pytest.mark.parametrize("fmt,words", [("fp8", False), ("mxfp4", False), ("mxfp4", True)])
+def test_gemv_decodes_tiny_codes_exactly(fmt, words):
+    """The bit-trick decoders land on float32 (byte-wise) or f16 (word-wise) subnormals; they must not be
+    flushed to zero, and neither may the e8m0 scale 2^-127."""
     from zoe_kernels.moe.gemv import gemv_down_combine
 
     gen = torch.Generator().manual_seed(4)
@@ -158,8 +163,10 @@ def test_gemv_decodes_tiny_codes_exactly(fmt):
     a = (torch.randn((1, k), generator=gen) * scale).to(DEVICE)
     out = torch.full((1, n), float("nan"), device=DEVICE)
     ids = torch.zeros((1, 1), dtype=torch.int32, device=DEVICE)
-    gemv_down_combine(a, w, s, out, torch.ones((1, 1), device=DEVICE), ids, fmt=fmt,
-                      cfg={"BLOCK_N": 16, "GPI": 1, "num_warps": 4})
+    cfg = {"BLOCK_N": 16, "GPI": 1, "num_warps": 4}
+    if words:
+        cfg["WORDS"] = {"BLOCK_N": 16, "NS": 2, "num_warps": 1}
+    gemv_down_combine(a, w, s, out, torch.ones((1, 1), device=DEVICE), ids, fmt=fmt, cfg=cfg)
     ref = (a.double() @ dense[0].double().T).float()
     assert ref.abs().max() > 0
     assert _rel_err(out, ref) < 1e-5
@@ -197,6 +204,7 @@ def test_gemv_production_config(monkeypatch):
             bn = cfg["BLOCK_N"]
             assert cfg["num_warps"] * 32 * 16 == bn * config.GROUP_ROW_BYTES[fmt] or cfg["num_warps"] in (1, 8)
             assert cfg["CHUNKS"] == (1 if gated else 8)
+            assert ("WORDS" in cfg) == (fmt in ("w4a16", "mxfp4"))
         assert config.gemv_config(4096, 7168, fmt, gated=False, top_k=8)["CHUNKS"] == 1
 
 
@@ -213,6 +221,34 @@ def test_gemv_production_tiles_in_interpreter(fmt, monkeypatch):
     assert config.gemv_config(1, 256, fmt, gated=False, top_k=4)["CHUNKS"] > 1
     assert torch.isfinite(out).all()
     assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, DTYPES[0])
+
+
+@pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
+def test_gemv_word_and_byte_kernels_agree(fmt):
+    """The word-wise 4-bit kernel (`gemv_4bit.py`) against the byte-wise one (`gemv.py`) on the same inputs,
+    both stages, several tiles (rows and K steps that do and do not divide the sizes); with a GPU the
+    word-wise kernel runs its PTX decode, checked against the portable one too."""
+    from zoe_kernels.moe.gemv import gemv_down_combine, gemv_gate_up
+    from zoe_kernels.moe.gemv_4bit import rows_are_words
+
+    dtype = DTYPES[0]
+    x, w13, w2, tw, ti, kw = _problem(2, 320, 88, 6, 3, fmt, dtype, seed=zlib.crc32(f"words{fmt}".encode()))
+    assert rows_are_words(w13) and rows_are_words(w2)
+    byte_cfg = {"BLOCK_N": 16, "GPI": 1, "num_warps": 4}
+    inter_ref = _nan_alloc((6, 88), dtype, DEVICE)
+    gemv_gate_up(x, w13, kw["w13_scale"], inter_ref, ti, fmt=fmt, cfg=byte_cfg)
+    out_ref = _nan_alloc((2, 320), torch.float32, DEVICE)
+    gemv_down_combine(inter_ref, w2, kw["w2_scale"], out_ref, tw, ti, fmt=fmt, cfg=byte_cfg)
+    for words in ({"BLOCK_N": 16, "NS": 2, "num_warps": 1}, {"BLOCK_N": 32, "NS": 1, "num_warps": 2}) + (
+            ({"BLOCK_N": 16, "NS": 8, "num_warps": 1, "PTX": False}, {"BLOCK_N": 16, "NS": 8, "num_warps": 1})
+            if ON_GPU else ()):
+        cfg = byte_cfg | {"WORDS": words}
+        inter = _nan_alloc((6, 88), dtype, DEVICE)
+        gemv_gate_up(x, w13, kw["w13_scale"], inter, ti, fmt=fmt, cfg=cfg)
+        assert _rel_err(inter, inter_ref.float()) < _tol(fmt, dtype), words
+        out = _nan_alloc((2, 320), torch.float32, DEVICE)
+        gemv_down_combine(inter_ref, w2, kw["w2_scale"], out, tw, ti, fmt=fmt, cfg=cfg)
+        assert torch.isfinite(out).all() and _rel_err(out, out_ref) < 1e-5, words
 
 
 @pytest.mark.skipif(ON_GPU and not has_native_mx(), reason="Hopper emulates tl.dot_scaled; zoe does not use it there")

@@ -1,0 +1,194 @@
+"""Tiles of the word-wise 4-bit GEMV (`kernels/moe/gemv_4bit.py`) on a GPU: check, time, pick, then bench.
+
+    python3 bench/kernels/moe_gemv4_sweep.py --out DIR [--sweep-shapes dsv32,dsv32-tp8] [--formats w4a16,mxfp4]
+        [--bench-shapes dsv32,glm5,...] [--bench-ms 1,8,16,64,256] [--budget-s 300]
+
+1. Every (format, stage, tile) of TILES runs once on fresh random weights and activations at M=1 with a
+   NaN-poisoned output and is compared with a float64 reference of that stage (the dequantized experts);
+   a variant whose relative error passes 1e-3 (stage 1: the bf16 output's rounding) or that leaves a NaN is
+   reported and dropped.
+2. Each stage alone is timed at M=1 (CUDA graph of 4 calls with different routings, `moe_bench.time_graph`):
+   microseconds and the percentage of the 4.19 TB/s read bandwidth for the bytes of the touched experts.
+3. The tile with the best geometric-mean time over the sweep shapes goes into `config.GEMV_4BIT_TILES` for
+   the rest of the run (print it; config.py should hold it), and `moe_bench.bench_shape` times fused_moe
+   end to end with those tiles (zoe_gemv) at the bench shapes and Ms, plus fp8 (zoe_dot, its dispatched path)
+   at M=1 for the same-run comparison of the issue's target.
+Writes DIR/gemv4_sweep.json (the command, the checks, the stage timings, the chosen tiles, the bench rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import moe_bench as mb  # noqa: E402
+
+# (BLOCK_N, NS slices of 32 k per K step, num_warps); None = the portable decode (no prmt / paired cvt)
+TILES = [(16, 8, 1), (8, 8, 1), (16, 4, 1), (8, 16, 1), (32, 8, 1), (16, 8, 2), (32, 8, 2), (32, 4, 2),
+         (64, 8, 4)]
+PORTABLE = [(16, 8, 1)]  # also timed with the portable decode, to measure what the PTX decode buys
+
+
+def _stage_reference(stage, x_or_inter, w, s, ids, tw, fmt, n_rows):
+    """float64 reference of one stage on the experts the routing touches."""
+    import torch
+
+    from zoe_kernels.moe.formats import dequantize_weights
+
+    k_len = x_or_inter.shape[1]
+    flat = ids.reshape(-1).tolist()
+    if stage == 1:
+        rows = []
+        for e in flat:
+            we = dequantize_weights(w[e:e + 1], s[e:e + 1], fmt, k_len)[0].double()
+            gu = we @ x_or_inter[0].double()
+            rows.append(torch.nn.functional.silu(gu[:n_rows]) * gu[n_rows:])
+        return torch.stack(rows)
+    out = torch.zeros((1, w.shape[1]), dtype=torch.float64, device=w.device)
+    for slot, e in enumerate(flat):
+        we = dequantize_weights(w[e:e + 1], s[e:e + 1], fmt, k_len)[0].double()
+        out[0] += tw.reshape(-1)[slot].double() * (we @ x_or_inter[slot].double())
+    return out
+
+
+def sweep(formats, shapes, device_name, checks, timings, deadline):
+    import torch
+
+    from zoe_kernels.moe import config
+    from zoe_kernels.moe.gemv import gemv_down_combine, gemv_gate_up
+
+    reps = 4
+    best = {}
+    for fmt in formats:
+        per = {}
+        for name in shapes:
+            shape = mb.SHAPES[name]
+            w13, s13, w2, s2 = mb.make_weights(shape, fmt, "cuda")
+            routes = [mb.make_routing(shape, 1, seed=900 + r, device="cuda") for r in range(reps)]
+            k = routes[0][1].shape[1]
+            xs = [torch.randn((1, shape["H"]), dtype=torch.bfloat16, device="cuda") for _ in range(reps)]
+            inter = [torch.randn((k, shape["I"]), dtype=torch.bfloat16, device="cuda") for _ in range(reps)]
+            out32 = torch.zeros((1, shape["H"]), dtype=torch.float32, device="cuda")
+            for stage in (1, 2):
+                ref = None
+                variants = [(t, True) for t in TILES] + [(t, False) for t in PORTABLE]
+                for tile, ptx in variants:
+                    if time.time() > deadline:
+                        print(f"[gemv4] budget spent: {name} {fmt} stage{stage} {tile} not timed", flush=True)
+                        continue
+                    rows, n = (k, shape["I"]) if stage == 1 else (1, shape["H"])
+                    cfg = config.gemv_config(rows, n, fmt, gated=stage == 1, top_k=k, words_tile=tile)
+                    cfg["WORDS"] = cfg["WORDS"] | {"PTX": ptx}
+                    if stage == 1:
+                        dst = torch.full((k, shape["I"]), float("nan"), dtype=torch.bfloat16, device="cuda")
+                        calls = [lambda i=i, dst=dst: gemv_gate_up(xs[i], w13, s13, dst, routes[i][1], fmt=fmt, cfg=cfg)
+                                 for i in range(reps)]
+                        nbytes = k * 2 * mb.bytes_per_expert(shape, fmt) / 3
+                    else:
+                        dst = out32
+                        calls = [lambda i=i: gemv_down_combine(inter[i], w2, s2, out32, routes[i][0], routes[i][1],
+                                                               fmt=fmt, cfg=cfg) for i in range(reps)]
+                        nbytes = k * mb.bytes_per_expert(shape, fmt) / 3
+                    label = f"{name} {fmt} stage{stage} tile={tile} ptx={ptx}"
+                    try:  # correctness of this variant on the first routing, poisoned output
+                        if stage == 1:
+                            calls[0]()
+                            if ref is None:
+                                ref = _stage_reference(1, xs[0], w13, s13, routes[0][1], None, fmt, shape["I"])
+                        else:
+                            # slot chunks add atomically into a zeroed buffer (fused_moe's stage 1 zeroes it); one
+                            # chunk stores every element: poison
+                            out32.fill_(0.0 if cfg["CHUNKS"] > 1 else float("nan"))
+                            calls[0]()
+                            if ref is None:
+                                ref = _stage_reference(2, inter[0], w2, s2, routes[0][1], routes[0][0], fmt, None)
+                        got = dst.double()
+                        err = ((got - ref).norm() / ref.norm()).item()
+                        ok = bool(torch.isfinite(got).all()) and err < 1e-3 * (10 if stage == 1 else 1)
+                        checks.append({"variant": label, "rel_err": err, "ok": ok})
+                        if not ok:
+                            print(f"[gemv4] FAIL {label}: rel err {err:.2e}", flush=True)
+                            continue
+                        us = mb.time_graph(calls)
+                    except Exception as exc:
+                        print(f"[gemv4] {label}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                        checks.append({"variant": label, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                        continue
+                    pct = 100 * nbytes / mb.READ_BW / (us * 1e-6)
+                    timings.append({"shape": name, "fmt": fmt, "stage": stage, "tile": list(tile), "ptx": ptx,
+                                    "chunks": cfg["CHUNKS"], "median_us": round(us, 2), "pct_read_bw": round(pct, 1),
+                                    "rel_err": err, "device": device_name})
+                    print(f"[gemv4] {label} chunks={cfg['CHUNKS']}: {us:7.1f}us {pct:5.1f}% (err {err:.1e})",
+                          flush=True)
+                    if ptx:
+                        per.setdefault((stage, tile), {})[name] = us
+            del w13, s13, w2, s2
+            torch.cuda.empty_cache()
+        for stage in (1, 2):
+            cands = {t: v for (st, t), v in per.items() if st == stage and len(v) == len(shapes)}
+            if not cands:
+                continue
+            best_of = {n: min(v[n] for v in cands.values()) for n in shapes}
+            score = {t: statistics.geometric_mean([v[n] / best_of[n] for n in shapes]) for t, v in cands.items()}
+            tile, ratio = min(score.items(), key=lambda kv: kv[1])
+            config.GEMV_4BIT_TILES[fmt][stage] = tile
+            best[f"{fmt}/{stage}"] = {"tile": list(tile), "geomean_vs_best": round(ratio, 3)}
+            print(f"[gemv4] best {fmt} stage{stage}: {tile} (geomean {ratio:.3f} of the per-shape best)", flush=True)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--formats", default="w4a16,mxfp4")
+    ap.add_argument("--sweep-shapes", default="dsv32,dsv32-tp8")
+    ap.add_argument("--bench-shapes", default="dsv32,glm5,dsv32-tp8")
+    ap.add_argument("--bench-ms", default="1,8,16,64,256")
+    ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting new points after this long")
+    args = ap.parse_args()
+    t0 = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
+    mb._import_zoe_kernels()
+    import torch
+    import triton
+
+    from zoe_kernels.platform import device_name
+
+    dev = device_name("cuda")
+    meta = {"command": "python3 " + " ".join(sys.argv), "device": dev, "torch": torch.__version__,
+            "triton": triton.__version__, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    checks, timings, rows = [], [], []
+    formats = args.formats.split(",")
+    deadline = t0 + args.budget_s
+    best = sweep(formats, [s for s in args.sweep_shapes.split(",") if s], dev, checks, timings,
+                 t0 + 0.5 * args.budget_s)
+    from zoe_kernels.moe import config
+
+    meta["tiles_used"] = {f: {str(st): list(t) for st, t in config.GEMV_4BIT_TILES[f].items()} for f in formats}
+    out = args.out / "gemv4_sweep.json"
+
+    def save():
+        out.write_text(json.dumps({**meta, "best": best, "checks": checks, "stage_timings": timings, "rows": rows},
+                                  indent=1))
+
+    save()
+    ms = [int(m) for m in args.bench_ms.split(",")]
+    for name in [s for s in args.bench_shapes.split(",") if s]:
+        if "dsv32" in name or name == "glm5":  # the issue's reference point: fp8 at M=1 in this run
+            mb.bench_shape(name, mb.SHAPES[name], [1], deadline, dev, rows, ["fp8"], {"zoe_dot"})
+        mb.bench_shape(name, mb.SHAPES[name], ms, deadline, dev, rows, formats, {"zoe_gemv"})
+        save()
+    for r in rows:
+        if r["M"] == 1 and "median_us" in r:
+            print(f"[m1] {r['shape']:10s} {r['fmt']:6s} {r['provider']:9s} {r['median_us']:8.1f}us "
+                  f"{r['pct_roofline']:5.1f}%", flush=True)
+    print(f"[done] {time.time() - t0:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

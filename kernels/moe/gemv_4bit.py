@@ -1,0 +1,263 @@
+"""The 4-bit formats' GEMV stages (w4a16, mxfp4) of the fused MoE's small-M path, decoded a 32-bit word at a time.
+
+Same math, grid and launch contract as `gemv.py` (stage 1: a program per (edge, block of BLOCK_N rows of I)
+writes silu(gate) * up; stage 2: a program per (token, chunk of top-k slots, block of BLOCK_N rows of H)
+sums weight * (inter[edge] . w2[e, n]) and stores or atomically adds it), for weights whose rows are whole
+32-bit words (ceil(K/2) % 4 == 0; `gemv.py` takes the others). The weights are read as int32 words of 8
+nibbles, k = 8 w + j for nibble j (bits 4j..4j+3 of word w), 16 bytes (a "slice" of 32 k) per thread and
+row; a slice lies in one scale group of either format (int4: 4 slices per group of 128, mxfp4: one per 32).
+
+Why words: the byte-wise decode of `gemv.py` spent about 9 SASS instructions per weight (nibble extraction,
+magic-number or, subtract, multiply, reduction, and a shared-memory round trip of the activations per scale
+group), so the 4-bit stages were bound by instructions at about a third of the HBM bandwidth
+(bench/kernels/moe_README.md). Here, per nibble:
+- int4 (u, zero point 8): one byte permute `prmt` builds the float32 bits 0x43 | 00 | 0u | 00 = 128 + u from
+  the masked word (two masks per word serve its 8 nibbles); the offset 136 = 128 + 8 is taken out once per
+  word from the activations (acc starts at -136 sum_j a_j), so a nibble costs the permute and one FMA
+  (portable Triton without `prmt`: shift, and, or);
+- e2m1 (s|e1 e0|m): nibbles j and j + 4 go to f16 bits 15|11 10|9 of the two halves of one register with
+  two shifts and two logic ops (v * 2^-14, subnormal for e = 0, exact), then two f16 -> f32 conversions
+  and two FMAs; the factor 2^14 goes on the sum with the e8m0 scale.
+Each thread keeps float32 partials per (row, slice) and multiplies by the slice's scale once; the rows'
+partials are reduced across threads once per program. The activations of a K step are loaded once per
+program and shared by the BLOCK_N (x2 for gate and up) rows.
+
+`prmt` and the paired f16 conversion are PTX (`tl.inline_asm_elementwise`), used where `platform.has_ptx`
+(CUDA, not the interpreter); ROCm and the interpreter run the portable decode of the same bits.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from zoe_kernels.platform import has_ptx
+
+FMT_CODE = {"w4a16": 2, "mxfp4": 3}
+SLICES_PER_GROUP = {2: 4, 3: 1}  # 32-k slices per scale group: int4 groups of 128, e8m0 groups of 32
+
+
+def rows_are_words(w: torch.Tensor) -> bool:
+    """True when the packed weight's rows are whole aligned int32 words (this module's layout contract)."""
+    return w.stride(-1) == 1 and w.shape[-1] % 4 == 0 and w.stride(-2) % 4 == 0 and w.data_ptr() % 4 == 0
+
+
+@triton.jit
+def _int4(p, J: tl.constexpr, PTX: tl.constexpr):
+    """Nibble J of int32 words p as the float32 128 + u."""
+    if J % 2 == 0:
+        t = p & 0x0F0F0F0F
+    else:
+        t = (p >> 4) & 0x0F0F0F0F
+    B: tl.constexpr = J // 2  # the byte of t that holds nibble J
+    if PTX:
+        # bytes 0-3 from 0x43000000, 4-7 from t; selector 0x3 (4+B) 1 0: out = [0x00, 0x00, t.byte B, 0x43]
+        magic = tl.full(t.shape, 0x43000000, tl.int32)
+        if B == 0:
+            f = tl.inline_asm_elementwise("prmt.b32 $0, $2, $1, 0x3410;", "=r,r,r", [t, magic], dtype=tl.float32,
+                                          is_pure=True, pack=1)
+        elif B == 1:
+            f = tl.inline_asm_elementwise("prmt.b32 $0, $2, $1, 0x3510;", "=r,r,r", [t, magic], dtype=tl.float32,
+                                          is_pure=True, pack=1)
+        elif B == 2:
+            f = tl.inline_asm_elementwise("prmt.b32 $0, $2, $1, 0x3610;", "=r,r,r", [t, magic], dtype=tl.float32,
+                                          is_pure=True, pack=1)
+        else:
+            f = tl.inline_asm_elementwise("prmt.b32 $0, $2, $1, 0x3710;", "=r,r,r", [t, magic], dtype=tl.float32,
+                                          is_pure=True, pack=1)
+        return f
+    if B < 2:
+        q = t << (16 - 8 * B)
+    elif B > 2:
+        q = t >> 8
+    else:
+        q = t
+    return ((q & 0x000F0000) | 0x43000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e2m1_pair(p, J: tl.constexpr, PTX: tl.constexpr):
+    """e2m1 nibbles J and J + 4 (J < 4) of int32 words p as float32 v * 2^-14."""
+    if J < 3:
+        sg = p << (12 - 4 * J)
+        mg = p << (9 - 4 * J)
+    else:
+        sg = p
+        mg = p >> 3
+    h2 = (mg & 0x0E000E00) | (sg & -2147450880)  # masks 0x0e000e00 (e1 e0 m), 0x80008000 (s)
+    if PTX:
+        lo, hi = tl.inline_asm_elementwise(
+            "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }",
+            "=r,=r,r", [h2], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+    else:
+        lo = h2.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (h2 >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _step_acts(a_row, k0, K, NS: tl.constexpr, EVEN_K: tl.constexpr):
+    """The activations of one K step (NS slices from k0): 8 float32 [NS, 4] tensors,
+    a_j[s, w] = a[k0 + 32 s + 8 w + j]."""
+    offs_k = k0 + tl.arange(0, NS)[:, None, None] * 32 + tl.arange(0, 4)[None, :, None] * 8 \
+        + tl.arange(0, 8)[None, None, :]
+    if EVEN_K:
+        x = tl.load(a_row + offs_k)
+    else:
+        x = tl.load(a_row + offs_k, mask=offs_k < K, other=0.0)
+    x = tl.reshape(x.to(tl.float32), (NS, 4, 2, 2, 2))  # j = 4 b2 + 2 b1 + b0
+    e, o = tl.split(x)
+    ee, eo = tl.split(e)
+    oe, oo = tl.split(o)
+    a0, a4 = tl.split(ee)
+    a2, a6 = tl.split(eo)
+    a1, a5 = tl.split(oe)
+    a3, a7 = tl.split(oo)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _slice_dot(p, a0, a1, a2, a3, a4, a5, a6, a7, FMT: tl.constexpr, PTX: tl.constexpr):
+    """sum over the 4 words of each slice of sum_j decode_j(p) a_j: float32 [BLOCK_N, NS] from words [BLOCK_N, NS, 4]
+    (int4: sum_j a_j (u_j - 8); e2m1: 2^-14 sum_j a_j v_j)."""
+    if FMT == 2:
+        acc = -136.0 * (a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7)[None, :, :] + _int4(p, 0, PTX) * a0[None, :, :]
+        acc += _int4(p, 1, PTX) * a1[None, :, :]
+        acc += _int4(p, 2, PTX) * a2[None, :, :]
+        acc += _int4(p, 3, PTX) * a3[None, :, :]
+        acc += _int4(p, 4, PTX) * a4[None, :, :]
+        acc += _int4(p, 5, PTX) * a5[None, :, :]
+        acc += _int4(p, 6, PTX) * a6[None, :, :]
+        acc += _int4(p, 7, PTX) * a7[None, :, :]
+    else:
+        f0, f4 = _e2m1_pair(p, 0, PTX)
+        acc = f0 * a0[None, :, :] + f4 * a4[None, :, :]
+        f1, f5 = _e2m1_pair(p, 1, PTX)
+        acc += f1 * a1[None, :, :]
+        acc += f5 * a5[None, :, :]
+        f2, f6 = _e2m1_pair(p, 2, PTX)
+        acc += f2 * a2[None, :, :]
+        acc += f6 * a6[None, :, :]
+        f3, f7 = _e2m1_pair(p, 3, PTX)
+        acc += f3 * a3[None, :, :]
+        acc += f7 * a7[None, :, :]
+    return tl.sum(acc, axis=2)
+
+
+@triton.jit
+def _slice_scale(ws_base, rows, row_mask, offs_s, stride_wsn, stride_wsk, FMT: tl.constexpr, EVEN_N: tl.constexpr):
+    """Scale of each (row, slice), float32 [BLOCK_N, NS]; e8m0 byte b is 2^(b - 127) (b = 0: 2^-127)."""
+    ptrs = ws_base + rows[:, None] * stride_wsn + (offs_s // (4 if FMT == 2 else 1))[None, :] * stride_wsk
+    if EVEN_N:
+        s = tl.load(ptrs)
+    else:
+        s = tl.load(ptrs, mask=row_mask[:, None], other=0)
+    if FMT == 2:
+        return s.to(tl.float32)
+    sb = s.to(tl.uint32)
+    return tl.where(sb == 0, 0x400000, sb << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _load_words(w_base, rows, row_mask, offs_w, KW, stride_wn, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+    ptrs = w_base + rows[:, None, None] * stride_wn + offs_w[None, :, :]
+    if EVEN_N and EVEN_K:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=row_mask[:, None, None] & (offs_w[None, :, :] < KW), other=0)
+
+
+@triton.jit
+def _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, stride_wsn, stride_wsk,
+              BOTH: tl.constexpr, FMT: tl.constexpr, PTX: tl.constexpr, BLOCK_N: tl.constexpr, NS: tl.constexpr,
+              EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+    """(a_row . W[offs_n], a_row . W[N + offs_n] if BOTH else zeros) over the whole K, float32 [BLOCK_N] each."""
+    acc = tl.zeros((BLOCK_N, NS), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, NS), dtype=tl.float32)
+    for kw0 in range(0, KW, NS * 4):
+        offs_s = kw0 // 4 + tl.arange(0, NS)
+        offs_w = kw0 + tl.arange(0, NS)[:, None] * 4 + tl.arange(0, 4)[None, :]
+        p = _load_words(w_base, offs_n, n_mask, offs_w, KW, stride_wn, EVEN_N, EVEN_K)
+        if BOTH:
+            p2 = _load_words(w_base, N + offs_n, n_mask, offs_w, KW, stride_wn, EVEN_N, EVEN_K)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _step_acts(a_row, kw0 * 8, K, NS, EVEN_K)
+        acc += _slice_dot(p, a0, a1, a2, a3, a4, a5, a6, a7, FMT, PTX) * \
+            _slice_scale(ws_base, offs_n, n_mask, offs_s, stride_wsn, stride_wsk, FMT, EVEN_N)
+        if BOTH:
+            acc2 += _slice_dot(p2, a0, a1, a2, a3, a4, a5, a6, a7, FMT, PTX) * \
+                _slice_scale(ws_base, N + offs_n, n_mask, offs_s, stride_wsn, stride_wsk, FMT, EVEN_N)
+    post = 1.0 if FMT == 2 else 16384.0  # e2m1 decoded as v * 2^-14
+    return tl.sum(acc, axis=1) * post, tl.sum(acc2, axis=1) * post
+
+
+@triton.jit
+def _gemv_4bit_kernel(
+    a_ptr, w_ptr, ws_ptr, out_ptr, ids_ptr, topk_w_ptr, zero_ptr,
+    num_rows, num_chunks, slots_per_chunk, top_k, num_experts, N, K, KW, zero_numel,
+    stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_om,
+    GATED: tl.constexpr, ATOMIC: tl.constexpr, FMT: tl.constexpr, PTX: tl.constexpr,
+    BLOCK_N: tl.constexpr, NS: tl.constexpr, ZBLOCK: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """As `gemv._gemv_kernel`, with w_ptr the int32 words of the packed weights (KW words per row)."""
+    pid = tl.program_id(0)
+    if ZBLOCK > 0:
+        offs_z = pid * ZBLOCK + tl.arange(0, ZBLOCK)
+        tl.store(zero_ptr + offs_z, tl.zeros((ZBLOCK,), dtype=tl.float32), mask=offs_z < zero_numel)
+    rc = pid % (num_rows * num_chunks)
+    r = rc // num_chunks
+    chunk = rc % num_chunks
+    pid_n = pid // (num_rows * num_chunks)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if GATED:
+        expert = tl.load(ids_ptr + r).to(tl.int32)
+        if (expert < 0) | (expert >= num_experts):
+            return  # an edge of another rank: stage 2 skips it too
+        token = r // top_k
+        w_base = w_ptr + expert.to(tl.int64) * stride_we
+        ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
+        a_row = a_ptr + token.to(tl.int64) * stride_am
+        acc, acc_up = _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, stride_wsn,
+                                stride_wsk, True, FMT, PTX, BLOCK_N, NS, EVEN_N, EVEN_K)
+        h = acc / (1.0 + tl.exp(-acc)) * acc_up
+        tl.store(out_ptr + r.to(tl.int64) * stride_om + offs_n, h.to(out_ptr.dtype.element_ty), mask=n_mask)
+    else:
+        slot0 = chunk * slots_per_chunk
+        for slot in range(slot0, tl.minimum(slot0 + slots_per_chunk, top_k)):
+            edge = r * top_k + slot
+            expert = tl.load(ids_ptr + edge).to(tl.int32)
+            if (expert >= 0) & (expert < num_experts):
+                weight = tl.load(topk_w_ptr + edge)
+                w_base = w_ptr + expert.to(tl.int64) * stride_we
+                ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
+                a_row = a_ptr + edge.to(tl.int64) * stride_am
+                part, _ = _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, stride_wsn,
+                                    stride_wsk, False, FMT, PTX, BLOCK_N, NS, EVEN_N, EVEN_K)
+                acc += weight * part
+        o_ptrs = out_ptr + r.to(tl.int64) * stride_om + offs_n
+        if ATOMIC:
+            tl.atomic_add(o_ptrs, acc, mask=n_mask, sem="relaxed")
+        else:
+            tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+def launch_4bit(a, w, w_scale, out, ids, topk_w, *, num_rows, top_k, n, k, fmt, gated, cfg, chunks=1, zero=None):
+    """`gemv._launch` for w4a16 / mxfp4 weights whose rows are whole words (`rows_are_words`); cfg holds
+    BLOCK_N, NS (32-k slices per K step and row) and num_warps."""
+    code = FMT_CODE[fmt]
+    bn, ns = cfg["BLOCK_N"], cfg["NS"]
+    words = w.view(torch.int32)
+    kw = words.shape[2]
+    grid = (num_rows * chunks * triton.cdiv(n, bn),)
+    zblock = 0 if zero is None else max(128, triton.next_power_of_2(triton.cdiv(zero.numel(), grid[0])))
+    _gemv_4bit_kernel[grid](
+        a, words, w_scale, out, ids, topk_w if topk_w is not None else a, zero if zero is not None else out,
+        num_rows, chunks, triton.cdiv(top_k, chunks), top_k, w.shape[0], n, k, kw,
+        0 if zero is None else zero.numel(),
+        a.stride(0), words.stride(0), words.stride(1), w_scale.stride(0), w_scale.stride(1), w_scale.stride(2),
+        out.stride(0),
+        GATED=gated, ATOMIC=chunks > 1, FMT=code, PTX=cfg.get("PTX", has_ptx()), BLOCK_N=bn, NS=ns, ZBLOCK=zblock,
+        EVEN_N=n % bn == 0, EVEN_K=k % (ns * 32) == 0 and kw % (ns * 4) == 0,
+        num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1),
+    )
