@@ -104,13 +104,16 @@ def main() -> None:
                                 dict(HAS_LO=True, **sampling, SLOTS=slots, TILE=4096), 16))
         if k == 512:
             rows.append(compile_one("topk_split_threshold", topk._split_threshold_kernel, ptrs,
-                                    dict(HAS_LO=False, **sampling), 16))
-            for tile, warps in ((2048, 4), (4096, 8), (1024, 2)):
-                rows.append(compile_one(f"topk_split_filter tile={tile}", topk._split_filter_kernel, ptrs,
-                                        dict(HAS_LO=False, SLOTS=slots, TILE=tile), warps))
+                                    dict(HAS_LO=False, **sampling), topk.THRESHOLD_WARPS))
+            for tile, warps, fused, one in ((2048, 4, False, True), (2048, 4, True, True), (2048, 4, False, False),
+                                            (2048, 8, True, True)):
+                rows.append(compile_one(f"topk_split_filter tile={tile} fused={fused} one_tile={one}",
+                                        topk._split_filter_kernel, ptrs,
+                                        dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.MAX_TILES,
+                                             TILE=tile, FUSED=fused, ONE_TILE=one), warps, num_stages=1))
         rows.append(compile_one(f"topk_split_finish k={k}", topk._split_finish_kernel, ptrs,
-                                dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXP=topk.MAX_SPLITS, TILE=2048),
-                                topk._warps_for(slots)))
+                                dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.MAX_TILES, TILE=2048),
+                                min(16, topk.FINISH_WARPS * slots // 4096)))
     iptrs = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "k_ptr": "*fp8e4nv", "k_scale_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}
     index_cfgs = [("heads", 2, 64, 8, 4), ("keys", 2, 128, 4, 8), ("keys", 2, 128, 4, 4), ("keys", 4, 128, 4, 8),

@@ -90,7 +90,7 @@ def measure_ceilings() -> None:
 
 # --------------------------------------------------------------------------------------------------------- top-k
 TOPK_CONFIGS = [("auto (default)", dict()), ("sample tile=2048 warps=4", dict(method="sample")),
-                ("sample tile=4096 warps=8", dict(method="sample", tile=4096, num_warps=8)),
+                ("sample, finish fused into the filter", dict(method="sample", fuse_finish=True)),
                 ("sample tile=1024 warps=2", dict(method="sample", tile=1024, num_warps=2)),
                 ("radix fallback, one program per row", dict(method="radix", tile=4096, num_warps=8))]
 
@@ -258,9 +258,8 @@ def _torch_dual_scope(q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, com
 
 
 def bench_decode(quick: bool) -> None:
-    configs = [("default", dict()), ("BH=64 DV=256 BKV=64", dict(block_h=64, block_dv=256, block_kv=64)),
-               ("BH=64 DV=256 BKV=32", dict(block_h=64, block_dv=256)), ("BH=64 DV=512 BKV=32", dict(block_h=64)),
-               ("BH=64 DV=128 BKV=64 4 warps", dict(block_h=64, block_dv=128, block_kv=64, num_warps=4))]
+    configs = [("default", dict()), ("BKV=32", dict(block_kv=32)),
+               ("BH=64 DV=256 BKV=64", dict(block_h=64, block_dv=256, block_kv=64))]
     for b in (1, 8, 32, 64, 128):
         tiles = 128 // 32 + 512 // 32
         # run 1's defaults: 16 heads / 4 warps under B=8, 32 heads / 8 warps from B=8, all 512 value columns,

@@ -184,17 +184,20 @@ def merge_partials_kernel(part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr
 
 _DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 _TARGET_PROGRAMS = 132  # about one program per multiprocessor of an H200 (132 SMs; MI355X has 256 CUs)
+# entry splits only below this many programs: at B=32 (64 programs of 32 heads) one split measured 46.3 us
+# against 49.0 with five, at B=64 56.2 against 66.8 with two (H200 run 7, 64-entry tiles)
+_MIN_UNSPLIT_PROGRAMS = 64
 
 
 def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | None = None,
                   block_dv: int | None = None, block_kv: int = 32, splits: int | None = None,
                   num_warps: int | None = None) -> dict:
-    """Default launch parameters: the fastest configurations of H200 run 4 (H=64, D=512): 32 heads, all value
-    columns, 32 entries per program and 8 warps from B = 8 on; 16 heads and 4 warps below B = 8 (17.6 us
-    at B = 1 against 19.3). All 64 heads per program (K and V read once per sequence; 256-column value
-    blocks to keep the accumulator in registers) measured 20-30% slower. Entry splits only while batch x
-    blocks leaves multiprocessors idle: the partials cost a write and a read of [B, splits, H, D] float32,
-    as many bytes as the K/V reads themselves at B = 64."""
+    """Default launch parameters: the fastest configurations of H200 runs 4 and 7 (H=64, D=512): 32 heads, all
+    value columns and 8 warps from B = 8 on; 16 heads and 4 warps below B = 8 (17.6 us at B = 1 against
+    19.3). All 64 heads per program (K and V read once per sequence; 256-column value blocks to keep the
+    accumulator in registers) measured 20-30% slower. Entry splits only under _MIN_UNSPLIT_PROGRAMS
+    programs: the partials cost a write and a read of [B, splits, H, D] float32, as many bytes as the K/V
+    reads themselves at B = 64 (run 7: one split 56.2 us, two 66.8)."""
     if block_h is None:
         block_h = 16 if bsz < 8 else 32
     block_h = max(16, min(block_h, triton.next_power_of_2(heads)))
@@ -204,7 +207,7 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
     programs = bsz * triton.cdiv(heads, block_h) * (d // block_dv)
     tiles = max(1, triton.cdiv(entries, block_kv))
     if splits is None:
-        splits = 1 if programs >= _TARGET_PROGRAMS else triton.cdiv(2 * _TARGET_PROGRAMS, programs)
+        splits = 1 if programs >= _MIN_UNSPLIT_PROGRAMS else triton.cdiv(2 * _TARGET_PROGRAMS, programs)
     splits = max(1, min(splits, tiles))
     if num_warps is None:
         num_warps = 8 if block_h >= 32 and block_h * block_dv >= 32 * 256 else 4
@@ -216,7 +219,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                       win_k_scale: torch.Tensor | None = None, win_v_scale: torch.Tensor | None = None,
                       comp_k_scale: torch.Tensor | None = None, comp_v_scale: torch.Tensor | None = None,
                       sink: torch.Tensor | None = None, sm_scale: float | None = None,
-                      splits: int | None = None, block_h: int | None = None, block_kv: int = 32,
+                      splits: int | None = None, block_h: int | None = None, block_kv: int | None = None,
                       block_dv: int | None = None, num_warps: int | None = None,
                       num_stages: int = 2) -> torch.Tensor:
     """Decode attention of one query token per sequence over its window plus its selected entries.
@@ -226,7 +229,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     float32 scales ([B, W] and [B, Nc]). sink: [H] float32 logits or None. sm_scale defaults to
     1/sqrt(D). Returns [B, H, D] in q's dtype; a sequence with no valid entry (and no sink) gets zeros.
     Launch parameters (defaults from `launch_config`): block_h heads and block_dv value columns per
-    program, block_kv entries per tile, splits programs over the entries of a sequence (one split writes
+    program, block_kv entries per tile (default 64 for 2-byte q, 32 for fp32), splits programs over the entries of a sequence (one split writes
     the output directly; more write (out, lse) partials that a second launch merges exactly).
     """
     if q.dim() != 3:
@@ -273,6 +276,8 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     comp_idx = comp_idx.to(device=dev, dtype=torch.int32).contiguous()
     win_len = win_len.to(device=dev, dtype=torch.int32).contiguous()
     w_entries, k_sel = win_k.shape[1], comp_idx.shape[1]
+    if block_kv is None:  # 64-entry tiles: twice the gathered rows in flight per step (H200 run 7, B=64:
+        block_kv = 64 if q.element_size() <= 2 else 32  # 56.2 us against 75.1 with 32, one split each)
     cfg = launch_config(bsz, heads, d, w_entries + k_sel, block_h=block_h, block_dv=block_dv, block_kv=block_kv,
                         splits=splits, num_warps=num_warps)
     block_h, block_dv, splits = cfg["block_h"], cfg["block_dv"], cfg["splits"]

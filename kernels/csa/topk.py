@@ -45,12 +45,15 @@ MIN32 = tl.constexpr(-(2**31))  # an inline -2147483648 literal would be typed i
 SAMPLE = 16384  # entries read to pick the threshold (64 KB of float32)
 SAMPLE_BLOCK = 8  # contiguous entries per sample block: one 32-byte sector, spread over the whole row
 MARGIN = 3  # the threshold aims at MARGIN * k candidates: under k happens with ~1e-5 odds on i.i.d. rows
-SPLIT_TILE = 2048  # entries per filter program (one tile) in split mode: P = n / SPLIT_TILE, at most MAX_SPLITS
-MAX_SPLITS = 512
+SPLIT_TILE = 2048  # entries per filter tile (one candidate segment) in split mode
+MAX_TILES = 512  # candidate segments per row (the finish reads one per tile); longer rows get larger tiles
+FILTER_PROGRAMS = 1 << 14  # filter programs over all rows in split mode (see auto_splits)
 ROW_TILE = 4096  # entries per loop step in one-program-per-row mode
 # "auto" takes the radix select for few rows this short: H200 run 5, B=1, 4096 entries: 15.8 us against 31.1
 # for the sampled threshold, whose three launches and serial search steps cost ~30 us at any length
 RADIX_MAX_LEN = 4096
+THRESHOLD_WARPS = 16  # warps of the threshold program (S = 16384 sampled entries: 32 per thread)
+FINISH_WARPS = 8  # warps of a finish launch per 4096 candidate slots (16 slots per thread), at most 16
 
 
 @triton.jit
@@ -70,19 +73,36 @@ def _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest_key(key, r, nbits):
-    """Largest int32 t with at least r keys >= t, searched on its top `nbits` bits (the rest zero, so t
-    rounds down). Invalid lanes must hold MIN32 (NaN's key, never a real score's).
+def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack):
+    """A bound c (unsigned key order, int64 in [0, 2^32)) with count(key >= c) >= r, searched bit by bit from
+    the top and stopped as soon as count(c) <= r + slack; returns (c, count(c)). Without an early stop c is
+    the r-th largest key. Invalid lanes must hold MIN32 (unsigned 0, never counted).
 
-    One reduction per bit. A 16-way variant (4 bits per step, [16, n] compares) measured 2x slower on an
-    H200 (run 4: 59.6 us against 33.2 us for a 1M-entry row), so the steps' compares, not only their
-    synchronisation, cost."""
-    c = tl.zeros([], tl.int64)  # the answer + 2^31 (unsigned order), built bit by bit from the top
-    for i in range(nbits):
+    lo_u / cnt_lo: a bound every valid key reaches and their count (the finish: the threshold and the
+    candidates' number), hi_u: the largest key. Bits whose candidate bound lies at or under lo_u are taken and
+    bits whose bound exceeds hi_u dropped without a reduction, so the search only pays (one block-wide
+    reduction, ~0.4 us on an H200) for the bits between the two. A 16-way variant (4 bits per step, [16, n]
+    compares) measured 2x slower (run 4): the compares cost too, hence no multi-way steps."""
+    c = tl.zeros([], tl.int64)
+    cnt_c = cnt_lo
+    i = tl.zeros([], tl.int32)
+    while (i < 32) & (cnt_c > r + slack):
         cand = c | (tl.full([], 1, tl.int64) << (31 - i))
-        cnt = tl.sum((key >= (cand - 2147483648).to(tl.int32)).to(tl.int32), axis=0)
-        c = tl.where(cnt >= r, cand, c)
-    return (c - 2147483648).to(tl.int32)
+        if cand <= lo_u:
+            c = cand
+        elif cand <= hi_u:
+            cnt = tl.sum((key >= (cand - 2147483648).to(tl.int32)).to(tl.int32), axis=0)
+            if cnt >= r:
+                c = cand
+                cnt_c = cnt
+        i += 1
+    return c, cnt_c
+
+
+@triton.jit
+def _unsigned(key):
+    """int32 signed-order key -> int64 in [0, 2^32) in the same order."""
+    return key.to(tl.int64) + 2147483648
 
 
 @triton.jit
@@ -90,15 +110,22 @@ def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARG
     """Step 1: the candidate threshold of the row [lo, lo + n) (see the module doc)."""
     i = tl.arange(0, S)
     sampled = n > S
-    blk = (i // SB).to(tl.int64)
-    start = (blk * tl.maximum(n - SB, 0)) // (S // SB - 1) + i % SB  # S/SB evenly spread blocks
-    offs = lo + tl.where(sampled, start, i)
-    ok = i < tl.where(sampled, S, n)
-    key = tl.where(ok, _signed_key(tl.load(row_val + offs, mask=ok, other=0.0)), MIN32)
+    if sampled:
+        # S/SB blocks of SB entries, `step` apart (a multiple of SB: aligned 16-byte loads, and no 64-bit
+        # division per entry), spread over the row
+        step = tl.multiple_of(((n - SB) // (S // SB - 1)) // SB * SB, SB)
+        offs = lo + (i // SB).to(tl.int64) * step + i % SB
+        key = _signed_key(tl.load(row_val + offs))
+    else:
+        key = tl.where(i < n, _signed_key(tl.load(row_val + lo + i, mask=i < n, other=0.0)), MIN32)
+    n_ok = tl.minimum(n, S)
     r_sampled = tl.minimum((MARGIN_ * K * S + n - 1) // tl.maximum(n, 1), S)
     r = tl.where(sampled, r_sampled, tl.minimum(K, n))
-    # 16 bits (sign, exponent, 7 mantissa bits) are plenty for a sampled estimate; exact rows need all 32
-    return _kth_largest_key(key, r, tl.where(sampled, 16, 32))
+    # sampled: any bound that r to 1.5 r sample entries reach will do (~3k to ~4.5k candidates expected,
+    # well inside the 8k slots); exact rows: a bound exactly min(k, n) entries reach, or the k-th largest
+    slack = tl.where(sampled, r // 2, 0)
+    c, _ = _rank_bound(key, r, tl.zeros([], tl.int64), n_ok, _unsigned(tl.max(key, axis=0)), slack)
+    return (c - 2147483648).to(tl.int32)
 
 
 @triton.jit
@@ -130,33 +157,41 @@ def _filter_range(row_val, c_lo, c_hi, lo, thresh, cand_key, cand_pos, cap, TILE
 
 @triton.jit
 def _select(key, pos, total, kk, thresh, exact, IN_ORDER: tl.constexpr):
-    """Step 3: which of `total` candidates (invalid slots: key MIN32) are the top kk. Everything above the
-    kk-th largest value v* is taken, and among entries equal to v* the lowest positions. When the threshold
-    came from the whole row (`exact`), it already is v*. IN_ORDER: the slots hold the candidates in
-    position order (the first ties are the lowest positions); otherwise the last position to take is found
-    by a second binary search (only when ties straddle the k-th place)."""
-    vstar = tl.full([], MIN32, tl.int32)
-    if total > kk:
-        if exact:
-            vstar = thresh
-        else:
-            vstar = _kth_largest_key(key, kk, 32)
-    gt = key > vstar
-    need = kk - tl.sum(gt.to(tl.int32), axis=0)
-    eq = (key == vstar) & (key != MIN32)
-    eq_i = eq.to(tl.int32)
-    if IN_ORDER:
-        take = gt | (eq & (tl.cumsum(eq_i, axis=0) - eq_i < need))
+    """Step 3: which of `total` candidates (invalid slots: key MIN32; every valid one >= thresh) are the top
+    kk. A bound that exactly kk candidates reach takes them; otherwise (ties at the kk-th place) everything
+    above the kk-th largest value v* is taken, and among entries equal to v* the lowest positions. The search
+    starts from the threshold (every candidate reaches it) and stops at the first bound exactly kk reach;
+    when the threshold came from the whole row (`exact`) it already is such a bound or v*. IN_ORDER: the slots
+    hold the candidates in position order (the first ties are the lowest positions); otherwise the last
+    position to take is found by a second binary search (only when ties straddle the k-th place)."""
+    valid = key != MIN32
+    if total <= kk:
+        take = valid
     else:
-        last = tl.full([], 2147483647, tl.int32)
-        if tl.sum(eq_i, axis=0) > need:  # the need-th smallest tied position
-            c = tl.zeros([], tl.int32)
-            for i in range(31):
-                cand = c | (1 << (30 - i))
-                if tl.sum((eq & (pos < cand)).to(tl.int32), axis=0) < need:
-                    c = cand
-            last = c
-        take = gt | (eq & (pos <= last))
+        c = _unsigned(thresh)
+        cnt_c = total
+        if not exact:
+            c, cnt_c = _rank_bound(key, kk, c, total, _unsigned(tl.max(key, axis=0)), 0)
+        vstar = (c - 2147483648).to(tl.int32)
+        if cnt_c == kk:
+            take = key >= vstar
+        else:
+            gt = key > vstar
+            need = kk - tl.sum(gt.to(tl.int32), axis=0)
+            eq = key == vstar
+            eq_i = eq.to(tl.int32)
+            if IN_ORDER:
+                take = gt | (eq & (tl.cumsum(eq_i, axis=0) - eq_i < need))
+            else:
+                last = tl.full([], 2147483647, tl.int32)
+                if tl.sum(eq_i, axis=0) > need:  # the need-th smallest tied position
+                    p = tl.zeros([], tl.int32)
+                    for i in range(31):
+                        cand = p | (1 << (30 - i))
+                        if tl.sum((eq & (pos < cand)).to(tl.int32), axis=0) < need:
+                            p = cand
+                    last = p
+                take = gt | (eq & (pos <= last))
     return take
 
 
@@ -198,73 +233,30 @@ def _topk_row_kernel(val_ptr, lo_ptr, hi_ptr, cand_key_ptr, cand_pos_ptr, out_pt
 @triton.jit
 def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, n_cols, stride_row, K,
                             HAS_LO: tl.constexpr, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr):
-    """Program per row: the threshold, and the row's slot counter reset for the filter launch."""
+    """Program per row: the threshold, and the row's two counters (slots filled, filter programs done) reset
+    for the filter launch."""
     row = tl.program_id(0)
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
     tl.store(thresh_ptr + row, _sample_threshold(row_val, lo, hi - lo, K, S, SB, MARGIN_))
-    tl.store(fill_ptr + row, 0)
+    tl.store(fill_ptr + 2 * row, 0)
+    tl.store(fill_ptr + 2 * row + 1, 0)
 
 
 @triton.jit
-def _split_chunk(lo, hi, P, p, TILE: tl.constexpr):
-    """Chunk p of the row's P equal chunks (a multiple of TILE entries, so every tile starts aligned)."""
-    chunk = tl.cdiv(tl.cdiv(hi - lo, P), TILE) * TILE
-    return chunk, tl.minimum(lo + p * chunk, hi), tl.minimum(lo + (p + 1) * chunk, hi)
+def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
+                n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
+                MAXT: tl.constexpr, TILE: tl.constexpr):
+    """Step 3 for one row: selects among the row's candidate segments (one per tile) and writes the top k in
+    position order. Reads what other programs wrote (after the launch boundary, or after the acquire of the
+    last filter program), through L2 (`.cg`).
 
-
-@triton.jit
-def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr,
-                         n_cols, stride_row, P, HAS_LO: tl.constexpr, SLOTS: tl.constexpr, TILE: tl.constexpr):
-    """Program (row, p): counts chunk p's candidates, reserves that many consecutive slots with one atomic
-    add (so every chunk is one segment, in position order inside), writes them, and records the segment
-    (first slot, count) in seg[row, p]. Chunks of one tile are filtered once, from registers."""
-    row = tl.program_id(0)
-    p = tl.program_id(1)
-    lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
-    _, c_lo, c_hi = _split_chunk(lo, hi, P, p, TILE)
-    row_val = val_ptr + row.to(tl.int64) * stride_row
-    thresh = tl.load(thresh_ptr + row)
-    base_row = row.to(tl.int64) * SLOTS
-    if c_hi - c_lo <= TILE:
-        offs = c_lo + tl.arange(0, TILE)
-        key, take, take_i = _tile_candidates(row_val, offs, c_hi, thresh)
-        count = tl.sum(take_i, axis=0)
-        first = tl.zeros([], tl.int32)
-        if count > 0:
-            first = tl.atomic_add(fill_ptr + row, count, sem="relaxed")
-            slot = first + tl.cumsum(take_i, axis=0) - take_i
-            keep = take & (slot < SLOTS)
-            tl.store(cand_key_ptr + base_row + slot, key, mask=keep)
-            tl.store(cand_pos_ptr + base_row + slot, (offs - lo).to(tl.int32), mask=keep)
-    else:
-        count = tl.zeros([], tl.int32)
-        for start in range(c_lo, c_hi, TILE):
-            tile_take = _tile_candidates(row_val, start + tl.arange(0, TILE), c_hi, thresh)[2]
-            count += tl.sum(tile_take, axis=0)
-        first = tl.zeros([], tl.int32)
-        if count > 0:
-            first = tl.atomic_add(fill_ptr + row, count, sem="relaxed")
-            room = tl.maximum(tl.minimum(SLOTS - first, count), 0)
-            _filter_range(row_val, c_lo, c_hi, lo, thresh, cand_key_ptr + base_row + first,
-                          cand_pos_ptr + base_row + first, room, TILE)
-    tl.store(seg_ptr + (row * P + p) * 2, first)
-    tl.store(seg_ptr + (row * P + p) * 2 + 1, count)
-
-
-@triton.jit
-def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                         n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                         MAXP: tl.constexpr, TILE: tl.constexpr):
-    """Program per row: selects among the row's candidate segments and writes the top k in position order.
-
-    The output slot of a taken candidate i of chunk c is (taken in chunks < c) + (taken before i in c's
-    segment) = before[c] + E[i] - E[first[c]], with E the exclusive cumsum of `take` in slot order."""
-    row = tl.program_id(0)
+    The output slot of a taken candidate i of tile t is (taken in tiles < t) + (taken before i in t's
+    segment) = before[t] + E[i] - E[first[t]], with E the exclusive cumsum of `take` in slot order."""
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
     out_row = out_ptr + row.to(tl.int64) * K
-    total = tl.load(fill_ptr + row)
+    total = tl.load(fill_ptr + 2 * row, cache_modifier=".cg")
     kk = tl.minimum(K, hi - lo)
     if (total > SLOTS) | (total < kk):  # threshold missed: exact radix select
         _radix_topk_range(row_val, row_val, lo, hi, lo, out_row, out_row, K, False, False, 256, TILE)
@@ -272,45 +264,138 @@ def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
         base_row = row.to(tl.int64) * SLOTS
         r = tl.arange(0, SLOTS)
         ok = r < total
-        key = tl.where(ok, tl.load(cand_key_ptr + base_row + r, mask=ok, other=0), MIN32)
-        pos = tl.load(cand_pos_ptr + base_row + r, mask=ok, other=0)
+        # unmasked (16-byte) loads of all SLOTS: the slots past `total` hold garbage, never used
+        key = tl.where(ok, tl.load(cand_key_ptr + base_row + r, cache_modifier=".cg"), MIN32)
+        pos = tl.load(cand_pos_ptr + base_row + r, cache_modifier=".cg")
         take = _select(key, pos, total, kk, tl.load(thresh_ptr + row), hi - lo <= S, False)
         take_i = take.to(tl.int32)
         excl = tl.cumsum(take_i, axis=0) - take_i
-        # E and E + take go through the consumed candidate slots, so each chunk can read them at its
+        # E and E + take go through the consumed candidate slots, so each tile can read them at its
         # segment's first and last slot
         tl.debug_barrier()
         tl.store(cand_key_ptr + base_row + r, excl, mask=ok)
         tl.store(cand_pos_ptr + base_row + r, excl + take_i, mask=ok)
         tl.debug_barrier()
-        c = tl.arange(0, MAXP)
-        seg = seg_ptr + (row * P + c) * 2
-        first = tl.load(seg, mask=c < P, other=0)
-        cnt = tl.load(seg + 1, mask=c < P, other=0)
-        has = (c < P) & (cnt > 0)
-        e_first = tl.load(cand_key_ptr + base_row + first, mask=has, other=0)
-        taken = tl.load(cand_pos_ptr + base_row + first + cnt - 1, mask=has, other=0) - e_first
+        c = tl.arange(0, MAXT)
+        n_tiles = tl.cdiv(hi - lo, TILE)
+        seg = seg_ptr + (row * MAXT + c) * 2
+        first = tl.load(seg, mask=c < n_tiles, other=0, cache_modifier=".cg")
+        cnt = tl.load(seg + 1, mask=c < n_tiles, other=0, cache_modifier=".cg")
+        has = (c < n_tiles) & (cnt > 0)
+        e_first = tl.load(cand_key_ptr + base_row + first, mask=has, other=0, cache_modifier=".cg")
+        taken = tl.load(cand_pos_ptr + base_row + first + cnt - 1, mask=has, other=0, cache_modifier=".cg") - e_first
         delta = tl.cumsum(taken, axis=0) - taken - e_first
         tl.debug_barrier()
-        tl.store(seg, delta, mask=c < P)
+        tl.store(seg, delta, mask=c < n_tiles)
         tl.debug_barrier()
-        chunk_len, _, _ = _split_chunk(lo, hi, P, 0, TILE)
-        slot = tl.load(seg_ptr + (row * P + pos // tl.maximum(chunk_len, 1)) * 2, mask=take, other=0) + excl
+        slot = tl.load(seg_ptr + (row * MAXT + pos // TILE) * 2, mask=take, other=0, cache_modifier=".cg") + excl
         tl.store(out_row + slot, pos, mask=take)
         _pad(out_row, kk, K, SLOTS)
 
 
-def auto_splits(max_len: int, tile: int = SPLIT_TILE) -> int:
-    """Filter programs per row in split mode: one per tile of entries, at most 512 (2048-entry tiles: 128 at
-    256K, 512 at 1M)."""
-    return max(1, min(MAX_SPLITS, -(-max_len // tile)))
+@triton.jit
+def _load_tile(row_val, start, n, TILE: tl.constexpr):
+    """row_val[start : start + TILE] (0.0 past n): a full tile without a mask, so the loads are 16 bytes wide
+    (a masked load of unknown alignment compiles to one 4-byte load per entry)."""
+    start = tl.multiple_of(start, TILE)
+    offs = start + tl.arange(0, TILE)
+    if start + TILE <= n:
+        x = tl.load(row_val + offs)
+    else:
+        x = tl.load(row_val + offs, mask=offs < n, other=0.0)
+    return x
+
+
+@triton.jit
+def _filter_tile(x, offs, t, n, thresh, fill, cand_key, cand_pos, seg, SLOTS: tl.constexpr, TILE: tl.constexpr):
+    """Step 2 for tile t (entries x at positions offs, the same layout as x's load: no conversion): reserve
+    slots for its candidates (one atomic add), write them in position order, record the segment (first slot,
+    count) in seg[t]."""
+    key = _signed_key(x)
+    take = (offs < n) & (key >= thresh)
+    take_i = take.to(tl.int32)
+    count = tl.sum(take_i, axis=0)
+    first = tl.zeros([], tl.int32)
+    if count > 0:
+        first = tl.atomic_add(fill, count, sem="relaxed")
+        slot = first + tl.cumsum(take_i, axis=0) - take_i
+        keep = take & (slot < SLOTS)
+        tl.store(cand_key + slot, key, mask=keep)
+        tl.store(cand_pos + slot, offs, mask=keep)
+    if t * TILE < n:
+        tl.store(seg + t * 2, first)
+        tl.store(seg + t * 2 + 1, count)
+
+
+@triton.jit
+def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
+                         n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
+                         MAXT: tl.constexpr, TILE: tl.constexpr, FUSED: tl.constexpr, ONE_TILE: tl.constexpr):
+    """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: count its candidates, reserve that
+    many consecutive slots with one atomic add (each tile is one segment, in position order inside), write
+    them, record the segment (first slot, count) in seg[row, tile]. The next tile's load is issued before the
+    current tile's reduction, atomic and stores, so a program always has a load in flight.
+
+    FUSED: the last of the row's P programs to finish (a counter with acquire-release semantics) runs the
+    finish itself, which saves the third launch."""
+    row = tl.program_id(0)
+    p = tl.program_id(1)
+    lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
+    n = hi - lo
+    row_val = val_ptr + row.to(tl.int64) * stride_row + lo
+    thresh = tl.load(thresh_ptr + row)
+    base_row = row.to(tl.int64) * SLOTS
+    if ONE_TILE:  # P covers the row: no loop, fewer registers, more programs resident
+        # a start of unknown alignment (min with n) gives one 4-byte load per entry in the layout the
+        # candidate stores need; a known-aligned start gives 16-byte loads in another layout, converted
+        # through shared memory before the stores: 159 against 118 us at B=32 x 1M (H200 run 7 vs run 5)
+        offs = tl.minimum(p * TILE, n) + tl.arange(0, TILE)
+        _filter_tile(tl.load(row_val + offs, mask=offs < n, other=0.0), offs, p, n, thresh, fill_ptr + 2 * row,
+                     cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE)
+    else:
+        x = _load_tile(row_val, p * TILE, n, TILE)
+        for t in range(p, tl.cdiv(n, TILE), P):
+            x_next = _load_tile(row_val, (t + P) * TILE, n, TILE)
+            _filter_tile(x, t * TILE + tl.arange(0, TILE), t, n, thresh, fill_ptr + 2 * row, cand_key_ptr + base_row, cand_pos_ptr + base_row,
+                         seg_ptr + row * MAXT * 2, SLOTS, TILE)
+            x = x_next
+    if FUSED:
+        tl.debug_barrier()  # every thread's stores precede the release
+        if tl.atomic_add(fill_ptr + 2 * row + 1, 1, sem="acq_rel") == P - 1:
+            _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
+                        n_cols, stride_row, K, row, HAS_LO, S, SLOTS, MAXT, TILE)
+
+
+@triton.jit
+def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
+                         n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
+                         MAXT: tl.constexpr, TILE: tl.constexpr):
+    """Program per row: the finish as a launch of its own (fuse_finish=False)."""
+    _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
+                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE)
+
+
+def split_tile(max_len: int, tile: int | None = None) -> int:
+    """Entries per filter tile (one candidate segment each) in split mode: `tile` or SPLIT_TILE, doubled
+    until a row has at most MAX_TILES tiles (2048 up to 1M entries, 4096 up to 2M)."""
+    tile = tile or SPLIT_TILE
+    while -(-max_len // tile) > MAX_TILES:
+        tile *= 2
+    return tile
+
+
+def auto_splits(rows: int, max_len: int, tile: int = SPLIT_TILE) -> int:
+    """Filter programs per row in split mode: one per tile, up to FILTER_PROGRAMS in all (B=32 x 1M: 512 per
+    row, 16384 programs)."""
+    tiles = -(-max_len // split_tile(max_len, tile))
+    return max(1, min(tiles, FILTER_PROGRAMS // max(rows, 1)))
 
 
 def splits_for(rows: int, n: int, splits: int | None, tile: int | None) -> int:
     """Filter programs per row: one program per row for >= 64 rows (plenty of programs), else `auto_splits`."""
     if splits is None:
-        splits = 1 if rows >= 64 else auto_splits(n, tile or SPLIT_TILE)
-    return max(1, min(int(splits), MAX_SPLITS))
+        splits = 1 if rows >= 64 else auto_splits(rows, n, tile or SPLIT_TILE)
+    return max(1, int(splits))
 
 
 def _warps_for(elements: int) -> int:
@@ -320,18 +405,20 @@ def _warps_for(elements: int) -> int:
 
 def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.Tensor, k: int, *,
                 splits: int | None = None, method: str = "auto", tile: int | None = None, num_warps: int = 4,
-                row_chunk: int = 4096, sample: int = SAMPLE, out: torch.Tensor | None = None) -> torch.Tensor:
+                row_chunk: int = 4096, sample: int = SAMPLE, fuse_finish: bool = False,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k positions of each row's valid range [starts[r], ends[r]) of `scores` [R, N] float32.
 
     Returns int32 [R, k]: positions relative to starts[r] (starts=None: 0), ascending, -1 padded (see
     the module doc for the tie rule). splits: filter programs per row (default: one program per row for
-    everything when there are >= 64 rows, else `auto_splits(N, tile)`); method "sample" ("filter" is
+    everything when there are >= 64 rows, else `auto_splits(R, N, tile)`; each program takes every
+    splits-th tile of its row); method "sample" ("filter" is
     accepted as its former name), "radix" (one program per row, radix select only) or "auto" (default:
     radix for fewer than 64 rows of at most RADIX_MAX_LEN entries, sample otherwise); tile: entries per
-    loop step (split mode: also the chunk of one filter program, default 2048, so a 1M row is 512 one-tile
-    chunks; one program per row: default 4096); num_warps: warps of the split filter programs (small
-    programs, many per multiprocessor, hide the latency of their load -> atomic -> store chain; the radix
-    method under "auto" uses 8); row_chunk: rows per launch in one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
+    loop step (split mode: also one candidate segment, default 2048, doubled while a row has more than
+    MAX_TILES tiles; one program per row: default 4096); num_warps: warps of the split filter programs (the radix
+    method under "auto" uses 8); fuse_finish: the last filter program of a row runs the finish (two launches
+    instead of three); row_chunk: rows per launch in one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
     entries read to pick the threshold (a power of two >= 512; smaller only to test the sampled path on
     short rows); out: optional preallocated int32 [R, k].
     """
@@ -387,36 +474,39 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
             _topk_row_kernel[(nrows,)](scores, lo_arg, ends, cand_key, cand_pos, out, n, scores.stride(0), k, row0,
                                        **common, **sampling, SLOTS=slots, TILE=tile, num_warps=warps)
         return out
+    tile = split_tile(n, tile)
     thresh = torch.empty((rows,), dtype=torch.int32, device=dev)
-    fill = torch.empty((rows,), dtype=torch.int32, device=dev)  # zeroed by the threshold launch
+    fill = torch.empty((rows, 2), dtype=torch.int32, device=dev)  # slots filled, programs done: zeroed by launch 1
     cand_key = torch.empty((rows, slots), dtype=torch.int32, device=dev)
     cand_pos = torch.empty((rows, slots), dtype=torch.int32, device=dev)
-    seg = torch.empty((rows, splits, 2), dtype=torch.int32, device=dev)
+    seg = torch.empty((rows, MAX_TILES, 2), dtype=torch.int32, device=dev)
+    bufs = (thresh, fill, cand_key, cand_pos, seg, out, n, scores.stride(0), k)
+    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=MAX_TILES, TILE=tile)
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, n, scores.stride(0), k, **common,
-                                     **sampling, num_warps=_warps_for(sample))
-    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, thresh, fill, cand_key, cand_pos, seg, n,
-                                         scores.stride(0), splits, **common, SLOTS=slots, TILE=tile,
-                                         num_warps=num_warps)
-    _split_finish_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, cand_key, cand_pos, seg, out, n,
-                                  scores.stride(0), k, splits, **common, S=sample, SLOTS=slots, MAXP=MAX_SPLITS,
-                                  TILE=tile, num_warps=_warps_for(slots))
+                                     **sampling, num_warps=THRESHOLD_WARPS)
+    one_tile = splits >= triton.cdiv(n, tile)
+    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, FUSED=fuse_finish,
+                                         ONE_TILE=one_tile, num_warps=num_warps, num_stages=1)
+    if not fuse_finish:
+        _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes,
+                                      num_warps=min(16, FINISH_WARPS * slots // 4096))
     return out
 
 
 def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: int | None = None,
          method: str = "auto", tile: int | None = None, num_warps: int = 4, sample: int = SAMPLE,
-         out: torch.Tensor | None = None) -> torch.Tensor:
+         fuse_finish: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """CSA top-K: the k best compressed entries of each request.
 
     scores: [B, N] float32, entry j of request b valid for j < lengths[b] (lengths [B], any int dtype,
     clamped to [0, N]). Returns int32 [B, k]: entry positions (0-based from the request's first entry,
     which is what vLLM's and SGLang's sparse-attention kernels expect before they map positions to KV
     slots), ascending, padded with -1 when lengths[b] < k. Ties: the larger value first, then the lower
-    position. With fewer than 64 rows each long row is split over up to 512 filter programs (`auto_splits`).
+    position. With fewer than 64 rows each long row is split over several filter programs (`auto_splits`).
     """
     if scores.dim() != 2:
         raise ValueError(f"scores must be [B, N], got shape {tuple(scores.shape)}")
     if lengths.shape != (scores.shape[0],):
         raise ValueError(f"lengths must have shape ({scores.shape[0]},), got {tuple(lengths.shape)}")
     return topk_ranges(scores, None, lengths, k, splits=splits, method=method, tile=tile, num_warps=num_warps,
-                       sample=sample, out=out)
+                       sample=sample, fuse_finish=fuse_finish, out=out)

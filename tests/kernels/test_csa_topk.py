@@ -6,7 +6,7 @@ import torch
 from tests.kernels._sparse_device import DEVICE, ON_GPU
 from zoe_kernels.csa import topk, topk_ranges
 from zoe_kernels.csa.reference import topk_ranges_reference, topk_reference
-from zoe_kernels.csa.topk import SAMPLE_BLOCK, auto_splits
+from zoe_kernels.csa.topk import SAMPLE_BLOCK, auto_splits, split_tile
 
 pytestmark = pytest.mark.kernels
 BLOCK = 4096 if ON_GPU else 512
@@ -72,11 +72,26 @@ def test_topk_matches_reference_with_ragged_lengths(kind, b, n, k, splits, metho
     assert (last[: int(lengths[-1])] >= 0).all() and (last[int(lengths[-1]):] == -1).all()
 
 
+@pytest.mark.parametrize("fuse_finish", [True, False])
+@pytest.mark.parametrize("kind,splits", [("normal", 8), ("rounded", 2), ("recent", 5), ("ties", 3)])
+def test_split_programs_and_finish_launch(kind, splits, fuse_finish):
+    """Programs with several tiles each, more programs than tiles, and the finish fused or in its own launch."""
+    gen = torch.Generator().manual_seed(hash((kind, splits)) % 2**31)
+    n, k = 3000 if splits == 8 else 7000, 96  # 8 programs over 6 tiles: two programs without a tile
+    scores = _scores(kind, 3, n, gen)
+    lengths = torch.tensor([n, n - 513, 40])
+    poisoned = torch.full((3, k), 12345, dtype=torch.int32, device=DEVICE)
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024,
+               fuse_finish=fuse_finish, out=poisoned).cpu()
+    assert torch.equal(out, topk_reference(scores, lengths, k))
+
+
 def _sampled_positions(n: int, sample: int) -> torch.Tensor:
     """The entries the threshold step reads on a row of n > sample entries (see topk._sample_threshold)."""
     i = torch.arange(sample)
     blocks = sample // SAMPLE_BLOCK
-    return (i // SAMPLE_BLOCK) * (n - SAMPLE_BLOCK) // (blocks - 1) + i % SAMPLE_BLOCK
+    step = (n - SAMPLE_BLOCK) // (blocks - 1) // SAMPLE_BLOCK * SAMPLE_BLOCK
+    return (i // SAMPLE_BLOCK) * step + i % SAMPLE_BLOCK
 
 
 @pytest.mark.parametrize("splits", [1, 3])
@@ -115,8 +130,10 @@ def test_empty_rows_and_zero_lengths():
     assert sorted(out[2][:5].tolist()) == list(range(5)) and (out[2][5:] == -1).all()
 
 
-def test_auto_splits_follow_length():
-    assert [auto_splits(n) for n in (2048, 65536, 262144, 524288, 1 << 20, 4 << 20)] == [1, 32, 128, 256, 512, 512]
+def test_auto_splits_follow_length_and_rows():
+    assert [auto_splits(1, n) for n in (2048, 65536, 262144, 524288, 1 << 20, 4 << 20)] == [1, 32, 128, 256, 512, 512]
+    assert [auto_splits(b, 1 << 20) for b in (1, 8, 32, 63)] == [512, 512, 512, 260]
+    assert split_tile(1 << 20) == 2048 and split_tile(4 << 20) == 8192
 
 
 def test_bad_inputs_raise_clear_errors():

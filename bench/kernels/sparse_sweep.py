@@ -1,0 +1,159 @@
+"""Exploratory sweep on one GPU: launch variants of CSA top-K and dual-scope decode, each checked first.
+
+Top-K: every variant's indices must equal torch.topk's (sorted) index-for-index; decode: relative error
+< 2e-2 against gather + SDPA. Times are medians of CUDA-graph replays. Writes $OUT/sparse_sweep.json and
+prints one line per variant; the chosen defaults then go through sparse_bench.py (see sparse_README.md).
+
+Usage: python bench/kernels/sparse_sweep.py [--out DIR] [--sections topk,decode]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import sparse_bench as sb  # noqa: E402  (makes zoe_kernels importable)
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from zoe_kernels.csa import dual_scope_decode, topk  # noqa: E402
+tk = importlib.import_module("zoe_kernels.csa.topk")  # the module (the package exports the function)
+
+ROWS: list[dict] = []
+
+# (name, kwargs) per top-K shape; P = filter programs per row, fused = finish run by the last filter program
+TOPK_VARIANTS = {
+    (1, 1 << 20): [("default", {}),
+                   ("fused P=512 w4", dict(fuse_finish=True)),
+                   ("fused P=512 w8", dict(fuse_finish=True, num_warps=8)),
+                   ("threshold 8 warps", dict(_threshold_warps=8)),
+                   ("threshold 4 warps", dict(_threshold_warps=4)),
+                   ("finish 4 warps", dict(_finish_warps=4)), ("finish 16 warps", dict(_finish_warps=16)),
+                   ("P=128 loop", dict(splits=128))],
+    (32, 1 << 20): [("default", {}),
+                    ("w8 t2048", dict(num_warps=8)), ("w2 t1024", dict(num_warps=2, tile=1024)),
+                    ("w4 t4096", dict(tile=4096)), ("w8 t4096", dict(tile=4096, num_warps=8)),
+                    ("fused w4", dict(fuse_finish=True)), ("loop P=32 w4", dict(splits=32))],
+    (1, 65536): [("default", {}), ("fused", dict(fuse_finish=True))],
+    (1, 262144): [("default", {}), ("fused", dict(fuse_finish=True))],
+    (8, 262144): [("default", {}), ("fused", dict(fuse_finish=True))],
+}
+LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS"}
+
+
+def _call(scores, lengths, k, cfg):
+    """topk with cfg; keys of LAUNCH_CONSTANTS set the module's launch constants for this call only."""
+    saved = {name: getattr(tk, name) for name in LAUNCH_CONSTANTS.values()}
+    try:
+        for key, name in LAUNCH_CONSTANTS.items():
+            if key in cfg:
+                setattr(tk, name, cfg[key])
+        return topk(scores, lengths, k, **{a: v for a, v in cfg.items() if a not in LAUNCH_CONSTANTS})
+    finally:
+        for name, value in saved.items():
+            setattr(tk, name, value)
+
+
+def _time_threshold_alone(scores, lengths, k, shape) -> None:
+    """The first launch (sampled threshold) on its own: how much of the call it is."""
+    rows, n = scores.shape
+    thresh = torch.empty((rows,), dtype=torch.int32, device="cuda")
+    fill = torch.empty((rows, 2), dtype=torch.int32, device="cuda")
+    launch = lambda: tk._split_threshold_kernel[(rows,)](  # noqa: E731
+        scores, lengths, lengths, thresh, fill, n, scores.stride(0), k, HAS_LO=False, S=tk.SAMPLE,
+        SB=tk.SAMPLE_BLOCK, MARGIN_=tk.MARGIN, num_warps=tk._warps_for(tk.SAMPLE))
+    launch()
+    us = sb.median_us(launch, graph=True, rep_ms=30)
+    ROWS.append(dict(op="topk", shape=shape, variant="threshold launch alone", median_us=us))
+    sb.log(f"topk {shape} threshold launch alone {us:8.1f} us")
+
+
+def sweep_topk() -> None:
+    k = 512
+    shapes = [(b, n, "randn") for b, n in TOPK_VARIANTS] + [(1, 1 << 20, "recent"), (1, 4096, "randn")]
+    for b, n, kind in shapes:
+        gen = torch.Generator(device="cuda").manual_seed(n + b + 1)
+        scores = sb._topk_scores(b, n, kind, gen)
+        lengths = torch.full((b,), n, dtype=torch.int32, device="cuda")
+        ref = torch.topk(scores, k, dim=1).indices.sort(dim=1).values.int()
+        variants = TOPK_VARIANTS.get((b, n), [("default", {})]) if kind == "randn" else [("default", {})]
+        if (b, n) in ((1, 1 << 20), (32, 1 << 20)) and kind == "randn":
+            _time_threshold_alone(scores, lengths, k, f"B={b} N={n} {kind}")
+        for name, cfg in variants:
+            t0 = time.time()
+            try:
+                out = _call(scores, lengths, k, cfg)
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                ROWS.append(dict(op="topk", shape=f"B={b} N={n} {kind}", variant=name, error=repr(exc)[:300]))
+                sb.log(f"topk B={b} N={n} {kind} {name}: ERROR {exc!r:.200}")
+                continue
+            first_s = time.time() - t0
+            ok = bool(torch.equal(out, ref))
+            # a second draw: same function on fresh data (catches races that one input hides)
+            scores2 = sb._topk_scores(b, n, kind, gen)
+            ok2 = bool(torch.equal(_call(scores2, lengths, k, cfg),
+                                   torch.topk(scores2, k, dim=1).indices.sort(dim=1).values.int()))
+            us = sb.median_us(lambda: _call(scores, lengths, k, cfg), graph=True, rep_ms=30)
+            ROWS.append(dict(op="topk", shape=f"B={b} N={n} {kind}", variant=name, config=json.dumps(cfg),
+                             median_us=us, correct=ok and ok2, first_call_s=round(first_s, 2)))
+            sb.log(f"topk B={b} N={n} {kind:6s} {name:24s} {us:8.1f} us  correct={ok and ok2}")
+
+
+DECODE_VARIANTS = [("default", {}),
+                   ("BKV=64 splits=1", dict(block_kv=64, splits=1)),
+                   ("BKV=64 splits=1 stages=3", dict(block_kv=64, splits=1, num_stages=3)),
+                   ("BKV=64 splits=2", dict(block_kv=64, splits=2)),
+                   ("BKV=128 splits=1", dict(block_kv=128, splits=1)),
+                   ("BKV=128 splits=1 stages=1", dict(block_kv=128, splits=1, num_stages=1)),
+                   ("BH=16 w4 BKV=64 splits=1", dict(block_h=16, num_warps=4, block_kv=64, splits=1)),
+                   ("BH=64 DV=256 BKV=64 splits=1", dict(block_h=64, block_dv=256, block_kv=64, splits=1)),
+                   ("BH=32 w4 BKV=64 splits=1", dict(num_warps=4, block_kv=64, splits=1))]
+DECODE_OTHER_B = [("default", {}), ("BKV=64", dict(block_kv=64)), ("BKV=64 splits=1", dict(block_kv=64, splits=1)),
+                  ("BKV=128", dict(block_kv=128))]
+
+
+def sweep_decode() -> None:
+    for b in (64, 1, 8, 32, 128):
+        q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = sb._decode_inputs(b)
+        args = (q, win_k, win_v, win_len, comp_k, comp_v, idx)
+        kw = dict(win_k_scale=win_ks, comp_k_scale=comp_ks)
+        ref = sb._torch_dual_scope(*args, win_ks, comp_ks).float()
+        d = q.shape[2]
+        entries = win_k.shape[1] + idx.shape[1]
+        floor_us = (b * entries * (d * 3 + 8) + 2 * q.numel() * 2) / (4.22e6)
+        for name, cfg in DECODE_VARIANTS if b == 64 else DECODE_OTHER_B:
+            try:
+                out = dual_scope_decode(*args, **kw, **cfg).float()
+            except Exception as exc:  # noqa: BLE001
+                ROWS.append(dict(op="decode", shape=f"B={b}", variant=name, error=repr(exc)[:300]))
+                sb.log(f"decode B={b} {name}: ERROR {exc!r:.200}")
+                continue
+            err = float((out - ref).norm() / ref.norm())
+            us = sb.median_us(lambda: dual_scope_decode(*args, **kw, **cfg), graph=True, rep_ms=30)
+            ROWS.append(dict(op="decode", shape=f"B={b}", variant=name, config=json.dumps(cfg), median_us=us,
+                             pct_hbm=100 * floor_us / us, rel_err=err, correct=err < 2e-2))
+            sb.log(f"decode B={b} {name:28s} {us:8.1f} us  {100 * floor_us / us:5.1f}% of the byte floor  err={err:.1e}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--sections", default="topk,decode")
+    args = ap.parse_args()
+    meta = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__,
+                command="python bench/kernels/sparse_sweep.py " + " ".join(sys.argv[1:]))
+    for name in args.sections.split(","):
+        {"topk": sweep_topk, "decode": sweep_decode}[name]()
+        Path(args.out, "sparse_sweep.json").write_text(json.dumps({"meta": meta, "rows": ROWS}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
