@@ -28,10 +28,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import moe_bench as mb  # noqa: E402
 
-# (BLOCK_N, NS slices of 32 k per K step, num_warps); None = the portable decode (no prmt / paired cvt)
-TILES = [(16, 8, 1), (8, 8, 1), (16, 4, 1), (8, 16, 1), (32, 8, 1), (16, 8, 2), (32, 8, 2), (32, 4, 2),
-         (64, 8, 4)]
-PORTABLE = [(16, 8, 1)]  # also timed with the portable decode, to measure what the PTX decode buys
+# (BLOCK_N, NS slices of 32 k per K step, num_warps, PREFETCH[, num_stages]); run 1 (results/raw/run8_*) swept
+# 9 tiles without prefetch: (8, 8, 1) and (16, 8, 2) led stage 1, (16, 4, 1), (32, 8, 2), (16, 8, 1) stage 2.
+TILES = [(8, 8, 1, False), (8, 8, 1, True), (16, 8, 2, False), (16, 8, 2, True), (16, 4, 1, False),
+         (16, 4, 1, True), (8, 16, 1, False), (8, 16, 1, True), (8, 4, 1, True), (16, 8, 1, False),
+         (16, 8, 1, True), (32, 4, 1, True), (32, 8, 2, False), (16, 8, 1, False, 3), (8, 8, 1, False, 3)]
+PORTABLE = [(8, 8, 1, True)]  # also timed with the portable decode, to measure what the PTX decode buys
 
 
 def _stage_reference(stage, x_or_inter, w, s, ids, tw, fmt, n_rows):
@@ -166,7 +168,7 @@ def main() -> None:
     formats = args.formats.split(",")
     deadline = t0 + args.budget_s
     best = sweep(formats, [s for s in args.sweep_shapes.split(",") if s], dev, checks, timings,
-                 t0 + 0.5 * args.budget_s)
+                 t0 + 0.6 * args.budget_s)
     from zoe_kernels.moe import config
 
     meta["tiles_used"] = {f: {str(st): list(t) for st, t in config.GEMV_4BIT_TILES[f].items()} for f in formats}

@@ -84,10 +84,10 @@ GEMV_TILES = {
     "mxfp4": {1: (32, 4), 2: (32, 4)},
 }
 # The word-wise 4-bit kernel (`gemv_4bit.py`, rows of whole int32 words): (BLOCK_N, NS slices of 32 k per K step,
-# num_warps) per format and stage.
+# num_warps, PREFETCH of the next K step) per format and stage.
 GEMV_4BIT_TILES = {
-    "w4a16": {1: (16, 8, 1), 2: (16, 8, 1)},
-    "mxfp4": {1: (16, 8, 1), 2: (16, 8, 1)},
+    "w4a16": {1: (8, 8, 1, False), 2: (16, 4, 1, False)},
+    "mxfp4": {1: (8, 8, 1, False), 2: (16, 8, 1, False)},
 }
 # Stage 2 splits the top-k slots over more programs (adding with float32 atomics) until its grid has this many:
 # at M=1 on DeepSeek-V3.2 8 chunks took fp8 stage 2 from 82 us to 42 us (run5 sweep).
@@ -118,7 +118,7 @@ def gemv_warps(block_n: int, fmt: str) -> int:
 
 
 def gemv_config(rows: int, n: int, fmt: str, *, gated: bool, tile: tuple[int, int] | None = None,
-                top_k: int = 1, words_tile: tuple[int, int, int] | None = None) -> dict:
+                top_k: int = 1, words_tile: tuple | None = None) -> dict:
     """Launch parameters of one GEMV stage (`rows` edges or tokens, n output rows): BLOCK_N rows of weights
     per program, GPI scale groups per K step (independent loads in flight), 16-byte loads per thread, and
     for stage 2 the number of chunks the top-k slots are split into: more than one only while the grid
@@ -129,14 +129,14 @@ def gemv_config(rows: int, n: int, fmt: str, *, gated: bool, tile: tuple[int, in
         cfg = {"BLOCK_N": 16, "GPI": 1, "num_warps": 4, "CHUNKS": 1 if rows > 1 else top_k,
                "FP8_BITS": GEMV_FP8_BITS}
         if fmt in GEMV_4BIT_TILES:
-            cfg["WORDS"] = {"BLOCK_N": 16, "NS": 2, "num_warps": 1}
+            cfg["WORDS"] = {"BLOCK_N": 16, "NS": 2, "num_warps": 1, "PREFETCH": True}
         return cfg
     bn, gpi = tile or GEMV_TILES[fmt][1 if gated else 2]
     programs = rows * -(-n // bn)
     words = None
     if fmt in GEMV_4BIT_TILES:
-        wbn, ns, wwarps = words_tile or GEMV_4BIT_TILES[fmt][1 if gated else 2]
-        words = {"BLOCK_N": wbn, "NS": ns, "num_warps": wwarps}
+        wbn, ns, wwarps, prefetch, *stages = words_tile or GEMV_4BIT_TILES[fmt][1 if gated else 2]
+        words = {"BLOCK_N": wbn, "NS": ns, "num_warps": wwarps, "PREFETCH": prefetch, "num_stages": (stages or [1])[0]}
         programs = rows * -(-n // wbn)
     chunks = 1
     while not gated and chunks < top_k and programs * chunks < GEMV_MIN_PROGRAMS:

@@ -97,15 +97,18 @@ def _e2m1_pair(p, J: tl.constexpr, PTX: tl.constexpr):
 
 
 @triton.jit
-def _step_acts(a_row, k0, K, NS: tl.constexpr, EVEN_K: tl.constexpr):
-    """The activations of one K step (NS slices from k0): 8 float32 [NS, 4] tensors,
-    a_j[s, w] = a[k0 + 32 s + 8 w + j]."""
+def _load_acts(a_row, k0, K, NS: tl.constexpr, EVEN_K: tl.constexpr):
+    """The activations of one K step (NS slices from k0) as [NS, 4, 8]: x[s, w, j] = a[k0 + 32 s + 8 w + j]."""
     offs_k = k0 + tl.arange(0, NS)[:, None, None] * 32 + tl.arange(0, 4)[None, :, None] * 8 \
         + tl.arange(0, 8)[None, None, :]
     if EVEN_K:
-        x = tl.load(a_row + offs_k)
-    else:
-        x = tl.load(a_row + offs_k, mask=offs_k < K, other=0.0)
+        return tl.load(a_row + offs_k)
+    return tl.load(a_row + offs_k, mask=offs_k < K, other=0.0)
+
+
+@triton.jit
+def _split_acts(x, NS: tl.constexpr):
+    """[NS, 4, 8] activations -> 8 float32 [NS, 4] tensors a_j[s, w] = x[s, w, j]."""
     x = tl.reshape(x.to(tl.float32), (NS, 4, 2, 2, 2))  # j = 4 b2 + 2 b1 + b0
     e, o = tl.split(x)
     ee, eo = tl.split(e)
@@ -146,13 +149,17 @@ def _slice_dot(p, a0, a1, a2, a3, a4, a5, a6, a7, FMT: tl.constexpr, PTX: tl.con
 
 
 @triton.jit
-def _slice_scale(ws_base, rows, row_mask, offs_s, stride_wsn, stride_wsk, FMT: tl.constexpr, EVEN_N: tl.constexpr):
-    """Scale of each (row, slice), float32 [BLOCK_N, NS]; e8m0 byte b is 2^(b - 127) (b = 0: 2^-127)."""
+def _load_scales(ws_base, rows, row_mask, offs_s, stride_wsn, stride_wsk, FMT: tl.constexpr, EVEN_N: tl.constexpr):
+    """The raw scale of each (row, slice) of one K step, [BLOCK_N, NS]."""
     ptrs = ws_base + rows[:, None] * stride_wsn + (offs_s // (4 if FMT == 2 else 1))[None, :] * stride_wsk
     if EVEN_N:
-        s = tl.load(ptrs)
-    else:
-        s = tl.load(ptrs, mask=row_mask[:, None], other=0)
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=row_mask[:, None], other=0)
+
+
+@triton.jit
+def _scale_f32(s, FMT: tl.constexpr):
+    """Raw scales as float32; e8m0 byte b is 2^(b - 127) (b = 0: 2^-127, a float32 subnormal)."""
     if FMT == 2:
         return s.to(tl.float32)
     sb = s.to(tl.uint32)
@@ -168,24 +175,54 @@ def _load_words(w_base, rows, row_mask, offs_w, KW, stride_wn, EVEN_N: tl.conste
 
 
 @triton.jit
+def _load_step(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, kw0, stride_wn, stride_wsn, stride_wsk,
+               BOTH: tl.constexpr, FMT: tl.constexpr, NS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+    """Everything one K step (words kw0 .. kw0 + 4 NS) reads: weight words and raw scales of the row block (and
+    of the up rows N + offs_n if BOTH, else the same tensors again), and the activations."""
+    offs_s = kw0 // 4 + tl.arange(0, NS)
+    offs_w = kw0 + tl.arange(0, NS)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    p = _load_words(w_base, offs_n, n_mask, offs_w, KW, stride_wn, EVEN_N, EVEN_K)
+    s = _load_scales(ws_base, offs_n, n_mask, offs_s, stride_wsn, stride_wsk, FMT, EVEN_N)
+    if BOTH:
+        p2 = _load_words(w_base, N + offs_n, n_mask, offs_w, KW, stride_wn, EVEN_N, EVEN_K)
+        s2 = _load_scales(ws_base, N + offs_n, n_mask, offs_s, stride_wsn, stride_wsk, FMT, EVEN_N)
+    else:
+        p2 = p
+        s2 = s
+    return p, s, p2, s2, _load_acts(a_row, kw0 * 8, K, NS, EVEN_K)
+
+
+@triton.jit
 def _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, stride_wsn, stride_wsk,
               BOTH: tl.constexpr, FMT: tl.constexpr, PTX: tl.constexpr, BLOCK_N: tl.constexpr, NS: tl.constexpr,
-              EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
-    """(a_row . W[offs_n], a_row . W[N + offs_n] if BOTH else zeros) over the whole K, float32 [BLOCK_N] each."""
+              EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """(a_row . W[offs_n], a_row . W[N + offs_n] if BOTH else zeros) over the whole K, float32 [BLOCK_N] each.
+    PREFETCH: the loads of step i + 1 are issued before step i computes (two steps of registers), so each
+    program keeps a step of weights in flight while it decodes."""
     acc = tl.zeros((BLOCK_N, NS), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, NS), dtype=tl.float32)
-    for kw0 in range(0, KW, NS * 4):
-        offs_s = kw0 // 4 + tl.arange(0, NS)
-        offs_w = kw0 + tl.arange(0, NS)[:, None] * 4 + tl.arange(0, 4)[None, :]
-        p = _load_words(w_base, offs_n, n_mask, offs_w, KW, stride_wn, EVEN_N, EVEN_K)
+    STEP: tl.constexpr = NS * 4
+    if PREFETCH:
+        p, s, p2, s2, x = _load_step(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, 0, stride_wn, stride_wsn,
+                                     stride_wsk, BOTH, FMT, NS, EVEN_N, EVEN_K)
+    for kw0 in range(0, KW, STEP):
+        if PREFETCH:
+            # the last step re-reads itself when every step is full (no masks); else masks cut past KW
+            if EVEN_K:
+                kn = tl.multiple_of(tl.minimum(kw0 + STEP, KW - STEP), 4)  # 16-byte loads still
+            else:
+                kn = kw0 + STEP
+            pn, sn, p2n, s2n, xn = _load_step(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, kn, stride_wn,
+                                              stride_wsn, stride_wsk, BOTH, FMT, NS, EVEN_N, EVEN_K)
+        else:
+            p, s, p2, s2, x = _load_step(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, kw0, stride_wn,
+                                         stride_wsn, stride_wsk, BOTH, FMT, NS, EVEN_N, EVEN_K)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _split_acts(x, NS)
+        acc += _slice_dot(p, a0, a1, a2, a3, a4, a5, a6, a7, FMT, PTX) * _scale_f32(s, FMT)
         if BOTH:
-            p2 = _load_words(w_base, N + offs_n, n_mask, offs_w, KW, stride_wn, EVEN_N, EVEN_K)
-        a0, a1, a2, a3, a4, a5, a6, a7 = _step_acts(a_row, kw0 * 8, K, NS, EVEN_K)
-        acc += _slice_dot(p, a0, a1, a2, a3, a4, a5, a6, a7, FMT, PTX) * \
-            _slice_scale(ws_base, offs_n, n_mask, offs_s, stride_wsn, stride_wsk, FMT, EVEN_N)
-        if BOTH:
-            acc2 += _slice_dot(p2, a0, a1, a2, a3, a4, a5, a6, a7, FMT, PTX) * \
-                _slice_scale(ws_base, N + offs_n, n_mask, offs_s, stride_wsn, stride_wsk, FMT, EVEN_N)
+            acc2 += _slice_dot(p2, a0, a1, a2, a3, a4, a5, a6, a7, FMT, PTX) * _scale_f32(s2, FMT)
+        if PREFETCH:
+            p, s, p2, s2, x = pn, sn, p2n, s2n, xn
     post = 1.0 if FMT == 2 else 16384.0  # e2m1 decoded as v * 2^-14
     return tl.sum(acc, axis=1) * post, tl.sum(acc2, axis=1) * post
 
@@ -197,6 +234,7 @@ def _gemv_4bit_kernel(
     stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_om,
     GATED: tl.constexpr, ATOMIC: tl.constexpr, FMT: tl.constexpr, PTX: tl.constexpr,
     BLOCK_N: tl.constexpr, NS: tl.constexpr, ZBLOCK: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """As `gemv._gemv_kernel`, with w_ptr the int32 words of the packed weights (KW words per row)."""
     pid = tl.program_id(0)
@@ -219,7 +257,7 @@ def _gemv_4bit_kernel(
         ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
         a_row = a_ptr + token.to(tl.int64) * stride_am
         acc, acc_up = _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, stride_wsn,
-                                stride_wsk, True, FMT, PTX, BLOCK_N, NS, EVEN_N, EVEN_K)
+                                stride_wsk, True, FMT, PTX, BLOCK_N, NS, EVEN_N, EVEN_K, PREFETCH)
         h = acc / (1.0 + tl.exp(-acc)) * acc_up
         tl.store(out_ptr + r.to(tl.int64) * stride_om + offs_n, h.to(out_ptr.dtype.element_ty), mask=n_mask)
     else:
@@ -233,7 +271,7 @@ def _gemv_4bit_kernel(
                 ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
                 a_row = a_ptr + edge.to(tl.int64) * stride_am
                 part, _ = _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, stride_wsn,
-                                    stride_wsk, False, FMT, PTX, BLOCK_N, NS, EVEN_N, EVEN_K)
+                                    stride_wsk, False, FMT, PTX, BLOCK_N, NS, EVEN_N, EVEN_K, PREFETCH)
                 acc += weight * part
         o_ptrs = out_ptr + r.to(tl.int64) * stride_om + offs_n
         if ATOMIC:
@@ -258,6 +296,6 @@ def launch_4bit(a, w, w_scale, out, ids, topk_w, *, num_rows, top_k, n, k, fmt, 
         a.stride(0), words.stride(0), words.stride(1), w_scale.stride(0), w_scale.stride(1), w_scale.stride(2),
         out.stride(0),
         GATED=gated, ATOMIC=chunks > 1, FMT=code, PTX=cfg.get("PTX", has_ptx()), BLOCK_N=bn, NS=ns, ZBLOCK=zblock,
-        EVEN_N=n % bn == 0, EVEN_K=k % (ns * 32) == 0 and kw % (ns * 4) == 0,
+        EVEN_N=n % bn == 0, EVEN_K=k % (ns * 32) == 0 and kw % (ns * 4) == 0, PREFETCH=cfg.get("PREFETCH", False),
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1),
     )

@@ -165,7 +165,7 @@ def test_gemv_decodes_tiny_codes_exactly(fmt, words):
     ids = torch.zeros((1, 1), dtype=torch.int32, device=DEVICE)
     cfg = {"BLOCK_N": 16, "GPI": 1, "num_warps": 4}
     if words:
-        cfg["WORDS"] = {"BLOCK_N": 16, "NS": 2, "num_warps": 1}
+        cfg["WORDS"] = {"BLOCK_N": 16, "NS": 2, "num_warps": 1, "PREFETCH": True}
     gemv_down_combine(a, w, s, out, torch.ones((1, 1), device=DEVICE), ids, fmt=fmt, cfg=cfg)
     ref = (a.double() @ dense[0].double().T).float()
     assert ref.abs().max() > 0
@@ -226,8 +226,8 @@ def test_gemv_production_tiles_in_interpreter(fmt, monkeypatch):
 @pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
 def test_gemv_word_and_byte_kernels_agree(fmt):
     """The word-wise 4-bit kernel (`gemv_4bit.py`) against the byte-wise one (`gemv.py`) on the same inputs,
-    both stages, several tiles (rows and K steps that do and do not divide the sizes); with a GPU the
-    word-wise kernel runs its PTX decode, checked against the portable one too."""
+    both stages, several tiles (rows and K steps that do and do not divide the sizes, with and without the
+    prefetch of the next K step); with a GPU the word-wise kernel runs its PTX decode, and the portable one too."""
     from zoe_kernels.moe.gemv import gemv_down_combine, gemv_gate_up
     from zoe_kernels.moe.gemv_4bit import rows_are_words
 
@@ -239,9 +239,10 @@ def test_gemv_word_and_byte_kernels_agree(fmt):
     gemv_gate_up(x, w13, kw["w13_scale"], inter_ref, ti, fmt=fmt, cfg=byte_cfg)
     out_ref = _nan_alloc((2, 320), torch.float32, DEVICE)
     gemv_down_combine(inter_ref, w2, kw["w2_scale"], out_ref, tw, ti, fmt=fmt, cfg=byte_cfg)
-    for words in ({"BLOCK_N": 16, "NS": 2, "num_warps": 1}, {"BLOCK_N": 32, "NS": 1, "num_warps": 2}) + (
-            ({"BLOCK_N": 16, "NS": 8, "num_warps": 1, "PTX": False}, {"BLOCK_N": 16, "NS": 8, "num_warps": 1})
-            if ON_GPU else ()):
+    for words in ({"BLOCK_N": 16, "NS": 2, "num_warps": 1, "PREFETCH": True},
+                  {"BLOCK_N": 32, "NS": 1, "num_warps": 2}) + (
+            ({"BLOCK_N": 16, "NS": 8, "num_warps": 1, "PTX": False}, {"BLOCK_N": 8, "NS": 8, "num_warps": 1},
+             {"BLOCK_N": 16, "NS": 2, "num_warps": 2, "PREFETCH": True}) if ON_GPU else ()):
         cfg = byte_cfg | {"WORDS": words}
         inter = _nan_alloc((6, 88), dtype, DEVICE)
         gemv_gate_up(x, w13, kw["w13_scale"], inter, ti, fmt=fmt, cfg=cfg)
