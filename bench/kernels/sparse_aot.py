@@ -127,7 +127,7 @@ def main() -> None:
              "comp_k_ptr": "*fp8e4nv", "comp_v_ptr": "*bf16", "comp_idx_ptr": "*i32", "win_ks_ptr": "*fp32",
              "win_vs_ptr": "*fp32", "comp_ks_ptr": "*fp32", "comp_vs_ptr": "*fp32", "part_out_ptr": "*fp32",
              "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": "*bf16"}
-    decode_cfgs = [(bh, dv, bkv, w, final) for bh, dv, bkv, w in [(64, 256, 64, 8), (64, 256, 32, 8), (64, 512, 32, 8),
+    decode_cfgs = [(bh, dv, bkv, w, final) for bh, dv, bkv, w in [(32, 512, 64, 8), (16, 512, 64, 4), (64, 256, 64, 8),
                                                                  (32, 512, 32, 8), (64, 128, 64, 4)]
                    for final in (True, False)]
     for bh, dv, bkv, warps, final in decode_cfgs if "decode" in only else ():

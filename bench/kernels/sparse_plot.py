@@ -17,12 +17,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
-PREVIOUS_KERNELS = ("zoe run 1 radix split + merge", "zoe triton fp8 heads", "zoe previous kernel (run 3), run 1 config")
+PREVIOUS_KERNELS = ("zoe run 1 radix split + merge", "zoe triton fp8 heads", "zoe previous kernel (run 3), run 1 config",
+                    "zoe run 4 default (32-entry tiles)", "zoe run 5 default (every search step paid)")
 
 
 def provider_group(provider: str) -> str:
-    """Bars per group: the torch baseline, the previous kernel (run 1's top-K and indexer, measured in the same
-    run; the decode kernel before run 4, measured in run 3), and the current code's best config."""
+    """Bars per group: the torch baseline, the previous kernel (the fastest of: run 1's top-K and indexer,
+    run 5's top-K, the decode kernel of run 3 and run 4's decode default), and the current code's best config."""
     if not provider.startswith("zoe"):
         return provider
     if provider in PREVIOUS_KERNELS:
