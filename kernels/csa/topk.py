@@ -9,17 +9,19 @@ returned in ascending position order (not by value), followed by -1 padding when
 k valid entries. NaN scores are not supported; -inf is a valid score.
 
 Method "sample" (no sorting network anywhere, so compiles stay short):
-1. threshold: read a fixed sample of S entries of the row (S/SB blocks of SB contiguous entries spread
-   evenly; the whole row when it has <= S entries) and find, by a bitwise binary search over the
-   order-preserving int32 keys (one reduction per bit), a key T that about MARGIN*k entries of the row
-   should reach. On a row of <= S entries T is exactly the k-th largest key.
-2. filter: every entry with key >= T is a candidate. Each of the P programs of a row (P chunks) counts
-   its candidates, reserves that many consecutive slots of the row's SLOTS with one atomic add, and
-   writes (key, position) there in position order (a cumsum per tile): one segment per chunk.
-3. finish: over the candidate slots, the same binary search finds the exact k-th largest value v* (or
-   takes T when it was exact); everything above v* is taken, and among entries equal to v* the lowest
-   positions (a binary search on positions, when ties straddle the k-th place); a taken entry's output
-   slot is (taken in earlier chunks) + (taken before it in its segment), so positions come out ascending.
+1. threshold: read a fixed sample of S entries of the row (S/SB aligned blocks of SB contiguous entries
+   spread evenly; the whole row when it has <= S entries) and find, by a bitwise search over the
+   order-preserving int32 keys (one reduction per bit, stopped early: `_rank_bound`), a key T that about
+   MARGIN*k to 1.5*MARGIN*k entries of the row should reach. On a row of <= S entries T is a key exactly
+   min(k, n) entries reach, or the exact k-th largest key.
+2. filter: every entry with key >= T is a candidate. Each tile of TILE entries counts its candidates,
+   reserves that many consecutive slots of the row's SLOTS with one atomic add, and writes (key, position)
+   there in position order (a cumsum per tile): one segment per tile.
+3. finish: over the candidate slots, the same search, started from T, finds a bound exactly kk candidates
+   reach (taken whole) or else the exact kk-th largest value v*; everything above v* is taken, and among
+   entries equal to v* the lowest positions (a binary search on positions, when ties straddle the k-th
+   place); a taken entry's output slot is (taken in earlier tiles) + (taken before it in its segment), so
+   positions come out ascending.
 The result is exact whenever the candidates include the top k, i.e. when at least min(k, n) entries
 reached T and they fit the SLOTS; otherwise (adversarial layouts that fool the sample, massive
 ties) the finish falls back to the exact radix select of radix_select.py over the whole row. Both
@@ -30,7 +32,9 @@ launch, faster there), "sample" (the above) otherwise.
 
 Launches: many rows (indexer prefill) or short rows use one program per row that does all three steps
 (`_topk_row_kernel`); few long rows (CSA decode) use three launches: one threshold program per row,
-P = n/2048 (<= 512) filter programs per row, one finish program per row.
+one filter program per 2048-entry tile (or `splits` programs per row taking every splits-th tile), one
+finish program per row; with fuse_finish=True the last filter program of a row runs the finish (two
+launches; slower on an H200, run 8, since the fused kernel's registers halve the resident filter programs).
 """
 
 from __future__ import annotations
