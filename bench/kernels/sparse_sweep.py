@@ -3,6 +3,7 @@
 Top-K: every variant's indices must equal torch.topk's (sorted) index-for-index; decode: relative error
 < 2e-2 against gather + SDPA. Times are medians of CUDA-graph replays. Writes $OUT/sparse_sweep.json and
 prints one line per variant; the chosen defaults then go through sparse_bench.py (see sparse_README.md).
+The lists below are run 7's (`results/sparse_sweep_run7.json`); run 6's variants are named in its JSON.
 
 Usage: python bench/kernels/sparse_sweep.py [--out DIR] [--sections topk,decode]
 """
