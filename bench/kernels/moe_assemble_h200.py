@@ -22,9 +22,16 @@ Which run each row comes from, and why:
   baselines and the fallback loop (M=1). Its GEMV rows are the committed code wherever stage 2 does not split
   slots (config.gemv_config: CHUNKS == 1), i.e. every point but M=1 of the top-k-8 shapes and mxfp4 at M=8;
   those rows carry "committed_differs" (the committed stage 2 is faster there: run5's stage sweep).
+- run9 (code 0354143 with the tiles its sweep applied, committed next in config.GEMV_4BIT_TILES): the word-wise
+  4-bit GEMV (`gemv_4bit.py`), zoe_gemv for w4a16 and mxfp4 at M 1..64 on DeepSeek-V3.2, GLM-5 and the TP8
+  slice, and fp8 zoe_dot at M=1 on those shapes (same code as run4; kept as the same-run reference of the
+  issue's 4-bit target). These rows replace run4's. run4's other 4-bit zoe_gemv rows (Kimi-K2, ZAYA1, and
+  M=256, where dispatch takes the dot path) timed the byte-wise kernel that word-aligned rows no longer take:
+  they carry "committed_differs".
 The "zoe" rows (fused_moe as dispatched) are derived from zoe_gemv / zoe_dot by `config.use_gemv`.
-run5 (commit 12a6225, stage-2 sweep) and run6 (commit f950d4a, the GPU tests of the GEMV path, 12 passed)
-are in raw/ only; run5 re-timed the dot path within 1-3 % of run4.
+run5 (commit 12a6225, stage-2 sweep), run6 (commit f950d4a, the GPU tests of the GEMV path, 12 passed), run7
+(the byte-wise GEMV end to end) and run8 (the first word-wise sweep) are in raw/ only; run5 re-timed the dot
+path within 1-3 % of run4.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ def _block_m(row: dict) -> int:
 
 
 def keep(run: str, row: dict) -> bool:
+    if run == "run9":
+        return True
     if run == "run4":
         return True
     if row["M"] <= 256:
@@ -65,19 +74,32 @@ def main() -> None:
     from zoe_kernels.moe.config import gemv_config
 
     rows, runs = [], []
-    for run, commit in (("run1", "0067fa2"), ("run2", "2499c95"), ("run3", "8b79871"), ("run4", "12a6225")):
-        data = json.loads((RAW / f"{run}_moe_results.json").read_text())
+    sources = (("run1", "0067fa2", "moe_results"), ("run2", "2499c95", "moe_results"),
+               ("run3", "8b79871", "moe_results"), ("run4", "12a6225", "moe_results"),
+               ("run9", "0354143", "gemv4_sweep"))
+    run9_keys = set()
+    for run, commit, stem in sources:
+        data = json.loads((RAW / f"{run}_{stem}.json").read_text())
+        if stem == "moe_results":
+            ceilings, shapes = data["ceilings"], data["shapes"]
         runs.append({"run": run, "code_commit": commit, "command": data["command"], "date_utc": data["date_utc"],
-                     "torch": data["torch"], "triton": data["triton"], "tests_on_gpu": data["tests"],
-                     "sweep_m1": data.get("sweep_m1", []), "gemv_sweep": data.get("gemv_sweep", [])})
+                     "torch": data["torch"], "triton": data["triton"], "tests_on_gpu": data.get("tests"),
+                     "sweep_m1": data.get("sweep_m1", []), "gemv_sweep": data.get("gemv_sweep", []),
+                     **({"gemv4_tiles_used": data["tiles_used"], "gemv4_stage_timings": data["stage_timings"]}
+                        if run == "run9" else {})})
+        if run == "run9":
+            run9_keys = {(r["shape"], r["M"], r["fmt"], r["provider"]) for r in data["rows"]}
+            rows = [r for r in rows if (r["shape"], r["M"], r["fmt"], r["provider"]) not in run9_keys]
         for r in data["rows"]:
             if not keep(run, r) or r["provider"] == "zoe" and run == "run4":
                 continue
             r = r | {"run": run}
             if r["provider"] == "zoe":
                 r["provider"] = "zoe_dot"
-            if r["provider"] == "zoe_gemv":
-                if gemv_config(r["M"], r["H"], r["fmt"], gated=False, top_k=r["k"] + r["shared"])["CHUNKS"] > 1:
+            if r["provider"] == "zoe_gemv" and run == "run4":
+                if r["fmt"] in ("w4a16", "mxfp4"):
+                    r["committed_differs"] = "byte-wise 4-bit GEMV; the committed word-wise kernel is faster (run9)"
+                elif gemv_config(r["M"], r["H"], r["fmt"], gated=False, top_k=r["k"] + r["shared"])["CHUNKS"] > 1:
                     r["committed_differs"] = "committed stage 2 splits the top-k slots (faster: run5 sweep)"
             rows.append(r)
     rows += moe_bench.dispatched_rows(rows)
@@ -85,10 +107,11 @@ def main() -> None:
         "device": "NVIDIA H200",
         "assembled_by": "python bench/kernels/moe_assemble_h200.py",
         "note": "run4 ran the working tree committed next as 12a6225 (same GEMV kernel; --apply-sweep put in the "
-                "tiles committed there); run5/run6 are in raw/ only",
+                "tiles committed there); run9 ran 0354143 with the word-wise 4-bit tiles its sweep applied "
+                "(committed next); run5-run8 are in raw/ only",
         "runs": runs,
-        "ceilings": data["ceilings"],
-        "shapes": data["shapes"],
+        "ceilings": ceilings,
+        "shapes": shapes,
         "crossover": moe_bench.crossover(rows),
         "rows": rows,
     }

@@ -84,10 +84,13 @@ GEMV_TILES = {
     "mxfp4": {1: (32, 4), 2: (32, 4)},
 }
 # The word-wise 4-bit kernel (`gemv_4bit.py`, rows of whole int32 words): (BLOCK_N, NS slices of 32 k per K step,
-# num_warps, PREFETCH of the next K step) per format and stage.
+# num_warps, PREFETCH of the next K step) per format and stage. The best geometric mean over DeepSeek-V3.2 and its
+# TP8 slice of a 13-tile sweep at M=1 on the H200 (run9, bench/kernels/moe_gemv4_sweep.py), which also timed
+# fused_moe end to end with exactly these tiles. On DeepSeek-V3.2 alone w4a16 stage 1 was fastest with
+# (8, 8, 1, False): 56.5 us against 63.1 us here, but 30.0 us against 22.3 on the TP8 slice.
 GEMV_4BIT_TILES = {
-    "w4a16": {1: (8, 8, 1, False), 2: (16, 4, 1, False)},
-    "mxfp4": {1: (8, 8, 1, False), 2: (16, 8, 1, False)},
+    "w4a16": {1: (8, 16, 1, True), 2: (16, 8, 1, False)},
+    "mxfp4": {1: (16, 8, 2, True), 2: (16, 4, 1, False)},
 }
 # Stage 2 splits the top-k slots over more programs (adding with float32 atomics) until its grid has this many:
 # at M=1 on DeepSeek-V3.2 8 chunks took fp8 stage 2 from 82 us to 42 us (run5 sweep).
