@@ -12,9 +12,12 @@ token's activations and reduces along K, one scale group at a time:
   output row in its final dtype: no atomics, no zero-fill, no cast. With several (few tokens: more programs
   in flight) the chunks add with float32 atomics into a buffer that stage 1 zero-fills on its way.
 
-No align launch and no activation quantization (fp8 runs weight-only: activations stay in 16 bits): two
-launches, plus the cast of the float32 buffer when the slots are split. Programs are ordered block-of-rows major, so the programs that read the same rows
-of an expert (several tokens routed to it) run together and the repeats come from L2.
+The 4-bit formats run `gemv_4bit.py`'s word-wise kernel instead (same grid and contract) wherever the packed
+weight rows are whole int32 words (`cfg["WORDS"]` from `config.gemv_config`); the 4-bit branch here serves
+the other shapes. No align launch and no activation quantization (fp8 runs weight-only: activations stay in
+16 bits): two launches, plus the cast of the float32 buffer when the slots are split. Programs are ordered
+block-of-rows major, so the programs that read the same rows of an expert (several tokens routed to it) run
+together and the repeats come from L2.
 
 Dequantization uses bit tricks instead of int -> float conversions (slow on GPUs):
 - int4 nibble u: bits 0x4B000000 | u are the float 2^23 + u, minus (2^23 + 8) is u - 8 exactly;
