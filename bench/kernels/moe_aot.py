@@ -1,4 +1,4 @@
-"""Compile the fused MoE's GEMV kernels (`kernels/moe/gemv.py`) for sm_90 without a GPU.
+"""Compile the fused MoE's GEMV kernels (`kernels/moe/gemv.py`, `gemv_4bit.py`) for sm_90 without a GPU.
 
 Reports registers and spills per specialisation (the DeepSeek-V3.2 M=1 configs of `config.gemv_config`),
 reusing `sparse_aot.compile_one` (Triton's own ptxas). The signature carries no divisibility hints, which
@@ -53,6 +53,20 @@ def main() -> None:
         row = compile_one(f"gemv {fmt} {'stage1' if gated else 'stage2'} BN={cfg['BLOCK_N']} GPI={cfg['GPI']}",
                           gemv._gemv_kernel, ptrs, const, cfg["num_warps"])
         rows.append(row)
+    words = importlib.import_module("zoe_kernels.moe.gemv_4bit")
+    for fmt, gated, cfg in configs:  # the word-wise kernel of the 4-bit formats (gemv_4bit.py), PTX decode
+        if "WORDS" not in cfg:
+            continue
+        wc = cfg["WORDS"]
+        code = words.FMT_CODE[fmt]
+        ptrs = {"a_ptr": "*bf16", "w_ptr": "*i32", "ws_ptr": FORMATS[fmt][2], "out_ptr": "*bf16" if gated else "*fp32",
+                "ids_ptr": "*i32", "topk_w_ptr": "*fp32", "zero_ptr": "*fp32"}
+        const = dict(GATED=gated, ATOMIC=not gated, FMT=code, PTX=True, BLOCK_N=wc["BLOCK_N"], NS=wc["NS"],
+                     ZBLOCK=0, EVEN_N=True, EVEN_K=True, PREFETCH=wc["PREFETCH"])
+        label = (f"gemv_4bit {fmt} {'stage1' if gated else 'stage2'} BN={wc['BLOCK_N']} NS={wc['NS']} "
+                 f"prefetch={wc['PREFETCH']}")
+        rows.append(compile_one(label, words._gemv_4bit_kernel, ptrs, const, wc["num_warps"],
+                                num_stages=wc["num_stages"]))
     meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
             "command": "python bench/kernels/moe_aot.py " + " ".join(sys.argv[1:])}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
