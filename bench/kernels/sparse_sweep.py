@@ -3,7 +3,8 @@
 Top-K: every variant's indices must equal torch.topk's (sorted) index-for-index; decode: relative error
 < 2e-2 against gather + SDPA. Times are medians of CUDA-graph replays. Writes $OUT/sparse_sweep.json and
 prints one line per variant; the chosen defaults then go through sparse_bench.py (see sparse_README.md).
-The lists below are run 7's (`results/sparse_sweep_run7.json`); run 6's variants are named in its JSON.
+The top-K lists are run 9's, the decode lists run 7's (`results/sparse_sweep_run7.json`); run 6's variants
+are named in its JSON. Top-K rows also go, in sparse_bench.py's row format, to $OUT/sparse_results.json.
 
 Usage: python bench/kernels/sparse_sweep.py [--out DIR] [--sections topk,decode]
 """
@@ -28,24 +29,32 @@ from zoe_kernels.csa import dual_scope_decode, topk  # noqa: E402
 tk = importlib.import_module("zoe_kernels.csa.topk")  # the module (the package exports the function)
 
 ROWS: list[dict] = []
+SAVE: dict = {}  # out directory and meta, for the partial JSON written after every row
 
-# (name, kwargs) per top-K shape; P = filter programs per row, fused = finish run by the last filter program
+
+def _save() -> None:
+    """Writes what was measured so far (a run cut short by its time limit still returns its rows)."""
+    if not SAVE:
+        return
+    out, meta = SAVE["out"], SAVE["meta"]
+    Path(out, "sparse_sweep.json").write_text(json.dumps({"meta": meta, "rows": ROWS}, indent=1))
+    if sb.ROWS:
+        Path(out, "sparse_results.json").write_text(json.dumps({"meta": {**sb.META, **meta}, "rows": sb.ROWS},
+                                                               indent=1))
+
+# (name, kwargs) per top-K shape, run 9's lists (runs 6-7 swept warps, tiles and the fused finish: their
+# JSON names them). band32 = the finish's search ends on <= 32 candidates in one warp; pdl = the filter and
+# finish launched as programmatic dependents
+B1_VARIANTS = [("default", {}), ("band32", dict(finish_band=32)), ("pdl", dict(pdl=True)),
+               ("band32 pdl", dict(finish_band=32, pdl=True))]
 TOPK_VARIANTS = {
-    (1, 1 << 20): [("default", {}),
-                   ("fused P=512 w4", dict(fuse_finish=True)),
-                   ("fused P=512 w8", dict(fuse_finish=True, num_warps=8)),
-                   ("threshold 8 warps", dict(_threshold_warps=8)),
-                   ("threshold 4 warps", dict(_threshold_warps=4)),
-                   ("finish 4 warps", dict(_finish_warps=4)), ("finish 16 warps", dict(_finish_warps=16)),
-                   ("P=128 loop", dict(splits=128))],
-    (32, 1 << 20): [("default", {}),
-                    ("w8 t2048", dict(num_warps=8)), ("w2 t1024", dict(num_warps=2, tile=1024)),
-                    ("w4 t4096", dict(tile=4096)), ("w8 t4096", dict(tile=4096, num_warps=8)),
-                    ("fused w4", dict(fuse_finish=True)), ("loop P=32 w4", dict(splits=32))],
-    (1, 65536): [("default", {}), ("fused", dict(fuse_finish=True))],
-    (1, 262144): [("default", {}), ("fused", dict(fuse_finish=True))],
-    (8, 262144): [("default", {}), ("fused", dict(fuse_finish=True))],
+    (1, 4096): [("default", {}), ("sample", dict(method="sample")),
+                ("sample band32 pdl", dict(method="sample", finish_band=32, pdl=True))],
+    (1, 65536): B1_VARIANTS, (1, 262144): B1_VARIANTS, (1, 1 << 20): B1_VARIANTS, (8, 262144): B1_VARIANTS,
+    (32, 1 << 20): B1_VARIANTS,
 }
+TOPK_SHAPES = [(1, 4096, "randn"), (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "randn"),
+               (1, 1 << 20, "recent"), (8, 262144, "randn"), (32, 1 << 20, "randn")]
 LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS"}
 
 
@@ -69,7 +78,7 @@ def _time_threshold_alone(scores, lengths, k, shape) -> None:
     fill = torch.empty((rows, 2), dtype=torch.int32, device="cuda")
     launch = lambda: tk._split_threshold_kernel[(rows,)](  # noqa: E731
         scores, lengths, lengths, thresh, fill, n, scores.stride(0), k, HAS_LO=False, S=tk.SAMPLE,
-        SB=tk.SAMPLE_BLOCK, MARGIN_=tk.MARGIN, num_warps=tk._warps_for(tk.SAMPLE))
+        SB=tk.SAMPLE_BLOCK, MARGIN_=tk.MARGIN, PDL=False, num_warps=tk.THRESHOLD_WARPS)
     launch()
     us = sb.median_us(launch, graph=True, rep_ms=30)
     ROWS.append(dict(op="topk", shape=shape, variant="threshold launch alone", median_us=us))
@@ -77,24 +86,34 @@ def _time_threshold_alone(scores, lengths, k, shape) -> None:
 
 
 def sweep_topk() -> None:
+    """Every variant checked index-for-index against torch.topk on two draws, then timed (CUDA-graph median);
+    rows also in sparse_bench.py's format (op csa_topk, provider, % of the byte roofline, x torch.topk), so
+    sparse_assemble.py can take them."""
     k = 512
-    shapes = [(b, n, "randn") for b, n in TOPK_VARIANTS] + [(1, 1 << 20, "recent"), (1, 4096, "randn")]
-    for b, n, kind in shapes:
-        gen = torch.Generator(device="cuda").manual_seed(n + b + 1)
+    sb.measure_ceilings()
+    for b, n, kind in TOPK_SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(n + b)  # sparse_bench.py's draw for this shape
         scores = sb._topk_scores(b, n, kind, gen)
         lengths = torch.full((b,), n, dtype=torch.int32, device="cuda")
         ref = torch.topk(scores, k, dim=1).indices.sort(dim=1).values.int()
-        variants = TOPK_VARIANTS.get((b, n), [("default", {})]) if kind == "randn" else [("default", {})]
+        shape = f"B={b} N={n}" + ("" if kind == "randn" else f" {kind}")
+        floor_us = b * n * 4 / (sb.META["copy_tbps"] * 1e6)
+        base = sb.median_us(lambda: torch.topk(scores, k, dim=1), graph=True, rep_ms=30)
+        sb.add_row(op="csa_topk", shape=shape, provider="torch.topk", config="", median_us=base,
+                   gbps=b * n * 4 / base / 1e3, pct_roofline=100 * floor_us / base)
+        sb.log(f"topk {shape:22s} {'torch.topk':24s} {base:8.1f} us")
         if (b, n) in ((1, 1 << 20), (32, 1 << 20)) and kind == "randn":
-            _time_threshold_alone(scores, lengths, k, f"B={b} N={n} {kind}")
+            _time_threshold_alone(scores, lengths, k, shape)
+        variants = TOPK_VARIANTS.get((b, n), [("default", {})])
         for name, cfg in variants:
             t0 = time.time()
             try:
                 out = _call(scores, lengths, k, cfg)
                 torch.cuda.synchronize()
             except Exception as exc:  # noqa: BLE001 - report and go on
-                ROWS.append(dict(op="topk", shape=f"B={b} N={n} {kind}", variant=name, error=repr(exc)[:300]))
-                sb.log(f"topk B={b} N={n} {kind} {name}: ERROR {exc!r:.200}")
+                ROWS.append(dict(op="topk", shape=shape, variant=name, error=repr(exc)[:300]))
+                sb.log(f"topk {shape} {name}: ERROR {exc!r:.200}")
+                _save()
                 continue
             first_s = time.time() - t0
             ok = bool(torch.equal(out, ref))
@@ -103,9 +122,13 @@ def sweep_topk() -> None:
             ok2 = bool(torch.equal(_call(scores2, lengths, k, cfg),
                                    torch.topk(scores2, k, dim=1).indices.sort(dim=1).values.int()))
             us = sb.median_us(lambda: _call(scores, lengths, k, cfg), graph=True, rep_ms=30)
-            ROWS.append(dict(op="topk", shape=f"B={b} N={n} {kind}", variant=name, config=json.dumps(cfg),
+            ROWS.append(dict(op="topk", shape=shape, variant=name, config=json.dumps(cfg),
                              median_us=us, correct=ok and ok2, first_call_s=round(first_s, 2)))
-            sb.log(f"topk B={b} N={n} {kind:6s} {name:24s} {us:8.1f} us  correct={ok and ok2}")
+            sb.add_row(op="csa_topk", shape=shape, provider=f"zoe {name}", config=json.dumps(cfg), median_us=us,
+                       gbps=b * n * 4 / us / 1e3, pct_roofline=100 * floor_us / us, speedup_vs_torch=base / us,
+                       correct=ok and ok2, first_call_s=round(first_s, 2))
+            sb.log(f"topk {shape:22s} {name:24s} {us:8.1f} us  {base / us:4.1f}x torch  correct={ok and ok2}")
+            _save()
 
 
 DECODE_VARIANTS = [("default", {}),
@@ -151,9 +174,11 @@ def main() -> None:
     args = ap.parse_args()
     meta = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__,
                 command="python bench/kernels/sparse_sweep.py " + " ".join(sys.argv[1:]))
+    sb.META.update(device=meta["device"], started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    SAVE.update(out=args.out, meta=meta)
     for name in args.sections.split(","):
         {"topk": sweep_topk, "decode": sweep_decode}[name]()
-        Path(args.out, "sparse_sweep.json").write_text(json.dumps({"meta": meta, "rows": ROWS}, indent=1))
+        _save()
 
 
 if __name__ == "__main__":

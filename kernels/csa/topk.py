@@ -44,8 +44,13 @@ import triton
 import triton.language as tl
 
 from zoe_kernels.csa.radix_select import RADIX_BINS, _chunk_topk_kernel, _radix_topk_range
+from zoe_kernels.csa.topk_search import MIN32, _rank_bound, _select, _signed_key, _unsigned
 
-MIN32 = tl.constexpr(-(2**31))  # an inline -2147483648 literal would be typed int64
+try:  # programmatic dependent launch (Hopper and later); absent from older Triton releases
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - the launcher then refuses pdl=True
+    gdc_launch_dependents = gdc_wait = None
+
 SAMPLE = 16384  # entries read to pick the threshold (64 KB of float32)
 SAMPLE_BLOCK = 8  # contiguous entries per sample block: one 32-byte sector, spread over the whole row
 MARGIN = 3  # the threshold aims at MARGIN * k candidates: under k happens with ~1e-5 odds on i.i.d. rows
@@ -58,13 +63,9 @@ ROW_TILE = 4096  # entries per loop step in one-program-per-row mode
 RADIX_MAX_LEN = 4096
 THRESHOLD_WARPS = 16  # warps of the threshold program (S = 16384 sampled entries: 32 per thread)
 FINISH_WARPS = 8  # warps of a finish launch per 4096 candidate slots (16 slots per thread), at most 16
-
-
-@triton.jit
-def _signed_key(x):
-    """fp32 -> int32 whose signed order is the float order (-inf < ... < +inf)."""
-    b = x.to(tl.int32, bitcast=True)
-    return b ^ ((b >> 31) & 0x7FFFFFFF)
+# the finish's search ends on a band of at most FINISH_BAND candidates in one warp (0: block-wide to the end)
+FINISH_BAND = 0
+PDL = False  # filter and finish launched as programmatic dependents of the launch before (Hopper and later)
 
 
 @triton.jit
@@ -74,39 +75,6 @@ def _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO: tl.constexpr):
         lo = tl.minimum(tl.maximum(tl.load(lo_ptr + row), 0), n_cols)
     hi = tl.minimum(tl.maximum(tl.load(hi_ptr + row), 0), n_cols)
     return lo, tl.maximum(hi, lo)
-
-
-@triton.jit
-def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack):
-    """A bound c (unsigned key order, int64 in [0, 2^32)) with count(key >= c) >= r, searched bit by bit from
-    the top and stopped as soon as count(c) <= r + slack; returns (c, count(c)). Without an early stop c is
-    the r-th largest key. Invalid lanes must hold MIN32 (unsigned 0, never counted).
-
-    lo_u / cnt_lo: a bound every valid key reaches and their count (the finish: the threshold and the
-    candidates' number), hi_u: the largest key. Bits whose candidate bound lies at or under lo_u are taken and
-    bits whose bound exceeds hi_u dropped without a reduction, so the search only pays (one block-wide
-    reduction, ~0.4 us on an H200) for the bits between the two. A 16-way variant (4 bits per step, [16, n]
-    compares) measured 2x slower (run 4): the compares cost too, hence no multi-way steps."""
-    c = tl.zeros([], tl.int64)
-    cnt_c = cnt_lo
-    i = tl.zeros([], tl.int32)
-    while (i < 32) & (cnt_c > r + slack):
-        cand = c | (tl.full([], 1, tl.int64) << (31 - i))
-        if cand <= lo_u:
-            c = cand
-        elif cand <= hi_u:
-            cnt = tl.sum((key >= (cand - 2147483648).to(tl.int32)).to(tl.int32), axis=0)
-            if cnt >= r:
-                c = cand
-                cnt_c = cnt
-        i += 1
-    return c, cnt_c
-
-
-@triton.jit
-def _unsigned(key):
-    """int32 signed-order key -> int64 in [0, 2^32) in the same order."""
-    return key.to(tl.int64) + 2147483648
 
 
 @triton.jit
@@ -160,46 +128,6 @@ def _filter_range(row_val, c_lo, c_hi, lo, thresh, cand_key, cand_pos, cap, TILE
 
 
 @triton.jit
-def _select(key, pos, total, kk, thresh, exact, IN_ORDER: tl.constexpr):
-    """Step 3: which of `total` candidates (invalid slots: key MIN32; every valid one >= thresh) are the top
-    kk. A bound that exactly kk candidates reach takes them; otherwise (ties at the kk-th place) everything
-    above the kk-th largest value v* is taken, and among entries equal to v* the lowest positions. The search
-    starts from the threshold (every candidate reaches it) and stops at the first bound exactly kk reach;
-    when the threshold came from the whole row (`exact`) it already is such a bound or v*. IN_ORDER: the slots
-    hold the candidates in position order (the first ties are the lowest positions); otherwise the last
-    position to take is found by a second binary search (only when ties straddle the k-th place)."""
-    valid = key != MIN32
-    if total <= kk:
-        take = valid
-    else:
-        c = _unsigned(thresh)
-        cnt_c = total
-        if not exact:
-            c, cnt_c = _rank_bound(key, kk, c, total, _unsigned(tl.max(key, axis=0)), 0)
-        vstar = (c - 2147483648).to(tl.int32)
-        if cnt_c == kk:
-            take = key >= vstar
-        else:
-            gt = key > vstar
-            need = kk - tl.sum(gt.to(tl.int32), axis=0)
-            eq = key == vstar
-            eq_i = eq.to(tl.int32)
-            if IN_ORDER:
-                take = gt | (eq & (tl.cumsum(eq_i, axis=0) - eq_i < need))
-            else:
-                last = tl.full([], 2147483647, tl.int32)
-                if tl.sum(eq_i, axis=0) > need:  # the need-th smallest tied position
-                    p = tl.zeros([], tl.int32)
-                    for i in range(31):
-                        cand = p | (1 << (30 - i))
-                        if tl.sum((eq & (pos < cand)).to(tl.int32), axis=0) < need:
-                            p = cand
-                    last = p
-                take = gt | (eq & (pos <= last))
-    return take
-
-
-@triton.jit
 def _pad(out_row, kk, K, SLOTS: tl.constexpr):
     r = tl.arange(0, SLOTS)
     tl.store(out_row + r, tl.full([SLOTS], -1, tl.int32), mask=(r >= kk) & (r < K))
@@ -228,7 +156,7 @@ def _topk_row_kernel(val_ptr, lo_ptr, hi_ptr, cand_key_ptr, cand_pos_ptr, out_pt
         ok = r < total
         key = tl.where(ok, tl.load(cand_key + r, mask=ok, other=0), MIN32)
         pos = tl.load(cand_pos + r, mask=ok, other=0)
-        take = _select(key, pos, total, kk, thresh, n <= S, True)
+        take = _select(key, pos, total, kk, thresh, n <= S, True, cand_key, 0)
         take_i = take.to(tl.int32)
         tl.store(out_row + tl.cumsum(take_i, axis=0) - take_i, pos, mask=take)
         _pad(out_row, kk, K, SLOTS)
@@ -236,10 +164,14 @@ def _topk_row_kernel(val_ptr, lo_ptr, hi_ptr, cand_key_ptr, cand_pos_ptr, out_pt
 
 @triton.jit
 def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, n_cols, stride_row, K,
-                            HAS_LO: tl.constexpr, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr):
+                            HAS_LO: tl.constexpr, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr,
+                            PDL: tl.constexpr):
     """Program per row: the threshold, and the row's two counters (slots filled, filter programs done) reset
-    for the filter launch."""
+    for the filter launch. PDL: the filter launch may start at once (it waits for this grid before reading
+    what it writes)."""
     row = tl.program_id(0)
+    if PDL:
+        gdc_launch_dependents()
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
     tl.store(thresh_ptr + row, _sample_threshold(row_val, lo, hi - lo, K, S, SB, MARGIN_))
@@ -248,9 +180,9 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, n_col
 
 
 @triton.jit
-def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                MAXT: tl.constexpr, TILE: tl.constexpr):
+def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, band_ptr,
+                out_ptr, n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
+                MAXT: tl.constexpr, TILE: tl.constexpr, BAND: tl.constexpr, PDL: tl.constexpr):
     """Step 3 for one row: selects among the row's candidate segments (one per tile) and writes the top k in
     position order. Reads what other programs wrote (after the launch boundary, or after the acquire of the
     last filter program), through L2 (`.cg`).
@@ -260,6 +192,8 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, can
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
     out_row = out_ptr + row.to(tl.int64) * K
+    if PDL:  # launched before the filter grid ended: wait for it (and its writes) here
+        gdc_wait()
     total = tl.load(fill_ptr + 2 * row, cache_modifier=".cg")
     kk = tl.minimum(K, hi - lo)
     if (total > SLOTS) | (total < kk):  # threshold missed: exact radix select
@@ -271,7 +205,8 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, can
         # unmasked (16-byte) loads of all SLOTS: the slots past `total` hold garbage, never used
         key = tl.where(ok, tl.load(cand_key_ptr + base_row + r, cache_modifier=".cg"), MIN32)
         pos = tl.load(cand_pos_ptr + base_row + r, cache_modifier=".cg")
-        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row), hi - lo <= S, False)
+        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row), hi - lo <= S, False, band_ptr + row * BAND,
+                       BAND)
         take_i = take.to(tl.int32)
         excl = tl.cumsum(take_i, axis=0) - take_i
         # E and E + take go through the consumed candidate slots, so each tile can read them at its
@@ -332,31 +267,41 @@ def _filter_tile(x, offs, t, n, thresh, fill, cand_key, cand_pos, seg, SLOTS: tl
 
 
 @triton.jit
-def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                         n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                         MAXT: tl.constexpr, TILE: tl.constexpr, FUSED: tl.constexpr, ONE_TILE: tl.constexpr):
+def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, band_ptr,
+                         out_ptr, n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
+                         MAXT: tl.constexpr, TILE: tl.constexpr, FUSED: tl.constexpr, ONE_TILE: tl.constexpr,
+                         BAND: tl.constexpr, PDL: tl.constexpr):
     """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: count its candidates, reserve that
     many consecutive slots with one atomic add (each tile is one segment, in position order inside), write
     them, record the segment (first slot, count) in seg[row, tile]. The next tile's load is issued before the
     current tile's reduction, atomic and stores, so a program always has a load in flight.
 
     FUSED: the last of the row's P programs to finish (a counter with acquire-release semantics) runs the
-    finish itself, which saves the third launch."""
+    finish itself, which saves the third launch. PDL: launched while the threshold grid still runs, a program
+    issues its tile's load, then waits for that grid (the threshold and the reset counters) and lets the
+    finish launch start."""
     row = tl.program_id(0)
     p = tl.program_id(1)
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     n = hi - lo
     row_val = val_ptr + row.to(tl.int64) * stride_row + lo
-    thresh = tl.load(thresh_ptr + row)
     base_row = row.to(tl.int64) * SLOTS
     if ONE_TILE:  # P covers the row: no loop, fewer registers, more programs resident
         # a start of unknown alignment (min with n) gives one 4-byte load per entry in the layout the
         # candidate stores need; a known-aligned start gives 16-byte loads in another layout, converted
         # through shared memory before the stores: 159 against 118 us at B=32 x 1M (H200 run 7 vs run 5)
         offs = tl.minimum(p * TILE, n) + tl.arange(0, TILE)
-        _filter_tile(tl.load(row_val + offs, mask=offs < n, other=0.0), offs, p, n, thresh, fill_ptr + 2 * row,
+        x = tl.load(row_val + offs, mask=offs < n, other=0.0)
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+        _filter_tile(x, offs, p, n, tl.load(thresh_ptr + row), fill_ptr + 2 * row,
                      cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE)
     else:
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+        thresh = tl.load(thresh_ptr + row)
         x = _load_tile(row_val, p * TILE, n, TILE)
         for t in range(p, tl.cdiv(n, TILE), P):
             x_next = _load_tile(row_val, (t + P) * TILE, n, TILE)
@@ -366,17 +311,17 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
     if FUSED:
         tl.debug_barrier()  # every thread's stores precede the release
         if tl.atomic_add(fill_ptr + 2 * row + 1, 1, sem="acq_rel") == P - 1:
-            _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                        n_cols, stride_row, K, row, HAS_LO, S, SLOTS, MAXT, TILE)
+            _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, band_ptr,
+                        out_ptr, n_cols, stride_row, K, row, HAS_LO, S, SLOTS, MAXT, TILE, BAND, False)
 
 
 @triton.jit
-def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                         n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                         MAXT: tl.constexpr, TILE: tl.constexpr):
+def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, band_ptr,
+                         out_ptr, n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
+                         MAXT: tl.constexpr, TILE: tl.constexpr, BAND: tl.constexpr, PDL: tl.constexpr):
     """Program per row: the finish as a launch of its own (fuse_finish=False)."""
-    _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE)
+    _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, band_ptr,
+                out_ptr, n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, BAND, PDL)
 
 
 def split_tile(max_len: int, tile: int | None = None) -> int:
@@ -410,6 +355,7 @@ def _warps_for(elements: int) -> int:
 def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.Tensor, k: int, *,
                 splits: int | None = None, method: str = "auto", tile: int | None = None, num_warps: int = 4,
                 row_chunk: int = 4096, sample: int = SAMPLE, fuse_finish: bool = False,
+                finish_band: int | None = None, pdl: bool | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k positions of each row's valid range [starts[r], ends[r]) of `scores` [R, N] float32.
 
@@ -424,7 +370,10 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     method under "auto" uses 8); fuse_finish: the last filter program of a row runs the finish (two launches
     instead of three); row_chunk: rows per launch in one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
     entries read to pick the threshold (a power of two >= 512; smaller only to test the sampled path on
-    short rows); out: optional preallocated int32 [R, k].
+    short rows); finish_band (default FINISH_BAND): 0, or a power of two <= 32: the split finish's search
+    ends on at most that many candidates in one warp; pdl (default PDL): the split filter and finish launches
+    start before the launch they depend on has ended (programmatic dependent launch, CUDA on Hopper and later);
+    out: optional preallocated int32 [R, k].
     """
     if scores.dim() != 2 or scores.dtype != torch.float32:
         raise ValueError(f"scores must be a 2-D float32 tensor, got {tuple(scores.shape)} {scores.dtype}")
@@ -432,6 +381,12 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
         raise ValueError(f"k must be positive, got {k}")
     if method not in ("auto", "sample", "filter", "radix"):
         raise ValueError(f"method must be 'auto', 'sample' or 'radix', got {method!r}")
+    finish_band = FINISH_BAND if finish_band is None else int(finish_band)
+    pdl = PDL if pdl is None else bool(pdl)
+    if finish_band not in (0, 1, 2, 4, 8, 16, 32):
+        raise ValueError(f"finish_band must be 0 or a power of two <= 32, got {finish_band}")
+    if pdl and gdc_wait is None:
+        raise ValueError("pdl=True needs a Triton with triton.language.extra.cuda.gdc_wait")
     if sample < 512 or sample & (sample - 1):
         raise ValueError(f"sample must be a power of two >= 512, got {sample}")
     rows, n = scores.shape
@@ -484,22 +439,25 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     cand_key = torch.empty((rows, slots), dtype=torch.int32, device=dev)
     cand_pos = torch.empty((rows, slots), dtype=torch.int32, device=dev)
     seg = torch.empty((rows, MAX_TILES, 2), dtype=torch.int32, device=dev)
-    bufs = (thresh, fill, cand_key, cand_pos, seg, out, n, scores.stride(0), k)
-    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=MAX_TILES, TILE=tile)
+    band = torch.empty((rows, max(finish_band, 1)), dtype=torch.int32, device=dev)  # the finish's band keys
+    bufs = (thresh, fill, cand_key, cand_pos, seg, band, out, n, scores.stride(0), k)
+    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=MAX_TILES, TILE=tile, BAND=finish_band, PDL=pdl)
+    dependent = dict(launch_pdl=True) if pdl else {}  # the interpreter knows no such option
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, n, scores.stride(0), k, **common,
-                                     **sampling, num_warps=THRESHOLD_WARPS)
+                                     **sampling, PDL=pdl, num_warps=THRESHOLD_WARPS)
     one_tile = splits >= triton.cdiv(n, tile)
     _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, FUSED=fuse_finish,
-                                         ONE_TILE=one_tile, num_warps=num_warps, num_stages=1)
+                                         ONE_TILE=one_tile, num_warps=num_warps, num_stages=1, **dependent)
     if not fuse_finish:
         _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes,
-                                      num_warps=min(16, FINISH_WARPS * slots // 4096))
+                                      num_warps=min(16, FINISH_WARPS * slots // 4096), **dependent)
     return out
 
 
 def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: int | None = None,
          method: str = "auto", tile: int | None = None, num_warps: int = 4, sample: int = SAMPLE,
-         fuse_finish: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+         fuse_finish: bool = False, finish_band: int | None = None, pdl: bool | None = None,
+         out: torch.Tensor | None = None) -> torch.Tensor:
     """CSA top-K: the k best compressed entries of each request.
 
     scores: [B, N] float32, entry j of request b valid for j < lengths[b] (lengths [B], any int dtype,
@@ -513,4 +471,4 @@ def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: i
     if lengths.shape != (scores.shape[0],):
         raise ValueError(f"lengths must have shape ({scores.shape[0]},), got {tuple(lengths.shape)}")
     return topk_ranges(scores, None, lengths, k, splits=splits, method=method, tile=tile, num_warps=num_warps,
-                       sample=sample, fuse_finish=fuse_finish, out=out)
+                       sample=sample, fuse_finish=fuse_finish, finish_band=finish_band, pdl=pdl, out=out)

@@ -1,0 +1,154 @@
+"""The searches of CSA top-K (`zoe_kernels.csa.topk`): bit-by-bit bounds over order-preserving int32 keys.
+
+Keys: `_signed_key` maps float32 to int32 whose signed order is the float order; `_unsigned` lifts a key to
+int64 in [0, 2^32) in the same order, the domain the searches build their bounds in bit by bit. Invalid lanes
+hold MIN32 (unsigned 0): never counted.
+
+- `_rank_bound`: a bound that at least r keys reach, one block-wide count per bit, stopped early (the sampled
+  threshold, and the finish by default);
+- `_band_bound`: the same until the keys between the bound and the last rejected bound (the band, where the
+  k-th largest lies) are at most BAND; the finish then copies the band into BAND slots and finishes the
+  search on them alone, where a count is a warp's shuffles instead of a block-wide reduction;
+- `_select`: which candidates are the top kk (exact, ties by lowest position), by either search.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+MIN32 = tl.constexpr(-(2**31))  # an inline -2147483648 literal would be typed int64
+
+
+@triton.jit
+def _signed_key(x):
+    """fp32 -> int32 whose signed order is the float order (-inf < ... < +inf)."""
+    b = x.to(tl.int32, bitcast=True)
+    return b ^ ((b >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _unsigned(key):
+    """int32 signed-order key -> int64 in [0, 2^32) in the same order."""
+    return key.to(tl.int64) + 2147483648
+
+
+@triton.jit
+def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack):
+    """A bound c (unsigned key order, int64 in [0, 2^32)) with count(key >= c) >= r, searched bit by bit from
+    the top and stopped as soon as count(c) <= r + slack; returns (c, count(c)). Without an early stop c is
+    the r-th largest key. Invalid lanes must hold MIN32 (unsigned 0, never counted).
+
+    lo_u / cnt_lo: a bound every valid key reaches and their count (the finish: the threshold and the
+    candidates' number), hi_u: the largest key. Bits whose candidate bound lies at or under lo_u are taken and
+    bits whose bound exceeds hi_u dropped without a reduction, so the search only pays (one block-wide
+    reduction, ~0.4 us on an H200) for the bits between the two. A 16-way variant (4 bits per step, [16, n]
+    compares) measured 2x slower (run 4): the compares cost too, hence no multi-way steps."""
+    c = tl.zeros([], tl.int64)
+    cnt_c = cnt_lo
+    i = tl.zeros([], tl.int32)
+    while (i < 32) & (cnt_c > r + slack):
+        cand = c | (tl.full([], 1, tl.int64) << (31 - i))
+        if cand <= lo_u:
+            c = cand
+        elif cand <= hi_u:
+            cnt = tl.sum((key >= (cand - 2147483648).to(tl.int32)).to(tl.int32), axis=0)
+            if cnt >= r:
+                c = cand
+                cnt_c = cnt
+        i += 1
+    return c, cnt_c
+
+
+@triton.jit
+def _band_bound(key, r, lo_u, cnt_lo, hi_u, BAND: tl.constexpr):
+    """`_rank_bound` (no slack) that also stops once the band [c, c + 2^(32 - i)) holds at most BAND keys,
+    i.e. count(c) - count(c + 2^(32 - i)) <= BAND: returns (c, count(c), i, count above the band). Then c
+    has its top i bits final, and exactly count(c) == r, or else the r-th largest key lies in the band."""
+    c = tl.zeros([], tl.int64)
+    cnt_c = cnt_lo
+    cnt_hi = tl.zeros([], tl.int32)  # keys at or above the last rejected bound (none at first: 2^32)
+    i = tl.zeros([], tl.int32)
+    while (i < 32) & (cnt_c > r) & (cnt_c - cnt_hi > BAND):
+        cand = c | (tl.full([], 1, tl.int64) << (31 - i))
+        if cand <= lo_u:
+            c = cand
+        elif cand <= hi_u:
+            cnt = tl.sum((key >= (cand - 2147483648).to(tl.int32)).to(tl.int32), axis=0)
+            if cnt >= r:
+                c = cand
+                cnt_c = cnt
+            else:
+                cnt_hi = cnt
+        else:
+            cnt_hi = 0
+        i += 1
+    return c, cnt_c, i, cnt_hi
+
+
+@triton.jit
+def _band_search(key, kk, lo_u, total, band_ptr, BAND: tl.constexpr):
+    """The bound of `_rank_bound(key, kk, lo_u, total, max, 0)`, in two parts: block-wide counts until the band
+    holds at most BAND keys, then those keys copied to band_ptr[0:BAND] (a cumsum, one store, a barrier) and
+    the remaining bits searched over them alone: a [BAND] tensor of BAND <= 32 lives in one warp (replicated
+    in the others), so its counts are shuffles with no block barrier."""
+    c, cnt_c, i, cnt_hi = _band_bound(key, kk, lo_u, total, _unsigned(tl.max(key, axis=0)), BAND)
+    if (cnt_c > kk) & (i < 32):
+        ukey = _unsigned(key)
+        width = tl.full([], 1, tl.int64) << (32 - i)
+        band = (key != MIN32) & (ukey >= c) & (ukey - c < width)
+        band_i = band.to(tl.int32)
+        tl.store(band_ptr + tl.cumsum(band_i, axis=0) - band_i, key, mask=band)
+        tl.debug_barrier()  # the band was stored by other threads of this program
+        b = tl.arange(0, BAND)
+        n_band = cnt_c - cnt_hi
+        bkey = tl.load(band_ptr + b, mask=b < n_band, other=MIN32, cache_modifier=".cg")
+        # c's top i bits are fixed: the search takes them without counting (they are at or under c) and drops
+        # the other bits above i (their bounds exceed the band's maximum), then counts the rest in the warp
+        c, cnt_b = _rank_bound(bkey, kk - cnt_hi, c, n_band, _unsigned(tl.max(bkey, axis=0)), 0)
+        cnt_c = cnt_hi + cnt_b
+    return c, cnt_c
+
+
+@triton.jit
+def _select(key, pos, total, kk, thresh, exact, IN_ORDER: tl.constexpr, band_ptr, BAND: tl.constexpr):
+    """Step 3: which of `total` candidates (invalid slots: key MIN32; every valid one >= thresh) are the top
+    kk. A bound that exactly kk candidates reach takes them; otherwise (ties at the kk-th place) everything
+    above the kk-th largest value v* is taken, and among entries equal to v* the lowest positions. The search
+    starts from the threshold (every candidate reaches it) and stops at the first bound exactly kk reach;
+    when the threshold came from the whole row (`exact`) it already is such a bound or v*. IN_ORDER: the slots
+    hold the candidates in position order (the first ties are the lowest positions); otherwise the last
+    position to take is found by a second binary search (only when ties straddle the k-th place).
+    BAND > 0: the search ends on a band of at most BAND keys (`_band_search`, scratch band_ptr[0:BAND])."""
+    valid = key != MIN32
+    if total <= kk:
+        take = valid
+    else:
+        c = _unsigned(thresh)
+        cnt_c = total
+        if not exact:
+            if BAND > 0:
+                c, cnt_c = _band_search(key, kk, c, total, band_ptr, BAND)
+            else:
+                c, cnt_c = _rank_bound(key, kk, c, total, _unsigned(tl.max(key, axis=0)), 0)
+        vstar = (c - 2147483648).to(tl.int32)
+        if cnt_c == kk:
+            take = key >= vstar
+        else:
+            gt = key > vstar
+            need = kk - tl.sum(gt.to(tl.int32), axis=0)
+            eq = key == vstar
+            eq_i = eq.to(tl.int32)
+            if IN_ORDER:
+                take = gt | (eq & (tl.cumsum(eq_i, axis=0) - eq_i < need))
+            else:
+                last = tl.full([], 2147483647, tl.int32)
+                if tl.sum(eq_i, axis=0) > need:  # the need-th smallest tied position
+                    p = tl.zeros([], tl.int32)
+                    for i in range(31):
+                        cand = p | (1 << (30 - i))
+                        if tl.sum((eq & (pos < cand)).to(tl.int32), axis=0) < need:
+                            p = cand
+                    last = p
+                take = gt | (eq & (pos <= last))
+    return take
