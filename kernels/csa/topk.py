@@ -11,8 +11,8 @@ k valid entries. NaN scores are not supported; -inf is a valid score.
 Method "sample" (no sorting network anywhere, so compiles stay short):
 1. threshold: read a fixed sample of S entries of the row (S/SB aligned blocks of SB contiguous entries
    spread evenly; the whole row when it has <= S entries) and find, by a bitwise search over the
-   order-preserving int32 keys (one reduction per bit, stopped early: `_rank_bound`), a key T that about
-   MARGIN*k to 1.5*MARGIN*k entries of the row should reach. On a row of <= S entries T is a key exactly
+   order-preserving int32 keys (one reduction per bit, stopped early: `_rank_bound` in topk_search.py), a key
+   T that about MARGIN*k to 1.5*MARGIN*k entries of the row should reach. On a row of <= S entries T is a key exactly
    min(k, n) entries reach, or the exact k-th largest key.
 2. filter: every entry with key >= T is a candidate. Each tile of TILE entries counts its candidates,
    reserves that many consecutive slots of the row's SLOTS with one atomic add, and writes (key, position)
@@ -35,9 +35,14 @@ Launches: many rows (indexer prefill) or short rows use one program per row that
 one filter program per 2048-entry tile (or `splits` programs per row taking every splits-th tile), one
 finish program per row; with fuse_finish=True the last filter program of a row runs the finish (two
 launches; slower on an H200, run 8, since the fused kernel's registers halve the resident filter programs).
+With pdl (default for one row on CUDA sm_90+) the filter and finish are programmatic dependent launches: they
+start while the launch before still runs (the filter issues its tile's load first), then wait for it
+(`gdc_wait`) before reading what it wrote; H200 run 9: B=1 x 1M 19.8 against 21.4 us.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -63,9 +68,14 @@ ROW_TILE = 4096  # entries per loop step in one-program-per-row mode
 RADIX_MAX_LEN = 4096
 THRESHOLD_WARPS = 16  # warps of the threshold program (S = 16384 sampled entries: 32 per thread)
 FINISH_WARPS = 8  # warps of a finish launch per 4096 candidate slots (16 slots per thread), at most 16
-# the finish's search ends on a band of at most FINISH_BAND candidates in one warp (0: block-wide to the end)
+# the finish's search ends on a band of at most FINISH_BAND candidates in one warp (0: block-wide to the end);
+# H200 run 9: 32 was slower at every shape (B=1 x 1M 23.7 against 21.4 us: copying the band out costs more
+# than the block-wide counts it saves), hence off
 FINISH_BAND = 0
-PDL = False  # filter and finish launched as programmatic dependents of the launch before (Hopper and later)
+# filter and finish launched as programmatic dependents of the launch before (CUDA, compute capability >= 9),
+# by default for a single row only: H200 run 9, B=1 x 1M 19.8 against 21.4 us, 256K 14.5 against 16.0, but
+# B=8 x 256K 25.0 against 24.2 and B=32 x 1M 105.2 against 104.3
+PDL_MAX_ROWS = 1
 
 
 @triton.jit
@@ -347,6 +357,19 @@ def splits_for(rows: int, n: int, splits: int | None, tile: int | None) -> int:
     return max(1, int(splits))
 
 
+@functools.lru_cache(maxsize=None)
+def _has_pdl(device_index: int) -> bool:
+    """Programmatic dependent launch: CUDA (not ROCm) at compute capability >= 9, and a Triton that has it."""
+    return (gdc_wait is not None and torch.version.hip is None
+            and torch.cuda.get_device_capability(device_index)[0] >= 9)
+
+
+def pdl_default(scores: torch.Tensor, rows: int) -> bool:
+    """Whether split launches are programmatic dependents by default: at most PDL_MAX_ROWS rows on a device
+    that has it (faster at B=1 on an H200, slower at B=8 and B=32: run 9)."""
+    return scores.is_cuda and rows <= PDL_MAX_ROWS and _has_pdl(scores.device.index or 0)
+
+
 def _warps_for(elements: int) -> int:
     """Warps for a program holding `elements` values per tensor: 16 to 32 per thread, 4 to 16 warps."""
     return max(4, min(16, elements // 512))
@@ -371,8 +394,8 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     instead of three); row_chunk: rows per launch in one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
     entries read to pick the threshold (a power of two >= 512; smaller only to test the sampled path on
     short rows); finish_band (default FINISH_BAND): 0, or a power of two <= 32: the split finish's search
-    ends on at most that many candidates in one warp; pdl (default PDL): the split filter and finish launches
-    start before the launch they depend on has ended (programmatic dependent launch, CUDA on Hopper and later);
+    ends on at most that many candidates in one warp; pdl: the split filter and finish launches start before
+    the launch they depend on has ended (programmatic dependent launch; default: `pdl_default`);
     out: optional preallocated int32 [R, k].
     """
     if scores.dim() != 2 or scores.dtype != torch.float32:
@@ -382,14 +405,14 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     if method not in ("auto", "sample", "filter", "radix"):
         raise ValueError(f"method must be 'auto', 'sample' or 'radix', got {method!r}")
     finish_band = FINISH_BAND if finish_band is None else int(finish_band)
-    pdl = PDL if pdl is None else bool(pdl)
     if finish_band not in (0, 1, 2, 4, 8, 16, 32):
         raise ValueError(f"finish_band must be 0 or a power of two <= 32, got {finish_band}")
-    if pdl and gdc_wait is None:
-        raise ValueError("pdl=True needs a Triton with triton.language.extra.cuda.gdc_wait")
     if sample < 512 or sample & (sample - 1):
         raise ValueError(f"sample must be a power of two >= 512, got {sample}")
     rows, n = scores.shape
+    pdl = pdl_default(scores, rows) if pdl is None else bool(pdl)
+    if pdl and gdc_wait is None:
+        raise ValueError("pdl=True needs a Triton with triton.language.extra.cuda.gdc_wait")
     if (starts is not None and starts.shape != (rows,)) or ends.shape != (rows,):
         got = (tuple(starts.shape) if starts is not None else None, tuple(ends.shape))
         raise ValueError(f"starts/ends must have shape ({rows},), got {got}")

@@ -6,7 +6,7 @@ import torch
 from tests.kernels._sparse_device import DEVICE, ON_GPU
 from zoe_kernels.csa import topk, topk_ranges
 from zoe_kernels.csa.reference import topk_ranges_reference, topk_reference
-from zoe_kernels.csa.topk import SAMPLE_BLOCK, auto_splits, split_tile
+from zoe_kernels.csa.topk import SAMPLE_BLOCK, auto_splits, pdl_default, split_tile
 
 pytestmark = pytest.mark.kernels
 BLOCK = 4096 if ON_GPU else 512
@@ -165,6 +165,15 @@ def test_auto_splits_follow_length_and_rows():
     assert [auto_splits(1, n) for n in (2048, 65536, 262144, 524288, 1 << 20, 4 << 20)] == [1, 32, 128, 256, 512, 512]
     assert [auto_splits(b, 1 << 20) for b in (1, 8, 32, 63)] == [512, 512, 512, 260]
     assert split_tile(1 << 20) == 2048 and split_tile(4 << 20) == 8192
+
+
+def test_dependent_launches_default_to_one_row_on_cuda():
+    """pdl defaults on only for a single row on a CUDA device of compute capability >= 9 (H200 run 9)."""
+    assert not pdl_default(torch.randn(1, 10), 1)  # CPU tensors (the interpreter) never
+    if ON_GPU:
+        scores = torch.randn(2, 10, device=DEVICE)
+        assert not pdl_default(scores, 2)
+        assert pdl_default(scores, 1) == (torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9)
 
 
 def test_bad_inputs_raise_clear_errors():
