@@ -18,12 +18,14 @@ HERE = Path(__file__).resolve().parent
 
 
 PREVIOUS_KERNELS = ("zoe run 1 radix split + merge", "zoe triton fp8 heads", "zoe previous kernel (run 3), run 1 config",
-                    "zoe run 4 default (32-entry tiles)", "zoe run 5 default (every search step paid)")
+                    "zoe run 4 default (32-entry tiles)", "zoe run 5 default (every search step paid)",
+                    "zoe run 8 default (no pdl)")
 
 
 def provider_group(provider: str) -> str:
     """Bars per group: the torch baseline, the previous kernel (the fastest of: run 1's top-K and indexer,
-    run 5's top-K, the decode kernel of run 3 and run 4's decode default), and the current code's best config."""
+    run 5's top-K, run 8's at B=1 (timed in run 9), the decode kernel of run 3 and run 4's decode default), and the
+    current code's best config."""
     if not provider.startswith("zoe"):
         return provider
     if provider in PREVIOUS_KERNELS:
