@@ -64,6 +64,28 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
 
 
+# The tl.dot path at M=1 in its launch-saving mode: one tile per edge with the expert read from topk_ids (no
+# align launch), fp8 activations quantized inside both stages (no two quantization launches), stage 2's float32
+# accumulator zeroed by stage 1 (no memset), and stage 2 optionally split along K (its partial sums are atomic
+# adds anyway). Per format: {1: (BLOCK_N, num_warps, num_stages), 2: (BLOCK_N, num_warps, num_stages, SPLIT_K)}.
+# A format missing here keeps the align-based tiles of `stage_config` at M=1.
+DOT_M1_TILES: dict[str, dict[int, tuple]] = {}
+
+
+def dot_m1_configs(m: int, fmt: str, top_k: int) -> tuple[dict, dict] | None:
+    """(stage 1, stage 2) launch parameters of the M=1 mode of the tl.dot path, or None where it is not used."""
+    if m != 1 or fmt not in DOT_M1_TILES:
+        return None
+    if interpreting():
+        t1, t2 = (32, 4, 1), (32, 4, 1, 2 if top_k > 1 else 1)
+    else:
+        t1, t2 = DOT_M1_TILES[fmt][1], DOT_M1_TILES[fmt][2]
+    cfg1 = {"BLOCK_M": 16, "BLOCK_N": t1[0], "BLOCK_K": 128, "num_warps": t1[1], "num_stages": t1[2]}
+    cfg2 = {"BLOCK_M": 16, "BLOCK_N": t2[0], "BLOCK_K": 128, "num_warps": t2[1], "num_stages": t2[2],
+            "SPLIT_K": t2[3] if top_k > 1 else 1}
+    return cfg1, cfg2
+
+
 # The GEMV path (`gemv.py`) runs while the expected edges per active expert (`edges_per_expert`) stay at or
 # below this, per format. Measured on the H200 (bench/kernels/moe_README.md, run4/run5): for the 4-bit formats
 # the GEMV path beat the tl.dot path at every point with up to ~2.9 edges per expert (M <= 64 on every shape)

@@ -17,7 +17,15 @@ import torch
 
 from zoe_kernels.moe.act_quant import quantize_act_fp8
 from zoe_kernels.moe.align import moe_align
-from zoe_kernels.moe.config import block_m_for, fp8_act_quant_for, gemv_config, mx_native, stage_config, use_gemv
+from zoe_kernels.moe.config import (
+    block_m_for,
+    dot_m1_configs,
+    fp8_act_quant_for,
+    gemv_config,
+    mx_native,
+    stage_config,
+    use_gemv,
+)
 from zoe_kernels.moe.formats import FORMATS, FP8_BLOCK, INT4_GROUP, MX_GROUP
 from zoe_kernels.moe.gemv import gemv_down_combine, gemv_gate_up
 from zoe_kernels.moe.grouped_gemm import down_combine, gate_up_swiglu, kernel_format
@@ -127,27 +135,36 @@ def fused_moe(
         return out.to(dtype) if out.dtype != dtype else out
     if path != "dot":
         raise ValueError(f"path must be 'gemv', 'dot' or None, got {path!r}")
-    bm = block_m or block_m_for(m, top_k, e)
+    m1 = None if block_m is not None else dot_m1_configs(m, fmt, top_k)
+    bm = block_m or (m1[0]["BLOCK_M"] if m1 else block_m_for(m, top_k, e))
     if fp8_act_quant is None:
         fp8_act_quant = fp8_act_quant_for(bm)
     kfmt = kernel_format(fmt, fp8_act_quant=fp8_act_quant, mx_native=mx_native())
-    cfg1 = stage_config(m, top_k, e, i, h, fmt, gated=True, block_m=bm)
-    cfg2 = stage_config(m, top_k, e, h, i, fmt, gated=False, block_m=bm)
-    align = moe_align(topk_ids.contiguous(), e, bm)
+    if m1:  # one tile per edge, activations quantized in the kernels, stage 1 zeroes the accumulator
+        cfg1, cfg2 = m1
+        align = (topk_ids.reshape(-1).contiguous(), None, None)
+    else:
+        cfg1 = stage_config(m, top_k, e, i, h, fmt, gated=True, block_m=bm)
+        cfg2 = stage_config(m, top_k, e, h, i, fmt, gated=False, block_m=bm)
+        align = moe_align(topk_ids.contiguous(), e, bm)
 
     x_scale = None
-    if kfmt == 1:
+    if kfmt == 1 and not m1:
         x, x_scale = quantize_act_fp8(x)
     inter = alloc((m * top_k, i), dtype=dtype, device=dev)
-    gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, top_k=top_k, kfmt=kfmt, cfg=cfg1)
+    acc = None
+    if top_k > 1:
+        acc = alloc((m, h), dtype=torch.float32, device=dev) if m1 else torch.zeros((m, h), dtype=torch.float32,
+                                                                                   device=dev)
+    gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, top_k=top_k, kfmt=kfmt, cfg=cfg1,
+                   zero=acc if m1 else None)
 
     inter_scale = None
-    if kfmt == 1:
+    if kfmt == 1 and not m1:
         inter, inter_scale = quantize_act_fp8(inter)
     if top_k == 1:
         out = torch.zeros((m, h), dtype=dtype, device=dev)
         down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, top_k=1, kfmt=kfmt, cfg=cfg2)
         return out
-    acc = torch.zeros((m, h), dtype=torch.float32, device=dev)
     down_combine(inter, inter_scale, w2, w2_scale, acc, topk_weights, align, top_k=top_k, kfmt=kfmt, cfg=cfg2)
     return acc if dtype == torch.float32 else acc.to(dtype)

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from zoe_kernels.platform import fp8_max, interpreting
+
 FP8_GROUP = 128
 INT4_GROUP = 128
 MX_GROUP = 32
@@ -117,6 +119,17 @@ def _dot_w_mx_native(acc, a, w_base, ws_base, wrows, wrow_mask, k0, K, stride_wn
 
 
 @triton.jit
+def _round_to_e4m3fn(q):
+    """float32 in [-448, 448] rounded to the nearest e4m3fn value (ties to even), still as float32. Only for
+    the CPU interpreter, whose fp32 -> fp8 cast is wrong where rounding carries into the exponent (31.2 -> 16):
+    the cast of an exactly representable value is right there."""
+    bits = q.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)  # 3 mantissa bits
+    sub = (q * 512.0 + 12582912.0) - 12582912.0  # subnormals: multiples of 2^-9, by the 1.5 * 2^23 trick
+    return tl.where(tl.abs(q) < 0.015625, sub / 512.0, normal)
+
+
+@triton.jit
 def _expert_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, topk_w_ptr,
     sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
@@ -124,20 +137,36 @@ def _expert_gemm_kernel(
     stride_am, stride_ak, stride_asm, stride_ask,
     stride_we, stride_wn, stride_wk, stride_wse, stride_wsn, stride_wsk,
     stride_om, stride_on,
+    zero_ptr, zero_numel, num_experts,
     GATED: tl.constexpr, ATOMIC: tl.constexpr, FMT: tl.constexpr, A_FMT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr,
+    EDGE_TILES: tl.constexpr, A_QUANT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr,
+    SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    if ZBLOCK > 0:  # stage 1 zeroes stage 2's float32 accumulator (saves a memset launch)
+        offs_z = pid * ZBLOCK + tl.arange(0, ZBLOCK)
+        tl.store(zero_ptr + offs_z, tl.zeros([ZBLOCK], dtype=tl.float32), mask=offs_z < zero_numel)
     num_n = tl.cdiv(N, BLOCK_N)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    edge = tl.load(sorted_ids_ptr + offs_m)
-    row_mask = edge < num_edges
+    pid_k = pid % SPLIT_K
+    pid_m = pid // SPLIT_K // num_n
+    pid_n = pid // SPLIT_K % num_n
+    if EDGE_TILES:
+        # one tile per edge (row 0 of the tile), its expert read from topk_ids itself: no align launch
+        expert = tl.load(sorted_ids_ptr + pid_m).to(tl.int64)
+        if (expert < 0) | (expert >= num_experts):
+            return
+        offs_m = tl.arange(0, BLOCK_M)
+        row_mask = offs_m == 0
+        edge = tl.where(row_mask, pid_m, num_edges)
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+            return
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        edge = tl.load(sorted_ids_ptr + offs_m)
+        row_mask = edge < num_edges
     token = (edge // top_k).to(tl.int64)
     if GATED:
         a_rows = token  # stage 1 reads the token's hidden state
@@ -150,7 +179,14 @@ def _expert_gemm_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    if SPLIT_K == 1:  # the loop as it was before split-K (same code at every measured tile)
+        k_lo = 0
+        k_hi = K
+    else:  # split-K: this program's share of K, whole K steps
+        k_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_lo = pid_k * k_split
+        k_hi = tl.minimum(K, k_lo + k_split)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         if FMT == 5:
             a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
                            stride_ask, 0, BLOCK_K, FP8_GROUP)
@@ -164,6 +200,17 @@ def _expert_gemm_kernel(
         else:
             if FMT == 2 or FMT == 3:
                 a, a2 = _load_a_halves(a_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, BLOCK_K)
+            elif A_QUANT:
+                # w8a8 with the activations quantized here, per row and group of 128 (BLOCK_K): the same
+                # numbers as `act_quant.py`, without its launch
+                a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
+                               stride_ask, 0, BLOCK_K, FP8_GROUP)
+                af = a.to(tl.float32)
+                a2 = tl.maximum(tl.max(tl.abs(af), axis=1), 1e-10) / FP8_MAX
+                q = tl.clamp(af / a2[:, None], -FP8_MAX, FP8_MAX)
+                if ROUND_E4M3:
+                    q = _round_to_e4m3fn(q)
+                a = q.to(w_ptr.dtype.element_ty)
             else:
                 a, a2 = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
                                 stride_ask, FMT, BLOCK_K, FP8_GROUP)
@@ -208,43 +255,59 @@ def _a_fmt(dtype: torch.dtype) -> str:
 
 
 def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_k, n, k, kfmt, gated,
-            atomic, cfg):
+            atomic, cfg, zero=None):
     sorted_ids, block_expert, num_padded = align
-    a_scale = a_scale if a_scale is not None else a  # read only by FMT 1
+    edge_tiles = block_expert is None  # align = (topk_ids flattened, None, None): one tile per edge
+    a_quant = kfmt == 1 and a_scale is None
+    split_k = cfg.get("SPLIT_K", 1)
+    if a_quant and cfg["BLOCK_K"] != FP8_GROUP:
+        raise ValueError("quantizing the activations in the kernel needs BLOCK_K == the fp8 group (128)")
+    if split_k > 1 and not atomic:
+        raise ValueError("split-K adds partial sums with atomics: stage 2 with top_k > 1 only")
+    a_scale = a_scale if a_scale is not None else a  # read only by FMT 1 with scales given
     w_scale = w_scale if w_scale is not None else w  # unused by the float format
     topk_w = topk_weights if topk_weights is not None else a
-    grid = (block_expert.numel() * triton.cdiv(n, cfg["BLOCK_N"]),)
-    a_s_strides = (a_scale.stride(0), a_scale.stride(1)) if kfmt == 1 else (0, 0)
+    tiles_m = num_edges if edge_tiles else block_expert.numel()
+    programs = tiles_m * triton.cdiv(n, cfg["BLOCK_N"]) * split_k
+    zblock = 0 if zero is None else max(16, triton.next_power_of_2(triton.cdiv(zero.numel(), max(1, programs))))
+    a_s_strides = (a_scale.stride(0), a_scale.stride(1)) if kfmt == 1 and not a_quant else (0, 0)
     ws_strides = (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2)) if w_scale.dim() == 3 else (0, 0, 0)
-    _expert_gemm_kernel[grid](
+    _expert_gemm_kernel[(programs,)](
         a, a_scale, w, w_scale, out, topk_w,
-        sorted_ids, block_expert, num_padded,
+        sorted_ids, sorted_ids if edge_tiles else block_expert, sorted_ids if edge_tiles else num_padded,
         num_edges, top_k, n, k,
         a.stride(0), a.stride(1), *a_s_strides,
         w.stride(0), w.stride(1), w.stride(2), *ws_strides,
         out.stride(0), out.stride(1),
+        zero if zero is not None else out, 0 if zero is None else zero.numel(), w.shape[0],
         GATED=gated, ATOMIC=atomic, FMT=kfmt, A_FMT=_a_fmt(a.dtype),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        EDGE_TILES=edge_tiles, A_QUANT=a_quant, FP8_MAX=fp8_max(w.dtype) if kfmt == 1 else 1.0,
+        ROUND_E4M3=a_quant and interpreting() and w.dtype == torch.float8_e4m3fn, SPLIT_K=split_k,
+        ZBLOCK=zblock, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
 
-def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, kfmt: int, cfg: dict) -> None:
+def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, kfmt: int, cfg: dict,
+                   zero: torch.Tensor | None = None) -> None:
     """Stage 1: inter[edge] = silu(x[token] W_gate^T) * (x[token] W_up^T), for every routed edge.
 
-    x [M, H] (fp8 with x_scale [M, ceil(H/128)] for kfmt 1), w13 [E, 2I, H(/2)], inter [M*top_k, I].
+    x [M, H] (kfmt 1: fp8 with x_scale [M, ceil(H/128)], or 16-bit with x_scale None to quantize it in the
+    kernel), w13 [E, 2I, H(/2)], inter [M*top_k, I]. `align` is `moe_align`'s triple, or (topk_ids
+    flattened, None, None) for one tile per edge. `zero` (float32, contiguous) is zeroed on the way.
     """
     _launch(x, x_scale, w13, w13_scale, inter, None, align, num_edges=inter.shape[0], top_k=top_k,
-            n=inter.shape[1], k=x.shape[1], kfmt=kfmt, gated=True, atomic=False, cfg=cfg)
+            n=inter.shape[1], k=x.shape[1], kfmt=kfmt, gated=True, atomic=False, cfg=cfg, zero=zero)
 
 
 def down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, *, top_k: int, kfmt: int,
                  cfg: dict) -> None:
     """Stage 2: out[token] (+)= topk_weights[edge] * inter[edge] W2[e]^T.
 
-    inter [M*top_k, I], w2 [E, H, I(/2)], out [M, H]: fp32 and accumulated with atomics when top_k > 1
-    (the caller zeroes it), any float dtype and plainly stored when top_k == 1.
+    inter [M*top_k, I] (kfmt 1 with inter_scale None: quantized in the kernel), w2 [E, H, I(/2)], out [M, H]:
+    fp32 and accumulated with atomics when top_k > 1 (the caller zeroes it; cfg SPLIT_K > 1 then also
+    splits K over programs), any float dtype and plainly stored when top_k == 1.
     """
     _launch(inter, inter_scale, w2, w2_scale, out, topk_weights.reshape(-1), align, num_edges=inter.shape[0],
             top_k=top_k, n=out.shape[1], k=inter.shape[1], kfmt=kfmt, gated=False, atomic=top_k > 1, cfg=cfg)

@@ -262,6 +262,50 @@ def test_mxfp4_native_scaled_dot_path(monkeypatch):
     assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol("mxfp4", dtype)
 
 
+# The M=1 mode of the tl.dot path (`config.DOT_M1_TILES`): one tile per edge, no align launch, fp8 activations
+# quantized inside the stages, stage 1 zeroing the (poisoned) accumulator, stage 2 split along K. Forced on for
+# every format; M1-i-odd has I off the 128 K step (the split-K tail, a partial quantization group).
+DOT_M1_CASES = [
+    pytest.param(1, 200, 96, 8, 2, False, id="M1"),
+    pytest.param(1, 256, 200, 8, 4, True, id="M1-i-odd-invalid"),
+    pytest.param(1, 136, 80, 16, 1, False, id="M1-top1"),
+    pytest.param(1, 136, 80, 16, 1, True, id="M1-top1-invalid"),
+]
+
+
+@pytest.mark.parametrize("mode", FORMAT_MODES)
+@pytest.mark.parametrize("m,h,i,e,k,invalid", DOT_M1_CASES)
+def test_dot_m1_mode_matches_reference(mode, m, h, i, e, k, invalid, monkeypatch):
+    from zoe_kernels.moe import config
+
+    fmt, fp8 = _mode(mode)
+    dtype = DTYPES[0]
+    tiles = {1: (32, 4, 3), 2: (64, 4, 3, 2)}
+    monkeypatch.setitem(config.DOT_M1_TILES, fmt, tiles)
+    x, w13, w2, tw, ti, kw = _problem(m, h, i, e, k, fmt, dtype, seed=zlib.crc32(f"m1{mode}{h}{k}".encode()))
+    if invalid:
+        ti[0, 0] = -1 if k > 1 else e
+    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dot", **fp8, **kw)
+    ref = fused_moe_reference(x, w13, w2, tw, ti, **fp8, **kw)
+    assert out.shape == (m, h) and out.dtype == dtype
+    assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
+    if invalid and k == 1:  # the token's only expert lives elsewhere: nothing to add
+        assert (out == 0).all() and (ref == 0).all()
+        return
+    assert _rel_err(out, ref) < _tol(fmt, dtype)
+
+
+def test_dot_m1_mode_only_where_measured():
+    """Dispatch keeps the align-based tiles for formats without measured M=1 tiles, and at M > 1."""
+    from zoe_kernels.moe.config import DOT_M1_TILES, dot_m1_configs
+
+    for fmt in FORMATS:
+        assert (dot_m1_configs(1, fmt, 8) is not None) == (fmt in DOT_M1_TILES)
+        assert dot_m1_configs(2, fmt, 8) is None
+    for fmt, tiles in DOT_M1_TILES.items():
+        assert len(tiles[1]) == 3 and len(tiles[2]) == 4 and tiles[2][3] >= 1
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_invalid_expert_ids_contribute_nothing(fmt):
     """Ids outside [0, E) (experts on another rank) are dropped, for top-k and top-1."""
