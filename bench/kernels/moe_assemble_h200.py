@@ -29,6 +29,10 @@ Which run each row comes from, and why:
   M=256, where dispatch takes the dot path) timed the byte-wise kernel that word-aligned rows no longer take:
   they carry "committed_differs".
 The "zoe" rows (fused_moe as dispatched) are derived from zoe_gemv / zoe_dot by `config.use_gemv`.
+- run11 (bench/kernels/moe_fp8_m1_sweep.py --steps candidates, the code of 95510dd with whole M=1 tile sets):
+  fp8 zoe_dot at M=1 on DeepSeek-V3.2, GLM-5 and the TP8 slice with the committed `config.DOT_M1_TILES`
+  (replacing run4's and run9's fp8 M=1 rows). run10 (its stage breakdown, in-kernel quantization sweep, and
+  M 1..256 side by side) is in raw/ only.
 run5 (commit 12a6225, stage-2 sweep), run6 (commit f950d4a, the GPU tests of the GEMV path, 12 passed), run7
 (the byte-wise GEMV end to end) and run8 (the first word-wise sweep) are in raw/ only; run5 re-timed the dot
 path within 1-3 % of run4.
@@ -102,6 +106,25 @@ def main() -> None:
                 elif gemv_config(r["M"], r["H"], r["fmt"], gated=False, top_k=r["k"] + r["shared"])["CHUNKS"] > 1:
                     r["committed_differs"] = "committed stage 2 splits the top-k slots (faster: run5 sweep)"
             rows.append(r)
+    # run11 (bench/kernels/moe_fp8_m1_sweep.py --steps candidates): fp8 at M=1 with the committed M=1 mode of the
+    # tl.dot path (`config.DOT_M1_TILES`); these rows replace the earlier fp8 zoe_dot rows at M=1.
+    from zoe_kernels.moe.config import DOT_M1_TILES
+
+    data = json.loads((RAW / "run11_fp8_m1_sweep.json").read_text())
+    runs.append({"run": "run11", "code_commit": "95510dd + the M=1 candidate tiles of the script", "command":
+                 data["command"], "date_utc": data["date_utc"], "torch": data["torch"], "triton": data["triton"],
+                 "best_candidate": data["best_candidate"]})
+    committed = {str(k): list(v) for k, v in DOT_M1_TILES["fp8"].items()}
+    for r in data["rows"]:
+        if r.get("tiles") != committed:
+            continue
+        shape = moe_bench.SHAPES[r["shape"]]
+        new = {"shape": r["shape"], **{k: shape[k] for k in ("H", "I", "E", "k", "shared")}, "M": 1, "fmt": "fp8",
+               "provider": "zoe_dot", "unique_experts": r["unique_experts"], "bytes": r["bytes"],
+               "flops": moe_bench.roofline_us(shape, "fp8", 1, r["unique_experts"])[2], "floor_us": r["floor_us"],
+               "device": r["device"], "median_us": r["median_us"], "pct_roofline": r["pct_roofline"], "run": "run11"}
+        rows = [x for x in rows if (x["shape"], x["M"], x["fmt"], x["provider"]) != (new["shape"], 1, "fp8", "zoe_dot")]
+        rows.append(new)
     rows += moe_bench.dispatched_rows(rows)
     result = {
         "device": "NVIDIA H200",

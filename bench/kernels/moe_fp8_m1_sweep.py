@@ -2,6 +2,13 @@
 
     python3 bench/kernels/moe_fp8_m1_sweep.py --out DIR [--sweep-shapes dsv32,dsv32-tp8,glm5]
         [--bench-shapes dsv32,glm5,dsv32-tp8] [--bench-ms 1,8,16,64,256] [--budget-s 150]
+        [--steps breakdown,sweep,e2e | candidates]
+
+Steps 1-3 below are run10's (`--steps breakdown,sweep,e2e`, the default); run11 ran `--steps candidates`:
+every whole tile set of CANDIDATES (per stage: tile, quantization inside or by its own launch, split-K)
+checked end to end on every sweep shape (NaN-poisoned scratch, float32 reference) and timed at M=1 against
+the current default, interleaved twice; the best geometric mean is reported with whether it was faster on
+every shape.
 
 1. Launch by launch, the current M=1 path (align, x quantization, stage 1, intermediate quantization, memset,
    stage 2, cast), each timed alone in a CUDA graph of 4 calls with different routings (`moe_bench.time_graph`).
@@ -30,10 +37,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import moe_bench as mb  # noqa: E402
 
-# (BLOCK_N, num_warps, num_stages[, SPLIT_K]); the first of each is the current M=1 tile of `stage_config`
+# (BLOCK_N, num_warps, num_stages[, SPLIT_K], QUANT); the first of each is the current M=1 tile of `stage_config`
 # (runs 3-5: BLOCK_N 32 / 128, 4 warps, 4 stages; 16-wide stage-1 tiles and 8 warps were 20-45 % slower, run3).
-STAGE1 = [(32, 4, 4), (32, 4, 3), (64, 4, 3), (64, 4, 4), (32, 4, 5)]
-STAGE2 = [(128, 4, 4, 1), (128, 4, 3, 1), (64, 4, 4, 1), (128, 4, 4, 2), (64, 4, 4, 2), (128, 4, 3, 4)]
+# run10 swept these with the activations quantized inside both stages.
+STAGE1 = [(32, 4, 4, True), (32, 4, 3, True), (64, 4, 3, True), (64, 4, 4, True), (32, 4, 5, True)]
+STAGE2 = [(128, 4, 4, 1, True), (128, 4, 3, 1, True), (64, 4, 4, 1, True), (128, 4, 4, 2, True),
+          (64, 4, 4, 2, True), (128, 4, 3, 4, True)]
+# run11: whole `DOT_M1_TILES["fp8"]` candidates built from run10's stage timings: x quantized by its own launch
+# (2.5 us, against 20 us inside stage 1), the intermediate inside stage 2 (0.3 us against a 2.6 us launch),
+# stage 2 split along K; the last keeps the intermediate's launch, to see what the in-kernel quantization costs.
+CANDIDATES = [
+    {1: (32, 4, 4, False), 2: (128, 4, 4, 2, True)},
+    {1: (64, 4, 4, False), 2: (128, 4, 4, 2, True)},
+    {1: (32, 4, 4, False), 2: (128, 4, 3, 4, True)},
+    {1: (32, 4, 4, False), 2: (128, 4, 4, 2, False)},
+]
 REPS = 4
 
 
@@ -144,7 +162,7 @@ def sweep(names, dev, checks, timings, deadline):
                     if n_i > 0 and tile not in passed[stage]:
                         continue
                     passed[stage].add(tile)
-                    cfg1, cfg2 = config.dot_m1_configs(1, "fp8", k)
+                    cfg1, cfg2 = config.dot_m1_configs(1, "fp8", k, i)
                     if stage == 1:
                         calls = [lambda r=r: gate_up_swiglu(xs[r], None, w13, s13, inter[r], aligns[r], top_k=k,
                                                             kfmt=1, cfg=cfg1, zero=acc) for r in range(REPS)]
@@ -253,6 +271,67 @@ def end_to_end(names, ms, candidate, dev, rows, checks, deadline, save):
             save()
 
 
+def candidates_e2e(names, dev, rows, checks, save):
+    """fused_moe at M=1: the current default and every CANDIDATES entry, each checked (poisoned scratch,
+    float32 reference) on every shape, then timed interleaved (current, c0, c1, ..., twice). Returns the
+    candidate with the best geometric mean over the shapes, or None."""
+    import torch
+
+    from zoe_kernels.moe import config, fused_moe
+
+    per = {}
+    for name in names:
+        shape = mb.SHAPES[name]
+        w = mb.make_weights(shape, "fp8", "cuda")
+        w13, s13, w2, s2 = w
+        routes, xs = _inputs(shape, 1000)
+        unique = statistics.mean(len(torch.unique(ti)) for _, ti in routes)
+        floor, nbytes, _ = mb.roofline_us(shape, "fp8", 1, unique)
+        variants = [("current", {})]
+        for c_i, cand in enumerate(CANDIDATES):
+            config.DOT_M1_TILES.clear()
+            config.DOT_M1_TILES["fp8"] = cand
+            try:
+                if _check(shape, w, routes, xs, f"e2e {name} M=1 candidate{c_i} {cand}", checks):
+                    variants.append((f"candidate{c_i}", cand))
+            except Exception as exc:
+                print(f"[cand] {name} candidate{c_i}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        times = {}
+        for _ in range(2):
+            for label, cand in variants:
+                config.DOT_M1_TILES.clear()
+                if cand:
+                    config.DOT_M1_TILES["fp8"] = cand
+                calls = [lambda r=r: fused_moe(xs[r], w13, w2, routes[r][0], routes[r][1], fmt="fp8", w13_scale=s13,
+                                               w2_scale=s2) for r in range(REPS)]
+                times.setdefault(label, []).append(mb.time_graph(calls))
+        config.DOT_M1_TILES.clear()
+        for label, cand in variants:
+            us = statistics.median(times[label])
+            per.setdefault(label, {})[name] = us
+            rows.append({"shape": name, "M": 1, "variant": label, "tiles": {str(k): list(v) for k, v in cand.items()},
+                         "fmt": "fp8", "median_us": round(us, 2), "all_us": [round(t, 2) for t in times[label]],
+                         "floor_us": round(floor, 2), "bytes": nbytes, "unique_experts": unique,
+                         "pct_roofline": round(100 * floor / us, 1), "device": dev})
+            print(f"[cand] {name:9s} {label:10s} {us:7.1f}us {100 * floor / us:5.1f}%  "
+                  f"({', '.join(f'{t:.1f}' for t in times[label])})", flush=True)
+        save()
+        del w, w13, s13, w2, s2
+        torch.cuda.empty_cache()
+    full = {lab: v for lab, v in per.items() if len(v) == len(names)}
+    if "current" not in full or len(full) < 2:
+        return None
+    score = {lab: statistics.geometric_mean([v[n] / full["current"][n] for n in names]) for lab, v in full.items()
+             if lab != "current"}
+    label, ratio = min(score.items(), key=lambda kv: kv[1])
+    faster_everywhere = all(full[label][n] < full["current"][n] for n in names)
+    print(f"[cand] best {label} {CANDIDATES[int(label[9:])]}: geomean {ratio:.3f} of the current time; faster on "
+          f"every shape: {faster_everywhere}", flush=True)
+    return {"label": label, "tiles": {str(k): list(v) for k, v in CANDIDATES[int(label[9:])].items()},
+            "geomean_vs_current": round(ratio, 4), "faster_on_every_shape": faster_everywhere,
+            "scores": {k: round(v, 4) for k, v in score.items()}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -260,6 +339,8 @@ def main() -> None:
     ap.add_argument("--bench-shapes", default="dsv32,glm5,dsv32-tp8")
     ap.add_argument("--bench-ms", default="1,8,16,64,256")
     ap.add_argument("--budget-s", type=float, default=150.0, help="stop starting new points after this long")
+    ap.add_argument("--steps", default="breakdown,sweep,e2e", help="of candidates,breakdown,sweep,e2e (run11: "
+                    "candidates)")
     args = ap.parse_args()
     t0 = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -281,22 +362,29 @@ def main() -> None:
         out.write_text(json.dumps({**meta, **result}, indent=1))
 
     sweep_names = [s for s in args.sweep_shapes.split(",") if s]
-    shape = mb.SHAPES[sweep_names[0]]
-    w = mb.make_weights(shape, "fp8", "cuda")
-    stage_breakdown(sweep_names[0], shape, w, dev, result["stages"])
-    del w
-    torch.cuda.empty_cache()
-    save()
-    best = sweep(sweep_names, dev, result["checks"], result["sweep"], t0 + 0.45 * args.budget_s)
-    result["best"] = best
-    if best:
-        result["candidate"] = {"fp8": {1: best[1]["tile"], 2: best[2]["tile"]}}
-        candidate = {"fp8": {1: tuple(best[1]["tile"]), 2: tuple(best[2]["tile"])}}
-    else:
-        candidate = {}
-    save()
-    end_to_end([s for s in args.bench_shapes.split(",") if s], [int(m) for m in args.bench_ms.split(",")],
-               candidate, dev, result["rows"], result["checks"], t0 + args.budget_s, save)
+    steps = args.steps.split(",")
+    if "candidates" in steps:
+        result["candidates"] = CANDIDATES
+        result["best_candidate"] = candidates_e2e(sweep_names, dev, result["rows"], result["checks"], save)
+        save()
+    if "breakdown" in steps:
+        shape = mb.SHAPES[sweep_names[0]]
+        w = mb.make_weights(shape, "fp8", "cuda")
+        stage_breakdown(sweep_names[0], shape, w, dev, result["stages"])
+        del w
+        torch.cuda.empty_cache()
+        save()
+    candidate = {}
+    if "sweep" in steps:
+        best = sweep(sweep_names, dev, result["checks"], result["sweep"], t0 + 0.45 * args.budget_s)
+        result["best"] = best
+        if best:
+            result["candidate"] = {"fp8": {1: best[1]["tile"], 2: best[2]["tile"]}}
+            candidate = {"fp8": {1: tuple(best[1]["tile"]), 2: tuple(best[2]["tile"])}}
+        save()
+    if "e2e" in steps:
+        end_to_end([s for s in args.bench_shapes.split(",") if s], [int(m) for m in args.bench_ms.split(",")],
+                   candidate, dev, result["rows"], result["checks"], t0 + args.budget_s, save)
     config.DOT_M1_TILES.clear()
     save()
     print(f"[done] {time.time() - t0:.0f}s", flush=True)

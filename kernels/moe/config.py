@@ -65,24 +65,39 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
 
 
 # The tl.dot path at M=1 in its launch-saving mode: one tile per edge with the expert read from topk_ids (no
-# align launch), fp8 activations quantized inside both stages (no two quantization launches), stage 2's float32
-# accumulator zeroed by stage 1 (no memset), and stage 2 optionally split along K (its partial sums are atomic
-# adds anyway). Per format: {1: (BLOCK_N, num_warps, num_stages), 2: (BLOCK_N, num_warps, num_stages, SPLIT_K)}.
-# A format missing here keeps the align-based tiles of `stage_config` at M=1.
-DOT_M1_TILES: dict[str, dict[int, tuple]] = {}
+# align launch), stage 2's float32 accumulator zeroed by stage 1 (no memset), stage 2 optionally split along K
+# (its partial sums are atomic adds anyway), and per stage the fp8 activations quantized either by their own
+# launch (`act_quant.py`) or inside the stage (QUANT). Per format: {1: (BLOCK_N, num_warps, num_stages, QUANT),
+# 2: (BLOCK_N, num_warps, num_stages, SPLIT_K, QUANT)}. A format missing here keeps the align-based tiles of
+# `stage_config` at M=1. H200 run10 (bench/kernels/results/raw/run10_*, DeepSeek-V3.2, each stage alone):
+# quantizing x inside stage 1 cost 20 us (79.2 against 59.8 us: every program re-quantizes each K step of x),
+# inside stage 2 0.3 us alone (43.2 against 42.9), and split-K 2 took stage 2 to 39.7 us. run11 timed four
+# whole candidates end to end (fused_moe, CUDA graph): this one, with both quantization launches kept, was the
+# fastest on every shape: DeepSeek-V3.2 97.5 us (86 % of the bytes at 4.19 TB/s) against 112.1 us, GLM-5 95.7
+# against 111.6, the TP8 slice 36.5 against 45.4; quantizing the intermediate inside stage 2 instead cost
+# 4.4 us end to end (101.9-102.0 us).
+DOT_M1_TILES: dict[str, dict[int, tuple]] = {"fp8": {1: (32, 4, 4, False), 2: (128, 4, 4, 2, False)}}
+# The mode runs from this many routed experts per token up: the measured shapes route 8 or 9 (ZAYA1's top-1
+# keeps the align-based tiles, not measured in this mode on the GPU).
+DOT_M1_MIN_TOP_K = 8
+# Split-K keeps at least this many K steps per program (the TP8 slice, I = 256, has 2: no split there; run10
+# measured split-K 2 slower on it, 10.8 against 10.0 us).
+MIN_K_STEPS_PER_SPLIT = 4
 
 
-def dot_m1_configs(m: int, fmt: str, top_k: int) -> tuple[dict, dict] | None:
-    """(stage 1, stage 2) launch parameters of the M=1 mode of the tl.dot path, or None where it is not used."""
-    if m != 1 or fmt not in DOT_M1_TILES:
+def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] | None:
+    """(stage 1, stage 2) launch parameters of the M=1 mode of the tl.dot path, or None where it is not used;
+    k2 is stage 2's reduction length (I)."""
+    if m != 1 or fmt not in DOT_M1_TILES or top_k < DOT_M1_MIN_TOP_K:
         return None
-    if interpreting():
-        t1, t2 = (32, 4, 1), (32, 4, 1, 2 if top_k > 1 else 1)
-    else:
-        t1, t2 = DOT_M1_TILES[fmt][1], DOT_M1_TILES[fmt][2]
-    cfg1 = {"BLOCK_M": 16, "BLOCK_N": t1[0], "BLOCK_K": 128, "num_warps": t1[1], "num_stages": t1[2]}
+    t1, t2 = DOT_M1_TILES[fmt][1], DOT_M1_TILES[fmt][2]
+    split = max(1, min(t2[3], -(-k2 // 128) // MIN_K_STEPS_PER_SPLIT)) if top_k > 1 else 1
+    if interpreting():  # small tiles, one stage; the modes (split, quantization) as configured
+        t1, t2 = (32, 4, 1, t1[3]), (32, 4, 1, t2[3], t2[4])
+    cfg1 = {"BLOCK_M": 16, "BLOCK_N": t1[0], "BLOCK_K": 128, "num_warps": t1[1], "num_stages": t1[2],
+            "A_QUANT": t1[3]}
     cfg2 = {"BLOCK_M": 16, "BLOCK_N": t2[0], "BLOCK_K": 128, "num_warps": t2[1], "num_stages": t2[2],
-            "SPLIT_K": t2[3] if top_k > 1 else 1}
+            "SPLIT_K": split, "A_QUANT": t2[4]}
     return cfg1, cfg2
 
 

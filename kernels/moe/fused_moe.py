@@ -5,6 +5,8 @@
 with vLLM's `fused_experts` layout: w13 [E, 2I, H] (rows: gate then up), w2 [E, H, I]. Launches: align
 (bucket edges by expert, `align.py`), stage 1 (gate+up GEMM, SwiGLU epilogue) and stage 2 (down GEMM,
 top-k weighted combine epilogue), `grouped_gemm.py`; fp8 (w8a8) adds two activation-quantization launches.
+At M=1 a format in `config.DOT_M1_TILES` (fp8) drops align (one tile per edge, experts read from topk_ids) and
+the accumulator's memset (stage 1 zeroes it), and splits stage 2 along K.
 With few tokens per expert (decode) the GEMV path (`gemv.py`) runs instead: two launches, no align, no
 activation quantization (`config.use_gemv` picks by the expected edges per expert, measured per format).
 """
@@ -135,12 +137,12 @@ def fused_moe(
         return out.to(dtype) if out.dtype != dtype else out
     if path != "dot":
         raise ValueError(f"path must be 'gemv', 'dot' or None, got {path!r}")
-    m1 = None if block_m is not None else dot_m1_configs(m, fmt, top_k)
+    m1 = None if block_m is not None else dot_m1_configs(m, fmt, top_k, i)
     bm = block_m or (m1[0]["BLOCK_M"] if m1 else block_m_for(m, top_k, e))
     if fp8_act_quant is None:
         fp8_act_quant = fp8_act_quant_for(bm)
     kfmt = kernel_format(fmt, fp8_act_quant=fp8_act_quant, mx_native=mx_native())
-    if m1:  # one tile per edge, activations quantized in the kernels, stage 1 zeroes the accumulator
+    if m1:  # one tile per edge, stage 1 zeroes the accumulator (config.DOT_M1_TILES)
         cfg1, cfg2 = m1
         align = (topk_ids.reshape(-1).contiguous(), None, None)
     else:
@@ -149,7 +151,7 @@ def fused_moe(
         align = moe_align(topk_ids.contiguous(), e, bm)
 
     x_scale = None
-    if kfmt == 1 and not m1:
+    if kfmt == 1 and not (m1 and cfg1["A_QUANT"]):  # else stage 1 quantizes x itself
         x, x_scale = quantize_act_fp8(x)
     inter = alloc((m * top_k, i), dtype=dtype, device=dev)
     acc = None
@@ -160,7 +162,7 @@ def fused_moe(
                    zero=acc if m1 else None)
 
     inter_scale = None
-    if kfmt == 1 and not m1:
+    if kfmt == 1 and not (m1 and cfg2["A_QUANT"]):  # else stage 2 quantizes the intermediate itself
         inter, inter_scale = quantize_act_fp8(inter)
     if top_k == 1:
         out = torch.zeros((m, h), dtype=dtype, device=dev)

@@ -7,7 +7,10 @@ Stage 2 (`down_combine`): out[token, h] = sum_slot topk_weights[token, slot] * (
 with the top-k weighted combine in the epilogue (fp32 atomics for top-k > 1, plain stores for top-1).
 
 One program computes a BLOCK_M x BLOCK_N tile of one expert; tiles past `num_padded` exit at once, so the
-grid depends on the shapes alone (graph capture). The K loop is software-pipelined (`num_stages`): the next
+grid depends on the shapes alone (graph capture). With `align` = (topk_ids flattened, None, None) every edge
+is its own tile (row 0; the M=1 mode of `config.DOT_M1_TILES`, no align launch). Optional: stage 1 zeroes a
+float32 buffer (stage 2's accumulator), stage 2 splits K over SPLIT_K programs, and fp8 w8a8 quantizes the
+activations inside the stage when no activation scale is given (the numbers of `act_quant.py`). The K loop is software-pipelined (`num_stages`): the next
 weight tile is loaded while the current one is multiplied. The weight format is a compile-time constant
 (`kernel_format`). fp8 runs w8a8 (activations quantized per token group, fp8 products) by default; a w8a16
 mode (weights upcast in registers, activations kept in 16 bits) exists but measured slower on the H200,

@@ -273,15 +273,25 @@ DOT_M1_CASES = [
 ]
 
 
+# fp8 w8a8 quantizes x and the intermediate by their own launches, or one of them inside its stage.
+DOT_M1_TILE_SETS = {"quant-in-stage2": {1: (32, 4, 3, False), 2: (64, 4, 3, 2, True)},
+                    "quant-in-stage1": {1: (32, 4, 3, True), 2: (64, 4, 3, 2, False)},
+                    "quant-launches": {1: (32, 4, 3, False), 2: (64, 4, 3, 2, False)}}  # as committed for fp8
+
+
+@pytest.mark.parametrize("tiles", list(DOT_M1_TILE_SETS))
 @pytest.mark.parametrize("mode", FORMAT_MODES)
 @pytest.mark.parametrize("m,h,i,e,k,invalid", DOT_M1_CASES)
-def test_dot_m1_mode_matches_reference(mode, m, h, i, e, k, invalid, monkeypatch):
+def test_dot_m1_mode_matches_reference(mode, m, h, i, e, k, invalid, tiles, monkeypatch):
     from zoe_kernels.moe import config
 
     fmt, fp8 = _mode(mode)
+    if tiles != "quant-in-stage2" and mode != "fp8-w8a8":
+        pytest.skip("the quantization flags matter for fp8 w8a8 only")
     dtype = DTYPES[0]
-    tiles = {1: (32, 4, 3), 2: (64, 4, 3, 2)}
-    monkeypatch.setitem(config.DOT_M1_TILES, fmt, tiles)
+    monkeypatch.setitem(config.DOT_M1_TILES, fmt, DOT_M1_TILE_SETS[tiles])
+    monkeypatch.setattr(config, "DOT_M1_MIN_TOP_K", 1)
+    monkeypatch.setattr(config, "MIN_K_STEPS_PER_SPLIT", 1)  # I = 200: two K steps, split in two
     x, w13, w2, tw, ti, kw = _problem(m, h, i, e, k, fmt, dtype, seed=zlib.crc32(f"m1{mode}{h}{k}".encode()))
     if invalid:
         ti[0, 0] = -1 if k > 1 else e
@@ -300,10 +310,13 @@ def test_dot_m1_mode_only_where_measured():
     from zoe_kernels.moe.config import DOT_M1_TILES, dot_m1_configs
 
     for fmt in FORMATS:
-        assert (dot_m1_configs(1, fmt, 8) is not None) == (fmt in DOT_M1_TILES)
-        assert dot_m1_configs(2, fmt, 8) is None
+        assert (dot_m1_configs(1, fmt, 8, 2048) is not None) == (fmt in DOT_M1_TILES)
+        assert dot_m1_configs(2, fmt, 8, 2048) is None
+        assert dot_m1_configs(1, fmt, 1, 2048) is None  # top-1 (ZAYA1): not measured in this mode
+    if "fp8" in DOT_M1_TILES:  # split-K only where each program keeps MIN_K_STEPS_PER_SPLIT steps
+        assert dot_m1_configs(1, "fp8", 8, 256)[1]["SPLIT_K"] == 1
     for fmt, tiles in DOT_M1_TILES.items():
-        assert len(tiles[1]) == 3 and len(tiles[2]) == 4 and tiles[2][3] >= 1
+        assert len(tiles[1]) == 4 and len(tiles[2]) == 5 and tiles[2][3] >= 1
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
