@@ -488,6 +488,26 @@ def merge_results(paths: list[Path], out: Path) -> None:
     print(f"wrote {out}: {len(rows)} rows from {len(paths)} runs")
 
 
+def sweep_parser(doc: str, sweep_shapes: str, budget_s: float) -> argparse.ArgumentParser:
+    """The options the tile-sweep scripts share (moe_gemv4_sweep.py, moe_fp8_m1_sweep.py)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--sweep-shapes", default=sweep_shapes)
+    ap.add_argument("--bench-shapes", default="dsv32,glm5,dsv32-tp8")
+    ap.add_argument("--bench-ms", default="1,8,16,64,256")
+    ap.add_argument("--budget-s", type=float, default=budget_s, help="stop starting new points after this long")
+    return ap
+
+
+def run_meta(dev: str) -> dict:
+    """What every result JSON records about its run: the command, the device and the versions, the time."""
+    import torch
+    import triton
+
+    return {"command": "python3 " + " ".join(sys.argv), "device": dev, "torch": torch.__version__,
+            "triton": triton.__version__, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="folder for moe_results.json and pytest.log")
@@ -518,7 +538,6 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     _import_zoe_kernels()
     import torch
-    import triton
 
     if not torch.cuda.is_available():
         sys.exit("moe_bench.py needs a CUDA or ROCm GPU")
@@ -532,9 +551,8 @@ def main() -> None:
         sys.exit(f"unknown shapes {unknown}; known: {list(SHAPES)}")
     ms = [int(m) for m in args.ms.split(",")]
     rows: list[dict] = []
-    meta = {"command": "python3 " + " ".join(sys.argv), "device": dev, "torch": torch.__version__,
-            "triton": triton.__version__, "python": platform.python_version(),
-            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "tests": tests,
+    meta = run_meta(dev) | {
+            "python": platform.python_version(), "tests": tests,
             "ceilings": {"read_bw_Bps": READ_BW, "peak_flops": PEAK_FLOPS}, "shapes": {s: SHAPES[s] for s in shapes}}
     deadline = t_start + args.budget_s
     if args.sweep:

@@ -27,7 +27,6 @@ Writes DIR/fp8_m1_sweep.json after every step (partial results survive a timeout
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -333,12 +332,7 @@ def candidates_e2e(names, dev, rows, checks, save):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--sweep-shapes", default="dsv32,dsv32-tp8,glm5")
-    ap.add_argument("--bench-shapes", default="dsv32,glm5,dsv32-tp8")
-    ap.add_argument("--bench-ms", default="1,8,16,64,256")
-    ap.add_argument("--budget-s", type=float, default=150.0, help="stop starting new points after this long")
+    ap = mb.sweep_parser(__doc__, "dsv32,dsv32-tp8,glm5", 150.0)
     ap.add_argument("--steps", default="breakdown,sweep,e2e", help="of candidates,breakdown,sweep,e2e (run11: "
                     "candidates)")
     args = ap.parse_args()
@@ -346,15 +340,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     mb._import_zoe_kernels()
     import torch
-    import triton
 
     from zoe_kernels.moe import config
     from zoe_kernels.platform import device_name
 
     dev = device_name("cuda")
-    meta = {"command": "python3 " + " ".join(sys.argv), "device": dev, "torch": torch.__version__,
-            "triton": triton.__version__, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "stage1_tiles": STAGE1, "stage2_tiles": STAGE2}
+    meta = mb.run_meta(dev) | {"stage1_tiles": STAGE1, "stage2_tiles": STAGE2}
     result = {"stages": [], "checks": [], "sweep": [], "best": None, "candidate": None, "rows": []}
     out = args.out / "fp8_m1_sweep.json"
 

@@ -18,7 +18,6 @@ Writes DIR/gemv4_sweep.json (the command, the checks, the stage timings, the cho
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -145,25 +144,16 @@ def sweep(formats, shapes, device_name, checks, timings, deadline):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
+    ap = mb.sweep_parser(__doc__, "dsv32,dsv32-tp8", 300.0)
     ap.add_argument("--formats", default="w4a16,mxfp4")
-    ap.add_argument("--sweep-shapes", default="dsv32,dsv32-tp8")
-    ap.add_argument("--bench-shapes", default="dsv32,glm5,dsv32-tp8")
-    ap.add_argument("--bench-ms", default="1,8,16,64,256")
-    ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting new points after this long")
     args = ap.parse_args()
     t0 = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     mb._import_zoe_kernels()
-    import torch
-    import triton
-
     from zoe_kernels.platform import device_name
 
     dev = device_name("cuda")
-    meta = {"command": "python3 " + " ".join(sys.argv), "device": dev, "torch": torch.__version__,
-            "triton": triton.__version__, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    meta = mb.run_meta(dev)
     checks, timings, rows = [], [], []
     formats = args.formats.split(",")
     deadline = t0 + args.budget_s
