@@ -98,25 +98,22 @@ def main() -> None:
         slots = max(4096, 8 * k)
         ptrs = {"val_ptr": "*fp32", "lo_ptr": "*i32", "hi_ptr": "*i32", "cand_key_ptr": "*i32",
                 "cand_pos_ptr": "*i32", "out_ptr": "*i32", "thresh_ptr": "*i32", "fill_ptr": "*i32",
-                "seg_ptr": "*i32", "band_ptr": "*i32"}
+                "seg_ptr": "*i32"}
         sampling = dict(S=topk.SAMPLE, SB=topk.SAMPLE_BLOCK, MARGIN_=topk.MARGIN)
         rows.append(compile_one(f"topk_row k={k}", topk._topk_row_kernel, ptrs,
                                 dict(HAS_LO=True, **sampling, SLOTS=slots, TILE=4096), 16))
         if k == 512:
             rows.append(compile_one("topk_split_threshold", topk._split_threshold_kernel, ptrs,
                                     dict(HAS_LO=False, **sampling, PDL=False), topk.THRESHOLD_WARPS))
-            for tile, warps, fused, one, pdl in ((2048, 4, False, True, False), (2048, 4, False, True, True),
-                                                 (2048, 4, True, True, False), (2048, 4, False, False, False),
-                                                 (2048, 8, True, True, False)):
-                rows.append(compile_one(f"topk_split_filter tile={tile} fused={fused} one_tile={one} pdl={pdl}",
+            for tile, warps, one, pdl in ((2048, 4, True, False), (2048, 4, True, True), (2048, 4, False, False)):
+                rows.append(compile_one(f"topk_split_filter tile={tile} one_tile={one} pdl={pdl}",
                                         topk._split_filter_kernel, ptrs,
                                         dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.MAX_TILES,
-                                             TILE=tile, FUSED=fused, ONE_TILE=one, BAND=0, PDL=pdl), warps,
-                                        num_stages=1))
-        for band, pdl in ((0, False), (32, False), (32, True)) if k == 512 else ((0, False),):
-            rows.append(compile_one(f"topk_split_finish k={k} band={band} pdl={pdl}", topk._split_finish_kernel,
+                                             TILE=tile, ONE_TILE=one, PDL=pdl), warps, num_stages=1))
+        for pdl in (False, True) if k == 512 else (False,):
+            rows.append(compile_one(f"topk_split_finish k={k} pdl={pdl}", topk._split_finish_kernel,
                                     ptrs, dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.MAX_TILES,
-                                               TILE=2048, BAND=band, PDL=pdl),
+                                               TILE=2048, PDL=pdl),
                                     min(16, topk.FINISH_WARPS * slots // 4096)))
     iptrs = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "k_ptr": "*fp8e4nv", "k_scale_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}

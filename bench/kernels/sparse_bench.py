@@ -90,7 +90,6 @@ def measure_ceilings() -> None:
 
 # --------------------------------------------------------------------------------------------------------- top-k
 TOPK_CONFIGS = [("auto (default)", dict()), ("sample tile=2048 warps=4", dict(method="sample")),
-                ("sample, finish fused into the filter", dict(method="sample", fuse_finish=True)),
                 ("sample tile=1024 warps=2", dict(method="sample", tile=1024, num_warps=2)),
                 ("radix fallback, one program per row", dict(method="radix", tile=4096, num_warps=8))]
 

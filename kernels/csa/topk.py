@@ -33,8 +33,9 @@ launch, faster there), "sample" (the above) otherwise.
 Launches: many rows (indexer prefill) or short rows use one program per row that does all three steps
 (`_topk_row_kernel`); few long rows (CSA decode) use three launches: one threshold program per row,
 one filter program per 2048-entry tile (or `splits` programs per row taking every splits-th tile), one
-finish program per row; with fuse_finish=True the last filter program of a row runs the finish (two
-launches; slower on an H200, run 8, since the fused kernel's registers halve the resident filter programs).
+finish program per row. Having the last filter program of a row run the finish (two launches) measured slower
+on an H200 (run 8: B=1 x 1M 25.6 against 21.4 us, B=32 245.6 against 104.2: the fused kernel's registers
+halve the resident filter programs) and was removed; `git show 3174776:kernels/csa/topk.py` has it.
 With pdl (default for one row on CUDA sm_90+) the filter and finish are programmatic dependent launches: they
 start while the launch before still runs (the filter issues its tile's load first), then wait for it
 (`gdc_wait`) before reading what it wrote; H200 run 9: B=1 x 1M 19.8 against 21.4 us.
@@ -68,10 +69,6 @@ ROW_TILE = 4096  # entries per loop step in one-program-per-row mode
 RADIX_MAX_LEN = 4096
 THRESHOLD_WARPS = 16  # warps of the threshold program (S = 16384 sampled entries: 32 per thread)
 FINISH_WARPS = 8  # warps of a finish launch per 4096 candidate slots (16 slots per thread), at most 16
-# the finish's search ends on a band of at most FINISH_BAND candidates in one warp (0: block-wide to the end);
-# H200 run 9: 32 was slower at every shape (B=1 x 1M 23.7 against 21.4 us: copying the band out costs more
-# than the block-wide counts it saves), hence off
-FINISH_BAND = 0
 # filter and finish launched as programmatic dependents of the launch before (CUDA, compute capability >= 9),
 # by default for a single row only: H200 run 9, B=1 x 1M 19.8 against 21.4 us, 256K 14.5 against 16.0, but
 # B=8 x 256K 25.0 against 24.2 and B=32 x 1M 105.2 against 104.3
@@ -166,7 +163,7 @@ def _topk_row_kernel(val_ptr, lo_ptr, hi_ptr, cand_key_ptr, cand_pos_ptr, out_pt
         ok = r < total
         key = tl.where(ok, tl.load(cand_key + r, mask=ok, other=0), MIN32)
         pos = tl.load(cand_pos + r, mask=ok, other=0)
-        take = _select(key, pos, total, kk, thresh, n <= S, True, cand_key, 0)
+        take = _select(key, pos, total, kk, thresh, n <= S, True)
         take_i = take.to(tl.int32)
         tl.store(out_row + tl.cumsum(take_i, axis=0) - take_i, pos, mask=take)
         _pad(out_row, kk, K, SLOTS)
@@ -176,8 +173,7 @@ def _topk_row_kernel(val_ptr, lo_ptr, hi_ptr, cand_key_ptr, cand_pos_ptr, out_pt
 def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, n_cols, stride_row, K,
                             HAS_LO: tl.constexpr, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr,
                             PDL: tl.constexpr):
-    """Program per row: the threshold, and the row's two counters (slots filled, filter programs done) reset
-    for the filter launch. PDL: the filter launch may start at once (it waits for this grid before reading
+    """Program per row: the threshold, and the row's count of filled slots reset for the filter launch. PDL: the filter launch may start at once (it waits for this grid before reading
     what it writes)."""
     row = tl.program_id(0)
     if PDL:
@@ -185,17 +181,15 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, n_col
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
     tl.store(thresh_ptr + row, _sample_threshold(row_val, lo, hi - lo, K, S, SB, MARGIN_))
-    tl.store(fill_ptr + 2 * row, 0)
-    tl.store(fill_ptr + 2 * row + 1, 0)
+    tl.store(fill_ptr + row, 0)
 
 
 @triton.jit
-def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, band_ptr,
-                out_ptr, n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                MAXT: tl.constexpr, TILE: tl.constexpr, BAND: tl.constexpr, PDL: tl.constexpr):
+def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
+                n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
+                MAXT: tl.constexpr, TILE: tl.constexpr, PDL: tl.constexpr):
     """Step 3 for one row: selects among the row's candidate segments (one per tile) and writes the top k in
-    position order. Reads what other programs wrote (after the launch boundary, or after the acquire of the
-    last filter program), through L2 (`.cg`).
+    position order. Reads what other programs wrote (after the launch boundary), through L2 (`.cg`).
 
     The output slot of a taken candidate i of tile t is (taken in tiles < t) + (taken before i in t's
     segment) = before[t] + E[i] - E[first[t]], with E the exclusive cumsum of `take` in slot order."""
@@ -204,7 +198,7 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, can
     out_row = out_ptr + row.to(tl.int64) * K
     if PDL:  # launched before the filter grid ended: wait for it (and its writes) here
         gdc_wait()
-    total = tl.load(fill_ptr + 2 * row, cache_modifier=".cg")
+    total = tl.load(fill_ptr + row, cache_modifier=".cg")
     kk = tl.minimum(K, hi - lo)
     if (total > SLOTS) | (total < kk):  # threshold missed: exact radix select
         _radix_topk_range(row_val, row_val, lo, hi, lo, out_row, out_row, K, False, False, 256, TILE)
@@ -215,8 +209,7 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, can
         # unmasked (16-byte) loads of all SLOTS: the slots past `total` hold garbage, never used
         key = tl.where(ok, tl.load(cand_key_ptr + base_row + r, cache_modifier=".cg"), MIN32)
         pos = tl.load(cand_pos_ptr + base_row + r, cache_modifier=".cg")
-        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row), hi - lo <= S, False, band_ptr + row * BAND,
-                       BAND)
+        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row), hi - lo <= S, False)
         take_i = take.to(tl.int32)
         excl = tl.cumsum(take_i, axis=0) - take_i
         # E and E + take go through the consumed candidate slots, so each tile can read them at its
@@ -277,17 +270,15 @@ def _filter_tile(x, offs, t, n, thresh, fill, cand_key, cand_pos, seg, SLOTS: tl
 
 
 @triton.jit
-def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, band_ptr,
-                         out_ptr, n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                         MAXT: tl.constexpr, TILE: tl.constexpr, FUSED: tl.constexpr, ONE_TILE: tl.constexpr,
-                         BAND: tl.constexpr, PDL: tl.constexpr):
+def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
+                         n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
+                         MAXT: tl.constexpr, TILE: tl.constexpr, ONE_TILE: tl.constexpr, PDL: tl.constexpr):
     """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: count its candidates, reserve that
     many consecutive slots with one atomic add (each tile is one segment, in position order inside), write
     them, record the segment (first slot, count) in seg[row, tile]. The next tile's load is issued before the
     current tile's reduction, atomic and stores, so a program always has a load in flight.
 
-    FUSED: the last of the row's P programs to finish (a counter with acquire-release semantics) runs the
-    finish itself, which saves the third launch. PDL: launched while the threshold grid still runs, a program
+    PDL: launched while the threshold grid still runs, a program
     issues its tile's load, then waits for that grid (the threshold and the reset counters) and lets the
     finish launch start."""
     row = tl.program_id(0)
@@ -305,7 +296,7 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
-        _filter_tile(x, offs, p, n, tl.load(thresh_ptr + row), fill_ptr + 2 * row,
+        _filter_tile(x, offs, p, n, tl.load(thresh_ptr + row), fill_ptr + row,
                      cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE)
     else:
         if PDL:
@@ -315,23 +306,18 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
         x = _load_tile(row_val, p * TILE, n, TILE)
         for t in range(p, tl.cdiv(n, TILE), P):
             x_next = _load_tile(row_val, (t + P) * TILE, n, TILE)
-            _filter_tile(x, t * TILE + tl.arange(0, TILE), t, n, thresh, fill_ptr + 2 * row, cand_key_ptr + base_row, cand_pos_ptr + base_row,
+            _filter_tile(x, t * TILE + tl.arange(0, TILE), t, n, thresh, fill_ptr + row, cand_key_ptr + base_row, cand_pos_ptr + base_row,
                          seg_ptr + row * MAXT * 2, SLOTS, TILE)
             x = x_next
-    if FUSED:
-        tl.debug_barrier()  # every thread's stores precede the release
-        if tl.atomic_add(fill_ptr + 2 * row + 1, 1, sem="acq_rel") == P - 1:
-            _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, band_ptr,
-                        out_ptr, n_cols, stride_row, K, row, HAS_LO, S, SLOTS, MAXT, TILE, BAND, False)
 
 
 @triton.jit
-def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, band_ptr,
-                         out_ptr, n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                         MAXT: tl.constexpr, TILE: tl.constexpr, BAND: tl.constexpr, PDL: tl.constexpr):
-    """Program per row: the finish as a launch of its own (fuse_finish=False)."""
-    _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, band_ptr,
-                out_ptr, n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, BAND, PDL)
+def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
+                         n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
+                         MAXT: tl.constexpr, TILE: tl.constexpr, PDL: tl.constexpr):
+    """Program per row: the finish (step 3)."""
+    _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
+                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, PDL)
 
 
 def split_tile(max_len: int, tile: int | None = None) -> int:
@@ -377,9 +363,7 @@ def _warps_for(elements: int) -> int:
 
 def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.Tensor, k: int, *,
                 splits: int | None = None, method: str = "auto", tile: int | None = None, num_warps: int = 4,
-                row_chunk: int = 4096, sample: int = SAMPLE, fuse_finish: bool = False,
-                finish_band: int | None = None, pdl: bool | None = None,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                row_chunk: int = 4096, sample: int = SAMPLE, pdl: bool | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k positions of each row's valid range [starts[r], ends[r]) of `scores` [R, N] float32.
 
     Returns int32 [R, k]: positions relative to starts[r] (starts=None: 0), ascending, -1 padded (see
@@ -390,11 +374,9 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     radix for fewer than 64 rows of at most RADIX_MAX_LEN entries, sample otherwise); tile: entries per
     loop step (split mode: also one candidate segment, default 2048, doubled while a row has more than
     MAX_TILES tiles; one program per row: default 4096); num_warps: warps of the split filter programs (the radix
-    method under "auto" uses 8); fuse_finish: the last filter program of a row runs the finish (two launches
-    instead of three); row_chunk: rows per launch in one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
+    method under "auto" uses 8); row_chunk: rows per launch in one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
     entries read to pick the threshold (a power of two >= 512; smaller only to test the sampled path on
-    short rows); finish_band (default FINISH_BAND): 0, or a power of two <= 32: the split finish's search
-    ends on at most that many candidates in one warp; pdl: the split filter and finish launches start before
+    short rows); pdl: the split filter and finish launches start before
     the launch they depend on has ended (programmatic dependent launch; default: `pdl_default`);
     out: optional preallocated int32 [R, k].
     """
@@ -404,9 +386,6 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
         raise ValueError(f"k must be positive, got {k}")
     if method not in ("auto", "sample", "filter", "radix"):
         raise ValueError(f"method must be 'auto', 'sample' or 'radix', got {method!r}")
-    finish_band = FINISH_BAND if finish_band is None else int(finish_band)
-    if finish_band not in (0, 1, 2, 4, 8, 16, 32):
-        raise ValueError(f"finish_band must be 0 or a power of two <= 32, got {finish_band}")
     if sample < 512 or sample & (sample - 1):
         raise ValueError(f"sample must be a power of two >= 512, got {sample}")
     rows, n = scores.shape
@@ -458,29 +437,26 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
         return out
     tile = split_tile(n, tile)
     thresh = torch.empty((rows,), dtype=torch.int32, device=dev)
-    fill = torch.empty((rows, 2), dtype=torch.int32, device=dev)  # slots filled, programs done: zeroed by launch 1
+    fill = torch.empty((rows,), dtype=torch.int32, device=dev)  # slots filled: zeroed by the threshold launch
     cand_key = torch.empty((rows, slots), dtype=torch.int32, device=dev)
     cand_pos = torch.empty((rows, slots), dtype=torch.int32, device=dev)
     seg = torch.empty((rows, MAX_TILES, 2), dtype=torch.int32, device=dev)
-    band = torch.empty((rows, max(finish_band, 1)), dtype=torch.int32, device=dev)  # the finish's band keys
-    bufs = (thresh, fill, cand_key, cand_pos, seg, band, out, n, scores.stride(0), k)
-    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=MAX_TILES, TILE=tile, BAND=finish_band, PDL=pdl)
+    bufs = (thresh, fill, cand_key, cand_pos, seg, out, n, scores.stride(0), k)
+    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=MAX_TILES, TILE=tile, PDL=pdl)
     dependent = dict(launch_pdl=True) if pdl else {}  # the interpreter knows no such option
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, n, scores.stride(0), k, **common,
                                      **sampling, PDL=pdl, num_warps=THRESHOLD_WARPS)
     one_tile = splits >= triton.cdiv(n, tile)
-    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, FUSED=fuse_finish,
-                                         ONE_TILE=one_tile, num_warps=num_warps, num_stages=1, **dependent)
-    if not fuse_finish:
-        _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes,
-                                      num_warps=min(16, FINISH_WARPS * slots // 4096), **dependent)
+    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, ONE_TILE=one_tile,
+                                         num_warps=num_warps, num_stages=1, **dependent)
+    _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes,
+                                  num_warps=min(16, FINISH_WARPS * slots // 4096), **dependent)
     return out
 
 
 def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: int | None = None,
          method: str = "auto", tile: int | None = None, num_warps: int = 4, sample: int = SAMPLE,
-         fuse_finish: bool = False, finish_band: int | None = None, pdl: bool | None = None,
-         out: torch.Tensor | None = None) -> torch.Tensor:
+         pdl: bool | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """CSA top-K: the k best compressed entries of each request.
 
     scores: [B, N] float32, entry j of request b valid for j < lengths[b] (lengths [B], any int dtype,
@@ -494,4 +470,4 @@ def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: i
     if lengths.shape != (scores.shape[0],):
         raise ValueError(f"lengths must have shape ({scores.shape[0]},), got {tuple(lengths.shape)}")
     return topk_ranges(scores, None, lengths, k, splits=splits, method=method, tile=tile, num_warps=num_warps,
-                       sample=sample, fuse_finish=fuse_finish, finish_band=finish_band, pdl=pdl, out=out)
+                       sample=sample, pdl=pdl, out=out)

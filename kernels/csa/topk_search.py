@@ -6,10 +6,11 @@ hold MIN32 (unsigned 0): never counted.
 
 - `_rank_bound`: a bound that at least r keys reach, one block-wide count per bit, stopped early (the sampled
   threshold, and the finish by default);
-- `_band_bound`: the same until the keys between the bound and the last rejected bound (the band, where the
-  k-th largest lies) are at most BAND; the finish then copies the band into BAND slots and finishes the
-  search on them alone, where a count is a warp's shuffles instead of a block-wide reduction;
-- `_select`: which candidates are the top kk (exact, ties by lowest position), by either search.
+- `_select`: which candidates are the top kk (exact, ties by lowest position).
+
+A "band" variant (the finish's last bits searched in one warp over the at most 32 keys left in play) measured
+slower at every shape on the H200 (run 9, B=1 x 1M 23.7 against 21.4 us: copying the band out costs more
+than the block-wide counts it saves) and was removed; `git show 3174776:kernels/csa/topk_search.py` has it.
 """
 
 from __future__ import annotations
@@ -61,65 +62,14 @@ def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack):
 
 
 @triton.jit
-def _band_bound(key, r, lo_u, cnt_lo, hi_u, BAND: tl.constexpr):
-    """`_rank_bound` (no slack) that also stops once the band [c, c + 2^(32 - i)) holds at most BAND keys,
-    i.e. count(c) - count(c + 2^(32 - i)) <= BAND: returns (c, count(c), i, count above the band). Then c
-    has its top i bits final, and exactly count(c) == r, or else the r-th largest key lies in the band."""
-    c = tl.zeros([], tl.int64)
-    cnt_c = cnt_lo
-    cnt_hi = tl.zeros([], tl.int32)  # keys at or above the last rejected bound (none at first: 2^32)
-    i = tl.zeros([], tl.int32)
-    while (i < 32) & (cnt_c > r) & (cnt_c - cnt_hi > BAND):
-        cand = c | (tl.full([], 1, tl.int64) << (31 - i))
-        if cand <= lo_u:
-            c = cand
-        elif cand <= hi_u:
-            cnt = tl.sum((key >= (cand - 2147483648).to(tl.int32)).to(tl.int32), axis=0)
-            if cnt >= r:
-                c = cand
-                cnt_c = cnt
-            else:
-                cnt_hi = cnt
-        else:
-            cnt_hi = 0
-        i += 1
-    return c, cnt_c, i, cnt_hi
-
-
-@triton.jit
-def _band_search(key, kk, lo_u, total, band_ptr, BAND: tl.constexpr):
-    """The bound of `_rank_bound(key, kk, lo_u, total, max, 0)`, in two parts: block-wide counts until the band
-    holds at most BAND keys, then those keys copied to band_ptr[0:BAND] (a cumsum, one store, a barrier) and
-    the remaining bits searched over them alone: a [BAND] tensor of BAND <= 32 lives in one warp (replicated
-    in the others), so its counts are shuffles with no block barrier."""
-    c, cnt_c, i, cnt_hi = _band_bound(key, kk, lo_u, total, _unsigned(tl.max(key, axis=0)), BAND)
-    if (cnt_c > kk) & (i < 32):
-        ukey = _unsigned(key)
-        width = tl.full([], 1, tl.int64) << (32 - i)
-        band = (key != MIN32) & (ukey >= c) & (ukey - c < width)
-        band_i = band.to(tl.int32)
-        tl.store(band_ptr + tl.cumsum(band_i, axis=0) - band_i, key, mask=band)
-        tl.debug_barrier()  # the band was stored by other threads of this program
-        b = tl.arange(0, BAND)
-        n_band = cnt_c - cnt_hi
-        bkey = tl.load(band_ptr + b, mask=b < n_band, other=MIN32, cache_modifier=".cg")
-        # c's top i bits are fixed: the search takes them without counting (they are at or under c) and drops
-        # the other bits above i (their bounds exceed the band's maximum), then counts the rest in the warp
-        c, cnt_b = _rank_bound(bkey, kk - cnt_hi, c, n_band, _unsigned(tl.max(bkey, axis=0)), 0)
-        cnt_c = cnt_hi + cnt_b
-    return c, cnt_c
-
-
-@triton.jit
-def _select(key, pos, total, kk, thresh, exact, IN_ORDER: tl.constexpr, band_ptr, BAND: tl.constexpr):
+def _select(key, pos, total, kk, thresh, exact, IN_ORDER: tl.constexpr):
     """Step 3: which of `total` candidates (invalid slots: key MIN32; every valid one >= thresh) are the top
     kk. A bound that exactly kk candidates reach takes them; otherwise (ties at the kk-th place) everything
     above the kk-th largest value v* is taken, and among entries equal to v* the lowest positions. The search
     starts from the threshold (every candidate reaches it) and stops at the first bound exactly kk reach;
     when the threshold came from the whole row (`exact`) it already is such a bound or v*. IN_ORDER: the slots
     hold the candidates in position order (the first ties are the lowest positions); otherwise the last
-    position to take is found by a second binary search (only when ties straddle the k-th place).
-    BAND > 0: the search ends on a band of at most BAND keys (`_band_search`, scratch band_ptr[0:BAND])."""
+    position to take is found by a second binary search (only when ties straddle the k-th place)."""
     valid = key != MIN32
     if total <= kk:
         take = valid
@@ -127,10 +77,7 @@ def _select(key, pos, total, kk, thresh, exact, IN_ORDER: tl.constexpr, band_ptr
         c = _unsigned(thresh)
         cnt_c = total
         if not exact:
-            if BAND > 0:
-                c, cnt_c = _band_search(key, kk, c, total, band_ptr, BAND)
-            else:
-                c, cnt_c = _rank_bound(key, kk, c, total, _unsigned(tl.max(key, axis=0)), 0)
+            c, cnt_c = _rank_bound(key, kk, c, total, _unsigned(tl.max(key, axis=0)), 0)
         vstar = (c - 2147483648).to(tl.int32)
         if cnt_c == kk:
             take = key >= vstar

@@ -72,40 +72,22 @@ def test_topk_matches_reference_with_ragged_lengths(kind, b, n, k, splits, metho
     assert (last[: int(lengths[-1])] >= 0).all() and (last[int(lengths[-1]):] == -1).all()
 
 
-@pytest.mark.parametrize("fuse_finish", [True, False])
 @pytest.mark.parametrize("kind,splits", [("normal", 8), ("rounded", 2), ("recent", 5), ("ties", 3)])
-def test_split_programs_and_finish_launch(kind, splits, fuse_finish):
-    """Programs with several tiles each, more programs than tiles, and the finish fused or in its own launch."""
+def test_split_programs_and_finish_launch(kind, splits):
+    """Programs with several tiles each, and more programs than tiles."""
     gen = torch.Generator().manual_seed(hash((kind, splits)) % 2**31)
     n, k = 3000 if splits == 8 else 7000, 96  # 8 programs over 6 tiles: two programs without a tile
     scores = _scores(kind, 3, n, gen)
     lengths = torch.tensor([n, n - 513, 40])
     poisoned = torch.full((3, k), 12345, dtype=torch.int32, device=DEVICE)
-    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024,
-               fuse_finish=fuse_finish, out=poisoned).cpu()
-    assert torch.equal(out, topk_reference(scores, lengths, k))
-
-
-@pytest.mark.parametrize("finish_band", [2, 32])
-@pytest.mark.parametrize("kind", ["normal", "rounded", "recent", "ties"])
-def test_finish_band_search(kind, finish_band):
-    """The finish's search ending on a band of at most finish_band candidates (copied out, then searched in one
-    warp): exact on distinct values, ties at the k-th place and slot overflows alike."""
-    gen = torch.Generator().manual_seed(hash((kind, finish_band, "band")) % 2**31)
-    n, k = 7000, 96
-    scores = _scores(kind, 3, n, gen)
-    lengths = torch.tensor([n, n - 513, 40])
-    poisoned = torch.full((3, k), 12345, dtype=torch.int32, device=DEVICE)
-    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=3, tile=BLOCK, sample=1024, finish_band=finish_band,
-               out=poisoned).cpu()
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024, out=poisoned).cpu()
     assert torch.equal(out, topk_reference(scores, lengths, k))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch needs a CUDA device")
-@pytest.mark.parametrize("finish_band", [0, 32])
 @pytest.mark.parametrize("b,n,kind", [(1, 1 << 20, "normal"), (1, 1 << 20, "recent"), (8, 262144, "normal"),
                                       (32, 65536, "rounded"), (2, 7000, "ties")])
-def test_dependent_launches_on_gpu(b, n, kind, finish_band):
+def test_dependent_launches_on_gpu(b, n, kind):
     """pdl=True: the filter and finish launches start before the launch they depend on has ended; repeated calls
     on fresh data (a missing wait would show as a race)."""
     gen = torch.Generator().manual_seed(n + b)
@@ -113,7 +95,7 @@ def test_dependent_launches_on_gpu(b, n, kind, finish_band):
         scores = _scores(kind, b, n, gen)
         lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
         lengths[0] = n
-        out = topk(scores.cuda(), lengths.cuda(), 512, pdl=True, finish_band=finish_band).cpu()
+        out = topk(scores.cuda(), lengths.cuda(), 512, pdl=True).cpu()
         assert torch.equal(out, topk_reference(scores, lengths, 512))
 
 
@@ -187,8 +169,6 @@ def test_bad_inputs_raise_clear_errors():
         topk(torch.randn(2, 10), torch.tensor([1, 2]), 4, method="sort")
     with pytest.raises(ValueError, match="sample must be a power of two"):
         topk(torch.randn(2, 10), torch.tensor([1, 2]), 4, sample=1000)
-    with pytest.raises(ValueError, match="finish_band must be"):
-        topk(torch.randn(2, 10), torch.tensor([1, 2]), 4, finish_band=64)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="long rows need a GPU")
