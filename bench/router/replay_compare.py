@@ -6,7 +6,10 @@ own policy code driving N simulated GLM-5.3 replicas on the virtual clock).
 Runs `zoe sim replay TRACE --model glm-5.3 --replicas N --policy P --json` for N in {4, 8} and every policy
 (plus `prefix` with `--kv-tokens 1000000000`, an unbounded cache per replica, as a reference for what the
 replicas' finite KV capacity costs; and `prefix` and `round_robin` with `--host-kv-gb 2048`, a host-memory KV
-tier per replica, reported apart: GPU-only hit rate and GPU+host hit rate),
+tier per replica, reported apart: GPU-only hit rate and GPU+host hit rate; and `prefix@pooled-kv`: ONE replica
+holding the whole fleet's KV, N x the per-replica capacity, a reference for what a perfect router without
+duplicated blocks could hit with vLLM's LRU eviction: only its hit rate means anything, its TTFTs do not, since
+one replica takes N replicas' load),
 and writes bench/router/replay_compare.json (each run's exact command and result) and replay_compare.png.
 The hit-rate ceiling (36.6%) is the share of reusable prefix blocks with one unbounded shared cache
 (../shared/traces/README.md).
@@ -49,20 +52,29 @@ def main() -> None:
     combos += [(int(n), "prefix@unbounded-kv") for n in args.replicas.split(",")]
     # a host-memory KV tier (opt-in engine feature), for the router and for its baseline alike
     combos += [(int(n), f"{p}@host-kv") for n in args.replicas.split(",") for p in ("prefix", "round_robin")]
+    # a reference: one cache holding the fleet's total KV (routing with no duplication and a shared LRU)
+    combos += [(int(n), "prefix@pooled-kv") for n in args.replicas.split(",")]
+    from zoe_cluster.recipes import RecipeRegistry
+    from zoe_cluster.recipes.profile import kv_capacity_tokens
+
+    recipe = RecipeRegistry.default().get(args.model)
+    per_replica_kv = kv_capacity_tokens(recipe, recipe.default_variant)
     with Progress() as progress:
         task = progress.add_task("replays", total=len(combos))
         for n, policy in combos:
             progress.update(task, description=f"{policy} x{n}")
             name, _, kv = policy.partition("@")
             extra = {"": [], "unbounded-kv": ["--kv-tokens", "1000000000"],
-                     "host-kv": ["--host-kv-gb", str(HOST_KV_GB)]}[kv]
-            cmd = ["zoe", "sim", "replay", args.trace, "--model", args.model, "--replicas", str(n), "--policy",
-                   name, "--json", *extra]
+                     "host-kv": ["--host-kv-gb", str(HOST_KV_GB)],
+                     "pooled-kv": ["--kv-tokens", str(n * per_replica_kv)]}[kv]
+            replicas = 1 if kv == "pooled-kv" else n
+            cmd = ["zoe", "sim", "replay", args.trace, "--model", args.model, "--replicas", str(replicas),
+                   "--policy", name, "--json", *extra]
             out = subprocess.run([sys.executable, "-m", "zoe_cluster.cli.main", *cmd[1:]], cwd=REPO, check=True,
                                  capture_output=True, text=True).stdout
             res = json.loads(out)
             res.pop("per_replica", None)
-            res["policy"] = policy
+            res["policy"], res["replicas"] = policy, n  # pooled-kv: the fleet size it stands for
             runs.append({"command": shlex.join(cmd).replace(str(REPO.parent) + "/", "../"), **res})
             progress.advance(task)
     summary = {}
@@ -83,7 +95,14 @@ def main() -> None:
                    if rr_host and r["policy"].endswith("@host-kv") else {}),
                 "output_tok_s": round(r["output_tok_s"], 1),
             }
-            for r in runs if r["replicas"] == n
+            for r in runs if r["replicas"] == n and not r["policy"].endswith("@pooled-kv")
+        }
+        pooled = next(r for r in runs if r["replicas"] == n and r["policy"] == "prefix@pooled-kv")
+        summary[str(n)]["prefix@pooled-kv"] = {  # hit rate only: one replica carried the whole fleet's load
+            "prefix_hit_rate": round(pooled["prefix_hit_rate"], 4),
+            "share_of_ceiling": round(pooled["prefix_hit_rate"] / CEILING, 3),
+            "kv_tokens": n * per_replica_kv,
+            "prefix_share_of_pooled": round(summary[str(n)]["prefix"]["prefix_hit_rate"] / pooled["prefix_hit_rate"], 3),
         }
     floor = ttft_floor(args.trace, args.model, sorted({n for n, _ in combos}))
     doc = {"command": "python bench/router/replay_compare.py " + " ".join(sys.argv[1:]),
@@ -148,7 +167,7 @@ def plot(doc: dict, path: Path) -> None:
 
     summ = doc["summary"]
     sizes = list(summ)
-    policies = [p for p in next(iter(summ.values())) if not p.endswith("@unbounded-kv")]
+    policies = [p for p in next(iter(summ.values())) if not p.endswith(("@unbounded-kv", "@pooled-kv"))]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, key, title in [
         (axes[0], "prefix_hit_rate", "prefix-cache hit rate (hatched: host KV tier)"),
