@@ -3,8 +3,8 @@
 Top-K: every variant's indices must equal torch.topk's (sorted) index-for-index; decode: relative error
 < 2e-2 against gather + SDPA. Times are medians of CUDA-graph replays. Writes $OUT/sparse_sweep.json and
 prints one line per variant; the chosen defaults then go through sparse_bench.py (see sparse_README.md).
-The top-K lists are run 9's, the decode lists run 7's (`results/sparse_sweep_run7.json`); run 6's variants
-are named in its JSON. Top-K rows also go, in sparse_bench.py's row format, to $OUT/sparse_results.json.
+The top-K lists are run 10's ("run10-topk"), the decode lists run 7's (`results/sparse_sweep_run7.json`); run 6's
+variants are named in its JSON. Top-K rows also go, in sparse_bench.py's row format, to $OUT/sparse_results.json.
 
 Usage: python bench/kernels/sparse_sweep.py [--out DIR] [--sections topk,decode]
 """
@@ -42,19 +42,34 @@ def _save() -> None:
         Path(out, "sparse_results.json").write_text(json.dumps({"meta": {**sb.META, **meta}, "rows": sb.ROWS},
                                                                indent=1))
 
-# (name, kwargs) per top-K shape. Runs 6-7 swept warps, tiles and the fused finish, run 9 the band finish
-# (the finish's search ending on <= 32 candidates in one warp) and pdl; their JSON names them. Both the fused
-# and the band finish were slower everywhere and are gone (`git show 3174776` has them); pdl is now the
-# default for one row, so the lists time it against plain launches.
-B1_VARIANTS = [("default", {}), ("no pdl", dict(pdl=False)), ("pdl", dict(pdl=True))]
+# (name, kwargs) per top-K shape. Runs 6-7 swept warps, tiles and the fused finish, run 9 the band finish and pdl
+# (now the default for one row); their JSON names them. Run 10 ("run10-topk"): the filter without its returned
+# atomic (compact="tile": every tile writes its candidates to its own slots and a plain count, the finish
+# prefix-sums the counts), the finish's interpolated search (_finish_search="interp"), the filter's register cap
+# (_filter_maxnreg: more programs resident), warps, tiles and programs taking 4 tiles each (splits=128).
+TILE = dict(compact="tile")
+TILE_INTERP = dict(compact="tile", _finish_search="interp")
+B1_VARIANTS = [("default", {}), ("tile", TILE), ("interp", dict(_finish_search="interp")),
+               ("tile interp", TILE_INTERP)]
 TOPK_VARIANTS = {
-    (1, 4096): [("default", {}), ("sample", dict(method="sample")), ("sample pdl", dict(method="sample", pdl=True))],
-    (1, 65536): B1_VARIANTS, (1, 262144): B1_VARIANTS, (1, 1 << 20): B1_VARIANTS, (8, 262144): B1_VARIANTS,
-    (32, 1 << 20): B1_VARIANTS,
+    (1, 65536): B1_VARIANTS, (1, 262144): B1_VARIANTS,
+    (1, 1 << 20): B1_VARIANTS + [("tile interp tile=4096", dict(TILE_INTERP, tile=4096)),
+                                 ("tile interp tile=1024", dict(TILE_INTERP, tile=1024, splits=1024,
+                                                                _max_tiles=1024))],
+    (8, 262144): [("default", {}), ("regs64", dict(_filter_maxnreg=64)), ("tile", TILE),
+                  ("tile interp", TILE_INTERP), ("tile interp regs80", dict(TILE_INTERP, _filter_maxnreg=80)),
+                  ("tile interp pdl", dict(TILE_INTERP, pdl=True))],
+    (32, 1 << 20): [("default", {}), ("regs64", dict(_filter_maxnreg=64)), ("tile", TILE),
+                    ("interp", dict(_finish_search="interp")), ("tile interp", TILE_INTERP),
+                    ("tile interp regs80", dict(TILE_INTERP, _filter_maxnreg=80)),
+                    ("tile interp warps=8", dict(TILE_INTERP, num_warps=8)),
+                    ("tile interp tile=1024", dict(TILE_INTERP, tile=1024, splits=1024, _max_tiles=1024)),
+                    ("tile interp regs80 splits=128", dict(TILE_INTERP, _filter_maxnreg=80, splits=128))],
 }
 TOPK_SHAPES = [(1, 4096, "randn"), (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "randn"),
                (1, 1 << 20, "recent"), (8, 262144, "randn"), (32, 1 << 20, "randn")]
-LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS"}
+LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS",
+                    "_finish_search": "FINISH_SEARCH", "_filter_maxnreg": "FILTER_MAXNREG", "_max_tiles": "MAX_TILES"}
 
 
 def _call(scores, lengths, k, cfg):

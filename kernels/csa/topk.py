@@ -73,6 +73,13 @@ FINISH_WARPS = 8  # warps of a finish launch per 4096 candidate slots (16 slots 
 # by default for a single row only: H200 run 9, B=1 x 1M 19.8 against 21.4 us, 256K 14.5 against 16.0, but
 # B=8 x 256K 25.0 against 24.2 and B=32 x 1M 105.2 against 104.3
 PDL_MAX_ROWS = 1
+# split mode's candidate placement: "atomic" (one returned atomic add per tile reserves slots in the row's
+# shared SLOTS) or "tile" (each tile writes to its own TILE slots of a row-sized workspace and publishes a plain
+# count; the finish prefix-sums the counts): see `_filter_tile_own`
+COMPACT = "atomic"
+# the finish's search for the k-th largest candidate: "bits" (`_rank_bound`) or "interp" (`_rank_bound_interp`)
+FINISH_SEARCH = "bits"
+FILTER_MAXNREG = None  # register cap of the split filter programs on CUDA (None: the compiler's choice)
 
 
 @triton.jit
@@ -187,7 +194,7 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, n_col
 @triton.jit
 def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
                 n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                MAXT: tl.constexpr, TILE: tl.constexpr, PDL: tl.constexpr):
+                MAXT: tl.constexpr, TILE: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
     """Step 3 for one row: selects among the row's candidate segments (one per tile) and writes the top k in
     position order. Reads what other programs wrote (after the launch boundary), through L2 (`.cg`).
 
@@ -209,7 +216,7 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, can
         # unmasked (16-byte) loads of all SLOTS: the slots past `total` hold garbage, never used
         key = tl.where(ok, tl.load(cand_key_ptr + base_row + r, cache_modifier=".cg"), MIN32)
         pos = tl.load(cand_pos_ptr + base_row + r, cache_modifier=".cg")
-        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row), hi - lo <= S, False)
+        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row), hi - lo <= S, False, INTERP)
         take_i = take.to(tl.int32)
         excl = tl.cumsum(take_i, axis=0) - take_i
         # E and E + take go through the consumed candidate slots, so each tile can read them at its
@@ -270,13 +277,31 @@ def _filter_tile(x, offs, t, n, thresh, fill, cand_key, cand_pos, seg, SLOTS: tl
 
 
 @triton.jit
+def _filter_tile_own(x, offs, t, n, thresh, cand_key, cand_pos, cnt, TILE: tl.constexpr):
+    """Step 2 for tile t with no atomic: its candidates go, in position order, to the tile's own TILE slots
+    (t * TILE onwards: no overflow, no reservation), and their count to cnt[t] for the finish's prefix sum."""
+    key = _signed_key(x)
+    take = (offs < n) & (key >= thresh)
+    take_i = take.to(tl.int32)
+    count = tl.sum(take_i, axis=0)
+    if count > 0:
+        slot = t * TILE + tl.cumsum(take_i, axis=0) - take_i
+        tl.store(cand_key + slot, key, mask=take)
+        tl.store(cand_pos + slot, offs, mask=take)
+    if t * TILE < n:
+        tl.store(cnt + t, count)
+
+
+@triton.jit
 def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                         n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                         MAXT: tl.constexpr, TILE: tl.constexpr, ONE_TILE: tl.constexpr, PDL: tl.constexpr):
-    """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: count its candidates, reserve that
-    many consecutive slots with one atomic add (each tile is one segment, in position order inside), write
-    them, record the segment (first slot, count) in seg[row, tile]. The next tile's load is issued before the
-    current tile's reduction, atomic and stores, so a program always has a load in flight.
+                         n_cols, stride_row, K, P, cand_stride, HAS_LO: tl.constexpr, S: tl.constexpr,
+                         SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, ONE_TILE: tl.constexpr,
+                         OWN: tl.constexpr, PDL: tl.constexpr):
+    """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: its candidates, in position order,
+    either (OWN) into the tile's own slots of a row-sized workspace with their count in seg[row, tile], or
+    into consecutive slots reserved with one atomic add on the row's shared SLOTS, the segment (first slot,
+    count) in seg[row, tile]. Several tiles per program: the next tile's load is issued before the current
+    tile's reduction and stores, so a program always has a load in flight.
 
     PDL: launched while the threshold grid still runs, a program
     issues its tile's load, then waits for that grid (the threshold and the reset counters) and lets the
@@ -286,7 +311,7 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     n = hi - lo
     row_val = val_ptr + row.to(tl.int64) * stride_row + lo
-    base_row = row.to(tl.int64) * SLOTS
+    base_row = row.to(tl.int64) * cand_stride
     if ONE_TILE:  # P covers the row: no loop, fewer registers, more programs resident
         # a start of unknown alignment (min with n) gives one 4-byte load per entry in the layout the
         # candidate stores need; a known-aligned start gives 16-byte loads in another layout, converted
@@ -296,8 +321,12 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
-        _filter_tile(x, offs, p, n, tl.load(thresh_ptr + row), fill_ptr + row,
-                     cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE)
+        if OWN:
+            _filter_tile_own(x, offs, p, n, tl.load(thresh_ptr + row), cand_key_ptr + base_row,
+                             cand_pos_ptr + base_row, seg_ptr + row * MAXT, TILE)
+        else:
+            _filter_tile(x, offs, p, n, tl.load(thresh_ptr + row), fill_ptr + row, cand_key_ptr + base_row,
+                         cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE)
     else:
         if PDL:
             gdc_wait()
@@ -306,18 +335,66 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
         x = _load_tile(row_val, p * TILE, n, TILE)
         for t in range(p, tl.cdiv(n, TILE), P):
             x_next = _load_tile(row_val, (t + P) * TILE, n, TILE)
-            _filter_tile(x, t * TILE + tl.arange(0, TILE), t, n, thresh, fill_ptr + row, cand_key_ptr + base_row, cand_pos_ptr + base_row,
-                         seg_ptr + row * MAXT * 2, SLOTS, TILE)
+            offs = t * TILE + tl.arange(0, TILE)
+            if OWN:
+                _filter_tile_own(x, offs, t, n, thresh, cand_key_ptr + base_row, cand_pos_ptr + base_row,
+                                 seg_ptr + row * MAXT, TILE)
+            else:
+                _filter_tile(x, offs, t, n, thresh, fill_ptr + row, cand_key_ptr + base_row,
+                             cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE)
             x = x_next
 
 
 @triton.jit
+def _finish_row_own(val_ptr, lo_ptr, hi_ptr, thresh_ptr, cand_key_ptr, cand_pos_ptr, cnt_ptr, out_ptr, n_cols,
+                    stride_row, K, cand_stride, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
+                    MAXT: tl.constexpr, TILE: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
+    """Step 3 for one row whose tiles wrote their candidates to their own slots (`_filter_tile_own`): the
+    per-tile counts' prefix sum places candidate s of the row (in position order) in tile t(s) = the number
+    of tiles whose inclusive end is <= s, found by a binary search over the ends in registers (`tl.gather`,
+    log2(MAXT) steps), at slot t * TILE + s - start[t]. The candidates are then in ascending position order:
+    the first ties are the lowest positions and the output slot of a taken one is the count taken before it."""
+    lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
+    n = hi - lo
+    row_val = val_ptr + row.to(tl.int64) * stride_row
+    out_row = out_ptr + row.to(tl.int64) * K
+    if PDL:  # launched before the filter grid ended: wait for it (and its writes) here
+        gdc_wait()
+    c = tl.arange(0, MAXT)
+    cnt = tl.load(cnt_ptr + row * MAXT + c, mask=c < tl.cdiv(n, TILE), other=0, cache_modifier=".cg")
+    end = tl.cumsum(cnt, axis=0)
+    total = tl.sum(cnt, axis=0)
+    kk = tl.minimum(K, n)
+    if (total > SLOTS) | (total < kk):  # threshold missed: exact radix select
+        _radix_topk_range(row_val, row_val, lo, hi, lo, out_row, out_row, K, False, False, 256, TILE)
+    else:
+        s = tl.arange(0, SLOTS)
+        t = tl.zeros([SLOTS], tl.int32)
+        for b in tl.static_range(1, 16):  # steps MAXT/2, MAXT/4, ..., 1 (unrolled)
+            if (MAXT >> b) >= 1:
+                t = tl.where(tl.gather(end, t + ((MAXT >> b) - 1), axis=0) <= s, t + (MAXT >> b), t)
+        ok = s < total
+        slot = row.to(tl.int64) * cand_stride + t * TILE + s - tl.gather(end - cnt, t, axis=0)
+        key = tl.where(ok, tl.load(cand_key_ptr + slot, mask=ok, other=0, cache_modifier=".cg"), MIN32)
+        pos = tl.load(cand_pos_ptr + slot, mask=ok, other=0, cache_modifier=".cg")
+        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row), n <= S, True, INTERP)
+        take_i = take.to(tl.int32)
+        tl.store(out_row + tl.cumsum(take_i, axis=0) - take_i, pos, mask=take)
+        _pad(out_row, kk, K, SLOTS)
+
+
+@triton.jit
 def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                         n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                         MAXT: tl.constexpr, TILE: tl.constexpr, PDL: tl.constexpr):
-    """Program per row: the finish (step 3)."""
-    _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, PDL)
+                         n_cols, stride_row, K, P, cand_stride, HAS_LO: tl.constexpr, S: tl.constexpr,
+                         SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, OWN: tl.constexpr,
+                         INTERP: tl.constexpr, PDL: tl.constexpr):
+    """Program per row: the finish (step 3). P: unused (the filter's argument list)."""
+    if OWN:
+        _finish_row_own(val_ptr, lo_ptr, hi_ptr, thresh_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr, n_cols,
+                        stride_row, K, cand_stride, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, INTERP, PDL)
+    else:
+        _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
+                    n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, INTERP, PDL)
 
 
 def split_tile(max_len: int, tile: int | None = None) -> int:
@@ -363,7 +440,8 @@ def _warps_for(elements: int) -> int:
 
 def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.Tensor, k: int, *,
                 splits: int | None = None, method: str = "auto", tile: int | None = None, num_warps: int = 4,
-                row_chunk: int = 4096, sample: int = SAMPLE, pdl: bool | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                row_chunk: int = 4096, sample: int = SAMPLE, pdl: bool | None = None, compact: str | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k positions of each row's valid range [starts[r], ends[r]) of `scores` [R, N] float32.
 
     Returns int32 [R, k]: positions relative to starts[r] (starts=None: 0), ascending, -1 padded (see
@@ -378,7 +456,8 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     entries read to pick the threshold (a power of two >= 512; smaller only to test the sampled path on
     short rows); pdl: the split filter and finish launches start before
     the launch they depend on has ended (programmatic dependent launch; default: `pdl_default`);
-    out: optional preallocated int32 [R, k].
+    compact: split mode's candidate placement, "atomic" or "tile" (default COMPACT; "tile" takes a workspace
+    of 8 bytes per score); out: optional preallocated int32 [R, k].
     """
     if scores.dim() != 2 or scores.dtype != torch.float32:
         raise ValueError(f"scores must be a 2-D float32 tensor, got {tuple(scores.shape)} {scores.dtype}")
@@ -386,6 +465,9 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
         raise ValueError(f"k must be positive, got {k}")
     if method not in ("auto", "sample", "filter", "radix"):
         raise ValueError(f"method must be 'auto', 'sample' or 'radix', got {method!r}")
+    compact = compact or COMPACT
+    if compact not in ("tile", "atomic"):
+        raise ValueError(f"compact must be 'tile' or 'atomic', got {compact!r}")
     if sample < 512 or sample & (sample - 1):
         raise ValueError(f"sample must be a power of two >= 512, got {sample}")
     rows, n = scores.shape
@@ -436,27 +518,35 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
                                        **common, **sampling, SLOTS=slots, TILE=tile, num_warps=warps)
         return out
     tile = split_tile(n, tile)
+    n_tiles = triton.cdiv(n, tile)
+    own = compact == "tile"
     thresh = torch.empty((rows,), dtype=torch.int32, device=dev)
     fill = torch.empty((rows,), dtype=torch.int32, device=dev)  # slots filled: zeroed by the threshold launch
-    cand_key = torch.empty((rows, slots), dtype=torch.int32, device=dev)
-    cand_pos = torch.empty((rows, slots), dtype=torch.int32, device=dev)
-    seg = torch.empty((rows, MAX_TILES, 2), dtype=torch.int32, device=dev)
-    bufs = (thresh, fill, cand_key, cand_pos, seg, out, n, scores.stride(0), k)
-    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=MAX_TILES, TILE=tile, PDL=pdl)
+    if own:  # every tile's own slots: a row-sized workspace (only candidates are written), counts per tile
+        maxt = max(16, triton.next_power_of_2(n_tiles))
+        cand_stride = n_tiles * tile
+        seg = torch.empty((rows, maxt), dtype=torch.int32, device=dev)
+    else:
+        maxt, cand_stride = MAX_TILES, slots
+        seg = torch.empty((rows, MAX_TILES, 2), dtype=torch.int32, device=dev)
+    cand_key = torch.empty((rows, cand_stride), dtype=torch.int32, device=dev)
+    cand_pos = torch.empty((rows, cand_stride), dtype=torch.int32, device=dev)
+    bufs = (thresh, fill, cand_key, cand_pos, seg, out, n, scores.stride(0), k, splits, cand_stride)
+    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=maxt, TILE=tile, OWN=own, PDL=pdl)
     dependent = dict(launch_pdl=True) if pdl else {}  # the interpreter knows no such option
+    regs = dict(maxnreg=FILTER_MAXNREG) if FILTER_MAXNREG and scores.is_cuda and torch.version.hip is None else {}
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, n, scores.stride(0), k, **common,
                                      **sampling, PDL=pdl, num_warps=THRESHOLD_WARPS)
-    one_tile = splits >= triton.cdiv(n, tile)
-    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, ONE_TILE=one_tile,
-                                         num_warps=num_warps, num_stages=1, **dependent)
-    _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes,
+    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, **shapes, ONE_TILE=splits >= n_tiles,
+                                         num_warps=num_warps, num_stages=1, **dependent, **regs)
+    _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes, INTERP=FINISH_SEARCH == "interp",
                                   num_warps=min(16, FINISH_WARPS * slots // 4096), **dependent)
     return out
 
 
 def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: int | None = None,
          method: str = "auto", tile: int | None = None, num_warps: int = 4, sample: int = SAMPLE,
-         pdl: bool | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+         pdl: bool | None = None, compact: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """CSA top-K: the k best compressed entries of each request.
 
     scores: [B, N] float32, entry j of request b valid for j < lengths[b] (lengths [B], any int dtype,
@@ -470,4 +560,4 @@ def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: i
     if lengths.shape != (scores.shape[0],):
         raise ValueError(f"lengths must have shape ({scores.shape[0]},), got {tuple(lengths.shape)}")
     return topk_ranges(scores, None, lengths, k, splits=splits, method=method, tile=tile, num_warps=num_warps,
-                       sample=sample, pdl=pdl, out=out)
+                       sample=sample, pdl=pdl, compact=compact, out=out)

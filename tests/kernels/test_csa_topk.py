@@ -1,5 +1,7 @@
 """CSA top-K (`zoe_kernels.csa.topk`): exact indices and the documented tie rule against a float64 reference."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -7,6 +9,8 @@ from tests.kernels._sparse_device import DEVICE, ON_GPU
 from zoe_kernels.csa import topk, topk_ranges
 from zoe_kernels.csa.reference import topk_ranges_reference, topk_reference
 from zoe_kernels.csa.topk import SAMPLE_BLOCK, auto_splits, pdl_default, split_tile
+
+topk_module = importlib.import_module("zoe_kernels.csa.topk")  # the package exports the function under this name
 
 pytestmark = pytest.mark.kernels
 BLOCK = 4096 if ON_GPU else 512
@@ -72,30 +76,73 @@ def test_topk_matches_reference_with_ragged_lengths(kind, b, n, k, splits, metho
     assert (last[: int(lengths[-1])] >= 0).all() and (last[int(lengths[-1]):] == -1).all()
 
 
+@pytest.mark.parametrize("compact", ["atomic", "tile"])
 @pytest.mark.parametrize("kind,splits", [("normal", 8), ("rounded", 2), ("recent", 5), ("ties", 3)])
-def test_split_programs_and_finish_launch(kind, splits):
+def test_split_programs_and_finish_launch(kind, splits, compact):
     """Programs with several tiles each, and more programs than tiles."""
     gen = torch.Generator().manual_seed(hash((kind, splits)) % 2**31)
     n, k = 3000 if splits == 8 else 7000, 96  # 8 programs over 6 tiles: two programs without a tile
     scores = _scores(kind, 3, n, gen)
     lengths = torch.tensor([n, n - 513, 40])
     poisoned = torch.full((3, k), 12345, dtype=torch.int32, device=DEVICE)
-    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024, out=poisoned).cpu()
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024, compact=compact,
+               out=poisoned).cpu()
     assert torch.equal(out, topk_reference(scores, lengths, k))
 
 
+# compact="tile": each filter tile writes its candidates to its own slots and a plain count (no atomic); the
+# "interp" finish search brackets the k-th largest candidate by interpolation (`_rank_bound_interp`)
+@pytest.mark.parametrize(
+    "kind,compact,search,splits",
+    [("normal", "tile", "interp", 4), ("rounded", "tile", "interp", 3), ("recent", "tile", "interp", 5),
+     ("sorted", "tile", "interp", 2), ("signed_inf", "tile", "interp", 4), ("equal", "tile", "interp", 3),
+     ("uniform", "tile", "bits", 4), ("periodic", "tile", "bits", 2), ("rounded", "atomic", "interp", 3),
+     ("normal", "atomic", "interp", 2), ("normal", "tile", "interp", 40)],  # 40: more programs than tiles
+)
+def test_tile_compaction_and_interpolated_search(kind, compact, search, splits, monkeypatch):
+    monkeypatch.setattr(topk_module, "FINISH_SEARCH", search)
+    gen = torch.Generator().manual_seed(hash((kind, compact, search, splits)) % 2**31)
+    b, n, k = 3, 9000, 100
+    scores = _scores(kind, b, n, gen)
+    lengths = torch.tensor([n, int(torch.randint(n // 2, n, (1,), generator=gen)), 70])
+    for _ in range(2):  # the same call twice on fresh data: nothing left over from the first call is used
+        poisoned = torch.full((b, k), 12345, dtype=torch.int32, device=DEVICE)
+        out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024,
+                   compact=compact, out=poisoned).cpu()
+        assert torch.equal(out, topk_reference(scores, lengths, k))
+        scores = _scores(kind, b, n, gen)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch needs a CUDA device")
+@pytest.mark.parametrize("compact,search", [("atomic", "bits"), ("tile", "interp"), ("tile", "bits")])
 @pytest.mark.parametrize("b,n,kind", [(1, 1 << 20, "normal"), (1, 1 << 20, "recent"), (8, 262144, "normal"),
                                       (32, 65536, "rounded"), (2, 7000, "ties")])
-def test_dependent_launches_on_gpu(b, n, kind):
+def test_dependent_launches_on_gpu(b, n, kind, compact, search, monkeypatch):
     """pdl=True: the filter and finish launches start before the launch they depend on has ended; repeated calls
     on fresh data (a missing wait would show as a race)."""
+    monkeypatch.setattr(topk_module, "FINISH_SEARCH", search)
     gen = torch.Generator().manual_seed(n + b)
     for _ in range(3):
         scores = _scores(kind, b, n, gen)
         lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
         lengths[0] = n
-        out = topk(scores.cuda(), lengths.cuda(), 512, pdl=True).cpu()
+        out = topk(scores.cuda(), lengths.cuda(), 512, pdl=True, compact=compact).cpu()
+        assert torch.equal(out, topk_reference(scores, lengths, 512))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="register caps and long rows need a CUDA device")
+@pytest.mark.parametrize("compact,regs,splits", [("tile", 80, None), ("atomic", 64, None), ("tile", 80, 128)])
+def test_filter_register_cap_and_long_rows_on_gpu(compact, regs, splits, monkeypatch):
+    """FILTER_MAXNREG caps the filter's registers (more programs resident); splits=128 at 1M: 4 tiles a program."""
+    monkeypatch.setattr(topk_module, "FILTER_MAXNREG", regs)
+    monkeypatch.setattr(topk_module, "FINISH_SEARCH", "interp")
+    gen = torch.Generator().manual_seed(regs)
+    b, n = 4, 1 << 20
+    for kind in ("normal", "recent"):
+        scores = _scores(kind, b, n, gen)
+        lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
+        lengths[0] = n
+        out = topk(scores.cuda(), lengths.cuda(), 512, compact=compact, splits=splits).cpu()
         assert torch.equal(out, topk_reference(scores, lengths, 512))
 
 
@@ -107,9 +154,9 @@ def _sampled_positions(n: int, sample: int) -> torch.Tensor:
     return (i // SAMPLE_BLOCK) * step + i % SAMPLE_BLOCK
 
 
-@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("splits,compact", [(1, "atomic"), (3, "atomic"), (3, "tile")])
 @pytest.mark.parametrize("case", ["overflow", "undershoot"])
-def test_threshold_misses_fall_back_to_exact_radix(case, splits):
+def test_threshold_misses_fall_back_to_exact_radix(case, splits, compact):
     gen = torch.Generator().manual_seed(31)
     n, k = 6000, 64
     if case == "overflow":  # 5000 equal top values: more candidates than the 4096 slots
@@ -119,7 +166,8 @@ def test_threshold_misses_fall_back_to_exact_radix(case, splits):
         scores = torch.randn(2, n, generator=gen)
         scores[:, _sampled_positions(n, 1024)] = 2.0 ** (torch.arange(1024) / 16.0) + 10.0
     lengths = torch.tensor([n, n - 7])
-    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024).cpu()
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024,
+               compact=compact).cpu()
     assert torch.equal(out, topk_reference(scores, lengths, k))
 
 
@@ -169,14 +217,18 @@ def test_bad_inputs_raise_clear_errors():
         topk(torch.randn(2, 10), torch.tensor([1, 2]), 4, method="sort")
     with pytest.raises(ValueError, match="sample must be a power of two"):
         topk(torch.randn(2, 10), torch.tensor([1, 2]), 4, sample=1000)
+    with pytest.raises(ValueError, match="compact must be"):
+        topk(torch.randn(2, 10), torch.tensor([1, 2]), 4, compact="scan")
 
 
 @pytest.mark.skipif(not ON_GPU, reason="long rows need a GPU")
+@pytest.mark.parametrize("compact,search", [("atomic", "bits"), ("tile", "interp")])
 @pytest.mark.parametrize("b,n", [(1, 1 << 20), (4, 300_000), (32, 65536)])
-def test_topk_long_rows_on_gpu(b, n):
+def test_topk_long_rows_on_gpu(b, n, compact, search, monkeypatch):
+    monkeypatch.setattr(topk_module, "FINISH_SEARCH", search)
     gen = torch.Generator().manual_seed(n)
     scores = torch.randn(b, n, generator=gen)
     lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
     lengths[0] = n
-    out = topk(scores.cuda(), lengths.cuda(), 512).cpu()
+    out = topk(scores.cuda(), lengths.cuda(), 512, compact=compact).cpu()
     assert torch.equal(out, topk_reference(scores, lengths, 512))
