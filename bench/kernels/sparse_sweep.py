@@ -3,8 +3,8 @@
 Top-K: every variant's indices must equal torch.topk's (sorted) index-for-index; decode: relative error
 < 2e-2 against gather + SDPA. Times are medians of CUDA-graph replays. Writes $OUT/sparse_sweep.json and
 prints one line per variant; the chosen defaults then go through sparse_bench.py (see sparse_README.md).
-The top-K lists are run 10's ("run10-topk"), the decode lists run 7's (`results/sparse_sweep_run7.json`); run 6's
-variants are named in its JSON. Top-K rows also go, in sparse_bench.py's row format, to $OUT/sparse_results.json.
+The top-K lists are run 11's ("run11-topk"; run 10's are in its JSON), the decode lists run 7's
+(`results/sparse_sweep_run7.json`); run 6's variants are named in its JSON. Top-K rows also go, in sparse_bench.py's row format, to $OUT/sparse_results.json.
 
 Usage: python bench/kernels/sparse_sweep.py [--out DIR] [--sections topk,decode]
 """
@@ -43,33 +43,29 @@ def _save() -> None:
                                                                indent=1))
 
 # (name, kwargs) per top-K shape. Runs 6-7 swept warps, tiles and the fused finish, run 9 the band finish and pdl
-# (now the default for one row); their JSON names them. Run 10 ("run10-topk"): the filter without its returned
-# atomic (compact="tile": every tile writes its candidates to its own slots and a plain count, the finish
-# prefix-sums the counts), the finish's interpolated search (_finish_search="interp"), the filter's register cap
-# (_filter_maxnreg: more programs resident), warps, tiles and programs taking 4 tiles each (splits=128).
-TILE = dict(compact="tile")
-TILE_INTERP = dict(compact="tile", _finish_search="interp")
-B1_VARIANTS = [("default", {}), ("tile", TILE), ("interp", dict(_finish_search="interp")),
-               ("tile interp", TILE_INTERP)]
+# (now the default for one row); their JSON names them. Run 10 ("run10-topk") timed the filter without its
+# returned atomic (compact="tile": every tile writes its candidates to its own slots and a plain count, the
+# finish prefix-sums the counts), an interpolated finish search (removed after it), register caps, warps and
+# tiles; run 11 ("run11-topk", these lists): loads that do not wait for the row's length (_spec: masked by the
+# row width), register caps (_filter_maxnreg), 1024-entry tiles, and tile-compacting programs that take 8 or 16
+# tiles each with the next tile's load in flight (splits=128/64).
+T1024 = dict(tile=1024, splits=1024, _max_tiles=1024)
 TOPK_VARIANTS = {
-    (1, 65536): B1_VARIANTS, (1, 262144): B1_VARIANTS,
-    (1, 1 << 20): B1_VARIANTS + [("tile interp tile=4096", dict(TILE_INTERP, tile=4096)),
-                                 ("tile interp tile=1024", dict(TILE_INTERP, tile=1024, splits=1024,
-                                                                _max_tiles=1024))],
-    (8, 262144): [("default", {}), ("regs64", dict(_filter_maxnreg=64)), ("tile", TILE),
-                  ("tile interp", TILE_INTERP), ("tile interp regs80", dict(TILE_INTERP, _filter_maxnreg=80)),
-                  ("tile interp pdl", dict(TILE_INTERP, pdl=True))],
-    (32, 1 << 20): [("default", {}), ("regs64", dict(_filter_maxnreg=64)), ("tile", TILE),
-                    ("interp", dict(_finish_search="interp")), ("tile interp", TILE_INTERP),
-                    ("tile interp regs80", dict(TILE_INTERP, _filter_maxnreg=80)),
-                    ("tile interp warps=8", dict(TILE_INTERP, num_warps=8)),
-                    ("tile interp tile=1024", dict(TILE_INTERP, tile=1024, splits=1024, _max_tiles=1024)),
-                    ("tile interp regs80 splits=128", dict(TILE_INTERP, _filter_maxnreg=80, splits=128))],
+    (1, 1 << 20): [("default", {}), ("spec", dict(_spec=True)), ("tile spec", dict(compact="tile", _spec=True))],
+    (8, 262144): [("default", {}), ("spec", dict(_spec=True)), ("spec regs64", dict(_spec=True, _filter_maxnreg=64)),
+                  ("tile spec tile=1024", dict(compact="tile", _spec=True, tile=1024, splits=256, _max_tiles=1024))],
+    (32, 1 << 20): [("default", {}), ("spec", dict(_spec=True)), ("spec regs64", dict(_spec=True, _filter_maxnreg=64)),
+                    ("spec tile=1024", dict(T1024, _spec=True)),
+                    ("tile spec regs80", dict(compact="tile", _spec=True, _filter_maxnreg=80)),
+                    ("tile tile=1024", dict(T1024, compact="tile")),
+                    ("tile spec tile=1024", dict(T1024, compact="tile", _spec=True)),
+                    ("tile loop tile=1024 splits=128", dict(compact="tile", tile=1024, splits=128, _max_tiles=1024)),
+                    ("tile loop tile=1024 splits=64 w8", dict(compact="tile", tile=1024, splits=64, num_warps=8,
+                                                              _max_tiles=1024))],
 }
-TOPK_SHAPES = [(1, 4096, "randn"), (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "randn"),
-               (1, 1 << 20, "recent"), (8, 262144, "randn"), (32, 1 << 20, "randn")]
+TOPK_SHAPES = [(32, 1 << 20, "randn"), (8, 262144, "randn"), (1, 1 << 20, "randn"), (1, 1 << 20, "recent")]
 LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS",
-                    "_finish_search": "FINISH_SEARCH", "_filter_maxnreg": "FILTER_MAXNREG", "_max_tiles": "MAX_TILES"}
+                    "_spec": "SPECULATIVE_LOADS", "_filter_maxnreg": "FILTER_MAXNREG", "_max_tiles": "MAX_TILES"}
 
 
 def _call(scores, lengths, k, cfg):

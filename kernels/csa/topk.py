@@ -77,8 +77,9 @@ PDL_MAX_ROWS = 1
 # shared SLOTS) or "tile" (each tile writes to its own TILE slots of a row-sized workspace and publishes a plain
 # count; the finish prefix-sums the counts): see `_filter_tile_own`
 COMPACT = "atomic"
-# the finish's search for the k-th largest candidate: "bits" (`_rank_bound`) or "interp" (`_rank_bound_interp`)
-FINISH_SEARCH = "bits"
+# the one-tile filter loads its tile masked by the row width, not by the row's length (a load it waits for):
+# the row's padding past its length is read too
+SPECULATIVE_LOADS = False
 FILTER_MAXNREG = None  # register cap of the split filter programs on CUDA (None: the compiler's choice)
 
 
@@ -194,7 +195,7 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, n_col
 @triton.jit
 def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
                 n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                MAXT: tl.constexpr, TILE: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
+                MAXT: tl.constexpr, TILE: tl.constexpr, PDL: tl.constexpr):
     """Step 3 for one row: selects among the row's candidate segments (one per tile) and writes the top k in
     position order. Reads what other programs wrote (after the launch boundary), through L2 (`.cg`).
 
@@ -216,7 +217,7 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, can
         # unmasked (16-byte) loads of all SLOTS: the slots past `total` hold garbage, never used
         key = tl.where(ok, tl.load(cand_key_ptr + base_row + r, cache_modifier=".cg"), MIN32)
         pos = tl.load(cand_pos_ptr + base_row + r, cache_modifier=".cg")
-        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row), hi - lo <= S, False, INTERP)
+        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row), hi - lo <= S, False)
         take_i = take.to(tl.int32)
         excl = tl.cumsum(take_i, axis=0) - take_i
         # E and E + take go through the consumed candidate slots, so each tile can read them at its
@@ -292,11 +293,11 @@ def _filter_tile_own(x, offs, t, n, thresh, cand_key, cand_pos, cnt, TILE: tl.co
         tl.store(cnt + t, count)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_cols"])
 def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
                          n_cols, stride_row, K, P, cand_stride, HAS_LO: tl.constexpr, S: tl.constexpr,
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, ONE_TILE: tl.constexpr,
-                         OWN: tl.constexpr, PDL: tl.constexpr):
+                         OWN: tl.constexpr, SPEC: tl.constexpr, PDL: tl.constexpr):
     """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: its candidates, in position order,
     either (OWN) into the tile's own slots of a row-sized workspace with their count in seg[row, tile], or
     into consecutive slots reserved with one atomic add on the row's shared SLOTS, the segment (first slot,
@@ -316,8 +317,12 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
         # a start of unknown alignment (min with n) gives one 4-byte load per entry in the layout the
         # candidate stores need; a known-aligned start gives 16-byte loads in another layout, converted
         # through shared memory before the stores: 159 against 118 us at B=32 x 1M (H200 run 7 vs run 5)
-        offs = tl.minimum(p * TILE, n) + tl.arange(0, TILE)
-        x = tl.load(row_val + offs, mask=offs < n, other=0.0)
+        if SPEC:  # the load masked by the row width (n_cols, not specialised: no 16-byte loads), not n
+            offs = tl.minimum(p * TILE, n_cols) + tl.arange(0, TILE)
+            x = tl.load(row_val + offs, mask=offs < n_cols, other=0.0)
+        else:
+            offs = tl.minimum(p * TILE, n) + tl.arange(0, TILE)
+            x = tl.load(row_val + offs, mask=offs < n, other=0.0)
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
@@ -332,23 +337,28 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
             gdc_wait()
             gdc_launch_dependents()
         thresh = tl.load(thresh_ptr + row)
+        if OWN:  # 4-byte loads in the stores' layout (see above), the next tile's issued before this one's work
+            offs = tl.minimum(p * TILE, n) + tl.arange(0, TILE)
+            x = tl.load(row_val + offs, mask=offs < n, other=0.0)
+            for t in range(p, tl.cdiv(n, TILE), P):
+                offs = tl.minimum((t + P) * TILE, n) + tl.arange(0, TILE)
+                x_next = tl.load(row_val + offs, mask=offs < n, other=0.0)
+                _filter_tile_own(x, tl.minimum(t * TILE, n) + tl.arange(0, TILE), t, n, thresh,
+                                 cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT, TILE)
+                x = x_next
+            return
         x = _load_tile(row_val, p * TILE, n, TILE)
         for t in range(p, tl.cdiv(n, TILE), P):
             x_next = _load_tile(row_val, (t + P) * TILE, n, TILE)
-            offs = t * TILE + tl.arange(0, TILE)
-            if OWN:
-                _filter_tile_own(x, offs, t, n, thresh, cand_key_ptr + base_row, cand_pos_ptr + base_row,
-                                 seg_ptr + row * MAXT, TILE)
-            else:
-                _filter_tile(x, offs, t, n, thresh, fill_ptr + row, cand_key_ptr + base_row,
-                             cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE)
+            _filter_tile(x, t * TILE + tl.arange(0, TILE), t, n, thresh, fill_ptr + row, cand_key_ptr + base_row,
+                         cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE)
             x = x_next
 
 
 @triton.jit
 def _finish_row_own(val_ptr, lo_ptr, hi_ptr, thresh_ptr, cand_key_ptr, cand_pos_ptr, cnt_ptr, out_ptr, n_cols,
                     stride_row, K, cand_stride, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                    MAXT: tl.constexpr, TILE: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
+                    MAXT: tl.constexpr, TILE: tl.constexpr, PDL: tl.constexpr):
     """Step 3 for one row whose tiles wrote their candidates to their own slots (`_filter_tile_own`): the
     per-tile counts' prefix sum places candidate s of the row (in position order) in tile t(s) = the number
     of tiles whose inclusive end is <= s, found by a binary search over the ends in registers (`tl.gather`,
@@ -377,7 +387,7 @@ def _finish_row_own(val_ptr, lo_ptr, hi_ptr, thresh_ptr, cand_key_ptr, cand_pos_
         slot = row.to(tl.int64) * cand_stride + t * TILE + s - tl.gather(end - cnt, t, axis=0)
         key = tl.where(ok, tl.load(cand_key_ptr + slot, mask=ok, other=0, cache_modifier=".cg"), MIN32)
         pos = tl.load(cand_pos_ptr + slot, mask=ok, other=0, cache_modifier=".cg")
-        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row), n <= S, True, INTERP)
+        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row), n <= S, True)
         take_i = take.to(tl.int32)
         tl.store(out_row + tl.cumsum(take_i, axis=0) - take_i, pos, mask=take)
         _pad(out_row, kk, K, SLOTS)
@@ -387,14 +397,14 @@ def _finish_row_own(val_ptr, lo_ptr, hi_ptr, thresh_ptr, cand_key_ptr, cand_pos_
 def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
                          n_cols, stride_row, K, P, cand_stride, HAS_LO: tl.constexpr, S: tl.constexpr,
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, OWN: tl.constexpr,
-                         INTERP: tl.constexpr, PDL: tl.constexpr):
+                         PDL: tl.constexpr):
     """Program per row: the finish (step 3). P: unused (the filter's argument list)."""
     if OWN:
         _finish_row_own(val_ptr, lo_ptr, hi_ptr, thresh_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr, n_cols,
-                        stride_row, K, cand_stride, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, INTERP, PDL)
+                        stride_row, K, cand_stride, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, PDL)
     else:
         _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                    n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, INTERP, PDL)
+                    n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, PDL)
 
 
 def split_tile(max_len: int, tile: int | None = None) -> int:
@@ -538,8 +548,9 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, n, scores.stride(0), k, **common,
                                      **sampling, PDL=pdl, num_warps=THRESHOLD_WARPS)
     _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, **shapes, ONE_TILE=splits >= n_tiles,
+                                         SPEC=SPECULATIVE_LOADS and not has_lo,
                                          num_warps=num_warps, num_stages=1, **dependent, **regs)
-    _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes, INTERP=FINISH_SEARCH == "interp",
+    _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes,
                                   num_warps=min(16, FINISH_WARPS * slots // 4096), **dependent)
     return out
 

@@ -15,16 +15,10 @@ than the block-wide counts it saves) and was removed; `git show 3174776:kernels/
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
 MIN32 = tl.constexpr(-(2**31))  # an inline -2147483648 literal would be typed int64
-# Triton's CPU interpreter runs a reduction with a custom combine function element by element in Python
-# (~20 s per top-K call at the test shapes), so there `_rank_bound_interp` takes three builtin reductions of the
-# same values instead of one fused three-value reduction (one round of barriers on a GPU)
-FUSED_PROBE = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 
 
 @triton.jit
@@ -68,55 +62,7 @@ def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack):
 
 
 @triton.jit
-def _probe_combine(n0, up0, down0, n1, up1, down1):
-    return n0 + n1, tl.minimum(up0, up1), tl.maximum(down0, down1)
-
-
-@triton.jit
-def _rank_bound_interp(key, r, lo_u, cnt_lo):
-    """The bound `_rank_bound(key, r, lo_u, cnt_lo, max, 0)` returns (a bound exactly r keys reach, else the r-th
-    largest key; and its count), searched over the bracket [lo, hi) with count(lo) >= r > count(hi) instead
-    of bit by bit. Each step probes the bound where log(count + 1), taken as linear between the bracket's
-    ends, reaches log(r + 1) (a bisection instead when the step before did not halve the bracket), and one
-    reduction returns the probe's count, the smallest key at or above it and the largest key below it, so
-    the bracket's ends move onto present keys: ties at the r-th place end the search in a step or two.
-    Simulated on the candidates of 1M-entry rows (k=512): randn 6.3 steps on average (12.1 bit by bit),
-    keys rounded to 1/8: 3 (23)."""
-    lo = lo_u
-    clo = cnt_lo
-    hi = _unsigned(tl.max(key, axis=0)) + 1
-    chi = tl.zeros([], tl.int32)
-    target = tl.log((r + 1).to(tl.float32))
-    halved = tl.full([], 1, tl.int32)
-    while (clo > r) & (hi - lo > 1):
-        if halved != 0:
-            a = tl.log((clo + 1).to(tl.float32))
-            f = (a - target) / (a - tl.log((chi + 1).to(tl.float32)))
-            c = lo + (f * (hi - lo).to(tl.float32)).to(tl.int64)
-        else:
-            c = (lo + hi) // 2
-        c = tl.minimum(tl.maximum(c, lo + 1), hi - 1)
-        width = hi - lo
-        ge = key >= (c - 2147483648).to(tl.int32)
-        if FUSED_PROBE:
-            n, up, down = tl.reduce((ge.to(tl.int32), tl.where(ge, key, 2147483647), tl.where(ge, MIN32, key)),
-                                    0, _probe_combine)
-        else:
-            n = tl.sum(ge.to(tl.int32), axis=0)
-            up = tl.min(tl.where(ge, key, 2147483647), axis=0)
-            down = tl.max(tl.where(ge, MIN32, key), axis=0)
-        if n >= r:
-            lo = _unsigned(up)
-            clo = n
-        else:
-            hi = _unsigned(down) + 1
-            chi = n
-        halved = ((hi - lo) * 2 <= width).to(tl.int32)
-    return lo, clo
-
-
-@triton.jit
-def _select(key, pos, total, kk, thresh, exact, IN_ORDER: tl.constexpr, INTERP: tl.constexpr = False):
+def _select(key, pos, total, kk, thresh, exact, IN_ORDER: tl.constexpr):
     """Step 3: which of `total` candidates (invalid slots: key MIN32; every valid one >= thresh) are the top
     kk. A bound that exactly kk candidates reach takes them; otherwise (ties at the kk-th place) everything
     above the kk-th largest value v* is taken, and among entries equal to v* the lowest positions. The search
@@ -131,10 +77,7 @@ def _select(key, pos, total, kk, thresh, exact, IN_ORDER: tl.constexpr, INTERP: 
         c = _unsigned(thresh)
         cnt_c = total
         if not exact:
-            if INTERP:
-                c, cnt_c = _rank_bound_interp(key, kk, c, total)
-            else:
-                c, cnt_c = _rank_bound(key, kk, c, total, _unsigned(tl.max(key, axis=0)), 0)
+            c, cnt_c = _rank_bound(key, kk, c, total, _unsigned(tl.max(key, axis=0)), 0)
         vstar = (c - 2147483648).to(tl.int32)
         if cnt_c == kk:
             take = key >= vstar

@@ -90,21 +90,21 @@ def test_split_programs_and_finish_launch(kind, splits, compact):
     assert torch.equal(out, topk_reference(scores, lengths, k))
 
 
-# compact="tile": each filter tile writes its candidates to its own slots and a plain count (no atomic); the
-# "interp" finish search brackets the k-th largest candidate by interpolation (`_rank_bound_interp`)
+# compact="tile": each filter tile writes its candidates to its own slots and a plain count (no atomic);
+# speculative: the one-tile filter's load is masked by the row width, not the row's length
 @pytest.mark.parametrize(
-    "kind,compact,search,splits",
-    [("normal", "tile", "interp", 4), ("rounded", "tile", "interp", 3), ("recent", "tile", "interp", 5),
-     ("sorted", "tile", "interp", 2), ("signed_inf", "tile", "interp", 4), ("equal", "tile", "interp", 3),
-     ("uniform", "tile", "bits", 4), ("periodic", "tile", "bits", 2), ("rounded", "atomic", "interp", 3),
-     ("normal", "atomic", "interp", 2), ("normal", "tile", "interp", 40)],  # 40: more programs than tiles
+    "kind,compact,speculative,splits",
+    [("normal", "tile", False, 4), ("rounded", "tile", False, 3), ("recent", "tile", False, 5),
+     ("sorted", "tile", False, 2), ("signed_inf", "tile", False, 4), ("equal", "tile", False, 3),
+     ("uniform", "tile", True, 40), ("periodic", "tile", True, 18), ("rounded", "atomic", True, 18),
+     ("normal", "atomic", True, 40), ("normal", "tile", False, 40)],  # 40: more programs than the 18 tiles
 )
-def test_tile_compaction_and_interpolated_search(kind, compact, search, splits, monkeypatch):
-    monkeypatch.setattr(topk_module, "FINISH_SEARCH", search)
-    gen = torch.Generator().manual_seed(hash((kind, compact, search, splits)) % 2**31)
+def test_tile_compaction_and_speculative_loads(kind, compact, speculative, splits, monkeypatch):
+    monkeypatch.setattr(topk_module, "SPECULATIVE_LOADS", speculative)
+    gen = torch.Generator().manual_seed(hash((kind, compact, speculative, splits)) % 2**31)
     b, n, k = 3, 9000, 100
     scores = _scores(kind, b, n, gen)
-    lengths = torch.tensor([n, int(torch.randint(n // 2, n, (1,), generator=gen)), 70])
+    lengths = torch.tensor([n, int(torch.randint(n // 2, n, (1,), generator=gen)), 70])  # ragged: padding read
     for _ in range(2):  # the same call twice on fresh data: nothing left over from the first call is used
         poisoned = torch.full((b, k), 12345, dtype=torch.int32, device=DEVICE)
         out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024,
@@ -114,13 +114,12 @@ def test_tile_compaction_and_interpolated_search(kind, compact, search, splits, 
 
 
 @pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch needs a CUDA device")
-@pytest.mark.parametrize("compact,search", [("atomic", "bits"), ("tile", "interp"), ("tile", "bits")])
+@pytest.mark.parametrize("compact", ["atomic", "tile"])
 @pytest.mark.parametrize("b,n,kind", [(1, 1 << 20, "normal"), (1, 1 << 20, "recent"), (8, 262144, "normal"),
                                       (32, 65536, "rounded"), (2, 7000, "ties")])
-def test_dependent_launches_on_gpu(b, n, kind, compact, search, monkeypatch):
+def test_dependent_launches_on_gpu(b, n, kind, compact):
     """pdl=True: the filter and finish launches start before the launch they depend on has ended; repeated calls
     on fresh data (a missing wait would show as a race)."""
-    monkeypatch.setattr(topk_module, "FINISH_SEARCH", search)
     gen = torch.Generator().manual_seed(n + b)
     for _ in range(3):
         scores = _scores(kind, b, n, gen)
@@ -131,18 +130,24 @@ def test_dependent_launches_on_gpu(b, n, kind, compact, search, monkeypatch):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="register caps and long rows need a CUDA device")
-@pytest.mark.parametrize("compact,regs,splits", [("tile", 80, None), ("atomic", 64, None), ("tile", 80, 128)])
-def test_filter_register_cap_and_long_rows_on_gpu(compact, regs, splits, monkeypatch):
-    """FILTER_MAXNREG caps the filter's registers (more programs resident); splits=128 at 1M: 4 tiles a program."""
+@pytest.mark.parametrize("compact,regs,speculative,tile,splits",
+                         [("tile", 80, True, None, None), ("atomic", 64, True, None, None),
+                          ("atomic", None, True, None, None), ("tile", None, True, 1024, 1024),
+                          ("atomic", 64, True, 1024, 1024), ("tile", None, False, 1024, 128),
+                          ("tile", None, False, 1024, 64)])
+def test_filter_variants_on_long_ragged_rows_on_gpu(compact, regs, speculative, tile, splits, monkeypatch):
+    """FILTER_MAXNREG caps the filter's registers (more programs resident); speculative loads read past the
+    row's length (ragged rows); 1024-entry tiles (1024 per 1M row); splits 128/64: programs taking 8/16 tiles."""
     monkeypatch.setattr(topk_module, "FILTER_MAXNREG", regs)
-    monkeypatch.setattr(topk_module, "FINISH_SEARCH", "interp")
-    gen = torch.Generator().manual_seed(regs)
+    monkeypatch.setattr(topk_module, "SPECULATIVE_LOADS", speculative)
+    monkeypatch.setattr(topk_module, "MAX_TILES", 1024)
+    gen = torch.Generator().manual_seed(hash((compact, regs, tile, splits)) % 2**31)
     b, n = 4, 1 << 20
     for kind in ("normal", "recent"):
         scores = _scores(kind, b, n, gen)
         lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
         lengths[0] = n
-        out = topk(scores.cuda(), lengths.cuda(), 512, compact=compact, splits=splits).cpu()
+        out = topk(scores.cuda(), lengths.cuda(), 512, compact=compact, tile=tile, splits=splits).cpu()
         assert torch.equal(out, topk_reference(scores, lengths, 512))
 
 
@@ -222,10 +227,9 @@ def test_bad_inputs_raise_clear_errors():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="long rows need a GPU")
-@pytest.mark.parametrize("compact,search", [("atomic", "bits"), ("tile", "interp")])
+@pytest.mark.parametrize("compact", ["atomic", "tile"])
 @pytest.mark.parametrize("b,n", [(1, 1 << 20), (4, 300_000), (32, 65536)])
-def test_topk_long_rows_on_gpu(b, n, compact, search, monkeypatch):
-    monkeypatch.setattr(topk_module, "FINISH_SEARCH", search)
+def test_topk_long_rows_on_gpu(b, n, compact):
     gen = torch.Generator().manual_seed(n)
     scores = torch.randn(b, n, generator=gen)
     lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
