@@ -1,0 +1,248 @@
+"""Dual-scope decode on one GPU: entry-loop schedules side by side with the default, each checked first.
+
+H200 run "run10-decode" (sparse_README.md). Every variant is checked against gather + SDPA (relative error
+< 2e-2) on two fresh draws before it is timed: the benchmark's draw (full windows, 512 selected entries) and
+a ragged one (random window lengths, -1 padded selections). Times are medians of CUDA-graph replays, as in
+sparse_bench.py, whose row format the timed rows also take ($OUT/sparse_results.json; op
+csa_dual_scope_decode, so sparse_assemble.py can take them).
+
+To fit one short lease the script first compiles every (variant, batch) specialisation in parallel worker
+processes (they fill Triton's on-disk cache; `--pytest` runs the GPU tests of the two dual-scope test files
+beside them), then times everything in this process, one launch at a time.
+
+Usage: python bench/kernels/sparse_decode_sweep.py [--out DIR] [--workers N] [--pytest] [--batches 64,1,...]
+       python bench/kernels/sparse_decode_sweep.py --aot   # no GPU: sm_90 registers/spills of every variant
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+# schedule: 0 = two compiler-pipelined loops with the index load inside (the default until run 10),
+# 1 = one loop, the next tile's rows loaded into registers by hand, 2 = one loop pipelined by the compiler
+# with all selected indices loaded up front; swap_ab: the dots as K q^T and V^T P^T (wgmma with 32 heads);
+# qk_fp16: the score dots in fp16 on a power-of-two scaled q (fp8 keys convert in one instruction per pair)
+F16 = dict(qk_fp16=True)
+LARGE_B = [("default", {}),
+           ("S0 fp16", dict(F16)),
+           ("S2 BKV=64 st2", dict(schedule=2, block_kv=64, num_stages=2)),
+           ("S2 BKV=32 st3", dict(schedule=2, block_kv=32, num_stages=3)),
+           ("S2 BKV=32 st4", dict(schedule=2, block_kv=32, num_stages=4)),
+           ("S2 BKV=32 st4 fp16", dict(F16, schedule=2, block_kv=32, num_stages=4)),
+           ("S2 BKV=32 st4 w4 fp16", dict(F16, schedule=2, block_kv=32, num_stages=4, num_warps=4)),
+           ("S1 BKV=32 fp16", dict(F16, schedule=1, block_kv=32)),
+           ("swap S2 BKV=64 st2", dict(schedule=2, swap_ab=True, block_kv=64, num_stages=2)),
+           ("swap S2 BKV=32 st4 fp16", dict(F16, schedule=2, swap_ab=True, block_kv=32, num_stages=4))]
+SMALL_B = [("default", {}),
+           ("S0 fp16", dict(F16)),
+           ("S2 BKV=64 st2", dict(schedule=2, block_kv=64, num_stages=2)),
+           ("S2 BKV=32 st4 fp16", dict(F16, schedule=2, block_kv=32, num_stages=4)),
+           ("swap S2 BKV=32 st4 fp16", dict(F16, schedule=2, swap_ab=True, block_kv=32, num_stages=4))]
+
+
+def variants(b: int) -> list[tuple[str, dict]]:
+    return LARGE_B if b >= 32 else SMALL_B
+
+
+def _ragged_inputs(b: int, h=64, d=512, w=128, k=512, nc=4096):
+    """A second draw: random window lengths (>= 1) and selections with a -1 padded tail."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(1000 + b)
+    q = torch.randn(b, h, d, device="cuda", generator=gen).to(torch.bfloat16)
+    win_k = torch.randn(b, w, d, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    win_v = torch.randn(b, w, d, device="cuda", generator=gen).to(torch.bfloat16)
+    comp_k = torch.randn(b, nc, d, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    comp_v = torch.randn(b, nc, d, device="cuda", generator=gen).to(torch.bfloat16)
+    win_ks = torch.rand(b, w, device="cuda", generator=gen) + 0.5
+    comp_ks = torch.rand(b, nc, device="cuda", generator=gen) + 0.5
+    idx = torch.argsort(torch.rand(b, nc, device="cuda", generator=gen), dim=1)[:, :k].int()
+    n_sel = torch.randint(k // 4, k + 1, (b, 1), device="cuda", generator=gen)
+    idx = torch.where(torch.arange(k, device="cuda")[None] < n_sel, idx, -1)
+    win_len = torch.randint(1, w + 1, (b,), device="cuda", generator=gen).int()
+    return q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks
+
+
+def _check(sb, draw, cfg) -> float:
+    """Relative error of the variant against gather + SDPA on one draw, NaN if any output is not finite. The
+    call's outputs and partials are poisoned: torch.empty returns NaN-filled CUDA memory during the call, so an
+    element the kernels fail to write shows."""
+    import torch
+
+    from zoe_kernels.csa import dual_scope_decode
+
+    q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = draw
+    ref = sb._torch_dual_scope(q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks).float()
+    plain = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = plain(*args, **kwargs)
+        if t.is_cuda and t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    torch.empty = poisoned
+    try:
+        out = dual_scope_decode(q, win_k, win_v, win_len, comp_k, comp_v, idx, win_k_scale=win_ks,
+                                comp_k_scale=comp_ks, **cfg).float()
+    finally:
+        torch.empty = plain
+    if not bool(out.isfinite().all()):
+        return float("nan")
+    return float((out - ref).norm() / ref.norm())
+
+
+def worker(index: int, count: int, batches: list[int], log_path: Path) -> None:
+    """Compiles (and checks) this worker's share of the (batch, variant) pairs, filling Triton's cache."""
+    import sparse_bench as sb
+
+    jobs = [(b, name, cfg) for b in batches for name, cfg in variants(b)]
+    lines = []
+    for j, (b, name, cfg) in enumerate(jobs):
+        if j % count != index:
+            continue
+        t0 = time.time()
+        try:
+            err = _check(sb, _ragged_inputs(b), cfg)
+            lines.append(f"B={b} {name}: compiled+checked in {time.time() - t0:.1f} s, err {err:.1e}")
+        except Exception as exc:  # noqa: BLE001 - reported, the timing pass reports it again
+            lines.append(f"B={b} {name}: ERROR {exc!r:.300}")
+    log_path.write_text("\n".join(lines) + "\n")
+
+
+def sweep(out: Path, batches: list[int]) -> None:
+    import sparse_bench as sb
+    import torch
+    import triton
+
+    from zoe_kernels.csa import dual_scope_decode
+
+    meta = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__,
+                command="python bench/kernels/sparse_decode_sweep.py " + " ".join(sys.argv[1:]),
+                started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    sb.META.update(meta)
+    sb.measure_ceilings()
+    rows: list[dict] = []
+
+    def save():
+        (out / "decode_sweep.json").write_text(json.dumps({"meta": {**sb.META}, "rows": rows}, indent=1))
+        (out / "sparse_results.json").write_text(json.dumps({"meta": {**sb.META}, "rows": sb.ROWS}, indent=1))
+
+    for b in batches:
+        draw = sb._decode_inputs(b)
+        ragged = _ragged_inputs(b)
+        q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = draw
+        args = (q, win_k, win_v, win_len, comp_k, comp_v, idx)
+        kw = dict(win_k_scale=win_ks, comp_k_scale=comp_ks)
+        h, d = q.shape[1], q.shape[2]
+        entries = win_k.shape[1] + idx.shape[1]
+        bytes_min = b * entries * (d * (1 + 2) + 4 + 4) + 2 * q.numel() * 2
+        floor_us = bytes_min / (sb.META["copy_tbps"] * 1e6)
+        shape = f"B={b} H={h} D={d} W=128 k=512"
+        base = sb.median_us(lambda: sb._torch_dual_scope(*args, win_ks, comp_ks), graph=True, rep_ms=30)
+        sb.add_row(op="csa_dual_scope_decode", shape=shape, provider="torch gather+SDPA", config="", median_us=base,
+                   gbps=bytes_min / base / 1e3, pct_roofline=100 * floor_us / base)
+        for name, cfg in variants(b):
+            try:
+                errs = [_check(sb, draw, cfg), _check(sb, ragged, cfg)]
+            except Exception as exc:  # noqa: BLE001 - a variant that does not fit is reported, not fatal
+                rows.append(dict(shape=f"B={b}", variant=name, config=json.dumps(cfg), error=repr(exc)[:300]))
+                sb.log(f"decode B={b:<3d} {name:22s} ERROR {exc!r:.150}")
+                save()
+                continue
+            ok = all(e < 2e-2 for e in errs)  # NaN compares False
+            us = sb.median_us(lambda: dual_scope_decode(*args, **kw, **cfg), graph=True, rep_ms=30)
+            us2 = sb.median_us(lambda: dual_scope_decode(*args, **kw, **cfg), graph=True, rep_ms=30)
+            rows.append(dict(shape=f"B={b}", variant=name, config=json.dumps(cfg), median_us=us, repeat_us=us2,
+                             pct_hbm=100 * floor_us / us, rel_err=errs, correct=ok, speedup_vs_torch=base / us))
+            sb.add_row(op="csa_dual_scope_decode", shape=shape, provider=f"zoe {name}", config=json.dumps(cfg),
+                       median_us=us, gbps=bytes_min / us / 1e3, pct_roofline=100 * floor_us / us,
+                       speedup_vs_torch=base / us, rel_err_vs_torch=max(errs), correct=ok)
+            sb.log(f"decode B={b:<3d} {name:22s} {us:7.1f} us (again {us2:7.1f})  {100 * floor_us / us:5.1f}% of "
+                   f"{floor_us:.1f} us floor  {base / us:6.1f}x torch  err {errs[0]:.1e}/{errs[1]:.1e} ok={ok}")
+            save()
+        del draw, ragged, args
+        torch.cuda.empty_cache()
+    save()
+
+
+def aot(out_json: Path) -> None:
+    """sm_90 compile of each variant's kernel at the B=64 specialisation (registers, spills, shared memory)."""
+    import sparse_aot as sa
+    import triton.language as tl
+
+    import sparse_bench  # noqa: F401  (makes zoe_kernels importable)
+    dsd = importlib.import_module("zoe_kernels.csa.dual_scope_decode")  # the module (the package exports the function)
+
+    ptrs = {"q_ptr": "*bf16", "win_k_ptr": "*fp8e4nv", "win_v_ptr": "*bf16", "win_len_ptr": "*i32",
+            "comp_k_ptr": "*fp8e4nv", "comp_v_ptr": "*bf16", "comp_idx_ptr": "*i32", "win_ks_ptr": "*fp32",
+            "win_vs_ptr": "*fp32", "comp_ks_ptr": "*fp32", "comp_vs_ptr": "*fp32", "part_out_ptr": "*fp32",
+            "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": "*bf16"}
+    rows = []
+    for name, cfg in LARGE_B:
+        schedule = cfg.get("schedule", dsd.SCHEDULE_DEFAULT)
+        bkv = cfg.get("block_kv", 64)
+        stages = cfg.get("num_stages", dsd._SCHEDULE_STAGES[schedule])
+        constexprs = dict(D=512, DV=512, BH=32, BKV=bkv, TILES_PER_SPLIT=128 // bkv + 512 // bkv, K_SCALED=True,
+                          V_SCALED=False, DOT_DTYPE=tl.bfloat16, PRECISION="tf32", FINAL=True, HAS_SINK=False,
+                          SCHEDULE=schedule, SEL_TILES=512 // bkv, SWAP_AB=cfg.get("swap_ab", False),
+                          QK_F16=cfg.get("qk_fp16", False))
+        row = sa.compile_one(f"dual_scope B=64 {name}", dsd._dual_scope_partial_kernel, ptrs, constexprs,
+                             cfg.get("num_warps", 8),
+                             floats=("qk_scale_log2",), num_stages=stages)
+        rows.append(row)
+    import triton
+    meta = {"triton": triton.__version__, "ptxas": sa._ptxas(), "target": "sm_90a",
+            "command": "python bench/kernels/sparse_decode_sweep.py --aot"}
+    out_json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--batches", default="64,1,8,32,128")
+    ap.add_argument("--workers", type=int, default=8, help="parallel compile processes before timing (0: none)")
+    ap.add_argument("--pytest", action="store_true", help="run the dual-scope GPU tests beside the compiles")
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--aot", action="store_true", help="compile for sm_90 here (no GPU) and write the report")
+    args = ap.parse_args()
+    batches = [int(x) for x in args.batches.split(",")]
+    out = Path(args.out)
+    if args.aot:
+        aot(HERE / "results" / "sparse_decode_aot_run10.json")
+        return
+    if args.worker is not None:
+        worker(args.worker, args.workers, batches, Path(f"/tmp/decode_warm_{args.worker}.log"))
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), "--workers", str(args.workers),
+                               "--batches", args.batches]) for i in range(args.workers)]
+    if args.pytest:
+        repo = HERE.parents[1]
+        env = dict(os.environ, PYTHONPATH=f"/tmp/zoe_kernels_shim:{repo}:" + os.environ.get("PYTHONPATH", ""))
+        with open(out / "decode_pytest.log", "w") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                           "tests/kernels/test_csa_dual_scope.py",
+                                           "tests/kernels/test_paged_dual_scope.py"],
+                                          cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT))
+    for p in procs:
+        p.wait()
+    warm = "".join(Path(f"/tmp/decode_warm_{i}.log").read_text() for i in range(args.workers)
+                   if Path(f"/tmp/decode_warm_{i}.log").exists())
+    print(warm, f"compiles (and pytest) took {time.time() - t0:.0f} s", flush=True)
+    sweep(out, batches)
+
+
+if __name__ == "__main__":
+    main()
