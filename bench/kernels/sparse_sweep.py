@@ -3,8 +3,9 @@
 Top-K: every variant's indices must equal torch.topk's (sorted) index-for-index; decode: relative error
 < 2e-2 against gather + SDPA. Times are medians of CUDA-graph replays. Writes $OUT/sparse_sweep.json and
 prints one line per variant; the chosen defaults then go through sparse_bench.py (see sparse_README.md).
-The top-K lists are run 11's ("run11-topk"; run 10's are in its JSON), the decode lists run 7's
-(`results/sparse_sweep_run7.json`); run 6's variants are named in its JSON. Top-K rows also go, in sparse_bench.py's row format, to $OUT/sparse_results.json.
+The top-K lists are run 12's ("run12-topk"; runs 10-11's are in their JSON), the decode lists run 7's
+(`results/sparse_sweep_run7.json`); run 6's variants are named in its JSON. Top-K rows also go, in
+sparse_bench.py's row format, to $OUT/sparse_results.json.
 
 Usage: python bench/kernels/sparse_sweep.py [--out DIR] [--sections topk,decode]
 """
@@ -45,27 +46,28 @@ def _save() -> None:
 # (name, kwargs) per top-K shape. Runs 6-7 swept warps, tiles and the fused finish, run 9 the band finish and pdl
 # (now the default for one row); their JSON names them. Run 10 ("run10-topk") timed the filter without its
 # returned atomic (compact="tile": every tile writes its candidates to its own slots and a plain count, the
-# finish prefix-sums the counts), an interpolated finish search (removed after it), register caps, warps and
-# tiles; run 11 ("run11-topk", these lists): loads that do not wait for the row's length (_spec: masked by the
-# row width), register caps (_filter_maxnreg), 1024-entry tiles, and tile-compacting programs that take 8 or 16
-# tiles each with the next tile's load in flight (splits=128/64).
-T1024 = dict(tile=1024, splits=1024, _max_tiles=1024)
+# finish prefix-sums the counts), an interpolated finish search, register caps, warps and tiles; run 11 loads
+# that do not wait for the row's length and programs taking several tiles with a manual prefetch (both removed
+# after it); run 12 ("run12-topk", these lists): tile-compacting programs that stream many tiles through a
+# software pipeline (cp.async into shared memory, _stages deep) against run 11's best (1024-entry tiles).
+T1024 = dict(tile=1024, _max_tiles=1024)
+PIPE = dict(compact="tile", tile=1024, _max_tiles=1024)
 TOPK_VARIANTS = {
-    (1, 1 << 20): [("default", {}), ("spec", dict(_spec=True)), ("tile spec", dict(compact="tile", _spec=True))],
-    (8, 262144): [("default", {}), ("spec", dict(_spec=True)), ("spec regs64", dict(_spec=True, _filter_maxnreg=64)),
-                  ("tile spec tile=1024", dict(compact="tile", _spec=True, tile=1024, splits=256, _max_tiles=1024))],
-    (32, 1 << 20): [("default", {}), ("spec", dict(_spec=True)), ("spec regs64", dict(_spec=True, _filter_maxnreg=64)),
-                    ("spec tile=1024", dict(T1024, _spec=True)),
-                    ("tile spec regs80", dict(compact="tile", _spec=True, _filter_maxnreg=80)),
-                    ("tile tile=1024", dict(T1024, compact="tile")),
-                    ("tile spec tile=1024", dict(T1024, compact="tile", _spec=True)),
-                    ("tile loop tile=1024 splits=128", dict(compact="tile", tile=1024, splits=128, _max_tiles=1024)),
-                    ("tile loop tile=1024 splits=64 w8", dict(compact="tile", tile=1024, splits=64, num_warps=8,
-                                                              _max_tiles=1024))],
+    (8, 262144): [("default", {}), ("tile=1024", dict(T1024, splits=256)),
+                  ("pipe w4 s3 splits=96", dict(PIPE, splits=96, _stages=3)),
+                  ("pipe w4 s4 splits=48", dict(PIPE, splits=48, _stages=4))],
+    (32, 1 << 20): [("default", {}), ("tile=1024", dict(T1024, splits=1024)),
+                    ("pipe w4 s3 splits=24", dict(PIPE, splits=24, _stages=3)),
+                    ("pipe w4 s4 splits=24", dict(PIPE, splits=24, _stages=4)),
+                    ("pipe w4 s4 splits=48", dict(PIPE, splits=48, _stages=4)),
+                    ("pipe w4 s3 splits=12", dict(PIPE, splits=12, _stages=3)),
+                    ("pipe w8 s3 splits=16", dict(PIPE, splits=16, _stages=3, num_warps=8)),
+                    ("pipe w8 s4 splits=16", dict(PIPE, splits=16, _stages=4, num_warps=8)),
+                    ("pipe tile=2048 w8 s3 splits=8", dict(PIPE, tile=2048, splits=8, _stages=3, num_warps=8))],
 }
-TOPK_SHAPES = [(32, 1 << 20, "randn"), (8, 262144, "randn"), (1, 1 << 20, "randn"), (1, 1 << 20, "recent")]
+TOPK_SHAPES = [(32, 1 << 20, "randn"), (8, 262144, "randn")]
 LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS",
-                    "_spec": "SPECULATIVE_LOADS", "_filter_maxnreg": "FILTER_MAXNREG", "_max_tiles": "MAX_TILES"}
+                    "_stages": "FILTER_STAGES", "_filter_maxnreg": "FILTER_MAXNREG", "_max_tiles": "MAX_TILES"}
 
 
 def _call(scores, lengths, k, cfg):

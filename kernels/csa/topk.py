@@ -77,9 +77,7 @@ PDL_MAX_ROWS = 1
 # shared SLOTS) or "tile" (each tile writes to its own TILE slots of a row-sized workspace and publishes a plain
 # count; the finish prefix-sums the counts): see `_filter_tile_own`
 COMPACT = "atomic"
-# the one-tile filter loads its tile masked by the row width, not by the row's length (a load it waits for):
-# the row's padding past its length is read too
-SPECULATIVE_LOADS = False
+FILTER_STAGES = 3  # tile-compacting programs that take several tiles: pipeline depth of their loads
 FILTER_MAXNREG = None  # register cap of the split filter programs on CUDA (None: the compiler's choice)
 
 
@@ -293,11 +291,11 @@ def _filter_tile_own(x, offs, t, n, thresh, cand_key, cand_pos, cnt, TILE: tl.co
         tl.store(cnt + t, count)
 
 
-@triton.jit(do_not_specialize=["n_cols"])
+@triton.jit
 def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
                          n_cols, stride_row, K, P, cand_stride, HAS_LO: tl.constexpr, S: tl.constexpr,
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, ONE_TILE: tl.constexpr,
-                         OWN: tl.constexpr, SPEC: tl.constexpr, PDL: tl.constexpr):
+                         OWN: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
     """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: its candidates, in position order,
     either (OWN) into the tile's own slots of a row-sized workspace with their count in seg[row, tile], or
     into consecutive slots reserved with one atomic add on the row's shared SLOTS, the segment (first slot,
@@ -317,12 +315,8 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
         # a start of unknown alignment (min with n) gives one 4-byte load per entry in the layout the
         # candidate stores need; a known-aligned start gives 16-byte loads in another layout, converted
         # through shared memory before the stores: 159 against 118 us at B=32 x 1M (H200 run 7 vs run 5)
-        if SPEC:  # the load masked by the row width (n_cols, not specialised: no 16-byte loads), not n
-            offs = tl.minimum(p * TILE, n_cols) + tl.arange(0, TILE)
-            x = tl.load(row_val + offs, mask=offs < n_cols, other=0.0)
-        else:
-            offs = tl.minimum(p * TILE, n) + tl.arange(0, TILE)
-            x = tl.load(row_val + offs, mask=offs < n, other=0.0)
+        offs = tl.minimum(p * TILE, n) + tl.arange(0, TILE)
+        x = tl.load(row_val + offs, mask=offs < n, other=0.0)
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
@@ -337,15 +331,14 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
             gdc_wait()
             gdc_launch_dependents()
         thresh = tl.load(thresh_ptr + row)
-        if OWN:  # 4-byte loads in the stores' layout (see above), the next tile's issued before this one's work
-            offs = tl.minimum(p * TILE, n) + tl.arange(0, TILE)
-            x = tl.load(row_val + offs, mask=offs < n, other=0.0)
-            for t in range(p, tl.cdiv(n, TILE), P):
-                offs = tl.minimum((t + P) * TILE, n) + tl.arange(0, TILE)
-                x_next = tl.load(row_val + offs, mask=offs < n, other=0.0)
-                _filter_tile_own(x, tl.minimum(t * TILE, n) + tl.arange(0, TILE), t, n, thresh,
-                                 cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT, TILE)
-                x = x_next
+        if OWN:  # software-pipelined: STAGES - 1 tiles in flight as asynchronous copies into shared memory
+            # (cp.async, 16 bytes when the row width is a multiple of 4; masked by the width, so the last
+            # tile reads up to TILE - 1 entries past the row's length, which the filter then ignores)
+            for t in tl.range(p, tl.cdiv(n, TILE), P, num_stages=STAGES):
+                offs = t * TILE + tl.arange(0, TILE)
+                x = tl.load(row_val + offs, mask=offs < n_cols - lo, other=0.0)
+                _filter_tile_own(x, offs, t, n, thresh, cand_key_ptr + base_row, cand_pos_ptr + base_row,
+                                 seg_ptr + row * MAXT, TILE)
             return
         x = _load_tile(row_val, p * TILE, n, TILE)
         for t in range(p, tl.cdiv(n, TILE), P):
@@ -548,8 +541,7 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, n, scores.stride(0), k, **common,
                                      **sampling, PDL=pdl, num_warps=THRESHOLD_WARPS)
     _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, **shapes, ONE_TILE=splits >= n_tiles,
-                                         SPEC=SPECULATIVE_LOADS and not has_lo,
-                                         num_warps=num_warps, num_stages=1, **dependent, **regs)
+                                         STAGES=FILTER_STAGES, num_warps=num_warps, num_stages=1, **dependent, **regs)
     _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes,
                                   num_warps=min(16, FINISH_WARPS * slots // 4096), **dependent)
     return out

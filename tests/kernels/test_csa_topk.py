@@ -90,18 +90,16 @@ def test_split_programs_and_finish_launch(kind, splits, compact):
     assert torch.equal(out, topk_reference(scores, lengths, k))
 
 
-# compact="tile": each filter tile writes its candidates to its own slots and a plain count (no atomic);
-# speculative: the one-tile filter's load is masked by the row width, not the row's length
+# compact="tile": each filter tile writes its candidates to its own slots and a plain count (no atomic); with
+# fewer programs than tiles the programs stream their tiles through a software pipeline (FILTER_STAGES)
 @pytest.mark.parametrize(
-    "kind,compact,speculative,splits",
-    [("normal", "tile", False, 4), ("rounded", "tile", False, 3), ("recent", "tile", False, 5),
-     ("sorted", "tile", False, 2), ("signed_inf", "tile", False, 4), ("equal", "tile", False, 3),
-     ("uniform", "tile", True, 40), ("periodic", "tile", True, 18), ("rounded", "atomic", True, 18),
-     ("normal", "atomic", True, 40), ("normal", "tile", False, 40)],  # 40: more programs than the 18 tiles
+    "kind,compact,splits",
+    [("normal", "tile", 4), ("rounded", "tile", 3), ("recent", "tile", 5), ("sorted", "tile", 2),
+     ("signed_inf", "tile", 4), ("equal", "tile", 3), ("uniform", "tile", 40), ("periodic", "tile", 18),
+     ("rounded", "atomic", 18), ("normal", "atomic", 40), ("ties", "tile", 1)],  # 18 tiles: 40 is more programs
 )
-def test_tile_compaction_and_speculative_loads(kind, compact, speculative, splits, monkeypatch):
-    monkeypatch.setattr(topk_module, "SPECULATIVE_LOADS", speculative)
-    gen = torch.Generator().manual_seed(hash((kind, compact, speculative, splits)) % 2**31)
+def test_tile_compaction(kind, compact, splits):
+    gen = torch.Generator().manual_seed(hash((kind, compact, splits)) % 2**31)
     b, n, k = 3, 9000, 100
     scores = _scores(kind, b, n, gen)
     lengths = torch.tensor([n, int(torch.randint(n // 2, n, (1,), generator=gen)), 70])  # ragged: padding read
@@ -130,16 +128,15 @@ def test_dependent_launches_on_gpu(b, n, kind, compact):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="register caps and long rows need a CUDA device")
-@pytest.mark.parametrize("compact,regs,speculative,tile,splits",
-                         [("tile", 80, True, None, None), ("atomic", 64, True, None, None),
-                          ("atomic", None, True, None, None), ("tile", None, True, 1024, 1024),
-                          ("atomic", 64, True, 1024, 1024), ("tile", None, False, 1024, 128),
-                          ("tile", None, False, 1024, 64)])
-def test_filter_variants_on_long_ragged_rows_on_gpu(compact, regs, speculative, tile, splits, monkeypatch):
-    """FILTER_MAXNREG caps the filter's registers (more programs resident); speculative loads read past the
-    row's length (ragged rows); 1024-entry tiles (1024 per 1M row); splits 128/64: programs taking 8/16 tiles."""
+@pytest.mark.parametrize("compact,regs,tile,splits,stages",
+                         [("tile", 80, None, None, 3), ("atomic", 64, None, None, 3), ("atomic", None, 1024, 1024, 3),
+                          ("tile", None, 1024, 1024, 3), ("tile", None, 1024, 24, 3), ("tile", None, 1024, 48, 4),
+                          ("tile", None, 2048, 16, 3)])
+def test_filter_variants_on_long_ragged_rows_on_gpu(compact, regs, tile, splits, stages, monkeypatch):
+    """FILTER_MAXNREG caps the filter's registers (more programs resident); 1024-entry tiles (1024 per 1M row);
+    splits 16-48: tile-compacting programs streaming 21-64 tiles through a pipeline of `stages`."""
     monkeypatch.setattr(topk_module, "FILTER_MAXNREG", regs)
-    monkeypatch.setattr(topk_module, "SPECULATIVE_LOADS", speculative)
+    monkeypatch.setattr(topk_module, "FILTER_STAGES", stages)
     monkeypatch.setattr(topk_module, "MAX_TILES", 1024)
     gen = torch.Generator().manual_seed(hash((compact, regs, tile, splits)) % 2**31)
     b, n = 4, 1 << 20
