@@ -33,6 +33,7 @@ sys.path.insert(0, str(HERE))
 # with all selected indices loaded up front; swap_ab: the dots as K q^T and V^T P^T (wgmma with 32 heads);
 # qk_fp16: the score dots in fp16 on a power-of-two scaled q (fp8 keys convert in one instruction per pair)
 F16 = dict(qk_fp16=True)
+# run10-decode: all slower than the default except qk_fp16 at B >= 32 (sparse_README.md)
 LARGE_B = [("default", {}),
            ("S0 fp16", dict(F16)),
            ("S2 BKV=64 st2", dict(schedule=2, block_kv=64, num_stages=2)),
@@ -50,8 +51,27 @@ SMALL_B = [("default", {}),
            ("swap S2 BKV=32 st4 fp16", dict(F16, schedule=2, swap_ab=True, block_kv=32, num_stages=4))]
 
 
+# run11-decode: all 64 heads per program (K and V read once per sequence; 64-row dots, so Hopper's warpgroup
+# MMA reads q and V from shared memory itself) with the one-loop compiler-pipelined schedule
+H64 = dict(block_h=64, schedule=2)
+RUN11_LARGE = [("default", {}),
+               ("S0 fp16", dict(F16)),
+               ("BH=64 S2 BKV=32 st3", dict(H64, block_kv=32, num_stages=3)),
+               ("BH=64 S2 BKV=32 st3 splits=2", dict(H64, block_kv=32, num_stages=3, splits=2)),
+               ("BH=64 S2 BKV=32 st2", dict(H64, block_kv=32, num_stages=2)),
+               ("BH=64 S2 BKV=16 st4", dict(H64, block_kv=16, num_stages=4)),
+               ("BH=64 S2 BKV=16 st3", dict(H64, block_kv=16, num_stages=3))]
+RUN11_SMALL = [("default", {}),
+               ("S2 BKV=64 st2", dict(schedule=2, block_kv=64, num_stages=2)),
+               ("BH=64 S2 BKV=32 st3", dict(H64, block_kv=32, num_stages=3)),
+               ("BH=64 S2 BKV=16 st3", dict(H64, block_kv=16, num_stages=3))]
+SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL)}
+VARIANT_SET = "run11"
+
+
 def variants(b: int) -> list[tuple[str, dict]]:
-    return LARGE_B if b >= 32 else SMALL_B
+    large, small = SETS[VARIANT_SET]
+    return large if b >= 32 else small
 
 
 def _ragged_inputs(b: int, h=64, d=512, w=128, k=512, nc=4096):
@@ -105,6 +125,7 @@ def _check(sb, draw, cfg) -> float:
 def worker(index: int, count: int, batches: list[int], log_path: Path) -> None:
     """Compiles (and checks) this worker's share of the (batch, variant) pairs, filling Triton's cache."""
     import sparse_bench as sb
+    import torch
 
     jobs = [(b, name, cfg) for b in batches for name, cfg in variants(b)]
     lines = []
@@ -117,6 +138,7 @@ def worker(index: int, count: int, batches: list[int], log_path: Path) -> None:
             lines.append(f"B={b} {name}: compiled+checked in {time.time() - t0:.1f} s, err {err:.1e}")
         except Exception as exc:  # noqa: BLE001 - reported, the timing pass reports it again
             lines.append(f"B={b} {name}: ERROR {exc!r:.300}")
+        torch.cuda.empty_cache()  # the baseline's expanded K/V: keep the workers' memory small
     log_path.write_text("\n".join(lines) + "\n")
 
 
@@ -189,11 +211,11 @@ def aot(out_json: Path) -> None:
             "win_vs_ptr": "*fp32", "comp_ks_ptr": "*fp32", "comp_vs_ptr": "*fp32", "part_out_ptr": "*fp32",
             "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": "*bf16"}
     rows = []
-    for name, cfg in LARGE_B:
+    for name, cfg in LARGE_B + RUN11_LARGE[2:]:
         schedule = cfg.get("schedule", dsd.SCHEDULE_DEFAULT)
         bkv = cfg.get("block_kv", 64)
         stages = cfg.get("num_stages", dsd._SCHEDULE_STAGES[schedule])
-        constexprs = dict(D=512, DV=512, BH=32, BKV=bkv, TILES_PER_SPLIT=128 // bkv + 512 // bkv, K_SCALED=True,
+        constexprs = dict(D=512, DV=512, BH=cfg.get("block_h", 32), BKV=bkv, TILES_PER_SPLIT=128 // bkv + 512 // bkv, K_SCALED=True,
                           V_SCALED=False, DOT_DTYPE=tl.bfloat16, PRECISION="tf32", FINAL=True, HAS_SINK=False,
                           SCHEDULE=schedule, SEL_TILES=512 // bkv, SWAP_AB=cfg.get("swap_ab", False),
                           QK_F16=cfg.get("qk_fp16", False))
@@ -203,7 +225,7 @@ def aot(out_json: Path) -> None:
         rows.append(row)
     import triton
     meta = {"triton": triton.__version__, "ptxas": sa._ptxas(), "target": "sm_90a",
-            "command": "python bench/kernels/sparse_decode_sweep.py --aot"}
+            "command": "PYTHONPATH=<triton 3.6.0 wheel> python bench/kernels/sparse_decode_sweep.py --aot"}
     out_json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 
@@ -212,14 +234,17 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--batches", default="64,1,8,32,128")
     ap.add_argument("--workers", type=int, default=8, help="parallel compile processes before timing (0: none)")
-    ap.add_argument("--pytest", action="store_true", help="run the dual-scope GPU tests beside the compiles")
+    ap.add_argument("--pytest", nargs="?", const="", default=None,
+                    help="run the dual-scope GPU tests beside the compiles (optionally only those matching -k EXPR)")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--aot", action="store_true", help="compile for sm_90 here (no GPU) and write the report")
+    ap.add_argument("--set", default=VARIANT_SET, choices=sorted(SETS), help="variant lists (run10 or run11)")
     args = ap.parse_args()
+    globals()["VARIANT_SET"] = args.set
     batches = [int(x) for x in args.batches.split(",")]
     out = Path(args.out)
     if args.aot:
-        aot(HERE / "results" / "sparse_decode_aot_run10.json")
+        aot(HERE / "results" / "sparse_decode_aot_run11.json")
         return
     if args.worker is not None:
         worker(args.worker, args.workers, batches, Path(f"/tmp/decode_warm_{args.worker}.log"))
@@ -227,14 +252,15 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), "--workers", str(args.workers),
-                               "--batches", args.batches]) for i in range(args.workers)]
-    if args.pytest:
+                               "--batches", args.batches, "--set", args.set]) for i in range(args.workers)]
+    if args.pytest is not None:
         repo = HERE.parents[1]
         env = dict(os.environ, PYTHONPATH=f"/tmp/zoe_kernels_shim:{repo}:" + os.environ.get("PYTHONPATH", ""))
         with open(out / "decode_pytest.log", "w") as log:
             procs.append(subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                            "tests/kernels/test_csa_dual_scope.py",
-                                           "tests/kernels/test_paged_dual_scope.py"],
+                                           "tests/kernels/test_paged_dual_scope.py"]
+                                          + (["-k", args.pytest] if args.pytest else []),
                                           cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT))
     for p in procs:
         p.wait()

@@ -109,6 +109,17 @@ def test_schedules_with_fp8_values_and_fp32(schedule):
     _check(out, _reference(args, sm_scale=0.3), torch.float32)
 
 
+@pytest.mark.parametrize("block_kv,splits", [(16, 1), (32, 2)])
+def test_all_heads_per_program(block_kv, splits):
+    # block_h=64 over 40 heads (the masked head rows carry no state into the output), one-loop schedule
+    dtype = torch.bfloat16 if ON_GPU else torch.float16
+    gen = torch.Generator().manual_seed(60 + block_kv + splits)
+    args = _case(3, 40, 64, 27, 80, 45, dtype, fp8_kv=False, gen=gen)
+    sink = torch.randn(40, generator=gen)
+    out = _run(args, block_h=64, block_kv=block_kv, splits=splits, schedule=2, sink=sink)
+    _check(out, _reference(args, sink=sink), dtype)
+
+
 def test_schedules_fall_back_when_scopes_differ_in_dtype():
     # the one-loop schedules select between the scopes' row pointers: a bf16/fp16 window with fp8 compressed
     # keys takes the two-loop schedule instead
