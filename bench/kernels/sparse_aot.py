@@ -105,18 +105,18 @@ def main() -> None:
         if k == 512:
             rows.append(compile_one("topk_split_threshold", topk._split_threshold_kernel, ptrs,
                                     dict(HAS_LO=False, **sampling, PDL=False), topk.THRESHOLD_WARPS))
-            for tile, warps, one, pdl, own in ((2048, 4, True, False, False), (2048, 4, True, True, False),
-                                               (2048, 4, False, False, False), (2048, 4, True, False, True),
-                                               (2048, 4, True, True, True), (2048, 4, False, False, True),
-                                               (2048, 8, True, False, True)):
-                rows.append(compile_one(f"topk_split_filter tile={tile} one_tile={one} pdl={pdl} own={own}",
+            # (tile, warps, one tile per program, pdl, rows): 1024-entry tiles from MANY_ROWS rows
+            for tile, warps, one, pdl, b in ((2048, 4, True, False, 1), (2048, 4, True, True, 1),
+                                             (2048, 4, False, False, 1), (1024, 4, True, False, 32)):
+                rows.append(compile_one(f"topk_split_filter tile={tile} one_tile={one} pdl={pdl}",
                                         topk._split_filter_kernel, ptrs,
-                                        dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.MAX_TILES,
-                                             TILE=tile, ONE_TILE=one, OWN=own, PDL=pdl), warps, num_stages=1))
-        for pdl, own in ((False, False), (True, False), (False, True), (True, True)) if k == 512 else ((False, False),):
-            rows.append(compile_one(f"topk_split_finish k={k} pdl={pdl} own={own}", topk._split_finish_kernel,
-                                    ptrs, dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.MAX_TILES,
-                                               TILE=2048, OWN=own, PDL=pdl),
+                                        dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.max_tiles(b),
+                                             TILE=tile, ONE_TILE=one, PDL=pdl), warps, num_stages=1))
+        for pdl, b in ((False, 1), (True, 1), (False, 32)) if k == 512 else ((False, 1),):
+            rows.append(compile_one(f"topk_split_finish k={k} pdl={pdl} maxt={topk.max_tiles(b)}",
+                                    topk._split_finish_kernel, ptrs,
+                                    dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.max_tiles(b),
+                                         TILE=topk.split_tile(1 << 20, rows=b), PDL=pdl),
                                     min(16, topk.FINISH_WARPS * slots // 4096)))
     iptrs = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "k_ptr": "*fp8e4nv", "k_scale_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}

@@ -3,7 +3,7 @@
 Top-K: every variant's indices must equal torch.topk's (sorted) index-for-index; decode: relative error
 < 2e-2 against gather + SDPA. Times are medians of CUDA-graph replays. Writes $OUT/sparse_sweep.json and
 prints one line per variant; the chosen defaults then go through sparse_bench.py (see sparse_README.md).
-The top-K lists are run 12's ("run12-topk"; runs 10-11's are in their JSON), the decode lists run 7's
+The top-K lists time the defaults (runs 10-12-topk's variants are named in their JSON), the decode lists run 7's
 (`results/sparse_sweep_run7.json`); run 6's variants are named in its JSON. Top-K rows also go, in
 sparse_bench.py's row format, to $OUT/sparse_results.json.
 
@@ -44,30 +44,18 @@ def _save() -> None:
                                                                indent=1))
 
 # (name, kwargs) per top-K shape. Runs 6-7 swept warps, tiles and the fused finish, run 9 the band finish and pdl
-# (now the default for one row); their JSON names them. Run 10 ("run10-topk") timed the filter without its
-# returned atomic (compact="tile": every tile writes its candidates to its own slots and a plain count, the
-# finish prefix-sums the counts), an interpolated finish search, register caps, warps and tiles; run 11 loads
-# that do not wait for the row's length and programs taking several tiles with a manual prefetch (both removed
-# after it); run 12 ("run12-topk", these lists): tile-compacting programs that stream many tiles through a
-# software pipeline (cp.async into shared memory, _stages deep) against run 11's best (1024-entry tiles).
-T1024 = dict(tile=1024, _max_tiles=1024)
-PIPE = dict(compact="tile", tile=1024, _max_tiles=1024)
-TOPK_VARIANTS = {
-    (8, 262144): [("default", {}), ("tile=1024", dict(T1024, splits=256)),
-                  ("pipe w4 s3 splits=96", dict(PIPE, splits=96, _stages=3)),
-                  ("pipe w4 s4 splits=48", dict(PIPE, splits=48, _stages=4))],
-    (32, 1 << 20): [("default", {}), ("tile=1024", dict(T1024, splits=1024)),
-                    ("pipe w4 s3 splits=24", dict(PIPE, splits=24, _stages=3)),
-                    ("pipe w4 s4 splits=24", dict(PIPE, splits=24, _stages=4)),
-                    ("pipe w4 s4 splits=48", dict(PIPE, splits=48, _stages=4)),
-                    ("pipe w4 s3 splits=12", dict(PIPE, splits=12, _stages=3)),
-                    ("pipe w8 s3 splits=16", dict(PIPE, splits=16, _stages=3, num_warps=8)),
-                    ("pipe w8 s4 splits=16", dict(PIPE, splits=16, _stages=4, num_warps=8)),
-                    ("pipe tile=2048 w8 s3 splits=8", dict(PIPE, tile=2048, splits=8, _stages=3, num_warps=8))],
-}
-TOPK_SHAPES = [(32, 1 << 20, "randn"), (8, 262144, "randn")]
-LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS",
-                    "_stages": "FILTER_STAGES", "_filter_maxnreg": "FILTER_MAXNREG", "_max_tiles": "MAX_TILES"}
+# (now the default for one row); runs 10-12 ("run10-topk" to "run12-topk", raw/sparse_sweep_run1*-topk.json) the
+# filter without its returned atomic, an interpolated finish search, register caps, loads not waiting for the
+# row's length, streaming programs (manual prefetch, cp.async pipeline) and 1024-entry tiles; only the last was
+# faster (B=32) and is the default from 8 rows; the others are gone (`git show ccd2ed4` has them). These lists time
+# the defaults against the tiles and launches they replaced.
+B1_VARIANTS = [("default", {}), ("no pdl", dict(pdl=False))]
+MANY_VARIANTS = [("default", {}), ("tile=2048", dict(tile=2048))]  # 2048: the default under 8 rows
+TOPK_VARIANTS = {(1, 65536): B1_VARIANTS, (1, 262144): B1_VARIANTS, (1, 1 << 20): B1_VARIANTS,
+                 (8, 262144): MANY_VARIANTS, (32, 1 << 20): MANY_VARIANTS}
+TOPK_SHAPES = [(1, 4096, "randn"), (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "randn"),
+               (1, 1 << 20, "recent"), (8, 262144, "randn"), (32, 1 << 20, "randn")]
+LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS"}
 
 
 def _call(scores, lengths, k, cfg):

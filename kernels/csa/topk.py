@@ -32,13 +32,17 @@ launch, faster there), "sample" (the above) otherwise.
 
 Launches: many rows (indexer prefill) or short rows use one program per row that does all three steps
 (`_topk_row_kernel`); few long rows (CSA decode) use three launches: one threshold program per row,
-one filter program per 2048-entry tile (or `splits` programs per row taking every splits-th tile), one
-finish program per row. Having the last filter program of a row run the finish (two launches) measured slower
+one filter program per 2048-entry tile (1024 from 8 rows; or `splits` programs per row taking every splits-th
+tile), one finish program per row. Having the last filter program of a row run the finish (two launches) measured slower
 on an H200 (run 8: B=1 x 1M 25.6 against 21.4 us, B=32 245.6 against 104.2: the fused kernel's registers
 halve the resident filter programs) and was removed; `git show 3174776:kernels/csa/topk.py` has it.
 With pdl (default for one row on CUDA sm_90+) the filter and finish are programmatic dependent launches: they
 start while the launch before still runs (the filter issues its tile's load first), then wait for it
 (`gdc_wait`) before reading what it wrote; H200 run 9: B=1 x 1M 19.8 against 21.4 us.
+Measured on the H200 and removed (runs 10-12-topk, bench/kernels/sparse_README.md): tiles writing their
+candidates to their own slots with a plain count instead of the atomic (slower at B=1, no faster at B=32), an
+interpolated finish search, register caps on the filter, tile loads that do not wait for the row's length,
+and programs streaming many tiles (manual prefetch or a cp.async pipeline); `git show ccd2ed4` has them.
 """
 
 from __future__ import annotations
@@ -60,9 +64,15 @@ except ImportError:  # pragma: no cover - the launcher then refuses pdl=True
 SAMPLE = 16384  # entries read to pick the threshold (64 KB of float32)
 SAMPLE_BLOCK = 8  # contiguous entries per sample block: one 32-byte sector, spread over the whole row
 MARGIN = 3  # the threshold aims at MARGIN * k candidates: under k happens with ~1e-5 odds on i.i.d. rows
-SPLIT_TILE = 2048  # entries per filter tile (one candidate segment) in split mode
-MAX_TILES = 512  # candidate segments per row (the finish reads one per tile); longer rows get larger tiles
-FILTER_PROGRAMS = 1 << 14  # filter programs over all rows in split mode (see auto_splits)
+SPLIT_TILE = 2048  # entries per filter tile (one candidate segment) in split mode, under MANY_ROWS rows
+MAX_TILES = 512  # candidate segments per row under MANY_ROWS rows (the finish reads one per tile); longer rows
+# get larger tiles
+# from MANY_ROWS rows the split filter takes SPLIT_TILE_MANY-entry tiles, up to twice MAX_TILES per row (one program
+# each, 63 registers: 8 resident per multiprocessor instead of 5): H200 B=32 x 1M 98.1 against 104.5 us (run12-topk;
+# run11-topk 97.8 against 104.4), B=8 x 256K 24.1 against 24.2
+MANY_ROWS = 8
+SPLIT_TILE_MANY = 1024
+FILTER_PROGRAMS = 1 << 15  # filter programs over all rows in split mode (see auto_splits)
 ROW_TILE = 4096  # entries per loop step in one-program-per-row mode
 # "auto" takes the radix select for few rows this short: H200 run 5, B=1, 4096 entries: 15.8 us against 31.1
 # for the sampled threshold, whose three launches and serial search steps cost ~30 us at any length
@@ -73,12 +83,6 @@ FINISH_WARPS = 8  # warps of a finish launch per 4096 candidate slots (16 slots 
 # by default for a single row only: H200 run 9, B=1 x 1M 19.8 against 21.4 us, 256K 14.5 against 16.0, but
 # B=8 x 256K 25.0 against 24.2 and B=32 x 1M 105.2 against 104.3
 PDL_MAX_ROWS = 1
-# split mode's candidate placement: "atomic" (one returned atomic add per tile reserves slots in the row's
-# shared SLOTS) or "tile" (each tile writes to its own TILE slots of a row-sized workspace and publishes a plain
-# count; the finish prefix-sums the counts): see `_filter_tile_own`
-COMPACT = "atomic"
-FILTER_STAGES = 3  # tile-compacting programs that take several tiles: pipeline depth of their loads
-FILTER_MAXNREG = None  # register cap of the split filter programs on CUDA (None: the compiler's choice)
 
 
 @triton.jit
@@ -276,31 +280,13 @@ def _filter_tile(x, offs, t, n, thresh, fill, cand_key, cand_pos, seg, SLOTS: tl
 
 
 @triton.jit
-def _filter_tile_own(x, offs, t, n, thresh, cand_key, cand_pos, cnt, TILE: tl.constexpr):
-    """Step 2 for tile t with no atomic: its candidates go, in position order, to the tile's own TILE slots
-    (t * TILE onwards: no overflow, no reservation), and their count to cnt[t] for the finish's prefix sum."""
-    key = _signed_key(x)
-    take = (offs < n) & (key >= thresh)
-    take_i = take.to(tl.int32)
-    count = tl.sum(take_i, axis=0)
-    if count > 0:
-        slot = t * TILE + tl.cumsum(take_i, axis=0) - take_i
-        tl.store(cand_key + slot, key, mask=take)
-        tl.store(cand_pos + slot, offs, mask=take)
-    if t * TILE < n:
-        tl.store(cnt + t, count)
-
-
-@triton.jit
 def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                         n_cols, stride_row, K, P, cand_stride, HAS_LO: tl.constexpr, S: tl.constexpr,
-                         SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, ONE_TILE: tl.constexpr,
-                         OWN: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
-    """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: its candidates, in position order,
-    either (OWN) into the tile's own slots of a row-sized workspace with their count in seg[row, tile], or
-    into consecutive slots reserved with one atomic add on the row's shared SLOTS, the segment (first slot,
-    count) in seg[row, tile]. Several tiles per program: the next tile's load is issued before the current
-    tile's reduction and stores, so a program always has a load in flight.
+                         n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
+                         MAXT: tl.constexpr, TILE: tl.constexpr, ONE_TILE: tl.constexpr, PDL: tl.constexpr):
+    """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: count its candidates, reserve that
+    many consecutive slots with one atomic add (each tile is one segment, in position order inside), write
+    them, record the segment (first slot, count) in seg[row, tile]. The next tile's load is issued before the
+    current tile's reduction, atomic and stores, so a program always has a load in flight.
 
     PDL: launched while the threshold grid still runs, a program
     issues its tile's load, then waits for that grid (the threshold and the reset counters) and lets the
@@ -310,7 +296,7 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     n = hi - lo
     row_val = val_ptr + row.to(tl.int64) * stride_row + lo
-    base_row = row.to(tl.int64) * cand_stride
+    base_row = row.to(tl.int64) * SLOTS
     if ONE_TILE:  # P covers the row: no loop, fewer registers, more programs resident
         # a start of unknown alignment (min with n) gives one 4-byte load per entry in the layout the
         # candidate stores need; a known-aligned start gives 16-byte loads in another layout, converted
@@ -320,106 +306,56 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
-        if OWN:
-            _filter_tile_own(x, offs, p, n, tl.load(thresh_ptr + row), cand_key_ptr + base_row,
-                             cand_pos_ptr + base_row, seg_ptr + row * MAXT, TILE)
-        else:
-            _filter_tile(x, offs, p, n, tl.load(thresh_ptr + row), fill_ptr + row, cand_key_ptr + base_row,
-                         cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE)
+        _filter_tile(x, offs, p, n, tl.load(thresh_ptr + row), fill_ptr + row,
+                     cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE)
     else:
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
         thresh = tl.load(thresh_ptr + row)
-        if OWN:  # software-pipelined: STAGES - 1 tiles in flight as asynchronous copies into shared memory
-            # (cp.async, 16 bytes when the row width is a multiple of 4; masked by the width, so the last
-            # tile reads up to TILE - 1 entries past the row's length, which the filter then ignores)
-            for t in tl.range(p, tl.cdiv(n, TILE), P, num_stages=STAGES):
-                offs = t * TILE + tl.arange(0, TILE)
-                x = tl.load(row_val + offs, mask=offs < n_cols - lo, other=0.0)
-                _filter_tile_own(x, offs, t, n, thresh, cand_key_ptr + base_row, cand_pos_ptr + base_row,
-                                 seg_ptr + row * MAXT, TILE)
-            return
         x = _load_tile(row_val, p * TILE, n, TILE)
         for t in range(p, tl.cdiv(n, TILE), P):
             x_next = _load_tile(row_val, (t + P) * TILE, n, TILE)
-            _filter_tile(x, t * TILE + tl.arange(0, TILE), t, n, thresh, fill_ptr + row, cand_key_ptr + base_row,
-                         cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE)
+            _filter_tile(x, t * TILE + tl.arange(0, TILE), t, n, thresh, fill_ptr + row, cand_key_ptr + base_row, cand_pos_ptr + base_row,
+                         seg_ptr + row * MAXT * 2, SLOTS, TILE)
             x = x_next
 
 
 @triton.jit
-def _finish_row_own(val_ptr, lo_ptr, hi_ptr, thresh_ptr, cand_key_ptr, cand_pos_ptr, cnt_ptr, out_ptr, n_cols,
-                    stride_row, K, cand_stride, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                    MAXT: tl.constexpr, TILE: tl.constexpr, PDL: tl.constexpr):
-    """Step 3 for one row whose tiles wrote their candidates to their own slots (`_filter_tile_own`): the
-    per-tile counts' prefix sum places candidate s of the row (in position order) in tile t(s) = the number
-    of tiles whose inclusive end is <= s, found by a binary search over the ends in registers (`tl.gather`,
-    log2(MAXT) steps), at slot t * TILE + s - start[t]. The candidates are then in ascending position order:
-    the first ties are the lowest positions and the output slot of a taken one is the count taken before it."""
-    lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
-    n = hi - lo
-    row_val = val_ptr + row.to(tl.int64) * stride_row
-    out_row = out_ptr + row.to(tl.int64) * K
-    if PDL:  # launched before the filter grid ended: wait for it (and its writes) here
-        gdc_wait()
-    c = tl.arange(0, MAXT)
-    cnt = tl.load(cnt_ptr + row * MAXT + c, mask=c < tl.cdiv(n, TILE), other=0, cache_modifier=".cg")
-    end = tl.cumsum(cnt, axis=0)
-    total = tl.sum(cnt, axis=0)
-    kk = tl.minimum(K, n)
-    if (total > SLOTS) | (total < kk):  # threshold missed: exact radix select
-        _radix_topk_range(row_val, row_val, lo, hi, lo, out_row, out_row, K, False, False, 256, TILE)
-    else:
-        s = tl.arange(0, SLOTS)
-        t = tl.zeros([SLOTS], tl.int32)
-        for b in tl.static_range(1, 16):  # steps MAXT/2, MAXT/4, ..., 1 (unrolled)
-            if (MAXT >> b) >= 1:
-                t = tl.where(tl.gather(end, t + ((MAXT >> b) - 1), axis=0) <= s, t + (MAXT >> b), t)
-        ok = s < total
-        slot = row.to(tl.int64) * cand_stride + t * TILE + s - tl.gather(end - cnt, t, axis=0)
-        key = tl.where(ok, tl.load(cand_key_ptr + slot, mask=ok, other=0, cache_modifier=".cg"), MIN32)
-        pos = tl.load(cand_pos_ptr + slot, mask=ok, other=0, cache_modifier=".cg")
-        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row), n <= S, True)
-        take_i = take.to(tl.int32)
-        tl.store(out_row + tl.cumsum(take_i, axis=0) - take_i, pos, mask=take)
-        _pad(out_row, kk, K, SLOTS)
-
-
-@triton.jit
 def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                         n_cols, stride_row, K, P, cand_stride, HAS_LO: tl.constexpr, S: tl.constexpr,
-                         SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, OWN: tl.constexpr,
-                         PDL: tl.constexpr):
-    """Program per row: the finish (step 3). P: unused (the filter's argument list)."""
-    if OWN:
-        _finish_row_own(val_ptr, lo_ptr, hi_ptr, thresh_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr, n_cols,
-                        stride_row, K, cand_stride, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, PDL)
-    else:
-        _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                    n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, PDL)
+                         n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
+                         MAXT: tl.constexpr, TILE: tl.constexpr, PDL: tl.constexpr):
+    """Program per row: the finish (step 3)."""
+    _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
+                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, PDL)
 
 
-def split_tile(max_len: int, tile: int | None = None) -> int:
-    """Entries per filter tile (one candidate segment each) in split mode: `tile` or SPLIT_TILE, doubled
-    until a row has at most MAX_TILES tiles (2048 up to 1M entries, 4096 up to 2M)."""
-    tile = tile or SPLIT_TILE
-    while -(-max_len // tile) > MAX_TILES:
+def max_tiles(rows: int) -> int:
+    """Candidate segments (filter tiles) per row in split mode: MAX_TILES, twice that from MANY_ROWS rows."""
+    return MAX_TILES * SPLIT_TILE // SPLIT_TILE_MANY if rows >= MANY_ROWS else MAX_TILES
+
+
+def split_tile(max_len: int, tile: int | None = None, rows: int = 1) -> int:
+    """Entries per filter tile (one candidate segment each) in split mode: `tile`, or SPLIT_TILE (SPLIT_TILE_MANY
+    from MANY_ROWS rows), doubled until a row has at most `max_tiles(rows)` tiles (one row: 2048 up to 1M
+    entries, 4096 up to 2M; 8 rows or more: 1024 up to 1M)."""
+    tile = tile or (SPLIT_TILE_MANY if rows >= MANY_ROWS else SPLIT_TILE)
+    while -(-max_len // tile) > max_tiles(rows):
         tile *= 2
     return tile
 
 
-def auto_splits(rows: int, max_len: int, tile: int = SPLIT_TILE) -> int:
-    """Filter programs per row in split mode: one per tile, up to FILTER_PROGRAMS in all (B=32 x 1M: 512 per
-    row, 16384 programs)."""
-    tiles = -(-max_len // split_tile(max_len, tile))
+def auto_splits(rows: int, max_len: int, tile: int | None = None) -> int:
+    """Filter programs per row in split mode: one per tile, up to FILTER_PROGRAMS in all (B=32 x 1M: 1024 per
+    row, 32768 programs)."""
+    tiles = -(-max_len // split_tile(max_len, tile, rows))
     return max(1, min(tiles, FILTER_PROGRAMS // max(rows, 1)))
 
 
 def splits_for(rows: int, n: int, splits: int | None, tile: int | None) -> int:
     """Filter programs per row: one program per row for >= 64 rows (plenty of programs), else `auto_splits`."""
     if splits is None:
-        splits = 1 if rows >= 64 else auto_splits(rows, n, tile or SPLIT_TILE)
+        splits = 1 if rows >= 64 else auto_splits(rows, n, tile)
     return max(1, int(splits))
 
 
@@ -443,8 +379,7 @@ def _warps_for(elements: int) -> int:
 
 def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.Tensor, k: int, *,
                 splits: int | None = None, method: str = "auto", tile: int | None = None, num_warps: int = 4,
-                row_chunk: int = 4096, sample: int = SAMPLE, pdl: bool | None = None, compact: str | None = None,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                row_chunk: int = 4096, sample: int = SAMPLE, pdl: bool | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k positions of each row's valid range [starts[r], ends[r]) of `scores` [R, N] float32.
 
     Returns int32 [R, k]: positions relative to starts[r] (starts=None: 0), ascending, -1 padded (see
@@ -453,14 +388,13 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     splits-th tile of its row); method "sample" ("filter" is
     accepted as its former name), "radix" (one program per row, radix select only) or "auto" (default:
     radix for fewer than 64 rows of at most RADIX_MAX_LEN entries, sample otherwise); tile: entries per
-    loop step (split mode: also one candidate segment, default 2048, doubled while a row has more than
-    MAX_TILES tiles; one program per row: default 4096); num_warps: warps of the split filter programs (the radix
+    loop step (split mode: also one candidate segment, default 2048, 1024 from MANY_ROWS rows, doubled while a
+    row has more than `max_tiles(R)` tiles; one program per row: default 4096); num_warps: warps of the split filter programs (the radix
     method under "auto" uses 8); row_chunk: rows per launch in one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
     entries read to pick the threshold (a power of two >= 512; smaller only to test the sampled path on
     short rows); pdl: the split filter and finish launches start before
     the launch they depend on has ended (programmatic dependent launch; default: `pdl_default`);
-    compact: split mode's candidate placement, "atomic" or "tile" (default COMPACT; "tile" takes a workspace
-    of 8 bytes per score); out: optional preallocated int32 [R, k].
+    out: optional preallocated int32 [R, k].
     """
     if scores.dim() != 2 or scores.dtype != torch.float32:
         raise ValueError(f"scores must be a 2-D float32 tensor, got {tuple(scores.shape)} {scores.dtype}")
@@ -468,9 +402,6 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
         raise ValueError(f"k must be positive, got {k}")
     if method not in ("auto", "sample", "filter", "radix"):
         raise ValueError(f"method must be 'auto', 'sample' or 'radix', got {method!r}")
-    compact = compact or COMPACT
-    if compact not in ("tile", "atomic"):
-        raise ValueError(f"compact must be 'tile' or 'atomic', got {compact!r}")
     if sample < 512 or sample & (sample - 1):
         raise ValueError(f"sample must be a power of two >= 512, got {sample}")
     rows, n = scores.shape
@@ -499,7 +430,8 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
         short = rows < 64 and n <= RADIX_MAX_LEN and splits is None
         method, tile, num_warps = ("radix", tile or 4096, 8) if short else ("sample", tile, num_warps)
     if tile is None:
-        tile = SPLIT_TILE if splits_for(rows, n, splits, None) > 1 else ROW_TILE
+        split_base = SPLIT_TILE_MANY if rows >= MANY_ROWS else SPLIT_TILE
+        tile = split_base if splits_for(rows, n, splits, None) > 1 else ROW_TILE
     if method == "radix":
         _chunk_topk_kernel[(rows, 1)](
             scores, scores, lo_arg, ends, out, scores, n, scores.stride(0), k, k,
@@ -520,28 +452,21 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
             _topk_row_kernel[(nrows,)](scores, lo_arg, ends, cand_key, cand_pos, out, n, scores.stride(0), k, row0,
                                        **common, **sampling, SLOTS=slots, TILE=tile, num_warps=warps)
         return out
-    tile = split_tile(n, tile)
-    n_tiles = triton.cdiv(n, tile)
-    own = compact == "tile"
+    tile = split_tile(n, tile, rows)
+    maxt = max_tiles(rows)
     thresh = torch.empty((rows,), dtype=torch.int32, device=dev)
     fill = torch.empty((rows,), dtype=torch.int32, device=dev)  # slots filled: zeroed by the threshold launch
-    if own:  # every tile's own slots: a row-sized workspace (only candidates are written), counts per tile
-        maxt = max(16, triton.next_power_of_2(n_tiles))
-        cand_stride = n_tiles * tile
-        seg = torch.empty((rows, maxt), dtype=torch.int32, device=dev)
-    else:
-        maxt, cand_stride = MAX_TILES, slots
-        seg = torch.empty((rows, MAX_TILES, 2), dtype=torch.int32, device=dev)
-    cand_key = torch.empty((rows, cand_stride), dtype=torch.int32, device=dev)
-    cand_pos = torch.empty((rows, cand_stride), dtype=torch.int32, device=dev)
-    bufs = (thresh, fill, cand_key, cand_pos, seg, out, n, scores.stride(0), k, splits, cand_stride)
-    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=maxt, TILE=tile, OWN=own, PDL=pdl)
+    cand_key = torch.empty((rows, slots), dtype=torch.int32, device=dev)
+    cand_pos = torch.empty((rows, slots), dtype=torch.int32, device=dev)
+    seg = torch.empty((rows, maxt, 2), dtype=torch.int32, device=dev)
+    bufs = (thresh, fill, cand_key, cand_pos, seg, out, n, scores.stride(0), k)
+    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=maxt, TILE=tile, PDL=pdl)
     dependent = dict(launch_pdl=True) if pdl else {}  # the interpreter knows no such option
-    regs = dict(maxnreg=FILTER_MAXNREG) if FILTER_MAXNREG and scores.is_cuda and torch.version.hip is None else {}
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, n, scores.stride(0), k, **common,
                                      **sampling, PDL=pdl, num_warps=THRESHOLD_WARPS)
-    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, **shapes, ONE_TILE=splits >= n_tiles,
-                                         STAGES=FILTER_STAGES, num_warps=num_warps, num_stages=1, **dependent, **regs)
+    one_tile = splits >= triton.cdiv(n, tile)
+    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, ONE_TILE=one_tile,
+                                         num_warps=num_warps, num_stages=1, **dependent)
     _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes,
                                   num_warps=min(16, FINISH_WARPS * slots // 4096), **dependent)
     return out
@@ -549,7 +474,7 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
 
 def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: int | None = None,
          method: str = "auto", tile: int | None = None, num_warps: int = 4, sample: int = SAMPLE,
-         pdl: bool | None = None, compact: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+         pdl: bool | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """CSA top-K: the k best compressed entries of each request.
 
     scores: [B, N] float32, entry j of request b valid for j < lengths[b] (lengths [B], any int dtype,
@@ -563,4 +488,4 @@ def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int = 512, *, splits: i
     if lengths.shape != (scores.shape[0],):
         raise ValueError(f"lengths must have shape ({scores.shape[0]},), got {tuple(lengths.shape)}")
     return topk_ranges(scores, None, lengths, k, splits=splits, method=method, tile=tile, num_warps=num_warps,
-                       sample=sample, pdl=pdl, compact=compact, out=out)
+                       sample=sample, pdl=pdl, out=out)

@@ -1,16 +1,12 @@
 """CSA top-K (`zoe_kernels.csa.topk`): exact indices and the documented tie rule against a float64 reference."""
 
-import importlib
-
 import pytest
 import torch
 
 from tests.kernels._sparse_device import DEVICE, ON_GPU
 from zoe_kernels.csa import topk, topk_ranges
 from zoe_kernels.csa.reference import topk_ranges_reference, topk_reference
-from zoe_kernels.csa.topk import SAMPLE_BLOCK, auto_splits, pdl_default, split_tile
-
-topk_module = importlib.import_module("zoe_kernels.csa.topk")  # the package exports the function under this name
+from zoe_kernels.csa.topk import SAMPLE_BLOCK, auto_splits, max_tiles, pdl_default, split_tile
 
 pytestmark = pytest.mark.kernels
 BLOCK = 4096 if ON_GPU else 512
@@ -76,46 +72,22 @@ def test_topk_matches_reference_with_ragged_lengths(kind, b, n, k, splits, metho
     assert (last[: int(lengths[-1])] >= 0).all() and (last[int(lengths[-1]):] == -1).all()
 
 
-@pytest.mark.parametrize("compact", ["atomic", "tile"])
 @pytest.mark.parametrize("kind,splits", [("normal", 8), ("rounded", 2), ("recent", 5), ("ties", 3)])
-def test_split_programs_and_finish_launch(kind, splits, compact):
+def test_split_programs_and_finish_launch(kind, splits):
     """Programs with several tiles each, and more programs than tiles."""
     gen = torch.Generator().manual_seed(hash((kind, splits)) % 2**31)
     n, k = 3000 if splits == 8 else 7000, 96  # 8 programs over 6 tiles: two programs without a tile
     scores = _scores(kind, 3, n, gen)
     lengths = torch.tensor([n, n - 513, 40])
     poisoned = torch.full((3, k), 12345, dtype=torch.int32, device=DEVICE)
-    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024, compact=compact,
-               out=poisoned).cpu()
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024, out=poisoned).cpu()
     assert torch.equal(out, topk_reference(scores, lengths, k))
 
 
-# compact="tile": each filter tile writes its candidates to its own slots and a plain count (no atomic); with
-# fewer programs than tiles the programs stream their tiles through a software pipeline (FILTER_STAGES)
-@pytest.mark.parametrize(
-    "kind,compact,splits",
-    [("normal", "tile", 4), ("rounded", "tile", 3), ("recent", "tile", 5), ("sorted", "tile", 2),
-     ("signed_inf", "tile", 4), ("equal", "tile", 3), ("uniform", "tile", 40), ("periodic", "tile", 18),
-     ("rounded", "atomic", 18), ("normal", "atomic", 40), ("ties", "tile", 1)],  # 18 tiles: 40 is more programs
-)
-def test_tile_compaction(kind, compact, splits):
-    gen = torch.Generator().manual_seed(hash((kind, compact, splits)) % 2**31)
-    b, n, k = 3, 9000, 100
-    scores = _scores(kind, b, n, gen)
-    lengths = torch.tensor([n, int(torch.randint(n // 2, n, (1,), generator=gen)), 70])  # ragged: padding read
-    for _ in range(2):  # the same call twice on fresh data: nothing left over from the first call is used
-        poisoned = torch.full((b, k), 12345, dtype=torch.int32, device=DEVICE)
-        out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024,
-                   compact=compact, out=poisoned).cpu()
-        assert torch.equal(out, topk_reference(scores, lengths, k))
-        scores = _scores(kind, b, n, gen)
-
-
 @pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch needs a CUDA device")
-@pytest.mark.parametrize("compact", ["atomic", "tile"])
 @pytest.mark.parametrize("b,n,kind", [(1, 1 << 20, "normal"), (1, 1 << 20, "recent"), (8, 262144, "normal"),
                                       (32, 65536, "rounded"), (2, 7000, "ties")])
-def test_dependent_launches_on_gpu(b, n, kind, compact):
+def test_dependent_launches_on_gpu(b, n, kind):
     """pdl=True: the filter and finish launches start before the launch they depend on has ended; repeated calls
     on fresh data (a missing wait would show as a race)."""
     gen = torch.Generator().manual_seed(n + b)
@@ -123,28 +95,7 @@ def test_dependent_launches_on_gpu(b, n, kind, compact):
         scores = _scores(kind, b, n, gen)
         lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
         lengths[0] = n
-        out = topk(scores.cuda(), lengths.cuda(), 512, pdl=True, compact=compact).cpu()
-        assert torch.equal(out, topk_reference(scores, lengths, 512))
-
-
-@pytest.mark.skipif(not ON_GPU, reason="register caps and long rows need a CUDA device")
-@pytest.mark.parametrize("compact,regs,tile,splits,stages",
-                         [("tile", 80, None, None, 3), ("atomic", 64, None, None, 3), ("atomic", None, 1024, 1024, 3),
-                          ("tile", None, 1024, 1024, 3), ("tile", None, 1024, 24, 3), ("tile", None, 1024, 48, 4),
-                          ("tile", None, 2048, 16, 3)])
-def test_filter_variants_on_long_ragged_rows_on_gpu(compact, regs, tile, splits, stages, monkeypatch):
-    """FILTER_MAXNREG caps the filter's registers (more programs resident); 1024-entry tiles (1024 per 1M row);
-    splits 16-48: tile-compacting programs streaming 21-64 tiles through a pipeline of `stages`."""
-    monkeypatch.setattr(topk_module, "FILTER_MAXNREG", regs)
-    monkeypatch.setattr(topk_module, "FILTER_STAGES", stages)
-    monkeypatch.setattr(topk_module, "MAX_TILES", 1024)
-    gen = torch.Generator().manual_seed(hash((compact, regs, tile, splits)) % 2**31)
-    b, n = 4, 1 << 20
-    for kind in ("normal", "recent"):
-        scores = _scores(kind, b, n, gen)
-        lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
-        lengths[0] = n
-        out = topk(scores.cuda(), lengths.cuda(), 512, compact=compact, tile=tile, splits=splits).cpu()
+        out = topk(scores.cuda(), lengths.cuda(), 512, pdl=True).cpu()
         assert torch.equal(out, topk_reference(scores, lengths, 512))
 
 
@@ -156,9 +107,9 @@ def _sampled_positions(n: int, sample: int) -> torch.Tensor:
     return (i // SAMPLE_BLOCK) * step + i % SAMPLE_BLOCK
 
 
-@pytest.mark.parametrize("splits,compact", [(1, "atomic"), (3, "atomic"), (3, "tile")])
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("case", ["overflow", "undershoot"])
-def test_threshold_misses_fall_back_to_exact_radix(case, splits, compact):
+def test_threshold_misses_fall_back_to_exact_radix(case, splits):
     gen = torch.Generator().manual_seed(31)
     n, k = 6000, 64
     if case == "overflow":  # 5000 equal top values: more candidates than the 4096 slots
@@ -168,8 +119,7 @@ def test_threshold_misses_fall_back_to_exact_radix(case, splits, compact):
         scores = torch.randn(2, n, generator=gen)
         scores[:, _sampled_positions(n, 1024)] = 2.0 ** (torch.arange(1024) / 16.0) + 10.0
     lengths = torch.tensor([n, n - 7])
-    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024,
-               compact=compact).cpu()
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, tile=BLOCK, sample=1024).cpu()
     assert torch.equal(out, topk_reference(scores, lengths, k))
 
 
@@ -195,8 +145,26 @@ def test_empty_rows_and_zero_lengths():
 
 def test_auto_splits_follow_length_and_rows():
     assert [auto_splits(1, n) for n in (2048, 65536, 262144, 524288, 1 << 20, 4 << 20)] == [1, 32, 128, 256, 512, 512]
-    assert [auto_splits(b, 1 << 20) for b in (1, 8, 32, 63)] == [512, 512, 512, 260]
+    # from 8 rows: 1024-entry tiles (H200 run12-topk), one program each up to 32768 programs
+    assert [auto_splits(b, 1 << 20) for b in (1, 7, 8, 32, 63)] == [512, 512, 1024, 1024, 520]
     assert split_tile(1 << 20) == 2048 and split_tile(4 << 20) == 8192
+    assert split_tile(1 << 20, rows=32) == 1024 and split_tile(4 << 20, rows=32) == 4096
+    assert split_tile(1 << 20, 2048, rows=32) == 2048 and max_tiles(32) == 1024 and max_tiles(7) == 512
+
+
+@pytest.mark.parametrize("kind", ["normal", "recent", "rounded"])
+def test_many_rows_take_smaller_filter_tiles(kind):
+    """8 rows or more: the split filter's default tiles are SPLIT_TILE_MANY entries, one program each (6 tiles
+    per row on the CPU, 256 on a GPU)."""
+    gen = torch.Generator().manual_seed(hash(kind) % 2**31)
+    b, n, k = 8, 6000 if not ON_GPU else 1 << 18, 64 if not ON_GPU else 512
+    scores = _scores(kind, b, n, gen)
+    lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
+    lengths[0] = n
+    poisoned = torch.full((b, k), 12345, dtype=torch.int32, device=DEVICE)
+    sample = 1024 if not ON_GPU else 16384
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, sample=sample, out=poisoned).cpu()
+    assert torch.equal(out, topk_reference(scores, lengths, k))
 
 
 def test_dependent_launches_default_to_one_row_on_cuda():
@@ -219,17 +187,14 @@ def test_bad_inputs_raise_clear_errors():
         topk(torch.randn(2, 10), torch.tensor([1, 2]), 4, method="sort")
     with pytest.raises(ValueError, match="sample must be a power of two"):
         topk(torch.randn(2, 10), torch.tensor([1, 2]), 4, sample=1000)
-    with pytest.raises(ValueError, match="compact must be"):
-        topk(torch.randn(2, 10), torch.tensor([1, 2]), 4, compact="scan")
 
 
 @pytest.mark.skipif(not ON_GPU, reason="long rows need a GPU")
-@pytest.mark.parametrize("compact", ["atomic", "tile"])
 @pytest.mark.parametrize("b,n", [(1, 1 << 20), (4, 300_000), (32, 65536)])
-def test_topk_long_rows_on_gpu(b, n, compact):
+def test_topk_long_rows_on_gpu(b, n):
     gen = torch.Generator().manual_seed(n)
     scores = torch.randn(b, n, generator=gen)
     lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
     lengths[0] = n
-    out = topk(scores.cuda(), lengths.cuda(), 512, compact=compact).cpu()
+    out = topk(scores.cuda(), lengths.cuda(), 512).cpu()
     assert torch.equal(out, topk_reference(scores, lengths, 512))
