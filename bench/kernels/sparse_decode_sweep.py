@@ -65,8 +65,21 @@ RUN11_SMALL = [("default", {}),
                ("S2 BKV=64 st2", dict(schedule=2, block_kv=64, num_stages=2)),
                ("BH=64 S2 BKV=32 st3", dict(H64, block_kv=32, num_stages=3)),
                ("BH=64 S2 BKV=16 st3", dict(H64, block_kv=16, num_stages=3))]
-SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL)}
-VARIANT_SET = "run11"
+# run12-decode: two programs per multiprocessor (4 warps, 32-entry tiles, <= 85 KB of shared memory, <= 255
+# registers at 128 threads), since every variant of runs 10-11 took 4.5-6 us per tile and program whatever its
+# loads in flight: the single 8-warp program per multiprocessor waits on its own dots, reductions and barriers
+RUN8 = dict(schedule=0, block_h=32, block_kv=64, num_stages=2, num_warps=8)  # the default of runs 8-10 at B >= 8
+W4 = dict(num_warps=4, block_kv=32, num_stages=2)
+RUN12_LARGE = [("run8 default", RUN8),
+               ("default", {}),
+               ("BH=32 w4 S0 BKV=32 splits=2", dict(W4, block_h=32, schedule=0, splits=2)),
+               ("BH=32 w4 S2 BKV=32 st2 splits=2", dict(W4, block_h=32, schedule=2, splits=2)),
+               ("BH=16 w4 S0 BKV=32", dict(W4, block_h=16, schedule=0, splits=1)),
+               ("BH=16 w4 S2 BKV=32 st2", dict(W4, block_h=16, schedule=2, splits=1)),
+               ("BH=16 w4 S0 BKV=32 fp16", dict(W4, block_h=16, schedule=0, splits=1, qk_fp16=True))]
+RUN12_SMALL = [("run8 default", dict(RUN8, block_h=16, num_warps=4)), ("default", {})]
+SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL)}
+VARIANT_SET = "run12"
 
 
 def variants(b: int) -> list[tuple[str, dict]]:
@@ -211,16 +224,16 @@ def aot(out_json: Path) -> None:
             "win_vs_ptr": "*fp32", "comp_ks_ptr": "*fp32", "comp_vs_ptr": "*fp32", "part_out_ptr": "*fp32",
             "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": "*bf16"}
     rows = []
-    for name, cfg in LARGE_B + RUN11_LARGE[2:]:
-        schedule = cfg.get("schedule", dsd.SCHEDULE_DEFAULT)
+    for name, cfg in LARGE_B + RUN11_LARGE[2:] + RUN12_LARGE[2:]:
+        schedule = cfg.get("schedule", 0)  # the B=64 default before run 11
         bkv = cfg.get("block_kv", 64)
         stages = cfg.get("num_stages", dsd._SCHEDULE_STAGES[schedule])
+        warps = cfg.get("num_warps", 8)
         constexprs = dict(D=512, DV=512, BH=cfg.get("block_h", 32), BKV=bkv, TILES_PER_SPLIT=128 // bkv + 512 // bkv, K_SCALED=True,
                           V_SCALED=False, DOT_DTYPE=tl.bfloat16, PRECISION="tf32", FINAL=True, HAS_SINK=False,
                           SCHEDULE=schedule, SEL_TILES=512 // bkv, SWAP_AB=cfg.get("swap_ab", False),
                           QK_F16=cfg.get("qk_fp16", False))
-        row = sa.compile_one(f"dual_scope B=64 {name}", dsd._dual_scope_partial_kernel, ptrs, constexprs,
-                             cfg.get("num_warps", 8),
+        row = sa.compile_one(f"dual_scope B=64 {name}", dsd._dual_scope_partial_kernel, ptrs, constexprs, warps,
                              floats=("qk_scale_log2",), num_stages=stages)
         rows.append(row)
     import triton
@@ -238,13 +251,13 @@ def main() -> None:
                     help="run the dual-scope GPU tests beside the compiles (optionally only those matching -k EXPR)")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--aot", action="store_true", help="compile for sm_90 here (no GPU) and write the report")
-    ap.add_argument("--set", default=VARIANT_SET, choices=sorted(SETS), help="variant lists (run10 or run11)")
+    ap.add_argument("--set", default=VARIANT_SET, choices=sorted(SETS), help="variant lists of a run")
     args = ap.parse_args()
     globals()["VARIANT_SET"] = args.set
     batches = [int(x) for x in args.batches.split(",")]
     out = Path(args.out)
     if args.aot:
-        aot(HERE / "results" / "sparse_decode_aot_run11.json")
+        aot(HERE / "results" / "sparse_decode_aot_run12.json")
         return
     if args.worker is not None:
         worker(args.worker, args.workers, batches, Path(f"/tmp/decode_warm_{args.worker}.log"))

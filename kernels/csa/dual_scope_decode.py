@@ -348,24 +348,44 @@ _TARGET_PROGRAMS = 132  # about one program per multiprocessor of an H200 (132 S
 _MIN_UNSPLIT_PROGRAMS = 64
 # the entry loop's schedule (SCHEDULE in the kernel): 0 two loops (window, compressed) pipelined by the compiler
 # with the index load inside, 1 one loop with the next tile's rows loaded into registers by hand, 2 one loop
-# pipelined by the compiler with all indices loaded up front; chosen by measurement (sparse_sweep.py)
-SCHEDULE_DEFAULT = 0
-SWAP_AB_DEFAULT = False  # the dots as K q^T and V^T P^T (see _softmax_step); chosen by measurement
-QK_FP16_DEFAULT = False  # fp8 keys, bf16 q: score dots in fp16 on a power-of-two scaled q; chosen by measurement
+# pipelined by the compiler with all indices loaded up front. swap_ab (the dots as K q^T and V^T P^T) and
+# qk_fp16 (score dots in fp16 on a power-of-two scaled q) stay off: H200 runs 10-11 (sparse_decode_sweep.py)
+SWAP_AB_DEFAULT = False
+QK_FP16_DEFAULT = False
 _SCHEDULE_STAGES = {0: 2, 1: 1, 2: 3}
+# from this batch on, all heads of a sequence per program (2-byte q): H200 run 11, B=64 55.1 us (two entry
+# splits) against 59.0 for 32 heads, B=128 91.1 against 108.7; B=32 50.9 against 46.0 (fewer programs)
+_ALL_HEADS_FROM_BATCH = 64
 
 
 def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | None = None,
-                  block_dv: int | None = None, block_kv: int = 32, splits: int | None = None,
-                  num_warps: int | None = None) -> dict:
-    """Default launch parameters: the fastest configurations of H200 runs 4 and 7 (H=64, D=512): 32 heads, all
-    value columns and 8 warps from B = 8 on; 16 heads and 4 warps below B = 8 (17.6 us at B = 1 against
-    19.3). All 64 heads per program (K and V read once per sequence; 256-column value blocks to keep the
-    accumulator in registers) measured 20-30% slower. Entry splits only under _MIN_UNSPLIT_PROGRAMS
-    programs: the partials cost a write and a read of [B, splits, H, D] float32, as many bytes as the K/V
-    reads themselves at B = 64 (run 7: one split 56.2 us, two 66.8)."""
+                  block_dv: int | None = None, block_kv: int | None = None, splits: int | None = None,
+                  num_warps: int | None = None, schedule: int | None = None, num_stages: int | None = None,
+                  q_bytes: int = 2, one_loop: bool = True) -> dict:
+    """Default launch parameters, the fastest configurations measured on an H200 (H=64, D=512, W=128, k=512;
+    runs 4, 7, 10 and 11; sparse_README.md), for 2-byte q:
+    - B < 8: 16 heads, 4 warps, entry splits to fill the GPU, one pipelined loop over 64-entry tiles at two
+      stages (schedule 2; B=1 15.4 us against 16.5 for the two loops, runs 10 and 11);
+    - 8 <= B < 64: 32 heads, all value columns, 8 warps, the two loops over 64-entry tiles (schedule 0), one
+      split from 64 programs on (B=8 25.2 us, B=32 46.0; every other schedule measured slower there);
+    - B >= 64: all heads (K and V read once per sequence; the 64-row dots run as Hopper's warpgroup MMA with q and
+      V read from shared memory), one pipelined loop over 32-entry tiles at three stages, entry splits up to
+      128 programs (B=64: 2 splits, 55.1 us; B=128: 1 split, 91.1 us).
+    fp32 q keeps the two loops and 32-entry tiles. one_loop=False (the scopes' K or V dtypes differ) keeps the
+    two loops at every batch. All 64 heads with the two loops and 256-column value blocks measured 20-30% slower
+    (runs 4, 7); splits cost a write and a read of [B, splits, H, D] float32 partials."""
+    all_heads = one_loop and q_bytes <= 2 and bsz >= _ALL_HEADS_FROM_BATCH and block_h in (None, 64)
+    small = one_loop and q_bytes <= 2 and bsz < 8
+    if schedule is None:
+        schedule = 2 if (all_heads or small) else 0
+    if not one_loop:
+        schedule = 0  # the one-loop schedules select between the scopes' row pointers: one dtype per tensor kind
+    if block_kv is None:
+        block_kv = 32 if (all_heads or q_bytes > 2) else 64
+    if num_stages is None:
+        num_stages = 3 if all_heads else 2 if schedule == 2 else _SCHEDULE_STAGES[schedule]
     if block_h is None:
-        block_h = 16 if bsz < 8 else 32
+        block_h = 64 if all_heads else 16 if bsz < 8 else 32
     block_h = max(16, min(block_h, triton.next_power_of_2(heads)))
     if block_dv is None:
         block_dv = d
@@ -373,11 +393,15 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
     programs = bsz * triton.cdiv(heads, block_h) * (d // block_dv)
     tiles = max(1, triton.cdiv(entries, block_kv))
     if splits is None:
-        splits = 1 if programs >= _MIN_UNSPLIT_PROGRAMS else triton.cdiv(2 * _TARGET_PROGRAMS, programs)
+        if all_heads:
+            splits = triton.cdiv(128, programs)
+        else:
+            splits = 1 if programs >= _MIN_UNSPLIT_PROGRAMS else triton.cdiv(2 * _TARGET_PROGRAMS, programs)
     splits = max(1, min(splits, tiles))
     if num_warps is None:
         num_warps = 8 if block_h >= 32 and block_h * block_dv >= 32 * 256 else 4
-    return {"block_h": block_h, "block_dv": block_dv, "splits": splits, "num_warps": num_warps}
+    return {"block_h": block_h, "block_dv": block_dv, "block_kv": block_kv, "splits": splits,
+            "num_warps": num_warps, "schedule": schedule, "num_stages": num_stages}
 
 
 def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor, win_len: torch.Tensor,
@@ -395,9 +419,12 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     comp_k/comp_v: [B, Nc, D]; comp_idx: [B, k] int32 (-1 padded); fp8 keys/values need their
     float32 scales ([B, W] and [B, Nc]). sink: [H] float32 logits or None. sm_scale defaults to
     1/sqrt(D). Returns [B, H, D] in q's dtype; a sequence with no valid entry (and no sink) gets zeros.
-    Launch parameters (defaults from `launch_config`): block_h heads and block_dv value columns per
-    program, block_kv entries per tile (default 64 for 2-byte q, 32 for fp32), splits programs over the entries of a sequence (one split writes
-    the output directly; more write (out, lse) partials that a second launch merges exactly).
+    Launch parameters (defaults from `launch_config`, by batch): block_h heads and block_dv value columns per
+    program, block_kv entries per tile, splits programs over the entries of a sequence (one split writes the
+    output directly; more write (out, lse) partials that a second launch merges exactly), schedule of the
+    entry loop (0: two compiler-pipelined loops, 1: next tile's rows loaded into registers by hand, 2: one
+    compiler-pipelined loop with the indices loaded up front) with num_stages, swap_ab (dots as K q^T and
+    V^T P^T) and qk_fp16 (fp8 keys: score dots in fp16 on a power-of-two scaled q), both off by default.
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")
@@ -443,17 +470,12 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     comp_idx = comp_idx.to(device=dev, dtype=torch.int32).contiguous()
     win_len = win_len.to(device=dev, dtype=torch.int32).contiguous()
     w_entries, k_sel = win_k.shape[1], comp_idx.shape[1]
-    if block_kv is None:  # 64-entry tiles: twice the gathered rows in flight per step (H200 run 7, B=64:
-        block_kv = 64 if q.element_size() <= 2 else 32  # 56.2 us against 75.1 with 32, one split each)
+    one_loop = win_k.dtype == comp_k.dtype and win_v.dtype == comp_v.dtype
     cfg = launch_config(bsz, heads, d, w_entries + k_sel, block_h=block_h, block_dv=block_dv, block_kv=block_kv,
-                        splits=splits, num_warps=num_warps)
-    block_h, block_dv, splits = cfg["block_h"], cfg["block_dv"], cfg["splits"]
-    if schedule is None:
-        schedule = SCHEDULE_DEFAULT
-    if win_k.dtype != comp_k.dtype or win_v.dtype != comp_v.dtype:
-        schedule = 0  # the one-loop schedules select between the scopes' row pointers: one dtype per tensor kind
-    if num_stages is None:
-        num_stages = _SCHEDULE_STAGES[schedule]
+                        splits=splits, num_warps=num_warps, schedule=schedule, num_stages=num_stages,
+                        q_bytes=q.element_size(), one_loop=one_loop)
+    block_h, block_dv, splits, block_kv = cfg["block_h"], cfg["block_dv"], cfg["splits"], cfg["block_kv"]
+    schedule, num_stages = cfg["schedule"], cfg["num_stages"]
     # the swapped dots take 2-byte operands (Hopper's MMA reads a transposed fp32 operand from shared memory
     # in no layout), and split the key columns in halves
     swap_ab = (SWAP_AB_DEFAULT if swap_ab is None else swap_ab) and q.element_size() == 2 and d >= 32
