@@ -1,9 +1,11 @@
 """Builds bench/kernels/results/sparse_results.json from the H200 runs whose code is what the repository runs now.
 
 Each op's rows come from the last run that measured its current code (every row keeps its run and commit):
-- CSA top-K: run 9 (commit 8d92c90, sparse_sweep.py: run 8's default, the finish's band search and
-  programmatic dependent launches side by side; the default since then takes pdl at B=1, so run 9's "pdl"
-  rows are the default there and its "default" rows run 8's), plus run 8's radix fallback (unchanged);
+- CSA top-K: one row (B=1) from run10-topk (commit 54f29b2, sparse_sweep.py; its "default" rows run the
+  default kernels as they are now: pdl over 4096 entries, radix at 4096), 8 and 32 rows from run12-topk
+  (commit ccd2ed4; its "tile=1024" rows are the default from 8 rows now, its "default" rows the 2048-entry
+  tiles before), run 9's rows of run 8's default without pdl at B=1, plus run 8's radix fallback (unchanged);
+  runs 10-12-topk's other variants are gone from the code and stay in their raw JSON;
 - dual-scope decode: run 8 (commit d955c1f: 64-entry decode tiles);
   earlier kernels for comparison: run 5's top-K default (commit 6c9d14e, every search step paid), run 4's
   decode default (commit 8cef3bc, 32-entry tiles, 3 splits at B=64), run 3's decode kernel (one loop, a
@@ -27,43 +29,54 @@ RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = {1: ("sparse_results_run1.json", "de0a532"), 3: ("sparse_results_run3.json", "16cdafd"), 4: ("sparse_results_run4.json", "8cef3bc"),
         5: ("sparse_results_run5.json", "6c9d14e"), 8: ("sparse_results_run8.json", "d955c1f"),
         9: ("sparse_results_run9.json", "8d92c90")}
-SOURCE = {"csa_topk": 9, "csa_dual_scope_decode": 8, "dsa_indexer": 4, "dsa_indexer_topk2048": 3}
+SOURCE = {"csa_dual_scope_decode": 8, "dsa_indexer": 4, "dsa_indexer_topk2048": 3}  # top-K: TOPK_RUNS
+# CSA top-K rows of the sweeps (bench-format rows in results/raw/): (run, file, commit, shapes taken, provider
+# there -> provider here; rows of other providers are variants no longer in the code)
+TOPK_RUNS = [("10-topk", "raw/sparse_results_run10-topk.json", "54f29b2", ("B=1 ",),
+              {"torch.topk": "torch.topk", "zoe default": "zoe auto (default)"}),
+             ("12-topk", "raw/sparse_results_run12-topk.json", "ccd2ed4", ("B=8 ", "B=32 "),
+              {"torch.topk": "torch.topk", "zoe tile=1024": "zoe auto (default: 1024-entry tiles)",
+               "zoe default": "zoe run 9 default (2048-entry tiles)"})]
 RENAME = {"zoe BH=32 DV=512 BKV=32": "zoe BH=32 DV=512 BKV=32 (default from B=8)",  # run 4's labels
           "zoe default BH=64 DV=256 BKV=64": "zoe BH=64 DV=256 BKV=64",
           "zoe run 1 defaults": "zoe run 1 config, current kernel (default below B=8)",
           "zoe radix (run 1)": "zoe radix fallback, one program per row",
           "zoe sample (default)": "zoe sample tile=2048 warps=4"}  # the default is "auto" since run 5
 # earlier code, for comparison: (run, op, provider there, provider here)
-PREVIOUS = [(3, "csa_dual_scope_decode", "zoe run 1 defaults", "zoe previous kernel (run 3), run 1 config"),
+PREVIOUS = [(9, "csa_topk", "zoe default", "zoe run 8 default (no pdl)"),
+            (3, "csa_dual_scope_decode", "zoe run 1 defaults", "zoe previous kernel (run 3), run 1 config"),
             (4, "csa_dual_scope_decode", "zoe BH=32 DV=512 BKV=32", "zoe run 4 default (32-entry tiles)"),
             (5, "csa_topk", "zoe sample (default)", "zoe run 5 default (every search step paid)"),
             (8, "csa_topk", "zoe radix fallback, one program per row", "zoe radix fallback, one program per row")]
 
 
-def _run9_topk_provider(provider: str, shape: str) -> str:
-    """Run 9's variant names as the code runs them now: pdl is the default for one row of > 4096 entries."""
-    pdl_default = shape.startswith("B=1 ") and not shape.startswith("B=1 N=4096")
-    if provider == "zoe default":
-        return "zoe run 8 default (no pdl)" if pdl_default else "zoe auto (default)"
-    if provider == "zoe pdl" and pdl_default:
-        return "zoe auto (default: pdl)"
-    return provider
+def _topk_rows() -> list[dict]:
+    """The top-K rows of TOPK_RUNS that the code runs now, renamed (one row over 4096 entries: pdl)."""
+    rows = []
+    for run, name, commit, shapes, providers in TOPK_RUNS:
+        for row in json.loads((RESULTS / name).read_text())["rows"]:
+            if row.get("op") == "csa_topk" and row["shape"].startswith(shapes) and row["provider"] in providers:
+                provider = providers[row["provider"]]
+                if provider == "zoe auto (default)" and shapes == ("B=1 ",) and "N=4096" not in row["shape"]:
+                    provider = "zoe auto (default: pdl)"
+                rows.append(dict(row, provider=provider, run=run, commit=commit))
+    return sorted(rows, key=lambda r: r["shape"].startswith("B=32 "))  # B=32 last, as in earlier plots
 
 
 def main() -> None:
     loaded = {run: json.loads((RESULTS / name).read_text()) for run, (name, _) in RUNS.items()}
-    rows = []
+    rows = _topk_rows()
     for op, run in SOURCE.items():
         for row in loaded[run]["rows"]:
             if row.get("op") == op:
                 row = dict(row, run=run, commit=RUNS[run][1])
                 row["provider"] = RENAME.get(row["provider"], row["provider"])
-                if run == 9 and op == "csa_topk":
-                    row["provider"] = _run9_topk_provider(row["provider"], row["shape"])
                 rows.append(row)
     for run, op, old_name, new_name in PREVIOUS:
         for row in loaded[run]["rows"]:
             if row.get("op") == op and row["provider"] == old_name:
+                if run == 9 and (not row["shape"].startswith("B=1 ") or "N=4096" in row["shape"]):
+                    continue  # run 9's plain launches are run 8's default only where pdl is the default now
                 rows.append(dict(row, provider=new_name, run=run, commit=RUNS[run][1]))
     # run 1's top-K (radix select, 32 programs per row + merge), the method this session replaced
     for row in loaded[1]["rows"]:
@@ -71,14 +84,18 @@ def main() -> None:
             rows.append(dict(row, provider="zoe run 1 radix split + merge", run=1, commit=RUNS[1][1]))
     meta = dict(loaded[4]["meta"])
     meta.update(command="python bench/kernels/sparse_bench.py --out $OUT --skip-tests (runs 1, 3, 4; run 5: "
-                        "--sections topk; run 8: --sections topk,decode; run 9: "
+                        "--sections topk; run 8: --sections topk,decode; runs 9, 10-topk and 12-topk: "
                         "python bench/kernels/sparse_sweep.py --sections topk), assembled by "
                         "python bench/kernels/sparse_assemble.py",
                 runs={run: {"file": name, "commit": commit, "started": loaded[run]["meta"].get("started"),
                             "copy_tbps": loaded[run]["meta"].get("copy_tbps"),
                             "fp8_tflops": loaded[run]["meta"].get("fp8_tflops")}
                       for run, (name, commit) in RUNS.items()},
-                sources={op: run for op, run in SOURCE.items()})
+                sources={**{op: run for op, run in SOURCE.items()}, "csa_topk": [r[0] for r in TOPK_RUNS]})
+    for run, name, commit, _, _ in TOPK_RUNS:
+        run_meta = json.loads((RESULTS / name).read_text())["meta"]
+        meta["runs"][run] = {"file": name, "commit": commit, "started": run_meta.get("started"),
+                             "copy_tbps": run_meta.get("copy_tbps"), "fp8_tflops": run_meta.get("fp8_tflops")}
     (RESULTS / "sparse_results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(RESULTS / "sparse_results.json", len(rows), "rows")
 
