@@ -353,9 +353,10 @@ _MIN_UNSPLIT_PROGRAMS = 64
 SWAP_AB_DEFAULT = False
 QK_FP16_DEFAULT = False
 _SCHEDULE_STAGES = {0: 2, 1: 1, 2: 3}
-# from this batch on, all heads of a sequence per program (2-byte q): H200 run 11, B=64 55.1 us (two entry
-# splits) against 59.0 for 32 heads, B=128 91.1 against 108.7; B=32 50.9 against 46.0 (fewer programs)
-_ALL_HEADS_FROM_BATCH = 64
+# batch regimes for 2-byte q (H200 runs 10-13, H=64, D=512; see launch_config)
+_SMALL_BELOW_BATCH = 8
+_TWO_PER_SM_FROM_BATCH = 64
+_ALL_HEADS_FROM_BATCH = 128
 
 
 def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | None = None,
@@ -363,43 +364,50 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
                   num_warps: int | None = None, schedule: int | None = None, num_stages: int | None = None,
                   q_bytes: int = 2, one_loop: bool = True) -> dict:
     """Default launch parameters, the fastest configurations measured on an H200 (H=64, D=512, W=128, k=512;
-    runs 4, 7, 10 and 11; sparse_README.md), for 2-byte q:
+    runs 4, 7 and 10-13; sparse_README.md), for 2-byte q:
     - B < 8: 16 heads, 4 warps, entry splits to fill the GPU, one pipelined loop over 64-entry tiles at two
-      stages (schedule 2; B=1 15.4 us against 16.5 for the two loops, runs 10 and 11);
+      stages (schedule 2; B=1 15.3-15.4 us against 16.4-16.5 for the two loops, runs 10 and 11);
     - 8 <= B < 64: 32 heads, all value columns, 8 warps, the two loops over 64-entry tiles (schedule 0), one
       split from 64 programs on (B=8 25.2 us, B=32 46.0; every other schedule measured slower there);
-    - B >= 64: all heads (K and V read once per sequence; the 64-row dots run as Hopper's warpgroup MMA with q and
-      V read from shared memory), one pipelined loop over 32-entry tiles at three stages, entry splits up to
-      128 programs (B=64: 2 splits, 55.1 us; B=128: 1 split, 91.1 us).
-    fp32 q keeps the two loops and 32-entry tiles. one_loop=False (the scopes' K or V dtypes differ) keeps the
-    two loops at every batch. All 64 heads with the two loops and 256-column value blocks measured 20-30% slower
-    (runs 4, 7); splits cost a write and a read of [B, splits, H, D] float32 partials."""
-    all_heads = one_loop and q_bytes <= 2 and bsz >= _ALL_HEADS_FROM_BATCH and block_h in (None, 64)
-    small = one_loop and q_bytes <= 2 and bsz < 8
+    - 64 <= B < 128: two programs per multiprocessor: 32 heads, 4 warps, the two loops over 32-entry tiles
+      (84 KB of shared memory), entry splits up to 256 programs (B=64: 2 splits, 53.3 us in runs 12 and 13
+      against 58.4-58.5 for the previous default and 55.3-56.0 for all heads per program);
+    - B >= 128: all heads per program (K and V read once per sequence; the 64-row dots run as Hopper's
+      warpgroup MMA with q and V read from shared memory), one pipelined loop over 32-entry tiles at three
+      stages, entry splits up to 128 programs (B=128: 1 split, 91.1-91.7 us against 108.0-108.7, runs 11 and 13).
+    fp32 q keeps the B < 128 regimes with 32-entry tiles. one_loop=False (the scopes' K or V dtypes differ) keeps
+    the two loops at every batch. An explicit block_h other than the regime's keeps the 8-warp default."""
+    two_byte = q_bytes <= 2
+    all_heads = one_loop and two_byte and bsz >= _ALL_HEADS_FROM_BATCH and block_h in (None, 64)
+    two_per_sm = (two_byte and not all_heads and _TWO_PER_SM_FROM_BATCH <= bsz and block_h in (None, 32)
+                  and num_warps in (None, 4))
+    small = one_loop and two_byte and bsz < _SMALL_BELOW_BATCH
     if schedule is None:
         schedule = 2 if (all_heads or small) else 0
     if not one_loop:
         schedule = 0  # the one-loop schedules select between the scopes' row pointers: one dtype per tensor kind
     if block_kv is None:
-        block_kv = 32 if (all_heads or q_bytes > 2) else 64
+        block_kv = 32 if (all_heads or two_per_sm or not two_byte) else 64
     if num_stages is None:
         num_stages = 3 if all_heads else 2 if schedule == 2 else _SCHEDULE_STAGES[schedule]
     if block_h is None:
-        block_h = 64 if all_heads else 16 if bsz < 8 else 32
+        block_h = 64 if all_heads else 16 if bsz < _SMALL_BELOW_BATCH else 32
     block_h = max(16, min(block_h, triton.next_power_of_2(heads)))
     if block_dv is None:
         block_dv = d
     block_dv = min(block_dv, d)
+    if num_warps is None:
+        num_warps = 4 if two_per_sm else 8 if block_h >= 32 and block_h * block_dv >= 32 * 256 else 4
     programs = bsz * triton.cdiv(heads, block_h) * (d // block_dv)
     tiles = max(1, triton.cdiv(entries, block_kv))
     if splits is None:
         if all_heads:
             splits = triton.cdiv(128, programs)
+        elif two_per_sm:
+            splits = triton.cdiv(2 * 128, programs)
         else:
             splits = 1 if programs >= _MIN_UNSPLIT_PROGRAMS else triton.cdiv(2 * _TARGET_PROGRAMS, programs)
     splits = max(1, min(splits, tiles))
-    if num_warps is None:
-        num_warps = 8 if block_h >= 32 and block_h * block_dv >= 32 * 256 else 4
     return {"block_h": block_h, "block_dv": block_dv, "block_kv": block_kv, "splits": splits,
             "num_warps": num_warps, "schedule": schedule, "num_stages": num_stages}
 

@@ -173,6 +173,21 @@ def test_bad_inputs_raise_clear_errors():
         _run(bad)
 
 
+def test_launch_config_batch_regimes():
+    # the defaults H200 runs 10-13 measured fastest at H=64, D=512 (launch_config's docstring)
+    from zoe_kernels.csa.dual_scope_decode import launch_config
+
+    pick = ("block_h", "num_warps", "block_kv", "schedule", "num_stages", "splits")
+    cfg = {b: tuple(launch_config(b, 64, 512, 640)[k] for k in pick) for b in (1, 8, 32, 64, 128)}
+    assert cfg[1] == (16, 4, 64, 2, 2, 10)
+    assert cfg[8] == (32, 8, 64, 0, 2, 10) and cfg[32] == (32, 8, 64, 0, 2, 1)
+    assert cfg[64] == (32, 4, 32, 0, 2, 2)
+    assert cfg[128] == (64, 8, 32, 2, 3, 1)
+    # scopes of different dtypes keep the two loops; fp32 q keeps 32 heads and 8 warps
+    assert launch_config(128, 64, 512, 640, one_loop=False)["schedule"] == 0
+    assert launch_config(128, 64, 512, 640, q_bytes=4)["block_h"] == 32
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the production shape needs a GPU")
 def test_production_shape_on_gpu():
     gen = torch.Generator().manual_seed(17)
