@@ -72,6 +72,8 @@ MAX_TILES = 512  # candidate segments per row under MANY_ROWS rows (the finish r
 # run11-topk 97.8 against 104.4), B=8 x 256K 24.1 against 24.2
 MANY_ROWS = 8
 SPLIT_TILE_MANY = 1024
+# the split filter's tiles as 16-byte loads, its candidate stores as inline PTX in the loads' layout (CUDA)
+VECTOR_LOADS = False
 FILTER_PROGRAMS = 1 << 15  # filter programs over all rows in split mode (see auto_splits)
 ROW_TILE = 4096  # entries per loop step in one-program-per-row mode
 # "auto" takes the radix select for few rows this short: H200 run 5, B=1, 4096 entries: 15.8 us against 31.1
@@ -259,10 +261,21 @@ def _load_tile(row_val, start, n, TILE: tl.constexpr):
 
 
 @triton.jit
-def _filter_tile(x, offs, t, n, thresh, fill, cand_key, cand_pos, seg, SLOTS: tl.constexpr, TILE: tl.constexpr):
+def _store_scattered(ptr, val, mask):
+    """ptr[i] = val[i] where mask[i], as inline PTX (CUDA only): a tl.store through a non-contiguous pointer
+    gets a layout of its own (one entry per thread in turn), so the values of a 16-byte load would be converted
+    through shared memory first; this store stays in the producer's layout."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.b32 $0, 0; }",
+        "=r,l,r,r", [ptr, val, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _filter_tile(x, offs, t, n, thresh, fill, cand_key, cand_pos, seg, SLOTS: tl.constexpr, TILE: tl.constexpr,
+                 VEC: tl.constexpr):
     """Step 2 for tile t (entries x at positions offs, the same layout as x's load: no conversion): reserve
     slots for its candidates (one atomic add), write them in position order, record the segment (first slot,
-    count) in seg[t]."""
+    count) in seg[t]. VEC: the stores as inline PTX in x's layout (`_store_scattered`)."""
     key = _signed_key(x)
     take = (offs < n) & (key >= thresh)
     take_i = take.to(tl.int32)
@@ -272,8 +285,12 @@ def _filter_tile(x, offs, t, n, thresh, fill, cand_key, cand_pos, seg, SLOTS: tl
         first = tl.atomic_add(fill, count, sem="relaxed")
         slot = first + tl.cumsum(take_i, axis=0) - take_i
         keep = take & (slot < SLOTS)
-        tl.store(cand_key + slot, key, mask=keep)
-        tl.store(cand_pos + slot, offs, mask=keep)
+        if VEC:
+            _store_scattered(cand_key + slot, key, keep)
+            _store_scattered(cand_pos + slot, offs, keep)
+        else:
+            tl.store(cand_key + slot, key, mask=keep)
+            tl.store(cand_pos + slot, offs, mask=keep)
     if t * TILE < n:
         tl.store(seg + t * 2, first)
         tl.store(seg + t * 2 + 1, count)
@@ -282,7 +299,8 @@ def _filter_tile(x, offs, t, n, thresh, fill, cand_key, cand_pos, seg, SLOTS: tl
 @triton.jit
 def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
                          n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                         MAXT: tl.constexpr, TILE: tl.constexpr, ONE_TILE: tl.constexpr, PDL: tl.constexpr):
+                         MAXT: tl.constexpr, TILE: tl.constexpr, ONE_TILE: tl.constexpr, VEC: tl.constexpr,
+                         PDL: tl.constexpr):
     """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: count its candidates, reserve that
     many consecutive slots with one atomic add (each tile is one segment, in position order inside), write
     them, record the segment (first slot, count) in seg[row, tile]. The next tile's load is issued before the
@@ -301,13 +319,18 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
         # a start of unknown alignment (min with n) gives one 4-byte load per entry in the layout the
         # candidate stores need; a known-aligned start gives 16-byte loads in another layout, converted
         # through shared memory before the stores: 159 against 118 us at B=32 x 1M (H200 run 7 vs run 5)
-        offs = tl.minimum(p * TILE, n) + tl.arange(0, TILE)
-        x = tl.load(row_val + offs, mask=offs < n, other=0.0)
+        # (VEC: 16-byte loads of an aligned tile, and stores that need no conversion)
+        if VEC:
+            offs = p * TILE + tl.arange(0, TILE)
+            x = _load_tile(row_val, p * TILE, n, TILE)
+        else:
+            offs = tl.minimum(p * TILE, n) + tl.arange(0, TILE)
+            x = tl.load(row_val + offs, mask=offs < n, other=0.0)
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
         _filter_tile(x, offs, p, n, tl.load(thresh_ptr + row), fill_ptr + row,
-                     cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE)
+                     cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE, VEC)
     else:
         if PDL:
             gdc_wait()
@@ -316,8 +339,8 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
         x = _load_tile(row_val, p * TILE, n, TILE)
         for t in range(p, tl.cdiv(n, TILE), P):
             x_next = _load_tile(row_val, (t + P) * TILE, n, TILE)
-            _filter_tile(x, t * TILE + tl.arange(0, TILE), t, n, thresh, fill_ptr + row, cand_key_ptr + base_row, cand_pos_ptr + base_row,
-                         seg_ptr + row * MAXT * 2, SLOTS, TILE)
+            _filter_tile(x, t * TILE + tl.arange(0, TILE), t, n, thresh, fill_ptr + row, cand_key_ptr + base_row,
+                         cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE, VEC)
             x = x_next
 
 
@@ -465,7 +488,8 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, n, scores.stride(0), k, **common,
                                      **sampling, PDL=pdl, num_warps=THRESHOLD_WARPS)
     one_tile = splits >= triton.cdiv(n, tile)
-    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, ONE_TILE=one_tile,
+    vec = VECTOR_LOADS and scores.is_cuda and torch.version.hip is None  # inline PTX: CUDA only
+    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, ONE_TILE=one_tile, VEC=vec,
                                          num_warps=num_warps, num_stages=1, **dependent)
     _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes,
                                   num_warps=min(16, FINISH_WARPS * slots // 4096), **dependent)

@@ -1,5 +1,7 @@
 """CSA top-K (`zoe_kernels.csa.topk`): exact indices and the documented tie rule against a float64 reference."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -7,6 +9,8 @@ from tests.kernels._sparse_device import DEVICE, ON_GPU
 from zoe_kernels.csa import topk, topk_ranges
 from zoe_kernels.csa.reference import topk_ranges_reference, topk_reference
 from zoe_kernels.csa.topk import SAMPLE_BLOCK, auto_splits, max_tiles, pdl_default, split_tile
+
+topk_module = importlib.import_module("zoe_kernels.csa.topk")  # the package exports the function under this name
 
 pytestmark = pytest.mark.kernels
 BLOCK = 4096 if ON_GPU else 512
@@ -96,6 +100,23 @@ def test_dependent_launches_on_gpu(b, n, kind):
         lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
         lengths[0] = n
         out = topk(scores.cuda(), lengths.cuda(), 512, pdl=True).cpu()
+        assert torch.equal(out, topk_reference(scores, lengths, 512))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="inline PTX stores need a CUDA device")
+@pytest.mark.parametrize("b,n,tile", [(1, 1 << 20, None), (8, 262144, None), (32, 65536, None), (32, 65536, 2048),
+                                      (3, 7000, 4096)])
+def test_vector_loads_on_gpu(b, n, tile, monkeypatch):
+    """VECTOR_LOADS: 16-byte tile loads and inline-PTX candidate stores; ragged rows, two kinds, poisoned out."""
+    monkeypatch.setattr(topk_module, "VECTOR_LOADS", True)
+    gen = torch.Generator().manual_seed(n + b)
+    for kind in ("normal", "recent"):
+        scores = _scores(kind, b, n, gen)
+        lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
+        lengths[0] = n
+        poisoned = torch.full((b, 512), 12345, dtype=torch.int32, device=DEVICE)
+        out = topk(scores.cuda(), lengths.cuda(), 512, tile=tile, splits=None if tile != 4096 else 1 << 10,
+                   out=poisoned).cpu()
         assert torch.equal(out, topk_reference(scores, lengths, 512))
 
 
