@@ -412,8 +412,8 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     accepted as its former name), "radix" (one program per row, radix select only) or "auto" (default:
     radix for fewer than 64 rows of at most RADIX_MAX_LEN entries, sample otherwise); tile: entries per
     loop step (split mode: also one candidate segment, default 2048, 1024 from MANY_ROWS rows, doubled while a
-    row has more than `max_tiles(R)` tiles; one program per row: default 4096); num_warps: warps of the split filter programs (the radix
-    method under "auto" uses 8); row_chunk: rows per launch in one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
+    row has more than `max_tiles(R)` tiles; one program per row: default 4096); num_warps: warps of the split
+    filter programs (the radix method under "auto" uses 8); row_chunk: rows per launch in one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
     entries read to pick the threshold (a power of two >= 512; smaller only to test the sampled path on
     short rows); pdl: the split filter and finish launches start before
     the launch they depend on has ended (programmatic dependent launch; default: `pdl_default`);
