@@ -6,7 +6,9 @@ Each op's rows come from the last run that measured its current code (every row 
   (commit ccd2ed4; its "tile=1024" rows are the default from 8 rows now, its "default" rows the 2048-entry
   tiles before), run 9's rows of run 8's default without pdl at B=1, plus run 8's radix fallback (unchanged);
   runs 10-12-topk's other variants are gone from the code and stay in their raw JSON;
-- dual-scope decode: run 8 (commit d955c1f: 64-entry decode tiles);
+- dual-scope decode: per batch, the run that timed today's default (runs run11-decode for B = 1, 8, 32 and
+  run13-decode for B = 64, 128; sparse_decode_sweep.py, raw files in results/raw/), with run 8's default timed
+  beside it in the same run where the default changed (B = 1, 64, 128);
   earlier kernels for comparison: run 5's top-K default (commit 6c9d14e, every search step paid), run 4's
   decode default (commit 8cef3bc, 32-entry tiles, 3 splits at B=64), run 3's decode kernel (one loop, a
   branch around the loads) at run 1's configuration, and run 1's top-K (commit de0a532, radix select over
@@ -28,8 +30,14 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = {1: ("sparse_results_run1.json", "de0a532"), 3: ("sparse_results_run3.json", "16cdafd"), 4: ("sparse_results_run4.json", "8cef3bc"),
         5: ("sparse_results_run5.json", "6c9d14e"), 8: ("sparse_results_run8.json", "d955c1f"),
-        9: ("sparse_results_run9.json", "8d92c90")}
-SOURCE = {"csa_dual_scope_decode": 8, "dsa_indexer": 4, "dsa_indexer_topk2048": 3}  # top-K: TOPK_RUNS
+        9: ("sparse_results_run9.json", "8d92c90"), 11: ("raw/sparse_run11-decode_sparse_results.json", "c8b2916"),
+        13: ("raw/sparse_run13-decode_sparse_results.json", "5c77fb3")}
+SOURCE = {"dsa_indexer": 4, "dsa_indexer_topk2048": 3}  # top-K: TOPK_RUNS, decode: DECODE
+# dual-scope decode per batch: (run, provider there that is today's default, provider there of run 8's default)
+DECODE = {1: (11, "zoe S2 BKV=64 st2", "zoe default"), 8: (11, "zoe default", None),
+          32: (11, "zoe default", None), 64: (13, "zoe BH=32 w4 S0 BKV=32 splits=2", "zoe run8 default"),
+          128: (13, "zoe default", "zoe run8 default")}
+RUN8_DECODE = "zoe run 8 default (32 heads, two loops, 64-entry tiles)"
 # CSA top-K rows of the sweeps (bench-format rows in results/raw/): (run, file, commit, shapes taken, provider
 # there -> provider here; rows of other providers are variants no longer in the code)
 TOPK_RUNS = [("10-topk", "raw/sparse_results_run10-topk.json", "54f29b2", ("B=1 ",),
@@ -72,6 +80,13 @@ def main() -> None:
                 row = dict(row, run=run, commit=RUNS[run][1])
                 row["provider"] = RENAME.get(row["provider"], row["provider"])
                 rows.append(row)
+    for b, (run, default, run8) in DECODE.items():
+        for row in loaded[run]["rows"]:
+            if row.get("op") != "csa_dual_scope_decode" or not row["shape"].startswith(f"B={b} "):
+                continue
+            names = {"torch gather+SDPA": "torch gather+SDPA", default: "zoe default", run8: RUN8_DECODE}
+            if row["provider"] in names:
+                rows.append(dict(row, provider=names[row["provider"]], run=run, commit=RUNS[run][1]))
     for run, op, old_name, new_name in PREVIOUS:
         for row in loaded[run]["rows"]:
             if row.get("op") == op and row["provider"] == old_name:
@@ -85,13 +100,16 @@ def main() -> None:
     meta = dict(loaded[4]["meta"])
     meta.update(command="python bench/kernels/sparse_bench.py --out $OUT --skip-tests (runs 1, 3, 4; run 5: "
                         "--sections topk; run 8: --sections topk,decode; runs 9, 10-topk and 12-topk: "
-                        "python bench/kernels/sparse_sweep.py --sections topk), assembled by "
+                        "python bench/kernels/sparse_sweep.py --sections topk; runs 11-decode and 13-decode: "
+                        "python bench/kernels/sparse_decode_sweep.py --set run11 / --set run12 --batches 128,64), "
+                        "assembled by "
                         "python bench/kernels/sparse_assemble.py",
                 runs={run: {"file": name, "commit": commit, "started": loaded[run]["meta"].get("started"),
                             "copy_tbps": loaded[run]["meta"].get("copy_tbps"),
                             "fp8_tflops": loaded[run]["meta"].get("fp8_tflops")}
                       for run, (name, commit) in RUNS.items()},
-                sources={**{op: run for op, run in SOURCE.items()}, "csa_topk": [r[0] for r in TOPK_RUNS]})
+                sources={**{op: run for op, run in SOURCE.items()}, "csa_topk": [r[0] for r in TOPK_RUNS],
+                         "csa_dual_scope_decode": {f"B={b}": run for b, (run, _, _) in DECODE.items()}})
     for run, name, commit, _, _ in TOPK_RUNS:
         run_meta = json.loads((RESULTS / name).read_text())["meta"]
         meta["runs"][run] = {"file": name, "commit": commit, "started": run_meta.get("started"),
