@@ -38,6 +38,12 @@ def mx_native() -> bool:
     return has_native_mx()
 
 
+# The 4-bit formats in the tl.dot path load the activations of a K step in one contiguous load that Triton
+# pipelines with cp.async and split it into the even-k and odd-k halves in registers (True), instead of two
+# strided loads that the loop waits on every step (False, the code before run13).
+SPLIT_A_4BIT = True
+
+
 def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str, *, gated: bool,
                  block_m: int | None = None) -> dict:
     """Launch parameters for one stage: n output columns (I for stage 1, H for stage 2), k reduction length."""
@@ -48,7 +54,8 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
     bk = 64 if fmt == "bf16" and bm >= 64 else 128
     if interpreting():
         # The interpreter pays per program and loop step: few, large tiles.
-        return {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1}
+        return {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1,
+                "SPLIT_A": SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4")}
     if bm >= 64:
         bn = 128
         warps = 8 if bm == 128 else 4
@@ -61,7 +68,8 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
             bn //= 2
         warps = 4
         stages = 4 if fmt in ("fp8", "w4a16", "mxfp4") else 3
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages,
+            "SPLIT_A": SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4")}
 
 
 # The tl.dot path at M=1 in its launch-saving mode: one tile per edge with the expert read from topk_ids (no
@@ -76,7 +84,15 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
 # fastest on every shape: DeepSeek-V3.2 97.5 us (86 % of the bytes at 4.19 TB/s) against 112.1 us, GLM-5 95.7
 # against 111.6, the TP8 slice 36.5 against 45.4; quantizing the intermediate inside stage 2 instead cost
 # 4.4 us end to end (101.9-102.0 us).
-DOT_M1_TILES: dict[str, dict[int, tuple]] = {"fp8": {1: (32, 4, 4, False), 2: (128, 4, 4, 2, False)}}
+# w4a16 (run13, bench/kernels/moe_4bit_dot_sweep.py, after the int4 decode, the activation split and the scale
+# prefetch of `grouped_gemm.py`): fp8's tiles were the fastest of the two sets timed: DeepSeek-V3.2 87.7 us
+# against 101.3 us for the word-wise GEMV (fp8 94.8 us in the same run), GLM-5 95.4 against 128.4; on the TP8
+# slice (I = 256) the GEMV stays faster (30.9 against 35.4 us), hence DOT_M1_MIN_I. mxfp4 keeps the GEMV at
+# M=1 (its dot path: 193.1 us against 105.7).
+DOT_M1_TILES: dict[str, dict[int, tuple]] = {"fp8": {1: (32, 4, 4, False), 2: (128, 4, 4, 2, False)},
+                                             "w4a16": {1: (32, 4, 4, False), 2: (128, 4, 4, 2, False)}}
+# Formats whose M=1 mode runs only from this intermediate size I up (below it the GEMV path was faster).
+DOT_M1_MIN_I = {"w4a16": 1024}
 # The mode runs from this many routed experts per token up: the measured shapes route 8 or 9 (ZAYA1's top-1
 # keeps the align-based tiles, not measured in this mode on the GPU).
 DOT_M1_MIN_TOP_K = 8
@@ -88,7 +104,7 @@ MIN_K_STEPS_PER_SPLIT = 4
 def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] | None:
     """(stage 1, stage 2) launch parameters of the M=1 mode of the tl.dot path, or None where it is not used;
     k2 is stage 2's reduction length (I)."""
-    if m != 1 or fmt not in DOT_M1_TILES or top_k < DOT_M1_MIN_TOP_K:
+    if m != 1 or fmt not in DOT_M1_TILES or top_k < DOT_M1_MIN_TOP_K or k2 < DOT_M1_MIN_I.get(fmt, 0):
         return None
     t1, t2 = DOT_M1_TILES[fmt][1], DOT_M1_TILES[fmt][2]
     split = max(1, min(t2[3], -(-k2 // 128) // MIN_K_STEPS_PER_SPLIT)) if top_k > 1 else 1
@@ -98,15 +114,18 @@ def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] |
             "A_QUANT": t1[3]}
     cfg2 = {"BLOCK_M": 16, "BLOCK_N": t2[0], "BLOCK_K": 128, "num_warps": t2[1], "num_stages": t2[2],
             "SPLIT_K": split, "A_QUANT": t2[4]}
+    cfg1["SPLIT_A"] = cfg2["SPLIT_A"] = SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4")
     return cfg1, cfg2
 
 
 # The GEMV path (`gemv.py`) runs while the expected edges per active expert (`edges_per_expert`) stay at or
-# below this, per format. Measured on the H200 (bench/kernels/moe_README.md, run4/run5): for the 4-bit formats
-# the GEMV path beat the tl.dot path at every point with up to ~2.9 edges per expert (M <= 64 on every shape)
-# and lost at M = 256 (8-11 per expert); for bf16 and fp8 it lost at every point but ZAYA1 M=8 (by 2-3 %), so
-# they never take it by default (0.0).
-GEMV_MAX_EDGES_PER_EXPERT = {"bf16": 0.0, "fp8": 0.0, "w4a16": 3.0, "mxfp4": 3.0}
+# below this, per format. Measured on the H200 (bench/kernels/moe_README.md): bf16 and fp8 lost at every point
+# but ZAYA1 M=8 (by 2-3 %, run4), so they never take it (0.0). With the cheaper 4-bit tl.dot path (run13,
+# DeepSeek-V3.2, GEMV / dot): w4a16 8: 702.1 / 530.8 us, 16: 1,378.5 / 932.6, 64: 5,306.9 / 1,999.5: the GEMV
+# keeps M=1 only (1.0 edges per expert; where I >= DOT_M1_MIN_I the M=1 mode of the dot path runs instead, see
+# `use_gemv`); mxfp4 8: 698.0 / 1,213.1, 16: 1,367.3 / 2,177.8, 64: 5,288.1 / 4,716.6: the GEMV up to M=16
+# (1.26 edges per expert), the dot path from M=64 (2.3); 1.75 lies between, M 17..63 not measured.
+GEMV_MAX_EDGES_PER_EXPERT = {"bf16": 0.0, "fp8": 0.0, "w4a16": 1.01, "mxfp4": 1.75}
 # Bytes of one weight row per scale group (one K step of `gemv._dequant_group`): bf16 256, fp8 128, int4 64,
 # mxfp4 16.
 GROUP_ROW_BYTES = {"bf16": 256, "fp8": 128, "w4a16": 64, "mxfp4": 16}
@@ -147,8 +166,11 @@ def edges_per_expert(m: int, top_k: int, num_experts: int) -> float:
     return edges / max(1.0, active)
 
 
-def use_gemv(m: int, top_k: int, num_experts: int, fmt: str) -> bool:
-    """True when the small-M GEMV path should run (few tokens per expert)."""
+def use_gemv(m: int, top_k: int, num_experts: int, fmt: str, inter_size: int | None = None) -> bool:
+    """True when the small-M GEMV path should run (few tokens per expert), unless the tl.dot path's M=1 mode
+    (`dot_m1_configs`, which needs the intermediate size I: `inter_size`) applies."""
+    if inter_size is not None and dot_m1_configs(m, fmt, top_k, inter_size) is not None:
+        return False
     return edges_per_expert(m, top_k, num_experts) <= GEMV_MAX_EDGES_PER_EXPERT[fmt]
 
 

@@ -5,8 +5,8 @@
 with vLLM's `fused_experts` layout: w13 [E, 2I, H] (rows: gate then up), w2 [E, H, I]. Launches: align
 (bucket edges by expert, `align.py`), stage 1 (gate+up GEMM, SwiGLU epilogue) and stage 2 (down GEMM,
 top-k weighted combine epilogue), `grouped_gemm.py`; fp8 (w8a8) adds two activation-quantization launches.
-At M=1 a format in `config.DOT_M1_TILES` (fp8) drops align (one tile per edge, experts read from topk_ids) and
-the accumulator's memset (stage 1 zeroes it), and splits stage 2 along K.
+At M=1 a format in `config.DOT_M1_TILES` (fp8; w4a16 from I = 1024) drops align (one tile per edge, experts read
+from topk_ids) and the accumulator's memset (stage 1 zeroes it), and splits stage 2 along K.
 With few tokens per expert (decode) the GEMV path (`gemv.py`) runs instead: two launches, no align, no
 activation quantization (`config.use_gemv` picks by the expected edges per expert, measured per format).
 """
@@ -123,7 +123,7 @@ def fused_moe(
     x = hidden_states.contiguous()
     topk_weights = topk_weights.float().contiguous()
     if path is None:
-        path = "gemv" if block_m is None and not fp8_act_quant and use_gemv(m, top_k, e, fmt) else "dot"
+        path = "gemv" if block_m is None and not fp8_act_quant and use_gemv(m, top_k, e, fmt, i) else "dot"
     if path == "gemv":
         ids = topk_ids.contiguous()
         cfg2 = gemv_config(m, h, fmt, gated=False, top_k=top_k)

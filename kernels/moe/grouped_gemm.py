@@ -15,8 +15,10 @@ weight tile is loaded while the current one is multiplied. The weight format is 
 (`kernel_format`). fp8 runs w8a8 (activations quantized per token group, fp8 products) by default; a w8a16
 mode (weights upcast in registers, activations kept in 16 bits) exists but measured slower on the H200,
 where e4m3 -> bf16 takes several instructions per element. The 4-bit formats split each
-K tile into its even (low nibble) and odd (high nibble) halves, so unpacking needs no interleave; mxfp4
-uses `tl.dot_scaled` where the hardware scales natively (gfx950) and in-register dequantization elsewhere.
+K tile into its even (low nibble) and odd (high nibble) halves, so unpacking needs no interleave (the
+activations are one pipelined load split in registers, `SPLIT_A`); int4 decodes by a magic-number or (PTX
+where `platform.has_ptx`); mxfp4 uses `tl.dot_scaled` where the hardware scales natively (gfx950) and
+in-register dequantization elsewhere.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from zoe_kernels.platform import fp8_max, interpreting
+from zoe_kernels.platform import fp8_max, has_ptx, interpreting
 
 FP8_GROUP = 128
 INT4_GROUP = 128
@@ -58,12 +60,66 @@ def _load_a_halves(a_ptr, rows, row_mask, k0, K, stride_am, stride_ak, BLOCK_K: 
 
 
 @triton.jit
-def _dot_w(acc, a, a2, w_base, ws_base, wrows, wrow_mask, k0, K,
+def _int4_halves(p, DT: tl.constexpr, PTX: tl.constexpr):
+    """Bytes p of two int4 nibbles u (zero point 8) -> (low - 8, high - 8) in the activations' dtype DT, exact.
+
+    16-bit DT: a nibble becomes the float MAGIC + u by one or (bf16 0x4300 | u = 128 + u, fp16 0x6400 | u =
+    1024 + u) and MAGIC + 8 comes off in the same dtype (exact: small integers). With PTX this runs on 4 bytes
+    per 32-bit register: a byte permute spreads two bytes over two 16-bit halves, one `lop3` masks and ors the
+    magic into both, one paired `fma` takes the offset off both (1.5 instructions per weight), where Triton's
+    own lowering extends and packs each byte separately (sm_90 SASS: ~3 PRMT per pair, moe_aot.py).
+    float32 DT (tests) converts the nibbles."""
+    if DT == tl.float32:
+        return (p & 0xF).to(tl.float32) - 8.0, (p >> 4).to(tl.float32) - 8.0
+    if PTX:
+        if DT == tl.bfloat16:  # magic 0x4300 (128), 1.0 = 0x3F80, -136 = 0xC308
+            return tl.inline_asm_elementwise(
+                """{ .reg .b32 t0, t1, u0, u1, one, off; mov.b32 one, 0x3F803F80; mov.b32 off, 0xC308C308;
+                prmt.b32 t0, $4, 0, 0x4140; prmt.b32 t1, $4, 0, 0x4342; shr.b32 u0, t0, 4; shr.b32 u1, t1, 4;
+                lop3.b32 t0, t0, 0x000F000F, 0x43004300, 0xEA; lop3.b32 t1, t1, 0x000F000F, 0x43004300, 0xEA;
+                lop3.b32 u0, u0, 0x000F000F, 0x43004300, 0xEA; lop3.b32 u1, u1, 0x000F000F, 0x43004300, 0xEA;
+                fma.rn.bf16x2 $0, t0, one, off; fma.rn.bf16x2 $1, t1, one, off;
+                fma.rn.bf16x2 $2, u0, one, off; fma.rn.bf16x2 $3, u1, one, off; }""",
+                "=r,=r,=r,=r,r", [p], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        else:  # fp16: magic 0x6400 (1024), 1.0 = 0x3C00, -1032 = 0xE408
+            return tl.inline_asm_elementwise(
+                """{ .reg .b32 t0, t1, u0, u1, one, off; mov.b32 one, 0x3C003C00; mov.b32 off, 0xE408E408;
+                prmt.b32 t0, $4, 0, 0x4140; prmt.b32 t1, $4, 0, 0x4342; shr.b32 u0, t0, 4; shr.b32 u1, t1, 4;
+                lop3.b32 t0, t0, 0x000F000F, 0x64006400, 0xEA; lop3.b32 t1, t1, 0x000F000F, 0x64006400, 0xEA;
+                lop3.b32 u0, u0, 0x000F000F, 0x64006400, 0xEA; lop3.b32 u1, u1, 0x000F000F, 0x64006400, 0xEA;
+                fma.rn.f16x2 $0, t0, one, off; fma.rn.f16x2 $1, t1, one, off;
+                fma.rn.f16x2 $2, u0, one, off; fma.rn.f16x2 $3, u1, one, off; }""",
+                "=r,=r,=r,=r,r", [p], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+    if DT == tl.bfloat16:
+        magic: tl.constexpr = 0x4300
+        off: tl.constexpr = 136.0
+    else:
+        magic: tl.constexpr = 0x6400
+        off: tl.constexpr = 1032.0
+    p16 = p.to(tl.uint16)
+    lo = ((p16 & 0xF) | magic).to(tl.uint16).to(DT, bitcast=True)
+    hi = ((p16 >> 4) | magic).to(tl.uint16).to(DT, bitcast=True)
+    return (lo.to(tl.float32) - off).to(DT), (hi.to(tl.float32) - off).to(DT)
+
+
+@triton.jit
+def _int4_scales(ws_base, wrows, wrow_mask, k0, k_hi, stride_wsn, stride_wsk, INT4_GROUP: tl.constexpr):
+    """The int4 group scales of the K step at k0 as float32 (zeros past k_hi: the prefetch after the last step)."""
+    in_k = (wrows * 0 + k0) < k_hi  # a tensor, as the interpreter's masks must be
+    w_s = tl.load(ws_base + wrows * stride_wsn + (k0 // INT4_GROUP) * stride_wsk, mask=wrow_mask & in_k, other=0.0)
+    return w_s.to(tl.float32)
+
+
+@triton.jit
+def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
            stride_wn, stride_wk, stride_wsn, stride_wsk,
            FMT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-           FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr):
+           FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr, PTX: tl.constexpr):
     """acc += A @ W[wrows, k0:k0+BLOCK_K].T for the weight format FMT; a2 is the activation scale (FMT 1)
-    or the odd-K half of A (FMT 2, 3: `a` is then the even-K half)."""
+    or the odd-K half of A (FMT 2, 3: `a` is then the even-K half); ws_pre the int4 scales of this K step
+    (FMT 2, loaded ahead by the caller). KP is the packed row length (bytes) of the 4-bit formats: their
+    masks use it, not K, so that the JIT's divisibility of KP keeps the byte loads 16 bytes wide (and
+    pipelined: cp.async), which (K + 1) // 2 did not (one byte per load)."""
     if FMT == 0:
         offs_k = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_base + wrows[None, :] * stride_wn + offs_k[:, None] * stride_wk,
@@ -81,21 +137,19 @@ def _dot_w(acc, a, a2, w_base, ws_base, wrows, wrow_mask, k0, K,
             acc += tl.dot(a, w.to(a.dtype)) * w_s[None, :]
     elif FMT == 2:
         # int4: low nibbles are the even k, high nibbles the odd k; two dots over the halves need no
-        # interleave. The group scale (one per column and step) and the zero point 8 go on the result:
-        # sum_k a (u - 8) s = s (sum_k a u - 8 sum_k a).
+        # interleave. The group scale (one per column and step) goes on the result.
         offs_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         p = tl.load(w_base + wrows[None, :] * stride_wn + offs_kp[:, None] * stride_wk,
-                    mask=wrow_mask[None, :] & (offs_kp[:, None] < (K + 1) // 2), other=0x88)
-        w_s = tl.load(ws_base + wrows * stride_wsn + (k0 // INT4_GROUP) * stride_wsk, mask=wrow_mask, other=0.0)
-        d = tl.dot(a, (p & 0xF).to(a.dtype))
-        d = tl.dot(a2, (p >> 4).to(a.dtype), d)
-        a_sum = tl.sum(a.to(tl.float32) + a2.to(tl.float32), axis=1)
-        acc += (d - 8.0 * a_sum[:, None]) * w_s.to(tl.float32)[None, :]
+                    mask=wrow_mask[None, :] & (offs_kp[:, None] < KP))  # zero fill: cp.async, no select
+        lo, hi = _int4_halves(p, a.dtype, PTX)
+        d = tl.dot(a, lo)
+        d = tl.dot(a2, hi, d)
+        acc += d * ws_pre[None, :]
     else:
         # mxfp4 without native scaled MMA: an e2m1 nibble s|e1 e0|m placed at fp16 bits 15|11 10|9 is the
         # fp16 number v * 2^-14, subnormals included; the e8m0 byte b becomes the float 2^(b - 127 + 14).
         offs_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        kmask = wrow_mask[None, :] & (offs_kp[:, None] < (K + 1) // 2)
+        kmask = wrow_mask[None, :] & (offs_kp[:, None] < KP)
         p = tl.load(w_base + wrows[None, :] * stride_wn + offs_kp[:, None] * stride_wk, mask=kmask, other=0)
         sb = tl.load(ws_base + wrows[None, :] * stride_wsn + (offs_kp // (MX_GROUP // 2))[:, None] * stride_wsk,
                      mask=kmask, other=127)
@@ -136,7 +190,7 @@ def _round_to_e4m3fn(q):
 def _expert_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, topk_w_ptr,
     sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
-    num_edges, top_k, N, K,
+    num_edges, top_k, N, K, KP,
     stride_am, stride_ak, stride_asm, stride_ask,
     stride_we, stride_wn, stride_wk, stride_wse, stride_wsn, stride_wsk,
     stride_om, stride_on,
@@ -145,7 +199,7 @@ def _expert_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr,
     EDGE_TILES: tl.constexpr, A_QUANT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr,
-    SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr,
+    SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr, PTX: tl.constexpr, SPLIT_A: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if ZBLOCK > 0:  # stage 1 zeroes stage 2's float32 accumulator (saves a memset launch)
@@ -189,7 +243,22 @@ def _expert_gemm_kernel(
         k_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
         k_lo = pid_k * k_split
         k_hi = tl.minimum(K, k_lo + k_split)
+    # int4 group scales (one per column and K step): loaded one K step ahead, since Triton's pipeliner does not
+    # pipeline these loads (they feed the result, not the dot) and the loop would wait on each (run12)
+    ws_gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    ws_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if FMT == 2:
+        ws_gate = _int4_scales(ws_base, offs_n, n_mask, k_lo, k_hi, stride_wsn, stride_wsk, INT4_GROUP)
+        if GATED:
+            ws_up = _int4_scales(ws_base, N + offs_n, n_mask, k_lo, k_hi, stride_wsn, stride_wsk, INT4_GROUP)
     for k0 in range(k_lo, k_hi, BLOCK_K):
+        ws_g = ws_gate
+        ws_u = ws_up
+        if FMT == 2:
+            ws_gate = _int4_scales(ws_base, offs_n, n_mask, k0 + BLOCK_K, k_hi, stride_wsn, stride_wsk, INT4_GROUP)
+            if GATED:
+                ws_up = _int4_scales(ws_base, N + offs_n, n_mask, k0 + BLOCK_K, k_hi, stride_wsn, stride_wsk,
+                                     INT4_GROUP)
         if FMT == 5:
             a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
                            stride_ask, 0, BLOCK_K, FP8_GROUP)
@@ -202,7 +271,12 @@ def _expert_gemm_kernel(
                                           stride_wk, stride_wsn, stride_wsk, A_FMT, BLOCK_K, MX_GROUP)
         else:
             if FMT == 2 or FMT == 3:
-                a, a2 = _load_a_halves(a_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, BLOCK_K)
+                if SPLIT_A:  # one contiguous (cp.async-pipelined) load, split into the even-k and odd-k halves
+                    a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
+                                   stride_ask, 0, BLOCK_K, FP8_GROUP)
+                    a, a2 = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
+                else:
+                    a, a2 = _load_a_halves(a_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, BLOCK_K)
             elif A_QUANT:
                 # w8a8 with the activations quantized here, per row and group of 128 (BLOCK_K): the same
                 # numbers as `act_quant.py`, without its launch
@@ -217,12 +291,12 @@ def _expert_gemm_kernel(
             else:
                 a, a2 = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
                                 stride_ask, FMT, BLOCK_K, FP8_GROUP)
-            acc = _dot_w(acc, a, a2, w_base, ws_base, offs_n, n_mask, k0, K, stride_wn, stride_wk, stride_wsn,
-                         stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP)
+            acc = _dot_w(acc, a, a2, w_base, ws_base, ws_g, offs_n, n_mask, k0, K, KP, stride_wn, stride_wk,
+                         stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP, PTX)
             if GATED:
-                acc_up = _dot_w(acc_up, a, a2, w_base, ws_base, N + offs_n, n_mask, k0, K, stride_wn,
+                acc_up = _dot_w(acc_up, a, a2, w_base, ws_base, ws_u, N + offs_n, n_mask, k0, K, KP, stride_wn,
                                 stride_wk, stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP,
-                                MX_GROUP)
+                                MX_GROUP, PTX)
 
     out_mask = row_mask[:, None] & n_mask[None, :]
     if GATED:
@@ -278,7 +352,7 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
     _expert_gemm_kernel[(programs,)](
         a, a_scale, w, w_scale, out, topk_w,
         sorted_ids, sorted_ids if edge_tiles else block_expert, sorted_ids if edge_tiles else num_padded,
-        num_edges, top_k, n, k,
+        num_edges, top_k, n, k, w.shape[2],
         a.stride(0), a.stride(1), *a_s_strides,
         w.stride(0), w.stride(1), w.stride(2), *ws_strides,
         out.stride(0), out.stride(1),
@@ -288,7 +362,8 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP,
         EDGE_TILES=edge_tiles, A_QUANT=a_quant, FP8_MAX=fp8_max(w.dtype) if kfmt == 1 else 1.0,
         ROUND_E4M3=a_quant and interpreting() and w.dtype == torch.float8_e4m3fn, SPLIT_K=split_k,
-        ZBLOCK=zblock, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        ZBLOCK=zblock, PTX=has_ptx(), SPLIT_A=cfg.get("SPLIT_A", False), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
 
 

@@ -16,6 +16,9 @@ ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit import
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from zoe_kernels.dispatch import CROSSOVER_PATH, load_crossover_table, moe_impl_for  # noqa: E402
 from zoe_kernels.moe import FORMATS, fallback_moe, fused_moe, quantize_weights  # noqa: E402
 from zoe_kernels.moe.act_quant import quantize_act_fp8  # noqa: E402
@@ -25,6 +28,7 @@ from zoe_kernels.moe.formats import (  # noqa: E402
     dequantize_weights,
     quantize_act_fp8_torch,
 )
+from zoe_kernels.moe.grouped_gemm import _int4_halves  # noqa: E402
 from zoe_kernels.moe.reference import fused_moe_reference  # noqa: E402
 from zoe_kernels.platform import has_native_mx  # noqa: E402
 
@@ -179,6 +183,12 @@ def test_gemv_dispatch_by_tokens_per_expert(monkeypatch):
 
     assert config.use_gemv(1, 8, 256, "w4a16") and not config.use_gemv(4096, 8, 256, "mxfp4")
     assert not config.use_gemv(1, 8, 256, "fp8")  # measured slower than the dot path at M=1 (moe_README.md)
+    # w4a16: the GEMV at M=1 only, and not where the dot path's M=1 mode runs (I >= DOT_M1_MIN_I); mxfp4: the
+    # GEMV up to M=16, the dot path from M=64 (H200 run13)
+    assert config.use_gemv(1, 8, 256, "w4a16", inter_size=256) and not config.use_gemv(1, 8, 256, "w4a16", 2048)
+    assert not config.use_gemv(2, 8, 256, "w4a16") and not config.use_gemv(8, 9, 257, "w4a16")
+    assert config.use_gemv(1, 8, 256, "mxfp4", 2048) and config.use_gemv(16, 8, 256, "mxfp4")
+    assert not config.use_gemv(64, 8, 256, "mxfp4")
     calls = []
     fm = sys.modules["zoe_kernels.moe.fused_moe"]
     monkeypatch.setattr(fm, "gemv_gate_up", lambda *a, **kw: calls.append("gemv") or a[3].zero_())
@@ -252,6 +262,46 @@ def test_gemv_word_and_byte_kernels_agree(fmt):
         assert torch.isfinite(out).all() and _rel_err(out, out_ref) < 1e-5, words
 
 
+@triton.jit
+def _decode_int4_bytes(p_ptr, lo_ptr, hi_ptr, PTX: tl.constexpr):
+    """The tl.dot path's int4 decode of 256 bytes (a 16 x 16 tile), both nibbles stored in lo_ptr's dtype."""
+    offs = tl.arange(0, 16)[:, None] * 16 + tl.arange(0, 16)[None, :]
+    lo, hi = _int4_halves(tl.load(p_ptr + offs), lo_ptr.dtype.element_ty, PTX)
+    tl.store(lo_ptr + offs, lo)
+    tl.store(hi_ptr + offs, hi)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16, torch.float32],
+                         ids=str)
+def test_dot_path_int4_decode_every_byte_exactly(dtype):
+    """The tl.dot path's int4 decode (`grouped_gemm._int4_halves`) on all 256 byte values: both nibbles u - 8,
+    exact in the activations' dtype; on a GPU the PTX decode (magic-number or, paired fma) and the portable one."""
+    p = torch.arange(256, dtype=torch.int32).to(torch.uint8).to(DEVICE)
+    want = torch.stack([p.long().cpu() & 0xF, p.long().cpu() >> 4]).float() - 8.0
+    for ptx in (False, True) if ON_GPU else (False,):
+        lo, hi = _nan_alloc((256,), dtype, DEVICE), _nan_alloc((256,), dtype, DEVICE)
+        _decode_int4_bytes[(1,)](p, lo, hi, PTX=ptx)
+        assert torch.equal(lo.float().cpu(), want[0]) and torch.equal(hi.float().cpu(), want[1]), ptx
+
+
+@pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
+def test_dot_path_unsplit_activations(fmt, monkeypatch):
+    """The 4-bit tl.dot path with the activations loaded as two strided halves (`config.SPLIT_A_4BIT` False,
+    the code before run13, kept for the sweep), align-based tiles and the M=1 mode."""
+    from zoe_kernels.moe import config
+
+    monkeypatch.setattr(config, "SPLIT_A_4BIT", False)
+    monkeypatch.setitem(config.DOT_M1_TILES, fmt, {1: (32, 4, 1, False), 2: (32, 4, 1, 2, False)})
+    monkeypatch.setattr(config, "DOT_M1_MIN_I", {})
+    monkeypatch.setattr(config, "MIN_K_STEPS_PER_SPLIT", 1)
+    dtype = DTYPES[0]
+    for m, k in ((3, 2), (1, 8)):
+        x, w13, w2, tw, ti, kw = _problem(m, 256, 200, 8, k, fmt, dtype, seed=zlib.crc32(f"unsplit{fmt}{m}".encode()))
+        out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dot", **kw)
+        assert torch.isfinite(out).all()
+        assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype)
+
+
 @pytest.mark.skipif(ON_GPU and not has_native_mx(), reason="Hopper emulates tl.dot_scaled; zoe does not use it there")
 def test_mxfp4_native_scaled_dot_path(monkeypatch):
     """The `tl.dot_scaled` path that gfx950 takes, forced on where the interpreter runs it."""
@@ -291,6 +341,7 @@ def test_dot_m1_mode_matches_reference(mode, m, h, i, e, k, invalid, tiles, monk
     dtype = DTYPES[0]
     monkeypatch.setitem(config.DOT_M1_TILES, fmt, DOT_M1_TILE_SETS[tiles])
     monkeypatch.setattr(config, "DOT_M1_MIN_TOP_K", 1)
+    monkeypatch.setattr(config, "DOT_M1_MIN_I", {})  # the small test I would keep w4a16 off the mode
     monkeypatch.setattr(config, "MIN_K_STEPS_PER_SPLIT", 1)  # I = 200: two K steps, split in two
     x, w13, w2, tw, ti, kw = _problem(m, h, i, e, k, fmt, dtype, seed=zlib.crc32(f"m1{mode}{h}{k}".encode()))
     if invalid:
@@ -313,6 +364,7 @@ def test_dot_m1_mode_only_where_measured():
         assert (dot_m1_configs(1, fmt, 8, 2048) is not None) == (fmt in DOT_M1_TILES)
         assert dot_m1_configs(2, fmt, 8, 2048) is None
         assert dot_m1_configs(1, fmt, 1, 2048) is None  # top-1 (ZAYA1): not measured in this mode
+    assert dot_m1_configs(1, "w4a16", 8, 256) is None  # the TP8 slice's I: the GEMV was faster (run13)
     if "fp8" in DOT_M1_TILES:  # split-K only where each program keeps MIN_K_STEPS_PER_SPLIT steps
         assert dot_m1_configs(1, "fp8", 8, 256)[1]["SPLIT_K"] == 1
     for fmt, tiles in DOT_M1_TILES.items():
