@@ -257,16 +257,18 @@ def _torch_dual_scope(q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, com
 
 
 def bench_decode(quick: bool) -> None:
-    configs = [("default", dict()), ("BKV=32", dict(block_kv=32)),
-               ("BH=64 DV=256 BKV=64", dict(block_h=64, block_dv=256, block_kv=64))]
+    configs = [("default", dict())]
     for b in (1, 8, 32, 64, 128):
+        # run 8's default (the two loops over 64-entry tiles; 16 heads and 4 warps below B=8, else 32 and 8), which
+        # runs 11-13 replaced at B = 1, 64, 128 (sparse_decode_sweep.py compares more variants)
+        run8 = dict(schedule=0, block_kv=64, num_stages=2, block_h=16 if b < 8 else 32, num_warps=4 if b < 8 else 8)
         tiles = 128 // 32 + 512 // 32
         # run 1's defaults: 16 heads / 4 warps under B=8, 32 heads / 8 warps from B=8, all 512 value columns,
         # entry splits to cover 264 programs
         bh1 = 16 if b < 8 else 32
-        run1 = dict(block_h=bh1, block_dv=512, block_kv=32, num_warps=4 if bh1 == 16 else 8,
+        run1 = dict(block_h=bh1, block_dv=512, block_kv=32, num_warps=4 if bh1 == 16 else 8, schedule=0, num_stages=2,
                     splits=max(1, min(tiles, -(-264 // (b * (64 // bh1))))))
-        cfgs = configs + [("run 1 defaults", run1)]
+        cfgs = configs + [("run 8 default", run8), ("run 1 defaults", run1)]
         q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = _decode_inputs(b)
         h, d = q.shape[1], q.shape[2]
         entries = win_k.shape[1] + idx.shape[1]
@@ -294,9 +296,9 @@ def bench_decode(quick: bool) -> None:
                     config=json.dumps(cfg), median_us=us, gbps=bytes_min / us / 1e3,
                     pct_roofline=100 * floor_us / us, speedup_vs_torch=base / us, rel_err_vs_torch=err,
                     correct=err < 2e-2, first_call_s=round(first_s, 2))
-            if name != "run 1 defaults":
+            if name == "default":
                 best = min(best or us, us)
-        log(f"dual-scope B={b}: torch {base:.1f} us, zoe best {best:.1f} us ({base / best:.1f}x), "
+        log(f"dual-scope B={b}: torch {base:.1f} us, zoe default {best:.1f} us ({base / best:.1f}x), "
             f"floor {floor_us:.1f} us")
 
 

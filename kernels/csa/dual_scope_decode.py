@@ -18,10 +18,11 @@ W tokens of each sequence, oldest first, win_len[b] <= W of them valid (rows t >
 
 Work split: programs (sequence b, head block x value-column block, split s). A program may hold all heads
 of its sequence (block_h=64: K and V read once per sequence) and part of the value columns (block_dv < D:
-the scores, which need all key columns, are recomputed per value block); the default, 32 heads and all
-columns, measured fastest on an H200 (`launch_config`). Each program takes a contiguous run of entry tiles
-(window tiles first, then compressed tiles, in two loops so the loads are pipelined) and runs an online
-softmax in base 2. With one split (large batches) it normalizes, adds the sink and
+the scores, which need all key columns, are recomputed per value block); `launch_config` picks per batch what
+an H200 measured fastest (16, 32 or all 64 heads, 4 or 8 warps). Each program takes a contiguous run of entry
+tiles (window tiles first, then compressed tiles) and runs an online softmax in base 2, with one of two loop
+schedules: two compiler-pipelined loops (one per scope), or one compiler-pipelined loop with all selected
+indices loaded up front (so no dependent index load sits inside the pipeline). With one split (large batches) it normalizes, adds the sink and
 writes the output itself; with several (small batches, to fill the GPU) it writes a normalized partial
 output with its log-sum-exp and a second launch merges the splits exactly (and adds the sink).
 """
@@ -38,76 +39,36 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _softmax_step(q, q2, m_i, l_i, acc, kt, kt2, vt, ks, vs, ok, qk_scale_log2, K_SCALED: tl.constexpr,
-                  V_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SWAP_AB: tl.constexpr):
+def _softmax_step(q, m_i, l_i, acc, kt, vt, ks, vs, ok, qk_scale_log2, K_SCALED: tl.constexpr, V_SCALED: tl.constexpr,
+                  DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
     """One tile of loaded entries (K rows kt, V rows vt, per-entry scales, valid mask) folded into the online
-    softmax state (m_i, l_i, acc), in base 2. SWAP_AB: q, q2 are the two halves of q^T ([D/2, BH] each), kt, kt2
-    the two column halves of the K rows and acc is acc^T [DV, BH], so the entries (and the value columns) are the
-    dots' M dimension: M >= 64 with 32 heads, which Hopper's warpgroup MMA needs, q^T and V are shared-memory
-    operands the MMA reads itself (no per-tile register copies), and the converted fp8 K, a register operand,
-    is held half a row at a time. Else q is [BH, D] and kt the whole K rows (q2, kt2 unused)."""
+    softmax state (m_i, l_i, acc), in base 2."""
     # fp8 rows convert straight to q's dtype (the dot dtype, or fp16 with QK_F16); the per-entry scales multiply
-    # the scores (keys) and
-    # the probabilities (values) instead of whole tiles, which keeps [BKV, D] fp32 tiles out of registers
-    if SWAP_AB:
-        s = tl.dot(kt.to(q.dtype), q, input_precision=PRECISION)
-        s = tl.dot(kt2.to(q.dtype), q2, s, input_precision=PRECISION) * qk_scale_log2  # [BKV, BH], log2 units
-        if K_SCALED:
-            s = s * ks[:, None]
-        s = tl.where(ok[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[None, :])
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        pv = p
-        if V_SCALED:
-            pv = p * vs[:, None]
-        acc = acc * alpha[None, :] + tl.dot(tl.trans(vt.to(DOT_DTYPE)), pv.to(DOT_DTYPE), input_precision=PRECISION)
-    else:
-        s = tl.dot(q, tl.trans(kt.to(q.dtype)), input_precision=PRECISION) * qk_scale_log2  # [BH, BKV]
-        if K_SCALED:
-            s = s * ks[None, :]
-        s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        pv = p
-        if V_SCALED:
-            pv = p * vs[None, :]
-        acc = acc * alpha[:, None] + tl.dot(pv.to(DOT_DTYPE), vt.to(DOT_DTYPE), input_precision=PRECISION)
+    # the scores (keys) and the probabilities (values) instead of whole tiles, which keeps [BKV, D] fp32 tiles
+    # out of registers
+    s = tl.dot(q, tl.trans(kt.to(q.dtype)), input_precision=PRECISION) * qk_scale_log2  # [BH, BKV], log2 units
+    if K_SCALED:
+        s = s * ks[None, :]
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    pv = p
+    if V_SCALED:
+        pv = p * vs[None, :]
+    acc = acc * alpha[:, None] + tl.dot(pv.to(DOT_DTYPE), vt.to(DOT_DTYPE), input_precision=PRECISION)
     return m_new, l_i, acc
 
 
 @triton.jit
-def _attend_tile(q, q2, m_i, l_i, acc, k_rows, v_rows, ks_rows, vs_rows, ok, dd, dv, qk_scale_log2,
-                 K_SCALED: tl.constexpr, V_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-                 SWAP_AB: tl.constexpr):
+def _attend_tile(q, m_i, l_i, acc, k_rows, v_rows, ks_rows, vs_rows, ok, dd, dv, qk_scale_log2,
+                 K_SCALED: tl.constexpr, V_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
     """One tile of entries (row pointers, valid mask) loaded and folded into the online softmax state."""
-    kt = tl.load(k_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0)
-    kt2 = kt
-    if SWAP_AB:  # dd is the first half of the columns
-        kt2 = tl.load(k_rows[:, None] + dd.shape[0] + dd[None, :], mask=ok[:, None], other=0.0)
-    vt = tl.load(v_rows[:, None] + dv[None, :], mask=ok[:, None], other=0.0)
-    ks = ok.to(tl.float32)
-    vs = ks
-    if K_SCALED:
-        ks = tl.load(ks_rows, mask=ok, other=0.0)
-    if V_SCALED:
-        vs = tl.load(vs_rows, mask=ok, other=0.0)
-    return _softmax_step(q, q2, m_i, l_i, acc, kt, kt2, vt, ks, vs, ok, qk_scale_log2, K_SCALED, V_SCALED,
-                         DOT_DTYPE, PRECISION, SWAP_AB)
-
-
-@triton.jit
-def _comp_sel(comp_idx_ptr, bq, stride_ib, t, win_tiles, t1, KSEL, e, BKV: tl.constexpr):
-    """Selected positions of tile t when it is a compressed tile (-1 where none; a window tile or a tile past
-    t1 loads nothing)."""
-    j = (t - win_tiles) * BKV + e
-    n = tl.where(t < t1, KSEL, 0)
-    return tl.load(comp_idx_ptr + bq * stride_ib + j, mask=(j >= 0) & (j < n), other=-1)
+    kt, vt, ks, vs = _load_rows(k_rows, v_rows, ks_rows, vs_rows, ok, dd, dv, K_SCALED, V_SCALED)
+    return _softmax_step(q, m_i, l_i, acc, kt, vt, ks, vs, ok, qk_scale_log2, K_SCALED, V_SCALED, DOT_DTYPE,
+                         PRECISION)
 
 
 @triton.jit
@@ -132,14 +93,9 @@ def _tile_rows(t, sel, t1, win_tiles, win_len, bq, e, win_k_ptr, win_v_ptr, win_
 
 
 @triton.jit
-def _load_rows(k_rows, v_rows, ks_rows, vs_rows, ok, dd, dv, K_SCALED: tl.constexpr, V_SCALED: tl.constexpr,
-               SWAP_AB: tl.constexpr):
-    """The loads of one tile's rows: (K rows, second half of the K rows when SWAP_AB (dd is then the first
-    half of the columns; else the same tensor), V rows, key scales, value scales)."""
+def _load_rows(k_rows, v_rows, ks_rows, vs_rows, ok, dd, dv, K_SCALED: tl.constexpr, V_SCALED: tl.constexpr):
+    """The loads of one tile's rows: (K rows, V rows, key scales, value scales)."""
     kt = tl.load(k_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0)
-    kt2 = kt
-    if SWAP_AB:
-        kt2 = tl.load(k_rows[:, None] + dd.shape[0] + dd[None, :], mask=ok[:, None], other=0.0)
     vt = tl.load(v_rows[:, None] + dv[None, :], mask=ok[:, None], other=0.0)
     ks = ok.to(tl.float32)
     vs = ks
@@ -147,7 +103,7 @@ def _load_rows(k_rows, v_rows, ks_rows, vs_rows, ok, dd, dv, K_SCALED: tl.conste
         ks = tl.load(ks_rows, mask=ok, other=0.0)
     if V_SCALED:
         vs = tl.load(vs_rows, mask=ok, other=0.0)
-    return kt, kt2, vt, ks, vs
+    return kt, vt, ks, vs
 
 
 @triton.jit
@@ -161,7 +117,7 @@ def _dual_scope_partial_kernel(
     D: tl.constexpr, DV: tl.constexpr, BH: tl.constexpr, BKV: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
     K_SCALED: tl.constexpr, V_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     FINAL: tl.constexpr, HAS_SINK: tl.constexpr, SCHEDULE: tl.constexpr,
-    SEL_TILES: tl.constexpr, SWAP_AB: tl.constexpr, QK_F16: tl.constexpr,
+    SEL_TILES: tl.constexpr, QK_F16: tl.constexpr,
 ):
     """Program (b, head block x value-column block, split): BH heads, value columns [dv0, dv0 + DV), one
     run of entry tiles. The scores need all D key columns, so with DV < D each value block recomputes
@@ -178,106 +134,67 @@ def _dual_scope_partial_kernel(
     dd = tl.arange(0, D)
     dv = dv0 + tl.arange(0, DV)
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads * stride_qh
-    if SWAP_AB:  # q^T in two halves of the columns: [D/2, BH] each
-        dk = tl.arange(0, D // 2)
-        q = tl.load(q_rows[None, :] + dk[:, None], mask=h_ok[None, :], other=0.0).to(tl.float32).to(DOT_DTYPE)
-        q2 = tl.load(q_rows[None, :] + D // 2 + dk[:, None], mask=h_ok[None, :], other=0.0)
-        q2 = q2.to(tl.float32).to(DOT_DTYPE)
-    else:
-        dk = dd
-        q = tl.load(q_rows[:, None] + dd[None, :], mask=h_ok[:, None], other=0.0).to(tl.float32).to(DOT_DTYPE)
-        q2 = q
+    q = tl.load(q_rows[:, None] + dd[None, :], mask=h_ok[:, None], other=0.0).to(tl.float32).to(DOT_DTYPE)
     if QK_F16:
         # fp8 keys with bf16 (or fp16) q: the score dots run in fp16 on q scaled by a power of two (largest |q| in
         # [2^14, 2^15]), exact for every bf16 value down to 2^-24 of the largest (fp16 has 3 more mantissa bits),
         # and an fp8 pair converts to fp16 in one instruction instead of three (fp8 -> fp16 -> bf16)
         qf = q.to(tl.float32)
-        qf2 = q2.to(tl.float32)
-        amax = tl.maximum(tl.max(tl.abs(qf)), tl.max(tl.abs(qf2)))
+        amax = tl.max(tl.abs(qf))
         q_exp = tl.where(amax > 0, tl.floor(tl.log2(tl.where(amax > 0, amax, 1.0))), 0.0)
         q_mult = tl.exp2(14.0 - q_exp)
         q = (qf * q_mult).to(tl.float16)
-        q2 = (qf2 * q_mult).to(tl.float16)
         qk_scale_log2 = qk_scale_log2 / q_mult
     win_len = tl.minimum(tl.load(win_len_ptr + b), W)
     win_tiles = tl.cdiv(W, BKV)
 
     m_i = tl.full([BH], float("-inf"), tl.float32)
     l_i = tl.zeros([BH], tl.float32)
-    if SWAP_AB:
-        acc = tl.zeros([DV, BH], tl.float32)
-    else:
-        acc = tl.zeros([BH, DV], tl.float32)
-    # this split's tiles [t0, t1): window tiles first, then compressed tiles, each scope in a loop of its own
-    # (no branch around the loads, so the compiler can pipeline them)
+    acc = tl.zeros([BH, DV], tl.float32)
+    # this split's tiles [t0, t1): window tiles first, then compressed tiles
     t0 = split * TILES_PER_SPLIT
     t1 = t0 + TILES_PER_SPLIT
     e = tl.arange(0, BKV)
     bq = b.to(tl.int64)
-    if SCHEDULE == 1:
-        # one loop over both scopes, software-pipelined by hand: while tile t is in the dots, tile t+1's rows
-        # are in flight (plain loads into registers, issued before the dots) and tile t+2's indices too,
-        # so neither the index load nor the row gather waits behind the arithmetic (num_stages=1)
-        t1 = tl.minimum(t1, win_tiles + tl.cdiv(KSEL, BKV))
-        sel = _comp_sel(comp_idx_ptr, bq, stride_ib, t0, win_tiles, t1, KSEL, e, BKV)
-        k_rows, v_rows, ks_rows, vs_rows, ok = _tile_rows(t0, sel, t1, win_tiles, win_len, bq, e, win_k_ptr, win_v_ptr, win_ks_ptr, win_vs_ptr,
-                          comp_k_ptr, comp_v_ptr, comp_ks_ptr, comp_vs_ptr, stride_wkb, stride_wkn, stride_wvb,
-                          stride_wvn, stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_wksb, stride_wvsb,
-                          stride_cksb, stride_cvsb, BKV)
-        kt, kt2, vt, ks, vs = _load_rows(k_rows, v_rows, ks_rows, vs_rows, ok, dk, dv, K_SCALED, V_SCALED, SWAP_AB)
-        sel = _comp_sel(comp_idx_ptr, bq, stride_ib, t0 + 1, win_tiles, t1, KSEL, e, BKV)
-        for t in range(t0, t1):
-            k_rows, v_rows, ks_rows, vs_rows, okn = _tile_rows(t + 1, sel, t1, win_tiles, win_len, bq, e, win_k_ptr, win_v_ptr, win_ks_ptr,
-                              win_vs_ptr, comp_k_ptr, comp_v_ptr, comp_ks_ptr, comp_vs_ptr, stride_wkb, stride_wkn,
-                              stride_wvb, stride_wvn, stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_wksb,
-                              stride_wvsb, stride_cksb, stride_cvsb, BKV)
-            kn, kn2, vn, ksn, vsn = _load_rows(k_rows, v_rows, ks_rows, vs_rows, okn, dk, dv, K_SCALED, V_SCALED,
-                                               SWAP_AB)
-            sel = _comp_sel(comp_idx_ptr, bq, stride_ib, t + 2, win_tiles, t1, KSEL, e, BKV)
-            m_i, l_i, acc = _softmax_step(q, q2, m_i, l_i, acc, kt, kt2, vt, ks, vs, ok, qk_scale_log2, K_SCALED,
-                                          V_SCALED, DOT_DTYPE, PRECISION, SWAP_AB)
-            kt, kt2, vt, ks, vs, ok = kn, kn2, vn, ksn, vsn, okn
-    elif SCHEDULE == 2:
+    if SCHEDULE == 2:
         # one loop over both scopes with all selected indices in registers up front, so a tile's row addresses
-        # are arithmetic only and the compiler's pipeline (num_stages >= 3) keeps tiles t+1.. in flight
-        # (a dependent index load in the loop made it wait for every copy before each tile)
+        # are arithmetic only and the compiler's pipeline keeps the next tiles in flight (a dependent index load
+        # in the loop makes it wait for every copy before each tile: wait_group 0 in the PTX)
         t1 = tl.minimum(t1, win_tiles + tl.cdiv(KSEL, BKV))
         ti = tl.arange(0, SEL_TILES)
         jj = ti[:, None] * BKV + e[None, :]
         all_sel = tl.load(comp_idx_ptr + bq * stride_ib + jj, mask=jj < KSEL, other=-1)  # [SEL_TILES, BKV]
         for t in range(t0, t1):
             sel = tl.sum(tl.where(ti[:, None] == t - win_tiles, all_sel, 0), axis=0)
-            k_rows, v_rows, ks_rows, vs_rows, ok = _tile_rows(t, sel, t1, win_tiles, win_len, bq, e, win_k_ptr, win_v_ptr, win_ks_ptr, win_vs_ptr,
-                              comp_k_ptr, comp_v_ptr, comp_ks_ptr, comp_vs_ptr, stride_wkb, stride_wkn, stride_wvb,
-                              stride_wvn, stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_wksb, stride_wvsb,
-                              stride_cksb, stride_cvsb, BKV)
-            kt, kt2, vt, ks, vs = _load_rows(k_rows, v_rows, ks_rows, vs_rows, ok, dk, dv, K_SCALED, V_SCALED,
-                                             SWAP_AB)
-            m_i, l_i, acc = _softmax_step(q, q2, m_i, l_i, acc, kt, kt2, vt, ks, vs, ok, qk_scale_log2, K_SCALED,
-                                          V_SCALED, DOT_DTYPE, PRECISION, SWAP_AB)
+            k_rows, v_rows, ks_rows, vs_rows, ok = _tile_rows(
+                t, sel, t1, win_tiles, win_len, bq, e, win_k_ptr, win_v_ptr, win_ks_ptr, win_vs_ptr,
+                comp_k_ptr, comp_v_ptr, comp_ks_ptr, comp_vs_ptr, stride_wkb, stride_wkn, stride_wvb, stride_wvn,
+                stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_wksb, stride_wvsb, stride_cksb, stride_cvsb, BKV)
+            kt, vt, ks, vs = _load_rows(k_rows, v_rows, ks_rows, vs_rows, ok, dd, dv, K_SCALED, V_SCALED)
+            m_i, l_i, acc = _softmax_step(q, m_i, l_i, acc, kt, vt, ks, vs, ok, qk_scale_log2, K_SCALED, V_SCALED,
+                                          DOT_DTYPE, PRECISION)
     else:
+        # two loops, one per scope (no branch around the loads, so the compiler pipelines them)
         for t in range(t0, tl.minimum(t1, win_tiles)):
             pos = t * BKV + e
             ok = pos < win_len
             row = pos.to(tl.int64)
             m_i, l_i, acc = _attend_tile(
-                q, q2, m_i, l_i, acc, win_k_ptr + bq * stride_wkb + row * stride_wkn,
+                q, m_i, l_i, acc, win_k_ptr + bq * stride_wkb + row * stride_wkn,
                 win_v_ptr + bq * stride_wvb + row * stride_wvn, win_ks_ptr + bq * stride_wksb + row,
-                win_vs_ptr + bq * stride_wvsb + row, ok, dk, dv, qk_scale_log2, K_SCALED, V_SCALED, DOT_DTYPE,
-                PRECISION, SWAP_AB)
+                win_vs_ptr + bq * stride_wvsb + row, ok, dd, dv, qk_scale_log2, K_SCALED, V_SCALED, DOT_DTYPE,
+                PRECISION)
         for t in range(tl.maximum(t0, win_tiles), tl.minimum(t1, win_tiles + tl.cdiv(KSEL, BKV))):
             j = (t - win_tiles) * BKV + e
             sel = tl.load(comp_idx_ptr + bq * stride_ib + j, mask=j < KSEL, other=-1)
             ok = sel >= 0
             row = tl.maximum(sel, 0).to(tl.int64)
             m_i, l_i, acc = _attend_tile(
-                q, q2, m_i, l_i, acc, comp_k_ptr + bq * stride_ckb + row * stride_ckn,
+                q, m_i, l_i, acc, comp_k_ptr + bq * stride_ckb + row * stride_ckn,
                 comp_v_ptr + bq * stride_cvb + row * stride_cvn, comp_ks_ptr + bq * stride_cksb + row,
-                comp_vs_ptr + bq * stride_cvsb + row, ok, dk, dv, qk_scale_log2, K_SCALED, V_SCALED, DOT_DTYPE,
-                PRECISION, SWAP_AB)
+                comp_vs_ptr + bq * stride_cvsb + row, ok, dd, dv, qk_scale_log2, K_SCALED, V_SCALED, DOT_DTYPE,
+                PRECISION)
 
-    if SWAP_AB:
-        acc = tl.trans(acc)
     if FINAL:
         # one split: the merge's arithmetic here (sink in the denominator, zeros for an empty row)
         denom = l_i
@@ -347,12 +264,13 @@ _TARGET_PROGRAMS = 132  # about one program per multiprocessor of an H200 (132 S
 # against 49.0 with five, at B=64 56.2 against 66.8 with two (H200 run 7, 64-entry tiles)
 _MIN_UNSPLIT_PROGRAMS = 64
 # the entry loop's schedule (SCHEDULE in the kernel): 0 two loops (window, compressed) pipelined by the compiler
-# with the index load inside, 1 one loop with the next tile's rows loaded into registers by hand, 2 one loop
-# pipelined by the compiler with all indices loaded up front. swap_ab (the dots as K q^T and V^T P^T) and
-# qk_fp16 (score dots in fp16 on a power-of-two scaled q) stay off: H200 runs 10-11 (sparse_decode_sweep.py)
-SWAP_AB_DEFAULT = False
+# with the index load inside, 2 one loop pipelined by the compiler with all indices loaded up front. H200 run 10
+# also measured 1 (the next tile's rows loaded into registers by hand: 97.4 us at B=64) and the dots swapped to
+# K q^T and V^T P^T (84.4-93.7 us), both slower than the 59.3 us default and removed after run 13 (commit d43a03d
+# has them). qk_fp16 (score dots in fp16 on a power-of-two scaled q) stays an option: 56.9 against 59.3 us with
+# the two loops at B=64 (run 10), not measured with today's B=64 configuration
 QK_FP16_DEFAULT = False
-_SCHEDULE_STAGES = {0: 2, 1: 1, 2: 3}
+_SCHEDULE_STAGES = {0: 2, 2: 3}
 # batch regimes for 2-byte q (H200 runs 10-13, H=64, D=512; see launch_config)
 _SMALL_BELOW_BATCH = 8
 _TWO_PER_SM_FROM_BATCH = 64
@@ -384,8 +302,10 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
     small = one_loop and two_byte and bsz < _SMALL_BELOW_BATCH
     if schedule is None:
         schedule = 2 if (all_heads or small) else 0
+    if schedule not in _SCHEDULE_STAGES:
+        raise ValueError(f"schedule must be one of {sorted(_SCHEDULE_STAGES)}, got {schedule}")
     if not one_loop:
-        schedule = 0  # the one-loop schedules select between the scopes' row pointers: one dtype per tensor kind
+        schedule = 0  # the one-loop schedule selects between the scopes' row pointers: one dtype per tensor kind
     if block_kv is None:
         block_kv = 32 if (all_heads or two_per_sm or not two_byte) else 64
     if num_stages is None:
@@ -420,7 +340,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                       splits: int | None = None, block_h: int | None = None, block_kv: int | None = None,
                       block_dv: int | None = None, num_warps: int | None = None,
                       num_stages: int | None = None, schedule: int | None = None,
-                      swap_ab: bool | None = None, qk_fp16: bool | None = None) -> torch.Tensor:
+                      qk_fp16: bool | None = None) -> torch.Tensor:
     """Decode attention of one query token per sequence over its window plus its selected entries.
 
     q: [B, H, D] (bf16, fp16 or fp32; D a power of two); win_k/win_v: [B, W, D]; win_len: [B];
@@ -430,9 +350,8 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     Launch parameters (defaults from `launch_config`, by batch): block_h heads and block_dv value columns per
     program, block_kv entries per tile, splits programs over the entries of a sequence (one split writes the
     output directly; more write (out, lse) partials that a second launch merges exactly), schedule of the
-    entry loop (0: two compiler-pipelined loops, 1: next tile's rows loaded into registers by hand, 2: one
-    compiler-pipelined loop with the indices loaded up front) with num_stages, swap_ab (dots as K q^T and
-    V^T P^T) and qk_fp16 (fp8 keys: score dots in fp16 on a power-of-two scaled q), both off by default.
+    entry loop (0: two compiler-pipelined loops, 2: one compiler-pipelined loop with the indices loaded up
+    front) with num_stages, and qk_fp16 (fp8 keys: score dots in fp16 on a power-of-two scaled q, off by default).
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")
@@ -484,9 +403,6 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                         q_bytes=q.element_size(), one_loop=one_loop)
     block_h, block_dv, splits, block_kv = cfg["block_h"], cfg["block_dv"], cfg["splits"], cfg["block_kv"]
     schedule, num_stages = cfg["schedule"], cfg["num_stages"]
-    # the swapped dots take 2-byte operands (Hopper's MMA reads a transposed fp32 operand from shared memory
-    # in no layout), and split the key columns in halves
-    swap_ab = (SWAP_AB_DEFAULT if swap_ab is None else swap_ab) and q.element_size() == 2 and d >= 32
     qk_fp16 = ((QK_FP16_DEFAULT if qk_fp16 is None else qk_fp16) and q.dtype in (torch.bfloat16, torch.float16)
                and win_k.element_size() == 1 and comp_k.element_size() == 1)
     head_blocks = triton.cdiv(heads, block_h)
@@ -510,7 +426,8 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
         D=d, DV=block_dv, BH=block_h, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, K_SCALED=k_scaled,
         V_SCALED=v_scaled, DOT_DTYPE=_DOT_DTYPES[q.dtype],
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FINAL=final, HAS_SINK=sink is not None,
-        SCHEDULE=schedule, SWAP_AB=swap_ab, QK_F16=qk_fp16, SEL_TILES=triton.next_power_of_2(max(1, triton.cdiv(k_sel, block_kv))),
+        SCHEDULE=schedule, QK_F16=qk_fp16,
+        SEL_TILES=triton.next_power_of_2(max(1, triton.cdiv(k_sel, block_kv))),
         num_warps=cfg["num_warps"], num_stages=num_stages)
     if not final:
         merge_h = min(block_h, 16)  # the merge holds [merge_h, D] float32 partial rows

@@ -76,36 +76,34 @@ def test_dual_scope_decode_matches_reference(dtype, with_sink, splits):
         assert (out[2].cpu() == 0).all()  # no entries and no sink
 
 
-# the entry loop's schedules (dual_scope_decode.py): 0 two loops, 1 registers loaded a tile ahead by hand,
-# 2 one compiler-pipelined loop with the indices loaded up front; swap_ab computes K q^T and V^T P^T
-SCHEDULES = [(0, False), (1, False), (2, False), (0, True), (1, True), (2, True)]
+# the entry loop's schedules (dual_scope_decode.py): 0 two loops, 2 one compiler-pipelined loop with the
+# indices loaded up front
 
 
-@pytest.mark.parametrize("schedule,swap_ab", SCHEDULES)
+@pytest.mark.parametrize("schedule", [0, 2])
 @pytest.mark.parametrize("splits,qk_fp16", [(1, False), (3, True)])
-def test_entry_loop_schedules_match_reference(schedule, swap_ab, splits, qk_fp16):
+def test_entry_loop_schedules_match_reference(schedule, splits, qk_fp16):
     # odd sizes: a window of 21 (not a tile multiple), 37 selected entries with -1 holes, 12 heads, a row
     # with no entry and one with a short window; fresh draws per case, the sink in half of them
     dtype = torch.bfloat16 if ON_GPU else torch.float16
-    gen = torch.Generator().manual_seed(100 * schedule + 10 * swap_ab + splits)
+    gen = torch.Generator().manual_seed(100 * schedule + 10 * qk_fp16 + splits)
     b, h, d, w, nc, k = 4, 12, 64, 21, 75, 37
     args = _case(b, h, d, w, nc, k, dtype, fp8_kv=False, gen=gen)
     args["comp_idx"][3, ::5] = -1
     kw = {"sink": torch.randn(h, generator=gen)} if splits == 3 else {}
     # qk_fp16: the score dots in fp16 on a power-of-two scaled q (the keys are fp8)
-    out = _run(args, splits=splits, block_kv=16, schedule=schedule, swap_ab=swap_ab, qk_fp16=qk_fp16, **kw)
+    out = _run(args, splits=splits, block_kv=16, schedule=schedule, qk_fp16=qk_fp16, **kw)
     assert out.shape == (b, h, d) and out.dtype == dtype
     _check(out, _reference(args, **kw), dtype)
     if not kw:
         assert (out[2].cpu() == 0).all()  # no entries and no sink
 
 
-@pytest.mark.parametrize("schedule", [1, 2])
-def test_schedules_with_fp8_values_and_fp32(schedule):
-    # fp8 values (value scales on the probabilities) and fp32 operands (ieee dots; swap_ab falls back)
-    gen = torch.Generator().manual_seed(40 + schedule)
+def test_one_loop_schedule_with_fp8_values_and_fp32():
+    # fp8 values (value scales on the probabilities) and fp32 operands (ieee dots)
+    gen = torch.Generator().manual_seed(42)
     args = _case(3, 20, 32, 33, 70, 25, torch.float32, fp8_kv=True, gen=gen)
-    out = _run(args, splits=2, block_kv=16, block_h=16, sm_scale=0.3, schedule=schedule, swap_ab=True)
+    out = _run(args, splits=2, block_kv=16, block_h=16, sm_scale=0.3, schedule=2)
     _check(out, _reference(args, sm_scale=0.3), torch.float32)
 
 
@@ -121,8 +119,8 @@ def test_all_heads_per_program(block_kv, splits):
 
 
 def test_schedules_fall_back_when_scopes_differ_in_dtype():
-    # the one-loop schedules select between the scopes' row pointers: a bf16/fp16 window with fp8 compressed
-    # keys takes the two-loop schedule instead
+    # the one-loop schedule selects between the scopes' row pointers: an fp16 window with fp8 compressed keys
+    # takes the two-loop schedule instead
     gen = torch.Generator().manual_seed(77)
     args = _case(2, 8, 64, 16, 50, 20, torch.float16, fp8_kv=False, gen=gen)
     args["win_k"] = (args["win_k"].float() * args.pop("win_k_scale")[..., None]).to(torch.float16)
@@ -171,6 +169,8 @@ def test_bad_inputs_raise_clear_errors():
     bad["comp_v"] = bad["comp_v"][:, :, :16].contiguous()
     with pytest.raises(ValueError, match="comp_v must be"):
         _run(bad)
+    with pytest.raises(ValueError, match="schedule must be"):
+        _run(args, schedule=1)
 
 
 def test_launch_config_batch_regimes():
