@@ -1,35 +1,116 @@
-"""Compile the fused MoE's GEMV kernels (`kernels/moe/gemv.py`, `gemv_4bit.py`) for sm_90 without a GPU.
+"""Compile the fused MoE's GEMV kernels (`kernels/moe/gemv.py`, `gemv_4bit.py`) and its tl.dot stages
+(`grouped_gemm.py`, the M=1 tiles) for sm_90 without a GPU.
 
 Reports registers and spills per specialisation (the DeepSeek-V3.2 M=1 configs of `config.gemv_config`),
-reusing `sparse_aot.compile_one` (Triton's own ptxas). The signature carries no divisibility hints, which
-Triton adds at run time (16-byte aligned pointers, strides and sizes), so the loads here can be narrower and
-the register counts differ from the GPU's; the README's PTX figures came from a compile with those hints.
+reusing `sparse_aot.compile_one` (Triton's own ptxas). For the tl.dot stages (`--dot`) it also reports the
+cp.async count of the PTX and the SASS instructions of the K loop per weight and thread, with the integer
+arguments specialised as the JIT does at a real launch (unit strides as constants, sizes divisible by 16):
+without that the 4-bit weight loads compile to one byte each and nothing is pipelined. The GEMV rows' signature
+carries only pointer and stride hints (Triton adds more at run time: 16-byte aligned sizes), so their loads can
+be narrower and the register counts differ from the GPU's; the README's PTX figures came from a compile with
+those hints.
 
-Usage: python bench/kernels/moe_aot.py [--out bench/kernels/results/moe_aot.json]
+Usage: python bench/kernels/moe_aot.py [--out bench/kernels/results/moe_aot.json] [--dot]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib
 import json
+import os
+import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sparse_aot import _ptxas, compile_one  # noqa: E402
+from sparse_aot import TARGET, _aligned, _ptxas, _signature, compile_one  # noqa: E402
 
 import triton  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
 
 # (fmt code, weight pointer type, scale pointer type)
 FORMATS = {"bf16": (0, "*bf16", "*bf16"), "fp8": (1, "*fp8e4nv", "*fp32"), "w4a16": (2, "*u8", "*fp32"),
            "mxfp4": (3, "*u8", "*u8")}
 
 
+# The tl.dot stages at M=1 (one tile per edge): (label, FMT code, weight type, scale type, stage-1 gated, BLOCK_N,
+# num_warps, num_stages, SPLIT_K, activation type)
+DOT_KERNELS = [
+    ("fp8 stage1", 1, "*fp8e4nv", "*fp32", True, 32, 4, 4, 1, "*fp8e4nv"),
+    ("fp8 stage2", 1, "*fp8e4nv", "*fp32", False, 128, 4, 4, 2, "*fp8e4nv"),
+    ("w4a16 stage1", 2, "*u8", "*fp32", True, 32, 4, 4, 1, "*bf16"),
+    ("w4a16 stage1 BN64", 2, "*u8", "*fp32", True, 64, 4, 4, 1, "*bf16"),
+    ("w4a16 stage2", 2, "*u8", "*fp32", False, 128, 4, 4, 2, "*bf16"),
+    ("mxfp4 stage1", 3, "*u8", "*u8", True, 32, 4, 4, 1, "*bf16"),
+    ("mxfp4 stage2", 3, "*u8", "*u8", False, 128, 4, 4, 2, "*bf16"),
+]
+
+
+def _loop_counts(sass: str) -> dict:
+    """Instruction counts of the longest backward-branch loop of a SASS listing."""
+    ins = [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
+    where = {a: i for i, (a, _) in enumerate(ins)}
+    best = None
+    for i, (a, text) in enumerate(ins):
+        m = re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in where:
+            body = [t for _, t in ins[where[int(m.group(1), 16)]:i + 1]]
+            if best is None or len(body) > len(best):
+                best = body
+    if not best:
+        return {}
+    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in best)
+    return {"loop_instructions": len(best), "loop_ops": dict(ops.most_common(12))}
+
+
+def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty) -> dict:
+    gg = importlib.import_module("zoe_kernels.moe.grouped_gemm")
+    fn = gg._expert_gemm_kernel
+    ptrs = {"a_ptr": aty, "as_ptr": "*fp32", "w_ptr": wty, "ws_ptr": sty, "out_ptr": "*bf16" if gated else "*fp32",
+            "topk_w_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "num_padded_ptr": "*i32",
+            "zero_ptr": "*fp32"}
+    const = dict(GATED=gated, ATOMIC=not gated, FMT=fmt, A_FMT="bf16", BLOCK_M=16, BLOCK_N=bn, BLOCK_K=128,
+                 FP8_GROUP=128, INT4_GROUP=128, MX_GROUP=32, EDGE_TILES=True, A_QUANT=False, FP8_MAX=448.0,
+                 ROUND_E4M3=False, SPLIT_K=split, ZBLOCK=16 if gated else 0, PTX=True, SPLIT_A=True,
+                 stride_ak=1, stride_wk=1, stride_on=1, stride_ask=1, stride_wsk=1)  # unit strides: JIT constants
+    sig = _signature(fn, ptrs, const)
+    attrs = _aligned(fn, sig)
+    for i, name in enumerate(fn.arg_names):
+        if name in ("N", "K", "KP", "KS", "zero_numel"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs), target=TARGET,
+                            options={"num_warps": warps, "num_stages": stages})
+    ptx = kernel.asm["ptx"]
+    row = {"kernel": f"tl.dot M=1 {label} BN={bn} warps={warps} stages={stages} split={split}",
+           "shared_bytes": kernel.metadata.shared, "cp_async": len(re.findall(r"cp\.async\.ca|cp\.async\.cg", ptx))}
+    ptxas = _ptxas()
+    if ptxas:
+        with tempfile.TemporaryDirectory() as tmp:
+            Path(tmp, "k.ptx").write_text(ptx)
+            info = subprocess.run([ptxas, "-v", "-arch=sm_90a", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
+                                  capture_output=True, text=True).stderr
+            sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass", f"{tmp}/k.cubin"],
+                                  capture_output=True, text=True).stdout
+        regs = re.findall(r"Used (\d+) registers", info)
+        spills = re.findall(r"(\d+) bytes spill stores", info)
+        row.update(registers=int(regs[-1]) if regs else None, spill_store_bytes=int(spills[-1]) if spills else None)
+        row.update(_loop_counts(sass))
+        weights_per_thread = 128 * bn * (2 if gated else 1) / (32 * warps)  # one K step of 128
+        if row.get("loop_instructions"):
+            row["loop_instructions_per_weight"] = round(row["loop_instructions"] / weights_per_thread, 2)
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "moe_aot.json"))
     ap.add_argument("--configs", default="", help="fmt:gated:BLOCK_N:GPI:warps,... (default: the M=1 configs)")
+    ap.add_argument("--dot", action="store_true", help="also the tl.dot stages at M=1 (DOT_KERNELS)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     gemv = importlib.import_module("zoe_kernels.moe.gemv")
@@ -67,6 +148,8 @@ def main() -> None:
                  f"prefetch={wc['PREFETCH']}")
         rows.append(compile_one(label, words._gemv_4bit_kernel, ptrs, const, wc["num_warps"],
                                 num_stages=wc["num_stages"]))
+    if args.dot:
+        rows += [compile_dot(*k) for k in DOT_KERNELS]
     meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
             "command": "python bench/kernels/moe_aot.py " + " ".join(sys.argv[1:])}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

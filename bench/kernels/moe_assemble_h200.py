@@ -33,6 +33,8 @@ The "zoe" rows (fused_moe as dispatched) are derived from zoe_gemv / zoe_dot by 
   fp8 zoe_dot at M=1 on DeepSeek-V3.2, GLM-5 and the TP8 slice with the committed `config.DOT_M1_TILES`
   (replacing run4's and run9's fp8 M=1 rows). run10 (its stage breakdown, in-kernel quantization sweep, and
   M 1..256 side by side) is in raw/ only.
+- run13 (bench/kernels/moe_4bit_dot_sweep.py): the 4-bit tl.dot path as committed after it (see main()); run12
+  (an earlier tree of the same work, slower) is in raw/ only.
 run5 (commit 12a6225, stage-2 sweep), run6 (commit f950d4a, the GPU tests of the GEMV path, 12 passed), run7
 (the byte-wise GEMV end to end) and run8 (the first word-wise sweep) are in raw/ only; run5 re-timed the dot
 path within 1-3 % of run4.
@@ -125,6 +127,39 @@ def main() -> None:
                "device": r["device"], "median_us": r["median_us"], "pct_roofline": r["pct_roofline"], "run": "run11"}
         rows = [x for x in rows if (x["shape"], x["M"], x["fmt"], x["provider"]) != (new["shape"], 1, "fp8", "zoe_dot")]
         rows.append(new)
+    # run13 (bench/kernels/moe_4bit_dot_sweep.py, the 4-bit tl.dot path with the int4 decode, the activation split
+    # and the int4 scale prefetch, its grouped_gemm.py identical to the committed one): w4a16 and mxfp4 zoe_dot and
+    # zoe_gemv on DeepSeek-V3.2 at M 1..256 and at M=1 on GLM-5 and the TP8 slice, fp8 zoe_dot at M=1 (the
+    # same-run reference of the 4-bit target) and torch._grouped_mm at M 8..256; they replace the earlier rows.
+    # zoe_dot at M=1 is the committed M=1 mode (tile set "fp8set") for w4a16; mxfp4 at M=1 keeps the GEMV, whose
+    # align-based dot tiles run13 did not time (its M=1-mode rows stay in raw/ only).
+    data = json.loads((RAW / "run13_4bit_dot_sweep.json").read_text())
+    runs.append({"run": "run13", "code_commit": "cdf4d0c (grouped_gemm.py as run13 ran it, docstrings aside)",
+                 **{k: data["meta"][k] for k in ("command", "date_utc", "torch", "triton")}})
+    for r in data["rows"]:
+        v, m, fmt = r["variant"], r["M"], r["fmt"]
+        if r.get("rep", 0) != 0:
+            continue
+        if v == "gemv":
+            provider = "zoe_gemv"
+        elif v == "torch_grouped_mm":
+            provider = "torch_grouped_mm"
+        elif (v == "dot" and m > 1) or (v == "dot_m1" and fmt == "fp8") or (v == "dot_m1:fp8set" and fmt == "w4a16"):
+            provider = "zoe_dot"
+        else:
+            continue
+        shape = moe_bench.SHAPES[r["shape"]]
+        nbytes = r["floor_us"] * 1e-6 * moe_bench.READ_BW  # memory-bound floors at these M
+        unique = (nbytes - m * shape["H"] * 4) / moe_bench.bytes_per_expert(shape, fmt)
+        new = {"shape": r["shape"], **{k: shape[k] for k in ("H", "I", "E", "k", "shared")}, "M": m, "fmt": fmt,
+               "provider": provider, "unique_experts": round(unique, 2), "bytes": nbytes,
+               "flops": moe_bench.roofline_us(shape, fmt, m, unique)[2], "floor_us": r["floor_us"],
+               "device": r["device"], "median_us": r["median_us"], "pct_roofline": r["pct_roofline"], "run": "run13"}
+        rows = [x for x in rows if (x["shape"], x["M"], x["fmt"], x["provider"]) != (r["shape"], m, fmt, provider)]
+        rows.append(new)
+    for r in rows:  # 4-bit dot rows of runs 1-4 timed the decode that run13's replaced (2-4x slower at M 8..256)
+        if r["fmt"] in ("w4a16", "mxfp4") and r["provider"] == "zoe_dot" and r["run"] != "run13":
+            r["committed_differs"] = "4-bit tl.dot path before run13 (byte loads, no pipelining): committed is faster"
     rows += moe_bench.dispatched_rows(rows)
     result = {
         "device": "NVIDIA H200",

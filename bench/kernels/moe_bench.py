@@ -283,7 +283,7 @@ BASELINE_OF = {"bf16": "torch_grouped_mm", "fp8": "fallback_loop", "w4a16": "fal
 
 def dispatched_rows(rows: list[dict]) -> list[dict]:
     """The "zoe" rows (fused_moe as dispatched by `config.use_gemv`) from the timed zoe_gemv / zoe_dot rows,
-    for the points where no "zoe" row was timed. Dispatch is a pure function of (M, k, E, format), so this
+    for the points where no "zoe" row was timed. Dispatch is a pure function of (M, k, E, format, I), so this
     is the time the default call takes."""
     from zoe_kernels.moe.config import use_gemv
 
@@ -292,7 +292,7 @@ def dispatched_rows(rows: list[dict]) -> list[dict]:
     for (shape, m, fmt, provider), r in timed.items():
         if provider not in ("zoe_gemv", "zoe_dot") or (shape, m, fmt, "zoe") in timed:
             continue
-        path = "gemv" if use_gemv(m, r["k"] + r["shared"], r["E"] + r["shared"], fmt) else "dot"
+        path = "gemv" if use_gemv(m, r["k"] + r["shared"], r["E"] + r["shared"], fmt, r["I"]) else "dot"
         if provider == f"zoe_{path}":
             out.append(r | {"provider": "zoe", "path": path})
     return out
