@@ -138,7 +138,8 @@ def main() -> None:
         rows.append(compile_one(f"dual_scope D=512 BH={bh} DV={dv} BKV={bkv} final={final}",
                                 decode._dual_scope_partial_kernel, dptrs,
                                 dict(D=512, DV=dv, BH=bh, BKV=bkv, TILES_PER_SPLIT=5, K_SCALED=True, V_SCALED=False,
-                                     DOT_DTYPE=tl.bfloat16, PRECISION="tf32", FINAL=final, HAS_SINK=True),
+                                     DOT_DTYPE=tl.bfloat16, PRECISION="tf32", FINAL=final, HAS_SINK=True,
+                                     SCHEDULE=0, SEL_TILES=512 // bkv, QK_F16=False),  # the two-loop schedule
                                 warps, floats=("qk_scale_log2",)))
     meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
             "command": "python bench/kernels/sparse_aot.py " + " ".join(sys.argv[1:])}
