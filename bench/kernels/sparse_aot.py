@@ -105,13 +105,15 @@ def main() -> None:
         if k == 512:
             rows.append(compile_one("topk_split_threshold", topk._split_threshold_kernel, ptrs,
                                     dict(HAS_LO=False, **sampling, PDL=False), topk.THRESHOLD_WARPS))
-            # (tile, warps, one tile per program, pdl, rows): 1024-entry tiles from MANY_ROWS rows
-            for tile, warps, one, pdl, b in ((2048, 4, True, False, 1), (2048, 4, True, True, 1),
-                                             (2048, 4, False, False, 1), (1024, 4, True, False, 32)):
-                rows.append(compile_one(f"topk_split_filter tile={tile} one_tile={one} pdl={pdl}",
+            # (tile, warps, one tile per program, 16-byte loads + inline-PTX stores, pdl, rows): 1024-entry tiles
+            # from MANY_ROWS rows; VEC is the CUDA default for one tile per program
+            for tile, warps, one, vec, pdl, b in ((2048, 4, True, True, True, 1), (2048, 4, True, False, True, 1),
+                                                  (2048, 4, False, False, False, 1), (1024, 4, True, True, False, 32),
+                                                  (1024, 4, True, False, False, 32)):
+                rows.append(compile_one(f"topk_split_filter tile={tile} one_tile={one} vec={vec} pdl={pdl}",
                                         topk._split_filter_kernel, ptrs,
                                         dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.max_tiles(b),
-                                             TILE=tile, ONE_TILE=one, PDL=pdl), warps, num_stages=1))
+                                             TILE=tile, ONE_TILE=one, VEC=vec, PDL=pdl), warps, num_stages=1))
         for pdl, b in ((False, 1), (True, 1), (False, 32)) if k == 512 else ((False, 1),):
             rows.append(compile_one(f"topk_split_finish k={k} pdl={pdl} maxt={topk.max_tiles(b)}",
                                     topk._split_finish_kernel, ptrs,

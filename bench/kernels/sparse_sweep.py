@@ -47,14 +47,15 @@ def _save() -> None:
 # (now the default for one row); runs 10-12 ("run10-topk" to "run12-topk", raw/sparse_sweep_run1*-topk.json) the
 # filter without its returned atomic, an interpolated finish search, register caps, loads not waiting for the
 # row's length, streaming programs (manual prefetch, cp.async pipeline) and 1024-entry tiles; only the last was
-# faster (B=32) and is the default from 8 rows; the others are gone (`git show ccd2ed4` has them). These lists time
-# the defaults against the tiles and launches they replaced.
-# Run 14-topk: 16-byte tile loads with the candidate stores as inline PTX in the loads' layout (_vec).
-B1_VARIANTS = [("default", {}), ("vec", dict(_vec=True))]
-MANY_VARIANTS = [("default", {}), ("vec", dict(_vec=True)), ("vec tile=2048", dict(_vec=True, tile=2048)),
-                 ("vec tile=2048 w8", dict(_vec=True, tile=2048, num_warps=8))]
-TOPK_VARIANTS = {(1, 1 << 20): B1_VARIANTS, (8, 262144): MANY_VARIANTS[:2], (32, 1 << 20): MANY_VARIANTS}
-TOPK_SHAPES = [(32, 1 << 20, "randn"), (8, 262144, "randn"), (1, 1 << 20, "randn")]
+# faster (B=32) and is the default from 8 rows; the others are gone (`git show ccd2ed4` has them).
+# Run 14-topk timed 16-byte tile loads with the candidate stores as inline PTX in the loads' layout (_vec, the
+# default since) against run 12's default; these lists time the defaults against what they replaced.
+B1_VARIANTS = [("default", {}), ("no vec", dict(_vec=False)), ("no pdl", dict(pdl=False))]
+MANY_VARIANTS = [("default", {}), ("no vec", dict(_vec=False)), ("vec tile=2048", dict(tile=2048))]
+TOPK_VARIANTS = {(1, 65536): B1_VARIANTS, (1, 262144): B1_VARIANTS, (1, 1 << 20): B1_VARIANTS,
+                 (8, 262144): MANY_VARIANTS, (32, 1 << 20): MANY_VARIANTS}
+TOPK_SHAPES = [(1, 4096, "randn"), (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "randn"),
+               (1, 1 << 20, "recent"), (8, 262144, "randn"), (32, 1 << 20, "randn")]
 LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS", "_vec": "VECTOR_LOADS"}
 
 

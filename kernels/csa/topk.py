@@ -33,9 +33,11 @@ launch, faster there), "sample" (the above) otherwise.
 Launches: many rows (indexer prefill) or short rows use one program per row that does all three steps
 (`_topk_row_kernel`); few long rows (CSA decode) use three launches: one threshold program per row,
 one filter program per 2048-entry tile (1024 from 8 rows; or `splits` programs per row taking every splits-th
-tile), one finish program per row. Having the last filter program of a row run the finish (two launches) measured slower
-on an H200 (run 8: B=1 x 1M 25.6 against 21.4 us, B=32 245.6 against 104.2: the fused kernel's registers
-halve the resident filter programs) and was removed; `git show 3174776:kernels/csa/topk.py` has it.
+tile), one finish program per row; on CUDA the one-tile filter loads 16 bytes wide and stores its candidates
+as inline PTX in that layout (`VECTOR_LOADS`; H200 run14-topk: B=32 x 1M 71.0 against 97.5 us). Having the
+last filter program of a row run the finish (two launches) measured slower on an H200 (run 8: B=1 x 1M 25.6
+against 21.4 us, B=32 245.6 against 104.2: the fused kernel's registers halve the resident filter programs)
+and was removed; `git show 3174776:kernels/csa/topk.py` has it.
 With pdl (default for one row on CUDA sm_90+) the filter and finish are programmatic dependent launches: they
 start while the launch before still runs (the filter issues its tile's load first), then wait for it
 (`gdc_wait`) before reading what it wrote; H200 run 9: B=1 x 1M 19.8 against 21.4 us.
@@ -72,8 +74,10 @@ MAX_TILES = 512  # candidate segments per row under MANY_ROWS rows (the finish r
 # run11-topk 97.8 against 104.4), B=8 x 256K 24.1 against 24.2
 MANY_ROWS = 8
 SPLIT_TILE_MANY = 1024
-# the split filter's tiles as 16-byte loads, its candidate stores as inline PTX in the loads' layout (CUDA)
-VECTOR_LOADS = False
+# one-tile split filter programs on CUDA load their tile 16 bytes wide and write the candidates with inline-PTX
+# stores in the loads' layout (no shared-memory layout conversion): H200 run14-topk, B=32 x 1M 71.0 against 97.5 us,
+# B=8 x 256K 22.2 against 24.0, B=1 x 1M 19.3 against 20.0
+VECTOR_LOADS = True
 FILTER_PROGRAMS = 1 << 15  # filter programs over all rows in split mode (see auto_splits)
 ROW_TILE = 4096  # entries per loop step in one-program-per-row mode
 # "auto" takes the radix select for few rows this short: H200 run 5, B=1, 4096 entries: 15.8 us against 31.1
@@ -316,10 +320,10 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
     row_val = val_ptr + row.to(tl.int64) * stride_row + lo
     base_row = row.to(tl.int64) * SLOTS
     if ONE_TILE:  # P covers the row: no loop, fewer registers, more programs resident
-        # a start of unknown alignment (min with n) gives one 4-byte load per entry in the layout the
-        # candidate stores need; a known-aligned start gives 16-byte loads in another layout, converted
-        # through shared memory before the stores: 159 against 118 us at B=32 x 1M (H200 run 7 vs run 5)
-        # (VEC: 16-byte loads of an aligned tile, and stores that need no conversion)
+        # without VEC a start of unknown alignment (min with n) gives one 4-byte load per entry in the layout
+        # tl.store gives the scattered candidate stores; 16-byte loads would be converted to it through shared
+        # memory (159 against 118 us at B=32 x 1M, H200 run 7 vs run 5). VEC: 16-byte loads of an aligned tile
+        # and inline-PTX stores in their layout (run14-topk: 71.0 against 97.5 us)
         if VEC:
             offs = p * TILE + tl.arange(0, TILE)
             x = _load_tile(row_val, p * TILE, n, TILE)
@@ -488,7 +492,8 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, n, scores.stride(0), k, **common,
                                      **sampling, PDL=pdl, num_warps=THRESHOLD_WARPS)
     one_tile = splits >= triton.cdiv(n, tile)
-    vec = VECTOR_LOADS and scores.is_cuda and torch.version.hip is None  # inline PTX: CUDA only
+    # inline PTX: CUDA only; the programs taking several tiles were not timed with it
+    vec = VECTOR_LOADS and one_tile and scores.is_cuda and torch.version.hip is None
     _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, ONE_TILE=one_tile, VEC=vec,
                                          num_warps=num_warps, num_stages=1, **dependent)
     _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes,

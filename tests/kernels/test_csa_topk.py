@@ -104,11 +104,13 @@ def test_dependent_launches_on_gpu(b, n, kind):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="inline PTX stores need a CUDA device")
+@pytest.mark.parametrize("vec", [True, False])
 @pytest.mark.parametrize("b,n,tile", [(1, 1 << 20, None), (8, 262144, None), (32, 65536, None), (32, 65536, 2048),
                                       (3, 7000, 4096)])
-def test_vector_loads_on_gpu(b, n, tile, monkeypatch):
-    """VECTOR_LOADS: 16-byte tile loads and inline-PTX candidate stores; ragged rows, two kinds, poisoned out."""
-    monkeypatch.setattr(topk_module, "VECTOR_LOADS", True)
+def test_vector_loads_on_gpu(b, n, tile, vec, monkeypatch):
+    """VECTOR_LOADS (the CUDA default): 16-byte tile loads and inline-PTX candidate stores, against the plain
+    path; ragged rows, two kinds, poisoned outputs."""
+    monkeypatch.setattr(topk_module, "VECTOR_LOADS", vec)
     gen = torch.Generator().manual_seed(n + b)
     for kind in ("normal", "recent"):
         scores = _scores(kind, b, n, gen)
