@@ -1,11 +1,12 @@
 """Builds bench/kernels/results/sparse_results.json from the H200 runs whose code is what the repository runs now.
 
 Each op's rows come from the last run that measured its current code (every row keeps its run and commit):
-- CSA top-K: one row (B=1) from run10-topk (commit 54f29b2, sparse_sweep.py; its "default" rows run the
-  default kernels as they are now: pdl over 4096 entries, radix at 4096), 8 and 32 rows from run12-topk
-  (commit ccd2ed4; its "tile=1024" rows are the default from 8 rows now, its "default" rows the 2048-entry
-  tiles before), run 9's rows of run 8's default without pdl at B=1, plus run 8's radix fallback (unchanged);
-  runs 10-12-topk's other variants are gone from the code and stay in their raw JSON;
+- CSA top-K: B=32 x 1M, B=8 x 256K and B=1 x 1M from run14-topk (commit 63e0627, sparse_sweep.py: its "vec"
+  rows are the default now, 16-byte loads and inline-PTX stores; its "default" rows run 12's 4-byte loads);
+  the other one-row shapes from run10-topk (commit 54f29b2: its "default" rows are the default of then, pdl
+  with 4-byte loads; vec was not timed there; 4096 entries take the radix select, unchanged); run 12-topk's
+  2048-entry tiles at 8 and 32 rows; run 9's rows of run 8's default without pdl at B=1, plus run 8's radix
+  fallback (unchanged); runs 10-14-topk's other variants stay in their raw JSON;
 - dual-scope decode: per batch, the run that timed today's default (runs run11-decode for B = 1, 8, 32 and
   run13-decode for B = 64, 128; sparse_decode_sweep.py, raw files in results/raw/), with run 8's default timed
   beside it in the same run where the default changed (B = 1, 64, 128);
@@ -40,11 +41,15 @@ DECODE = {1: (11, "zoe S2 BKV=64 st2", "zoe default"), 8: (11, "zoe default", No
 RUN8_DECODE = "zoe run 8 default (32 heads, two loops, 64-entry tiles)"
 # CSA top-K rows of the sweeps (bench-format rows in results/raw/): (run, file, commit, shapes taken, provider
 # there -> provider here; rows of other providers are variants no longer in the code)
-TOPK_RUNS = [("10-topk", "raw/sparse_results_run10-topk.json", "54f29b2", ("B=1 ",),
-              {"torch.topk": "torch.topk", "zoe default": "zoe auto (default)"}),
-             ("12-topk", "raw/sparse_results_run12-topk.json", "ccd2ed4", ("B=8 ", "B=32 "),
-              {"torch.topk": "torch.topk", "zoe tile=1024": "zoe auto (default: 1024-entry tiles)",
-               "zoe default": "zoe run 9 default (2048-entry tiles)"})]
+B1_RUN10 = ("B=1 N=4096", "B=1 N=65536", "B=1 N=262144", "B=1 N=1048576 recent")
+RUN14 = ("B=1 N=1048576", "B=8 N=262144", "B=32 N=1048576")
+TOPK_RUNS = [("10-topk", "raw/sparse_results_run10-topk.json", "54f29b2", B1_RUN10,
+              {"torch.topk": "torch.topk", "zoe default": "zoe auto (default; 4-byte loads, run 10)"}),
+             ("12-topk", "raw/sparse_results_run12-topk.json", "ccd2ed4", RUN14[1:],
+              {"zoe default": "zoe run 9 default (2048-entry tiles)"}),
+             ("14-topk", "raw/sparse_results_run14-topk.json", "63e0627", RUN14,
+              {"torch.topk": "torch.topk", "zoe vec": "zoe auto (default)",
+               "zoe default": "zoe run 12 default (4-byte loads)"})]
 RENAME = {"zoe BH=32 DV=512 BKV=32": "zoe BH=32 DV=512 BKV=32 (default from B=8)",  # run 4's labels
           "zoe default BH=64 DV=256 BKV=64": "zoe BH=64 DV=256 BKV=64",
           "zoe run 1 defaults": "zoe run 1 config, current kernel (default below B=8)",
@@ -63,12 +68,14 @@ def _topk_rows() -> list[dict]:
     rows = []
     for run, name, commit, shapes, providers in TOPK_RUNS:
         for row in json.loads((RESULTS / name).read_text())["rows"]:
-            if row.get("op") == "csa_topk" and row["shape"].startswith(shapes) and row["provider"] in providers:
+            if row.get("op") == "csa_topk" and row["shape"] in shapes and row["provider"] in providers:
                 provider = providers[row["provider"]]
-                if provider == "zoe auto (default)" and shapes == ("B=1 ",) and "N=4096" not in row["shape"]:
-                    provider = "zoe auto (default: pdl)"
+                if row["shape"] == "B=1 N=4096" and provider != "torch.topk":
+                    provider = "zoe auto (default: radix)"
                 rows.append(dict(row, provider=provider, run=run, commit=commit))
-    return sorted(rows, key=lambda r: r["shape"].startswith("B=32 "))  # B=32 last, as in earlier plots
+    order = ("B=1 N=4096", "B=1 N=65536", "B=1 N=262144", "B=1 N=1048576", "B=1 N=1048576 recent", "B=8 N=262144",
+             "B=32 N=1048576")
+    return sorted(rows, key=lambda r: order.index(r["shape"]))
 
 
 def main() -> None:
@@ -99,7 +106,7 @@ def main() -> None:
             rows.append(dict(row, provider="zoe run 1 radix split + merge", run=1, commit=RUNS[1][1]))
     meta = dict(loaded[4]["meta"])
     meta.update(command="python bench/kernels/sparse_bench.py --out $OUT --skip-tests (runs 1, 3, 4; run 5: "
-                        "--sections topk; run 8: --sections topk,decode; runs 9, 10-topk and 12-topk: "
+                        "--sections topk; run 8: --sections topk,decode; runs 9, 10-, 12- and 14-topk: "
                         "python bench/kernels/sparse_sweep.py --sections topk; runs 11-decode and 13-decode: "
                         "python bench/kernels/sparse_decode_sweep.py --set run11 / --set run12 --batches 128,64), "
                         "assembled by "

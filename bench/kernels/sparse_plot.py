@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 PREVIOUS_KERNELS = ("zoe run 1 radix split + merge", "zoe triton fp8 heads", "zoe previous kernel (run 3), run 1 config",
                     "zoe run 4 default (32-entry tiles)", "zoe run 5 default (every search step paid)",
                     "zoe run 8 default (no pdl)", "zoe run 9 default (2048-entry tiles)",
-                    "zoe run 8 default (32 heads, two loops, 64-entry tiles)")
+                    "zoe run 12 default (4-byte loads)", "zoe run 8 default (32 heads, two loops, 64-entry tiles)")
 
 
 def provider_group(provider: str) -> str:
