@@ -1,13 +1,12 @@
-"""Exploratory sweep on one GPU: launch variants of CSA top-K and dual-scope decode, each checked first.
+"""Exploratory sweep on one GPU: launch variants of CSA top-K, each checked first.
 
-Top-K: every variant's indices must equal torch.topk's (sorted) index-for-index; decode: relative error
-< 2e-2 against gather + SDPA. Times are medians of CUDA-graph replays. Writes $OUT/sparse_sweep.json and
+Every variant's indices must equal torch.topk's (sorted) index-for-index. Times are medians of CUDA-graph replays. Writes $OUT/sparse_sweep.json and
 prints one line per variant; the chosen defaults then go through sparse_bench.py (see sparse_README.md).
-The top-K lists time the defaults (runs 10-12-topk's variants are named in their JSON), the decode lists run 7's
-(`results/sparse_sweep_run7.json`); run 6's variants are named in its JSON. Top-K rows also go, in
+The top-K lists time the defaults (runs 10-14-topk's variants are named in their JSON); runs 6-7 also swept
+decode here (`results/sparse_sweep_run6/7.json`): decode sweeps live in sparse_decode_sweep.py now. Top-K rows also go, in
 sparse_bench.py's row format, to $OUT/sparse_results.json.
 
-Usage: python bench/kernels/sparse_sweep.py [--out DIR] [--sections topk,decode]
+Usage: python bench/kernels/sparse_sweep.py [--out DIR] [--sections topk]
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import sparse_bench as sb  # noqa: E402  (makes zoe_kernels importable)
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from zoe_kernels.csa import dual_scope_decode, topk  # noqa: E402
+from zoe_kernels.csa import topk  # noqa: E402
 tk = importlib.import_module("zoe_kernels.csa.topk")  # the module (the package exports the function)
 
 ROWS: list[dict] = []
@@ -132,53 +131,17 @@ def sweep_topk() -> None:
             _save()
 
 
-DECODE_VARIANTS = [("default", {}),
-                   ("BKV=64 splits=1", dict(block_kv=64, splits=1)),
-                   ("BKV=64 splits=1 stages=3", dict(block_kv=64, splits=1, num_stages=3)),
-                   ("BKV=64 splits=2", dict(block_kv=64, splits=2)),
-                   ("BKV=128 splits=1", dict(block_kv=128, splits=1)),
-                   ("BKV=128 splits=1 stages=1", dict(block_kv=128, splits=1, num_stages=1)),
-                   ("BH=16 w4 BKV=64 splits=1", dict(block_h=16, num_warps=4, block_kv=64, splits=1)),
-                   ("BH=64 DV=256 BKV=64 splits=1", dict(block_h=64, block_dv=256, block_kv=64, splits=1)),
-                   ("BH=32 w4 BKV=64 splits=1", dict(num_warps=4, block_kv=64, splits=1))]
-DECODE_OTHER_B = [("default", {}), ("BKV=64", dict(block_kv=64)), ("BKV=64 splits=1", dict(block_kv=64, splits=1)),
-                  ("BKV=128", dict(block_kv=128))]
-
-
-def sweep_decode() -> None:
-    for b in (64, 1, 8, 32, 128):
-        q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = sb._decode_inputs(b)
-        args = (q, win_k, win_v, win_len, comp_k, comp_v, idx)
-        kw = dict(win_k_scale=win_ks, comp_k_scale=comp_ks)
-        ref = sb._torch_dual_scope(*args, win_ks, comp_ks).float()
-        d = q.shape[2]
-        entries = win_k.shape[1] + idx.shape[1]
-        floor_us = (b * entries * (d * 3 + 8) + 2 * q.numel() * 2) / (4.22e6)
-        for name, cfg in DECODE_VARIANTS if b == 64 else DECODE_OTHER_B:
-            try:
-                out = dual_scope_decode(*args, **kw, **cfg).float()
-            except Exception as exc:  # noqa: BLE001
-                ROWS.append(dict(op="decode", shape=f"B={b}", variant=name, error=repr(exc)[:300]))
-                sb.log(f"decode B={b} {name}: ERROR {exc!r:.200}")
-                continue
-            err = float((out - ref).norm() / ref.norm())
-            us = sb.median_us(lambda: dual_scope_decode(*args, **kw, **cfg), graph=True, rep_ms=30)
-            ROWS.append(dict(op="decode", shape=f"B={b}", variant=name, config=json.dumps(cfg), median_us=us,
-                             pct_hbm=100 * floor_us / us, rel_err=err, correct=err < 2e-2))
-            sb.log(f"decode B={b} {name:28s} {us:8.1f} us  {100 * floor_us / us:5.1f}% of the byte floor  err={err:.1e}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
-    ap.add_argument("--sections", default="topk,decode")
+    ap.add_argument("--sections", default="topk", help="topk (decode: sparse_decode_sweep.py)")
     args = ap.parse_args()
     meta = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__,
                 command="python bench/kernels/sparse_sweep.py " + " ".join(sys.argv[1:]))
     sb.META.update(device=meta["device"], started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     SAVE.update(out=args.out, meta=meta)
     for name in args.sections.split(","):
-        {"topk": sweep_topk, "decode": sweep_decode}[name]()
+        {"topk": sweep_topk}[name]()
         _save()
 
 
