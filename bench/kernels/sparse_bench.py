@@ -228,8 +228,10 @@ def bench_indexer(quick: bool) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- dual-scope decode
-def _decode_inputs(b, h=64, d=512, w=128, k=512, nc=4096):
-    gen = torch.Generator(device="cuda").manual_seed(b)
+def _decode_inputs(b, h=64, d=512, w=128, k=512, nc=4096, ragged=False):
+    """Full windows and k selected entries; ragged (a second draw, its own seed): random window lengths (>= 1)
+    and selections with a -1 padded tail."""
+    gen = torch.Generator(device="cuda").manual_seed(1000 + b if ragged else b)
     q = torch.randn(b, h, d, device="cuda", generator=gen).to(torch.bfloat16)
     win_k = torch.randn(b, w, d, device="cuda", generator=gen).to(torch.float8_e4m3fn)
     win_v = torch.randn(b, w, d, device="cuda", generator=gen).to(torch.bfloat16)
@@ -238,7 +240,12 @@ def _decode_inputs(b, h=64, d=512, w=128, k=512, nc=4096):
     win_ks = torch.rand(b, w, device="cuda", generator=gen) + 0.5
     comp_ks = torch.rand(b, nc, device="cuda", generator=gen) + 0.5
     idx = torch.argsort(torch.rand(b, nc, device="cuda", generator=gen), dim=1)[:, :k].int()
-    win_len = torch.full((b,), w, dtype=torch.int32, device="cuda")
+    if ragged:
+        n_sel = torch.randint(k // 4, k + 1, (b, 1), device="cuda", generator=gen)
+        idx = torch.where(torch.arange(k, device="cuda")[None] < n_sel, idx, -1)
+        win_len = torch.randint(1, w + 1, (b,), device="cuda", generator=gen).int()
+    else:
+        win_len = torch.full((b,), w, dtype=torch.int32, device="cuda")
     return q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks
 
 

@@ -89,25 +89,6 @@ def variants(b: int) -> list[tuple[str, dict]]:
     return large if b >= 32 else small
 
 
-def _ragged_inputs(b: int, h=64, d=512, w=128, k=512, nc=4096):
-    """A second draw: random window lengths (>= 1) and selections with a -1 padded tail."""
-    import torch
-
-    gen = torch.Generator(device="cuda").manual_seed(1000 + b)
-    q = torch.randn(b, h, d, device="cuda", generator=gen).to(torch.bfloat16)
-    win_k = torch.randn(b, w, d, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-    win_v = torch.randn(b, w, d, device="cuda", generator=gen).to(torch.bfloat16)
-    comp_k = torch.randn(b, nc, d, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-    comp_v = torch.randn(b, nc, d, device="cuda", generator=gen).to(torch.bfloat16)
-    win_ks = torch.rand(b, w, device="cuda", generator=gen) + 0.5
-    comp_ks = torch.rand(b, nc, device="cuda", generator=gen) + 0.5
-    idx = torch.argsort(torch.rand(b, nc, device="cuda", generator=gen), dim=1)[:, :k].int()
-    n_sel = torch.randint(k // 4, k + 1, (b, 1), device="cuda", generator=gen)
-    idx = torch.where(torch.arange(k, device="cuda")[None] < n_sel, idx, -1)
-    win_len = torch.randint(1, w + 1, (b,), device="cuda", generator=gen).int()
-    return q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks
-
-
 def _check(sb, draw, cfg) -> float:
     """Relative error of the variant against gather + SDPA on one draw, NaN if any output is not finite. The
     call's outputs and partials are poisoned: torch.empty returns NaN-filled CUDA memory during the call, so an
@@ -149,7 +130,7 @@ def worker(index: int, count: int, batches: list[int], log_path: Path) -> None:
             continue
         t0 = time.time()
         try:
-            err = _check(sb, _ragged_inputs(b), cfg)
+            err = _check(sb, sb._decode_inputs(b, ragged=True), cfg)
             lines.append(f"B={b} {name}: compiled+checked in {time.time() - t0:.1f} s, err {err:.1e}")
         except Exception as exc:  # noqa: BLE001 - reported, the timing pass reports it again
             lines.append(f"B={b} {name}: ERROR {exc!r:.300}")
@@ -177,7 +158,7 @@ def sweep(out: Path, batches: list[int]) -> None:
 
     for b in batches:
         draw = sb._decode_inputs(b)
-        ragged = _ragged_inputs(b)
+        ragged = sb._decode_inputs(b, ragged=True)
         q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = draw
         args = (q, win_k, win_v, win_len, comp_k, comp_v, idx)
         kw = dict(win_k_scale=win_ks, comp_k_scale=comp_ks)
