@@ -57,6 +57,7 @@ import triton.language as tl
 
 from zoe_kernels.csa.radix_select import RADIX_BINS, _chunk_topk_kernel, _radix_topk_range
 from zoe_kernels.csa.topk_search import MIN32, _rank_bound, _select, _signed_key, _unsigned
+from zoe_kernels.platform import has_ptx
 
 try:  # programmatic dependent launch (Hopper and later); absent from older Triton releases
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -493,7 +494,7 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
                                      **sampling, PDL=pdl, num_warps=THRESHOLD_WARPS)
     one_tile = splits >= triton.cdiv(n, tile)
     # inline PTX: CUDA only; the programs taking several tiles were not timed with it
-    vec = VECTOR_LOADS and one_tile and scores.is_cuda and torch.version.hip is None
+    vec = VECTOR_LOADS and one_tile and scores.is_cuda and has_ptx()  # inline PTX: NVIDIA only
     _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, ONE_TILE=one_tile, VEC=vec,
                                          num_warps=num_warps, num_stages=1, **dependent)
     _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes,
