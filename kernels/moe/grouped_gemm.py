@@ -59,6 +59,24 @@ def _load_a_halves(a_ptr, rows, row_mask, k0, K, stride_am, stride_ak, BLOCK_K: 
     return a_even, a_odd
 
 
+def _int4_pairs_asm(magic: int, one: int, off: int, fma: str) -> str:
+    """PTX of `_int4_halves` for 4 bytes in one 32-bit register: a byte permute spreads two bytes over two 16-bit
+    halves (low nibbles; a shift gives the high ones), one `lop3` masks and ors MAGIC into both halves, one
+    paired `fma` (x * one + off) takes MAGIC + 8 off both."""
+    return (
+        f"{{ .reg .b32 t0, t1, u0, u1, one, off; mov.b32 one, 0x{one:04X}{one:04X}; mov.b32 off, 0x{off:04X}{off:04X}; "
+        "prmt.b32 t0, $4, 0, 0x4140; prmt.b32 t1, $4, 0, 0x4342; shr.b32 u0, t0, 4; shr.b32 u1, t1, 4; "
+        + "".join(f"lop3.b32 {r}, {r}, 0x000F000F, 0x{magic:04X}{magic:04X}, 0xEA; " for r in ("t0", "t1", "u0", "u1"))
+        + "".join(f"fma.rn.{fma} ${i}, {r}, one, off; " for i, r in enumerate(("t0", "t1", "u0", "u1")))
+        + "}"
+    )
+
+
+# bf16: MAGIC 0x4300 (128), 1.0 = 0x3F80, -136 = 0xC308; fp16: MAGIC 0x6400 (1024), 1.0 = 0x3C00, -1032 = 0xE408
+_INT4_PAIRS_BF16 = tl.constexpr(_int4_pairs_asm(0x4300, 0x3F80, 0xC308, "bf16x2"))
+_INT4_PAIRS_F16 = tl.constexpr(_int4_pairs_asm(0x6400, 0x3C00, 0xE408, "f16x2"))
+
+
 @triton.jit
 def _int4_halves(p, DT: tl.constexpr, PTX: tl.constexpr):
     """Bytes p of two int4 nibbles u (zero point 8) -> (low - 8, high - 8) in the activations' dtype DT, exact.
@@ -72,24 +90,12 @@ def _int4_halves(p, DT: tl.constexpr, PTX: tl.constexpr):
     if DT == tl.float32:
         return (p & 0xF).to(tl.float32) - 8.0, (p >> 4).to(tl.float32) - 8.0
     if PTX:
-        if DT == tl.bfloat16:  # magic 0x4300 (128), 1.0 = 0x3F80, -136 = 0xC308
-            return tl.inline_asm_elementwise(
-                """{ .reg .b32 t0, t1, u0, u1, one, off; mov.b32 one, 0x3F803F80; mov.b32 off, 0xC308C308;
-                prmt.b32 t0, $4, 0, 0x4140; prmt.b32 t1, $4, 0, 0x4342; shr.b32 u0, t0, 4; shr.b32 u1, t1, 4;
-                lop3.b32 t0, t0, 0x000F000F, 0x43004300, 0xEA; lop3.b32 t1, t1, 0x000F000F, 0x43004300, 0xEA;
-                lop3.b32 u0, u0, 0x000F000F, 0x43004300, 0xEA; lop3.b32 u1, u1, 0x000F000F, 0x43004300, 0xEA;
-                fma.rn.bf16x2 $0, t0, one, off; fma.rn.bf16x2 $1, t1, one, off;
-                fma.rn.bf16x2 $2, u0, one, off; fma.rn.bf16x2 $3, u1, one, off; }""",
-                "=r,=r,=r,=r,r", [p], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
-        else:  # fp16: magic 0x6400 (1024), 1.0 = 0x3C00, -1032 = 0xE408
-            return tl.inline_asm_elementwise(
-                """{ .reg .b32 t0, t1, u0, u1, one, off; mov.b32 one, 0x3C003C00; mov.b32 off, 0xE408E408;
-                prmt.b32 t0, $4, 0, 0x4140; prmt.b32 t1, $4, 0, 0x4342; shr.b32 u0, t0, 4; shr.b32 u1, t1, 4;
-                lop3.b32 t0, t0, 0x000F000F, 0x64006400, 0xEA; lop3.b32 t1, t1, 0x000F000F, 0x64006400, 0xEA;
-                lop3.b32 u0, u0, 0x000F000F, 0x64006400, 0xEA; lop3.b32 u1, u1, 0x000F000F, 0x64006400, 0xEA;
-                fma.rn.f16x2 $0, t0, one, off; fma.rn.f16x2 $1, t1, one, off;
-                fma.rn.f16x2 $2, u0, one, off; fma.rn.f16x2 $3, u1, one, off; }""",
-                "=r,=r,=r,=r,r", [p], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+        if DT == tl.bfloat16:
+            return tl.inline_asm_elementwise(_INT4_PAIRS_BF16, "=r,=r,=r,=r,r", [p], dtype=(tl.bfloat16, tl.bfloat16),
+                                             is_pure=True, pack=4)
+        else:
+            return tl.inline_asm_elementwise(_INT4_PAIRS_F16, "=r,=r,=r,=r,r", [p], dtype=(tl.float16, tl.float16),
+                                             is_pure=True, pack=4)
     if DT == tl.bfloat16:
         magic: tl.constexpr = 0x4300
         off: tl.constexpr = 136.0
