@@ -1,17 +1,17 @@
 """Dual-scope decode on one GPU: entry-loop schedules side by side with the default, each checked first.
 
-H200 run "run10-decode" (sparse_README.md). Every variant is checked against gather + SDPA (relative error
-< 2e-2) on two fresh draws before it is timed: the benchmark's draw (full windows, 512 selected entries) and
-a ragged one (random window lengths, -1 padded selections). Times are medians of CUDA-graph replays, as in
-sparse_bench.py, whose row format the timed rows also take ($OUT/sparse_results.json; op
-csa_dual_scope_decode, so sparse_assemble.py can take them).
+H200 runs 10- to 15-decode (sparse_README.md; `--set` picks a run's variant lists). Every variant is checked
+against gather + SDPA (relative error < 2e-2) on two fresh draws before it is timed: the benchmark's draw (full
+windows, 512 selected entries) and a ragged one (random window lengths, -1 padded selections). Times are
+medians of CUDA-graph replays, as in sparse_bench.py, whose row format the timed rows also take
+($OUT/sparse_results.json; op csa_dual_scope_decode, so sparse_assemble.py can take them).
 
 To fit one short lease the script first compiles every (variant, batch) specialisation in parallel worker
 processes (they fill Triton's on-disk cache; `--pytest` runs the GPU tests of the two dual-scope test files
 beside them), then times everything in this process, one launch at a time.
 
 Usage: python bench/kernels/sparse_decode_sweep.py [--out DIR] [--workers N] [--pytest] [--batches 64,1,...]
-       python bench/kernels/sparse_decode_sweep.py --aot   # no GPU: sm_90 registers/spills of every variant
+       python bench/kernels/sparse_decode_sweep.py --aot   # no GPU: sm_90a registers/spills of run 15's variants
 """
 
 from __future__ import annotations
@@ -80,13 +80,37 @@ RUN12_LARGE = [("run8 default", RUN8),
                ("BH=16 w4 S2 BKV=32 st2", dict(W4, block_h=16, schedule=2, splits=1)),
                ("BH=16 w4 S0 BKV=32 fp16", dict(W4, block_h=16, schedule=0, splits=1, qk_fp16=True))]
 RUN12_SMALL = [("run8 default", dict(RUN8, block_h=16, num_warps=4)), ("default", {})]
-SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL)}
-VARIANT_SET = "run12"
+# run15-decode: fewer instructions per tile on today's defaults (sm_90a SASS per warp and 32-entry tile at B=64:
+# default 1514, fp16 score dots + lazy rescale 1203 on tiles that skip the rescale), then two diagnostics of
+# why a tile takes ~5 us: 16-entry tiles at 3 stages (two tiles of loads in flight at two programs per
+# multiprocessor, twice the instructions per entry) and 8-warp programs capped at 128 registers (two per
+# multiprocessor: 16 warps instead of 8)
+LAZY = dict(lazy_rescale=True)
+DEFER = dict(defer_sum=True)
+W8_R128 = dict(block_h=32, num_warps=8, block_kv=32, num_stages=2, schedule=0, splits=2, max_registers=128)
+RUN15_64 = [("default", {}),
+            ("fp16", dict(F16)),
+            ("lazy", dict(LAZY)),
+            ("defer", dict(DEFER)),
+            ("fp16 lazy", dict(F16, **LAZY)),
+            ("fp16 lazy defer", dict(F16, **LAZY, **DEFER)),
+            ("fp16 lazy BKV=16 st3", dict(F16, **LAZY, block_kv=16, num_stages=3)),
+            ("w8 r128", dict(W8_R128)),
+            ("w8 r128 fp16 lazy defer", dict(W8_R128, **F16, **LAZY, **DEFER))]
+RUN15_SMALL = [("default", {}), ("fp16", dict(F16)), ("lazy", dict(LAZY)),
+               ("fp16 lazy defer", dict(F16, **LAZY, **DEFER))]
+RUN15_128 = [("default", {}), ("fp16", dict(F16)), ("lazy", dict(LAZY)), ("defer", dict(DEFER))]
+# (B >= 32, B < 32[, B >= 128]) lists of each run
+SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
+        "run15": (RUN15_64, RUN15_SMALL, RUN15_128)}
+VARIANT_SET = "run15"
 
 
 def variants(b: int) -> list[tuple[str, dict]]:
-    large, small = SETS[VARIANT_SET]
-    return large if b >= 32 else small
+    lists = SETS[VARIANT_SET]
+    if b >= 128 and len(lists) > 2:
+        return lists[2]
+    return lists[0] if b >= 32 else lists[1]
 
 
 def _check(sb, draw, cfg) -> float:
@@ -195,8 +219,11 @@ def sweep(out: Path, batches: list[int]) -> None:
 
 
 def aot(out_json: Path) -> None:
-    """sm_90 compile of each variant's kernel at the B=64 specialisation (registers, spills, shared memory)."""
+    """sm_90a compile of the run15 variants' main kernel with the launch configuration `launch_config` picks at
+    their batch (registers, spills, shared memory); variants capped with max_registers are left out (the
+    compile helper takes no register cap)."""
     import sparse_aot as sa
+    import triton
     import triton.language as tl
 
     import sparse_bench  # noqa: F401  (makes zoe_kernels importable)
@@ -206,22 +233,22 @@ def aot(out_json: Path) -> None:
             "comp_k_ptr": "*fp8e4nv", "comp_v_ptr": "*bf16", "comp_idx_ptr": "*i32", "win_ks_ptr": "*fp32",
             "win_vs_ptr": "*fp32", "comp_ks_ptr": "*fp32", "comp_vs_ptr": "*fp32", "part_out_ptr": "*fp32",
             "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": "*bf16"}
+    launch_keys = ("block_h", "block_dv", "block_kv", "splits", "num_warps", "schedule", "num_stages")
     rows = []
-    for name, cfg in LARGE_B + RUN11_LARGE[2:] + RUN12_LARGE[2:]:
-        if cfg.get("swap_ab") or cfg.get("schedule") == 1:
-            continue  # removed options (sparse_decode_aot_run10.json has them)
-        schedule = cfg.get("schedule", 0)  # the B=64 default before run 11
-        bkv = cfg.get("block_kv", 64)
-        stages = cfg.get("num_stages", dsd._SCHEDULE_STAGES[schedule])
-        warps = cfg.get("num_warps", 8)
-        constexprs = dict(D=512, DV=512, BH=cfg.get("block_h", 32), BKV=bkv, TILES_PER_SPLIT=128 // bkv + 512 // bkv,
-                          K_SCALED=True,
-                          V_SCALED=False, DOT_DTYPE=tl.bfloat16, PRECISION="tf32", FINAL=True, HAS_SINK=False,
-                          SCHEDULE=schedule, SEL_TILES=512 // bkv, QK_F16=cfg.get("qk_fp16", False))
-        row = sa.compile_one(f"dual_scope B=64 {name}", dsd._dual_scope_partial_kernel, ptrs, constexprs, warps,
-                             floats=("qk_scale_log2",), num_stages=stages)
-        rows.append(row)
-    import triton
+    for b in (64, 128, 1):
+        for name, cfg in variants(b):
+            if cfg.get("max_registers"):
+                continue
+            lc = dsd.launch_config(b, 64, 512, 640, **{k: v for k, v in cfg.items() if k in launch_keys})
+            tiles = 128 // lc["block_kv"] + 512 // lc["block_kv"]
+            constexprs = dict(D=512, DV=lc["block_dv"], BH=lc["block_h"], BKV=lc["block_kv"],
+                              TILES_PER_SPLIT=triton.cdiv(tiles, lc["splits"]), K_SCALED=True, V_SCALED=False,
+                              DOT_DTYPE=tl.bfloat16, PRECISION="tf32", FINAL=lc["splits"] == 1, HAS_SINK=False,
+                              SCHEDULE=lc["schedule"], SEL_TILES=512 // lc["block_kv"],
+                              QK_F16=cfg.get("qk_fp16", False), LAZY_RESCALE=cfg.get("lazy_rescale", False),
+                              DEFER_SUM=cfg.get("defer_sum", False))
+            rows.append(sa.compile_one(f"dual_scope B={b} {name}", dsd._dual_scope_partial_kernel, ptrs, constexprs,
+                                       lc["num_warps"], floats=("qk_scale_log2",), num_stages=lc["num_stages"]))
     meta = {"triton": triton.__version__, "ptxas": sa._ptxas(), "target": "sm_90a",
             "command": "PYTHONPATH=<triton 3.6.0 wheel> python bench/kernels/sparse_decode_sweep.py --aot"}
     out_json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
@@ -235,14 +262,14 @@ def main() -> None:
     ap.add_argument("--pytest", nargs="?", const="", default=None,
                     help="run the dual-scope GPU tests beside the compiles (optionally only those matching -k EXPR)")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--aot", action="store_true", help="compile for sm_90 here (no GPU) and write the report")
+    ap.add_argument("--aot", action="store_true", help="compile for sm_90a here (no GPU) and write the report")
     ap.add_argument("--set", default=VARIANT_SET, choices=sorted(SETS), help="variant lists of a run")
     args = ap.parse_args()
     globals()["VARIANT_SET"] = args.set
     batches = [int(x) for x in args.batches.split(",")]
     out = Path(args.out)
     if args.aot:
-        aot(HERE / "results" / "sparse_decode_aot_run12.json")
+        aot(HERE / "results" / "sparse_decode_aot_run15.json")
         return
     if args.worker is not None:
         worker(args.worker, args.workers, batches, Path(f"/tmp/decode_warm_{args.worker}.log"))

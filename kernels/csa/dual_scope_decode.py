@@ -36,13 +36,20 @@ import triton
 import triton.language as tl
 
 _LOG2E = 1.4426950408889634
+# LAZY_RESCALE's threshold in log2 units: probabilities up to 2^8 against a stale row maximum (bf16/fp16/fp32 P)
+RESCALE_LOG2: tl.constexpr = tl.constexpr(8.0)
 
 
 @triton.jit
 def _softmax_step(q, m_i, l_i, acc, kt, vt, ks, vs, ok, qk_scale_log2, K_SCALED: tl.constexpr, V_SCALED: tl.constexpr,
-                  DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+                  DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, LAZY_RESCALE: tl.constexpr,
+                  DEFER_SUM: tl.constexpr):
     """One tile of loaded entries (K rows kt, V rows vt, per-entry scales, valid mask) folded into the online
-    softmax state (m_i, l_i, acc), in base 2."""
+    softmax state (m_i, l_i, acc), in base 2. LAZY_RESCALE: m_i moves (and acc, l_i are rescaled) only when some
+    row's tile maximum exceeds it by more than RESCALE_LOG2, a branch taken by the whole program; otherwise the
+    probabilities stay under 2^RESCALE_LOG2 against the stale m_i, exact since out = acc / l_i share it.
+    DEFER_SUM: l_i is [BH, BKV], the probabilities summed per tile column, reduced over columns once after the
+    loop (a row sum per tile is a reduction across the warps that split the tile's entries)."""
     # fp8 rows convert straight to q's dtype (the dot dtype, or fp16 with QK_F16); the per-entry scales multiply
     # the scores (keys) and the probabilities (values) instead of whole tiles, which keeps [BKV, D] fp32 tiles
     # out of registers
@@ -50,25 +57,60 @@ def _softmax_step(q, m_i, l_i, acc, kt, vt, ks, vs, ok, qk_scale_log2, K_SCALED:
     if K_SCALED:
         s = s * ks[None, :]
     s = tl.where(ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    m_tile = tl.max(s, axis=1)
+    if LAZY_RESCALE:
+        # the [BH, DV] accumulator's multiply is skipped on most tiles (a row's -inf max grows on its first entry)
+        if tl.max((m_tile > m_i + RESCALE_LOG2).to(tl.int32), axis=0) > 0:
+            m_new = tl.maximum(m_i, m_tile)
+            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+            acc = acc * alpha[:, None]
+            l_i = _scale_rows(l_i, alpha, DEFER_SUM)
+            m_i = m_new
+        p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+        l_i = _add_row_sums(l_i, p, DEFER_SUM)
+    else:
+        m_i_old = m_i
+        m_i = tl.maximum(m_i_old, m_tile)
+        m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+        alpha = tl.exp2(m_i_old - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = _add_row_sums(_scale_rows(l_i, alpha, DEFER_SUM), p, DEFER_SUM)
+        acc = acc * alpha[:, None]
     pv = p
     if V_SCALED:
         pv = p * vs[None, :]
-    acc = acc * alpha[:, None] + tl.dot(pv.to(DOT_DTYPE), vt.to(DOT_DTYPE), input_precision=PRECISION)
-    return m_new, l_i, acc
+    acc = acc + tl.dot(pv.to(DOT_DTYPE), vt.to(DOT_DTYPE), input_precision=PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _scale_rows(l_i, alpha, DEFER_SUM: tl.constexpr):
+    """The running denominators times the rows' rescale factors ([BH] or, with DEFER_SUM, [BH, BKV])."""
+    if DEFER_SUM:
+        scaled = l_i * alpha[:, None]
+    else:
+        scaled = l_i * alpha
+    return scaled
+
+
+@triton.jit
+def _add_row_sums(l_i, p, DEFER_SUM: tl.constexpr):
+    """The running denominators plus a tile's probabilities p [BH, BKV] (summed over the tile unless DEFER_SUM)."""
+    if DEFER_SUM:
+        total = l_i + p
+    else:
+        total = l_i + tl.sum(p, axis=1)
+    return total
 
 
 @triton.jit
 def _attend_tile(q, m_i, l_i, acc, k_rows, v_rows, ks_rows, vs_rows, ok, dd, dv, qk_scale_log2,
-                 K_SCALED: tl.constexpr, V_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+                 K_SCALED: tl.constexpr, V_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+                 LAZY_RESCALE: tl.constexpr, DEFER_SUM: tl.constexpr):
     """One tile of entries (row pointers, valid mask) loaded and folded into the online softmax state."""
     kt, vt, ks, vs = _load_rows(k_rows, v_rows, ks_rows, vs_rows, ok, dd, dv, K_SCALED, V_SCALED)
     return _softmax_step(q, m_i, l_i, acc, kt, vt, ks, vs, ok, qk_scale_log2, K_SCALED, V_SCALED, DOT_DTYPE,
-                         PRECISION)
+                         PRECISION, LAZY_RESCALE, DEFER_SUM)
 
 
 @triton.jit
@@ -117,7 +159,7 @@ def _dual_scope_partial_kernel(
     D: tl.constexpr, DV: tl.constexpr, BH: tl.constexpr, BKV: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
     K_SCALED: tl.constexpr, V_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     FINAL: tl.constexpr, HAS_SINK: tl.constexpr, SCHEDULE: tl.constexpr,
-    SEL_TILES: tl.constexpr, QK_F16: tl.constexpr,
+    SEL_TILES: tl.constexpr, QK_F16: tl.constexpr, LAZY_RESCALE: tl.constexpr, DEFER_SUM: tl.constexpr,
 ):
     """Program (b, head block x value-column block, split): BH heads, value columns [dv0, dv0 + DV), one
     run of entry tiles. The scores need all D key columns, so with DV < D each value block recomputes
@@ -149,7 +191,10 @@ def _dual_scope_partial_kernel(
     win_tiles = tl.cdiv(W, BKV)
 
     m_i = tl.full([BH], float("-inf"), tl.float32)
-    l_i = tl.zeros([BH], tl.float32)
+    if DEFER_SUM:
+        l_i = tl.zeros([BH, BKV], tl.float32)
+    else:
+        l_i = tl.zeros([BH], tl.float32)
     acc = tl.zeros([BH, DV], tl.float32)
     # this split's tiles [t0, t1): window tiles first, then compressed tiles
     t0 = split * TILES_PER_SPLIT
@@ -172,7 +217,7 @@ def _dual_scope_partial_kernel(
                 stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_wksb, stride_wvsb, stride_cksb, stride_cvsb, BKV)
             kt, vt, ks, vs = _load_rows(k_rows, v_rows, ks_rows, vs_rows, ok, dd, dv, K_SCALED, V_SCALED)
             m_i, l_i, acc = _softmax_step(q, m_i, l_i, acc, kt, vt, ks, vs, ok, qk_scale_log2, K_SCALED, V_SCALED,
-                                          DOT_DTYPE, PRECISION)
+                                          DOT_DTYPE, PRECISION, LAZY_RESCALE, DEFER_SUM)
     else:
         # two loops, one per scope (no branch around the loads, so the compiler pipelines them)
         for t in range(t0, tl.minimum(t1, win_tiles)):
@@ -183,7 +228,7 @@ def _dual_scope_partial_kernel(
                 q, m_i, l_i, acc, win_k_ptr + bq * stride_wkb + row * stride_wkn,
                 win_v_ptr + bq * stride_wvb + row * stride_wvn, win_ks_ptr + bq * stride_wksb + row,
                 win_vs_ptr + bq * stride_wvsb + row, ok, dd, dv, qk_scale_log2, K_SCALED, V_SCALED, DOT_DTYPE,
-                PRECISION)
+                PRECISION, LAZY_RESCALE, DEFER_SUM)
         for t in range(tl.maximum(t0, win_tiles), tl.minimum(t1, win_tiles + tl.cdiv(KSEL, BKV))):
             j = (t - win_tiles) * BKV + e
             sel = tl.load(comp_idx_ptr + bq * stride_ib + j, mask=j < KSEL, other=-1)
@@ -193,8 +238,10 @@ def _dual_scope_partial_kernel(
                 q, m_i, l_i, acc, comp_k_ptr + bq * stride_ckb + row * stride_ckn,
                 comp_v_ptr + bq * stride_cvb + row * stride_cvn, comp_ks_ptr + bq * stride_cksb + row,
                 comp_vs_ptr + bq * stride_cvsb + row, ok, dd, dv, qk_scale_log2, K_SCALED, V_SCALED, DOT_DTYPE,
-                PRECISION)
+                PRECISION, LAZY_RESCALE, DEFER_SUM)
 
+    if DEFER_SUM:
+        l_i = tl.sum(l_i, axis=1)
     if FINAL:
         # one split: the merge's arithmetic here (sink in the denominator, zeros for an empty row)
         denom = l_i
@@ -270,6 +317,12 @@ _MIN_UNSPLIT_PROGRAMS = 64
 # has them). qk_fp16 (score dots in fp16 on a power-of-two scaled q) stays an option: 56.9 against 59.3 us with
 # the two loops at B=64 (run 10), not measured with today's B=64 configuration
 QK_FP16_DEFAULT = False
+# lazy_rescale (LAZY_RESCALE in the kernel): the accumulator rescaled only when a row maximum grows by more than
+# 2^RESCALE_LOG2; not yet measured on the GPU
+LAZY_RESCALE_DEFAULT = False
+# defer_sum (DEFER_SUM): the softmax denominators kept per tile column and summed once after the loop; not yet
+# measured on the GPU
+DEFER_SUM_DEFAULT = False
 _SCHEDULE_STAGES = {0: 2, 2: 3}
 # batch regimes for 2-byte q (H200 runs 10-13, H=64, D=512; see launch_config)
 _SMALL_BELOW_BATCH = 8
@@ -340,7 +393,8 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                       splits: int | None = None, block_h: int | None = None, block_kv: int | None = None,
                       block_dv: int | None = None, num_warps: int | None = None,
                       num_stages: int | None = None, schedule: int | None = None,
-                      qk_fp16: bool | None = None) -> torch.Tensor:
+                      qk_fp16: bool | None = None, lazy_rescale: bool | None = None,
+                      defer_sum: bool | None = None, max_registers: int | None = None) -> torch.Tensor:
     """Decode attention of one query token per sequence over its window plus its selected entries.
 
     q: [B, H, D] (bf16, fp16 or fp32; D a power of two); win_k/win_v: [B, W, D]; win_len: [B];
@@ -351,7 +405,11 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     program, block_kv entries per tile, splits programs over the entries of a sequence (one split writes the
     output directly; more write (out, lse) partials that a second launch merges exactly), schedule of the
     entry loop (0: two compiler-pipelined loops, 2: one compiler-pipelined loop with the indices loaded up
-    front) with num_stages, and qk_fp16 (fp8 keys: score dots in fp16 on a power-of-two scaled q, off by default).
+    front) with num_stages, qk_fp16 (fp8 keys: score dots in fp16 on a power-of-two scaled q, off by default),
+    lazy_rescale (the accumulator rescaled only when a row maximum grows by more than 2^8; not with fp16 q and
+    value scales, where P times a scale could pass fp16's range), defer_sum (the softmax denominators summed per
+    tile column, reduced over columns once at the end) and max_registers (CUDA only: the main kernel's
+    registers per thread capped, `maxnreg`, so that more programs share a multiprocessor; None: the compiler's).
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")
@@ -405,6 +463,8 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     schedule, num_stages = cfg["schedule"], cfg["num_stages"]
     qk_fp16 = ((QK_FP16_DEFAULT if qk_fp16 is None else qk_fp16) and q.dtype in (torch.bfloat16, torch.float16)
                and win_k.element_size() == 1 and comp_k.element_size() == 1)
+    lazy_rescale = ((LAZY_RESCALE_DEFAULT if lazy_rescale is None else lazy_rescale)
+                    and not (q.dtype == torch.float16 and v_scaled))
     head_blocks = triton.cdiv(heads, block_h)
     tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
     tiles_per_split = triton.cdiv(tiles, splits)
@@ -426,9 +486,11 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
         D=d, DV=block_dv, BH=block_h, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, K_SCALED=k_scaled,
         V_SCALED=v_scaled, DOT_DTYPE=_DOT_DTYPES[q.dtype],
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FINAL=final, HAS_SINK=sink is not None,
-        SCHEDULE=schedule, QK_F16=qk_fp16,
+        SCHEDULE=schedule, QK_F16=qk_fp16, LAZY_RESCALE=lazy_rescale,
+        DEFER_SUM=DEFER_SUM_DEFAULT if defer_sum is None else defer_sum,
         SEL_TILES=triton.next_power_of_2(max(1, triton.cdiv(k_sel, block_kv))),
-        num_warps=cfg["num_warps"], num_stages=num_stages)
+        num_warps=cfg["num_warps"], num_stages=num_stages,
+        **({"maxnreg": max_registers} if max_registers is not None else {}))
     if not final:
         merge_h = min(block_h, 16)  # the merge holds [merge_h, D] float32 partial rows
         merge_partials_kernel[(bsz, triton.cdiv(heads, merge_h))](

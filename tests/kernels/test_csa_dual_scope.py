@@ -99,6 +99,37 @@ def test_entry_loop_schedules_match_reference(schedule, splits, qk_fp16):
         assert (out[2].cpu() == 0).all()  # no entries and no sink
 
 
+@pytest.mark.parametrize("schedule", [0, 2])
+@pytest.mark.parametrize("lazy_rescale,defer_sum,qk_fp16", [(True, False, False), (False, True, True),
+                                                           (True, True, True)])
+def test_lazy_rescale_and_deferred_sums_match_reference(schedule, lazy_rescale, defer_sum, qk_fp16):
+    # keys scaled up along the compressed sequence and a large sm_scale: row maxima grow by more than 2^8 on
+    # later tiles (the rescale branch runs mid-loop) and by less on others (probabilities above 1 against a
+    # stale maximum); -1 holes, a short window, a row with no entry, the sink and splits in some cases
+    dtype = torch.bfloat16 if ON_GPU else torch.float16
+    gen = torch.Generator().manual_seed(300 + 100 * schedule + 10 * lazy_rescale + defer_sum)
+    b, h, d, w, nc, k = 4, 12, 64, 21, 75, 37
+    args = _case(b, h, d, w, nc, k, dtype, fp8_kv=False, gen=gen)
+    args["comp_k_scale"] = args["comp_k_scale"] * torch.linspace(0.5, 3.0, nc)
+    args["comp_idx"][0] = args["comp_idx"][0].sort().values  # ascending key scales: the maximum keeps growing
+    args["comp_idx"][3, ::5] = -1
+    splits = 3 if defer_sum else 1
+    kw = {"sink": torch.randn(h, generator=gen)} if splits == 3 else {}
+    out = _run(args, splits=splits, block_kv=16, schedule=schedule, qk_fp16=qk_fp16, lazy_rescale=lazy_rescale,
+               defer_sum=defer_sum, sm_scale=0.5, **kw)
+    _check(out, _reference(args, sm_scale=0.5, **kw), dtype)
+    if not kw:
+        assert (out[2].cpu() == 0).all()  # no entries and no sink
+
+
+def test_lazy_rescale_with_fp16_q_and_fp8_values():
+    # fp16 q with value scales keeps the eager rescale (P times a scale could pass fp16's range); a register cap
+    gen = torch.Generator().manual_seed(44)
+    args = _case(3, 20, 32, 33, 70, 25, torch.float16, fp8_kv=True, gen=gen)
+    out = _run(args, splits=2, block_kv=16, block_h=16, lazy_rescale=True, defer_sum=True, max_registers=128)
+    _check(out, _reference(args), torch.float16)
+
+
 def test_one_loop_schedule_with_fp8_values_and_fp32():
     # fp8 values (value scales on the probabilities) and fp32 operands (ieee dots)
     gen = torch.Generator().manual_seed(42)
