@@ -98,13 +98,14 @@ def main() -> None:
         slots = max(4096, 8 * k)
         ptrs = {"val_ptr": "*fp32", "lo_ptr": "*i32", "hi_ptr": "*i32", "cand_key_ptr": "*i32",
                 "cand_pos_ptr": "*i32", "out_ptr": "*i32", "thresh_ptr": "*i32", "fill_ptr": "*i32",
-                "seg_ptr": "*i32"}
+                "seg_ptr": "*i32", "hist_ptr": "*i32"}
         sampling = dict(S=topk.SAMPLE, SB=topk.SAMPLE_BLOCK, MARGIN_=topk.MARGIN)
         rows.append(compile_one(f"topk_row k={k}", topk._topk_row_kernel, ptrs,
                                 dict(HAS_LO=True, **sampling, SLOTS=slots, TILE=4096), 16))
         if k == 512:
             rows.append(compile_one("topk_split_threshold", topk._split_threshold_kernel, ptrs,
-                                    dict(HAS_LO=False, **sampling, PDL=False), topk.THRESHOLD_WARPS))
+                                    dict(HAS_LO=False, **sampling, SLOTS=slots, HIST=True, PDL=False),
+                                    topk.THRESHOLD_WARPS))
             # (tile, warps, one tile per program, 16-byte loads + inline-PTX stores, pdl, rows): 1024-entry tiles
             # from MANY_ROWS rows; VEC is the CUDA default for one tile per program
             for tile, warps, one, vec, pdl, b in ((2048, 4, True, True, True, 1), (2048, 4, True, False, True, 1),
@@ -113,12 +114,13 @@ def main() -> None:
                 rows.append(compile_one(f"topk_split_filter tile={tile} one_tile={one} vec={vec} pdl={pdl}",
                                         topk._split_filter_kernel, ptrs,
                                         dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.max_tiles(b),
-                                             TILE=tile, ONE_TILE=one, VEC=vec, PDL=pdl), warps, num_stages=1))
+                                             TILE=tile, HIST=b == 1, ONE_TILE=one, VEC=vec, PDL=pdl),
+                                        warps, num_stages=1))
         for pdl, b in ((False, 1), (True, 1), (False, 32)) if k == 512 else ((False, 1),):
             rows.append(compile_one(f"topk_split_finish k={k} pdl={pdl} maxt={topk.max_tiles(b)}",
                                     topk._split_finish_kernel, ptrs,
                                     dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.max_tiles(b),
-                                         TILE=topk.split_tile(1 << 20, rows=b), PDL=pdl),
+                                         TILE=topk.split_tile(1 << 20, rows=b), HIST=b == 1, PDL=pdl),
                                     min(16, topk.FINISH_WARPS * slots // 4096)))
     iptrs = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "k_ptr": "*fp8e4nv", "k_scale_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}

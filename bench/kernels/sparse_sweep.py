@@ -48,14 +48,28 @@ def _save() -> None:
 # row's length, streaming programs (manual prefetch, cp.async pipeline) and 1024-entry tiles; only the last was
 # faster (B=32) and is the default from 8 rows; the others are gone (`git show ccd2ed4` has them).
 # Run 14-topk timed 16-byte tile loads with the candidate stores as inline PTX in the loads' layout (_vec, the
-# default since) against run 12's default; these lists time the defaults against what they replaced.
-B1_VARIANTS = [("default", {}), ("no vec", dict(_vec=False)), ("no pdl", dict(pdl=False))]
-MANY_VARIANTS = [("default", {}), ("no vec", dict(_vec=False)), ("vec tile=2048", dict(tile=2048))]
-TOPK_VARIANTS = {(1, 65536): B1_VARIANTS, (1, 262144): B1_VARIANTS, (1, 1 << 20): B1_VARIANTS,
-                 (8, 262144): MANY_VARIANTS, (32, 1 << 20): MANY_VARIANTS}
+# default since) against run 12's default. Run 15-topk (raw/sparse_sweep_run15-topk.json) timed the finish's search
+# started from a histogram of the candidates (now the default up to 2M entries) and the taken candidates placed
+# with tl.gather (the default since), each alone and both against run 14's default, and 1-2-warp filter programs.
+# Run 16-topk: smaller filter programs (1-2 warps, 256-1024-entry tiles, more segments per row), no histogram.
+NO_HIST = dict(_hist_max=0)
+SMALL = dict(_max_tiles=2048, _filter_programs=1 << 17)  # up to 4096 segments and 131072 programs at >= 8 rows
+B1_VARIANTS = [("default", {}), ("no hist", NO_HIST)]
+MANY_VARIANTS = [("default", {}), ("tile=512 1 warp", dict(tile=512, num_warps=1, **SMALL)),
+                 ("tile=512 2 warps", dict(tile=512, num_warps=2, **SMALL)),
+                 ("tile=256 1 warp", dict(tile=256, num_warps=1, **SMALL)),
+                 ("tile=256 2 warps", dict(tile=256, num_warps=2, **SMALL)),
+                 ("tile=1024 2 warps", dict(num_warps=2))]
+TOPK_VARIANTS = {(1, 65536): B1_VARIANTS, (1, 262144): B1_VARIANTS,
+                 (1, 1 << 20): B1_VARIANTS + [("tile=1024 2 warps", dict(tile=1024, num_warps=2, _max_tiles=1024)),
+                                              ("tile=512 1 warp", dict(tile=512, num_warps=1, _max_tiles=2048))],
+                 (8, 262144): MANY_VARIANTS + [("hist", dict(_hist_max=1 << 30))],
+                 (32, 1 << 20): MANY_VARIANTS}
 TOPK_SHAPES = [(1, 4096, "randn"), (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "randn"),
                (1, 1 << 20, "recent"), (8, 262144, "randn"), (32, 1 << 20, "randn")]
-LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS", "_vec": "VECTOR_LOADS"}
+LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS", "_vec": "VECTOR_LOADS",
+                    "_hist_max": "HISTOGRAM_MAX_ENTRIES", "_max_tiles": "MAX_TILES",
+                    "_filter_programs": "FILTER_PROGRAMS"}
 
 
 def _call(scores, lengths, k, cfg):
@@ -74,11 +88,14 @@ def _call(scores, lengths, k, cfg):
 def _time_threshold_alone(scores, lengths, k, shape) -> None:
     """The first launch (sampled threshold) on its own: how much of the call it is."""
     rows, n = scores.shape
-    thresh = torch.empty((rows,), dtype=torch.int32, device="cuda")
-    fill = torch.empty((rows, 2), dtype=torch.int32, device="cuda")
+    slots = max(4096, 8 * triton.next_power_of_2(k))
+    thresh = torch.empty((rows, 2), dtype=torch.int32, device="cuda")
+    fill = torch.empty((rows,), dtype=torch.int32, device="cuda")
+    hist = torch.empty((rows, slots), dtype=torch.int32, device="cuda")
     launch = lambda: tk._split_threshold_kernel[(rows,)](  # noqa: E731
-        scores, lengths, lengths, thresh, fill, n, scores.stride(0), k, HAS_LO=False, S=tk.SAMPLE,
-        SB=tk.SAMPLE_BLOCK, MARGIN_=tk.MARGIN, PDL=False, num_warps=tk.THRESHOLD_WARPS)
+        scores, lengths, lengths, thresh, fill, hist, n, scores.stride(0), k, HAS_LO=False, S=tk.SAMPLE,
+        SB=tk.SAMPLE_BLOCK, MARGIN_=tk.MARGIN, SLOTS=slots, HIST=rows * n <= tk.HISTOGRAM_MAX_ENTRIES, PDL=False,
+        num_warps=tk.THRESHOLD_WARPS)
     launch()
     us = sb.median_us(launch, graph=True, rep_ms=30)
     ROWS.append(dict(op="topk", shape=shape, variant="threshold launch alone", median_us=us))

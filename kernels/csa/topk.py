@@ -16,12 +16,13 @@ Method "sample" (no sorting network anywhere, so compiles stay short):
    min(k, n) entries reach, or the exact k-th largest key.
 2. filter: every entry with key >= T is a candidate. Each tile of TILE entries counts its candidates,
    reserves that many consecutive slots of the row's SLOTS with one atomic add, and writes (key, position)
-   there in position order (a cumsum per tile): one segment per tile.
-3. finish: over the candidate slots, the same search, started from T, finds a bound exactly kk candidates
-   reach (taken whole) or else the exact kk-th largest value v*; everything above v* is taken, and among
-   entries equal to v* the lowest positions (a binary search on positions, when ties straddle the k-th
-   place); a taken entry's output slot is (taken in earlier tiles) + (taken before it in its segment), so
-   positions come out ascending.
+   there in position order (a cumsum per tile): one segment per tile. Up to HISTOGRAM_MAX_ENTRIES entries in all
+   it also counts each candidate in a histogram of SLOTS bins above T.
+3. finish: over the candidate slots, the same search, started from T (or from the histogram's bin that holds
+   the kk-th largest), finds a bound exactly kk candidates reach (taken whole) or else the exact kk-th largest
+   value v*; everything above v* is taken, and among entries equal to v* the lowest positions (a binary search
+   on positions, when ties straddle the k-th place); a taken entry's output slot is (taken in earlier tiles) +
+   (taken before it in its segment), found with `tl.gather` in registers, so positions come out ascending.
 The result is exact whenever the candidates include the top k, i.e. when at least min(k, n) entries
 reached T and they fit the SLOTS; otherwise (adversarial layouts that fool the sample, massive
 ties) the finish falls back to the exact radix select of radix_select.py over the whole row. Both
@@ -90,6 +91,13 @@ FINISH_WARPS = 8  # warps of a finish launch per 4096 candidate slots (16 slots 
 # by default for a single row only: H200 run 9, B=1 x 1M 19.8 against 21.4 us, 256K 14.5 against 16.0, but
 # B=8 x 256K 25.0 against 24.2 and B=32 x 1M 105.2 against 104.3
 PDL_MAX_ROWS = 1
+# up to this many entries in all (rows x row width) the split filter counts its candidates in a histogram of SLOTS
+# bins above the threshold (bin width from the sampled keys' span) and the finish starts its search from the bin
+# holding the k-th largest (`_histogram_start`): H200 run15-topk, B=1 x 1M 17.6 against 18.1 us, recent 1M 16.4
+# against 18.0, 256K 13.1 against 13.6, 64K 17.4 against 18.3, B=8 x 256K 20.6 against 20.8; but B=32 x 1M 81.8
+# against 69.8: there the filter is bound by instruction issue (~45 SASS instructions per entry, ~3 per cycle per
+# multiprocessor) and the histogram's adds cost ~100 more per thread
+HISTOGRAM_MAX_ENTRIES = 1 << 21
 
 
 @triton.jit
@@ -103,7 +111,7 @@ def _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO: tl.constexpr):
 
 @triton.jit
 def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr):
-    """Step 1: the candidate threshold of the row [lo, lo + n) (see the module doc)."""
+    """Step 1: the candidate threshold of the row [lo, lo + n) (see the module doc), and the largest key read."""
     i = tl.arange(0, S)
     sampled = n > S
     if sampled:
@@ -120,8 +128,9 @@ def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARG
     # sampled: any bound that r to 1.5 r sample entries reach will do (~3k to ~4.5k candidates expected,
     # well inside the 8k slots); exact rows: a bound exactly min(k, n) entries reach, or the k-th largest
     slack = tl.where(sampled, r // 2, 0)
-    c, _ = _rank_bound(key, r, tl.zeros([], tl.int64), n_ok, _unsigned(tl.max(key, axis=0)), slack)
-    return (c - 2147483648).to(tl.int32)
+    top = tl.max(key, axis=0)
+    c, _ = _rank_bound(key, r, tl.zeros([], tl.int64), n_ok, _unsigned(top), slack)
+    return (c - 2147483648).to(tl.int32), top
 
 
 @triton.jit
@@ -169,7 +178,7 @@ def _topk_row_kernel(val_ptr, lo_ptr, hi_ptr, cand_key_ptr, cand_pos_ptr, out_pt
     out_row = out_ptr + row.to(tl.int64) * K
     cand_key = cand_key_ptr + tl.program_id(0).to(tl.int64) * SLOTS
     cand_pos = cand_pos_ptr + tl.program_id(0).to(tl.int64) * SLOTS
-    thresh = _sample_threshold(row_val, lo, n, K, S, SB, MARGIN_)
+    thresh, _ = _sample_threshold(row_val, lo, n, K, S, SB, MARGIN_)
     total = _filter_range(row_val, lo, hi, lo, thresh, cand_key, cand_pos, SLOTS, TILE)
     tl.debug_barrier()  # the candidates were stored by other threads of this program
     kk = tl.minimum(K, n)
@@ -180,36 +189,49 @@ def _topk_row_kernel(val_ptr, lo_ptr, hi_ptr, cand_key_ptr, cand_pos_ptr, out_pt
         ok = r < total
         key = tl.where(ok, tl.load(cand_key + r, mask=ok, other=0), MIN32)
         pos = tl.load(cand_pos + r, mask=ok, other=0)
-        take = _select(key, pos, total, kk, thresh, n <= S, True)
+        take = _select(key, pos, total, kk, thresh, n <= S, 0, 0, True, False)
         take_i = take.to(tl.int32)
         tl.store(out_row + tl.cumsum(take_i, axis=0) - take_i, pos, mask=take)
         _pad(out_row, kk, K, SLOTS)
 
 
 @triton.jit
-def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, n_cols, stride_row, K,
+def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, n_cols, stride_row, K,
                             HAS_LO: tl.constexpr, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr,
-                            PDL: tl.constexpr):
-    """Program per row: the threshold, and the row's count of filled slots reset for the filter launch. PDL: the filter launch may start at once (it waits for this grid before reading
-    what it writes)."""
+                            SLOTS: tl.constexpr, HIST: tl.constexpr, PDL: tl.constexpr):
+    """Program per row: the threshold (thresh[row, 0]), and the row's count of filled slots reset for the filter
+    launch. HIST: also the histogram's bin width 2^shift (thresh[row, 1]: the sampled keys from the threshold to
+    their maximum span under SLOTS / 2 bins) and its SLOTS bins zeroed. PDL: the filter launch may start at once
+    (it waits for this grid before reading what it writes)."""
     row = tl.program_id(0)
     if PDL:
         gdc_launch_dependents()
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
-    tl.store(thresh_ptr + row, _sample_threshold(row_val, lo, hi - lo, K, S, SB, MARGIN_))
+    thresh, top = _sample_threshold(row_val, lo, hi - lo, K, S, SB, MARGIN_)
+    tl.store(thresh_ptr + row * 2, thresh)
     tl.store(fill_ptr + row, 0)
+    if HIST:
+        span = tl.maximum(_unsigned(top) - _unsigned(thresh), 0)
+        shift = tl.zeros([], tl.int32)
+        while (span >> shift) >= SLOTS // 2:
+            shift += 1
+        tl.store(thresh_ptr + row * 2 + 1, shift)
+        tl.store(hist_ptr + row.to(tl.int64) * SLOTS + tl.arange(0, SLOTS), tl.zeros([SLOTS], tl.int32))
 
 
 @triton.jit
-def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                MAXT: tl.constexpr, TILE: tl.constexpr, PDL: tl.constexpr):
+def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr,
+                out_ptr, n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
+                MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr, PDL: tl.constexpr):
     """Step 3 for one row: selects among the row's candidate segments (one per tile) and writes the top k in
     position order. Reads what other programs wrote (after the launch boundary), through L2 (`.cg`).
 
     The output slot of a taken candidate i of tile t is (taken in tiles < t) + (taken before i in t's
-    segment) = before[t] + E[i] - E[first[t]], with E the exclusive cumsum of `take` in slot order."""
+    segment) = before[t] + E[i] - E[first[t]], with E the exclusive cumsum of `take` in slot order, read at the
+    segments' ends, and before[t] at each candidate's tile, by `tl.gather` in registers (H200 run15-topk: B=1 x 1M
+    18.1 against 19.8 us, 64K 18.3 against 19.5, B=8 x 256K 20.8 against 21.8, B=32 x 1M 69.8 against 70.8 for
+    global stores and loads: three round trips through L2)."""
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
     out_row = out_ptr + row.to(tl.int64) * K
@@ -226,28 +248,23 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, can
         # unmasked (16-byte) loads of all SLOTS: the slots past `total` hold garbage, never used
         key = tl.where(ok, tl.load(cand_key_ptr + base_row + r, cache_modifier=".cg"), MIN32)
         pos = tl.load(cand_pos_ptr + base_row + r, cache_modifier=".cg")
-        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row), hi - lo <= S, False)
-        take_i = take.to(tl.int32)
-        excl = tl.cumsum(take_i, axis=0) - take_i
-        # E and E + take go through the consumed candidate slots, so each tile can read them at its
-        # segment's first and last slot
-        tl.debug_barrier()
-        tl.store(cand_key_ptr + base_row + r, excl, mask=ok)
-        tl.store(cand_pos_ptr + base_row + r, excl + take_i, mask=ok)
-        tl.debug_barrier()
         c = tl.arange(0, MAXT)
         n_tiles = tl.cdiv(hi - lo, TILE)
         seg = seg_ptr + (row * MAXT + c) * 2
         first = tl.load(seg, mask=c < n_tiles, other=0, cache_modifier=".cg")
         cnt = tl.load(seg + 1, mask=c < n_tiles, other=0, cache_modifier=".cg")
-        has = (c < n_tiles) & (cnt > 0)
-        e_first = tl.load(cand_key_ptr + base_row + first, mask=has, other=0, cache_modifier=".cg")
-        taken = tl.load(cand_pos_ptr + base_row + first + cnt - 1, mask=has, other=0, cache_modifier=".cg") - e_first
+        hist = 0
+        if HIST:
+            hist = tl.load(hist_ptr + base_row + r, cache_modifier=".cg")
+        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row * 2), hi - lo <= S, hist,
+                       tl.load(thresh_ptr + row * 2 + 1), False, HIST)
+        take_i = take.to(tl.int32)
+        excl = tl.cumsum(take_i, axis=0) - take_i
+        has = (c < n_tiles) & (cnt > 0)  # (every segment ends inside the SLOTS here: total <= SLOTS)
+        e_first = tl.where(has, tl.gather(excl, tl.where(has, first, 0), 0), 0)
+        taken = tl.where(has, tl.gather(excl + take_i, tl.where(has, first + cnt - 1, 0), 0), 0) - e_first
         delta = tl.cumsum(taken, axis=0) - taken - e_first
-        tl.debug_barrier()
-        tl.store(seg, delta, mask=c < n_tiles)
-        tl.debug_barrier()
-        slot = tl.load(seg_ptr + (row * MAXT + pos // TILE) * 2, mask=take, other=0, cache_modifier=".cg") + excl
+        slot = tl.gather(delta, tl.where(take, pos // TILE, 0), 0) + excl
         tl.store(out_row + slot, pos, mask=take)
         _pad(out_row, kk, K, SLOTS)
 
@@ -276,11 +293,22 @@ def _store_scattered(ptr, val, mask):
 
 
 @triton.jit
-def _filter_tile(x, offs, t, n, thresh, fill, cand_key, cand_pos, seg, SLOTS: tl.constexpr, TILE: tl.constexpr,
-                 VEC: tl.constexpr):
+def _add_one_scattered(ptr, mask):
+    """ptr[i] += 1 where mask[i] (a fire-and-forget `red`), as inline PTX in the producer's layout (CUDA only;
+    see `_store_scattered`)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p red.global.add.u32 [$1], 1; mov.b32 $0, 0; }",
+        "=r,l,r", [ptr, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _filter_tile(x, offs, t, n, thresh, shift, fill, cand_key, cand_pos, seg, hist, SLOTS: tl.constexpr,
+                 TILE: tl.constexpr, HIST: tl.constexpr, VEC: tl.constexpr):
     """Step 2 for tile t (entries x at positions offs, the same layout as x's load: no conversion): reserve
     slots for its candidates (one atomic add), write them in position order, record the segment (first slot,
-    count) in seg[t]. VEC: the stores as inline PTX in x's layout (`_store_scattered`)."""
+    count) in seg[t]. HIST: count each candidate in its bin of the row's histogram (key >> shift from the
+    threshold's, the last bin open above; see `_histogram_start`). VEC: the stores (and the histogram's adds)
+    as inline PTX in x's layout (`_store_scattered`)."""
     key = _signed_key(x)
     take = (offs < n) & (key >= thresh)
     take_i = take.to(tl.int32)
@@ -296,16 +324,23 @@ def _filter_tile(x, offs, t, n, thresh, fill, cand_key, cand_pos, seg, SLOTS: tl
         else:
             tl.store(cand_key + slot, key, mask=keep)
             tl.store(cand_pos + slot, offs, mask=keep)
+        if HIST:  # min before the difference: no overflow for keys far above the sample's maximum
+            base = thresh >> shift
+            b = tl.minimum(key >> shift, base + (SLOTS - 1)) - base
+            if VEC:
+                _add_one_scattered(hist + b, take)
+            else:
+                tl.atomic_add(hist + b, 1, mask=take, sem="relaxed")
     if t * TILE < n:
         tl.store(seg + t * 2, first)
         tl.store(seg + t * 2 + 1, count)
 
 
 @triton.jit
-def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                         n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                         MAXT: tl.constexpr, TILE: tl.constexpr, ONE_TILE: tl.constexpr, VEC: tl.constexpr,
-                         PDL: tl.constexpr):
+def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr,
+                         seg_ptr, out_ptr, n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr,
+                         SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr,
+                         ONE_TILE: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr):
     """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: count its candidates, reserve that
     many consecutive slots with one atomic add (each tile is one segment, in position order inside), write
     them, record the segment (first slot, count) in seg[row, tile]. The next tile's load is issued before the
@@ -334,28 +369,32 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
-        _filter_tile(x, offs, p, n, tl.load(thresh_ptr + row), fill_ptr + row,
-                     cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE, VEC)
+        _filter_tile(x, offs, p, n, tl.load(thresh_ptr + row * 2), tl.load(thresh_ptr + row * 2 + 1), fill_ptr + row,
+                     cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, hist_ptr + base_row,
+                     SLOTS, TILE, HIST, VEC)
     else:
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
-        thresh = tl.load(thresh_ptr + row)
+        thresh = tl.load(thresh_ptr + row * 2)
+        shift = tl.load(thresh_ptr + row * 2 + 1)
         x = _load_tile(row_val, p * TILE, n, TILE)
         for t in range(p, tl.cdiv(n, TILE), P):
             x_next = _load_tile(row_val, (t + P) * TILE, n, TILE)
-            _filter_tile(x, t * TILE + tl.arange(0, TILE), t, n, thresh, fill_ptr + row, cand_key_ptr + base_row,
-                         cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, SLOTS, TILE, VEC)
+            _filter_tile(x, t * TILE + tl.arange(0, TILE), t, n, thresh, shift, fill_ptr + row,
+                         cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2,
+                         hist_ptr + base_row, SLOTS, TILE, HIST, VEC)
             x = x_next
 
 
 @triton.jit
-def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                         n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                         MAXT: tl.constexpr, TILE: tl.constexpr, PDL: tl.constexpr):
+def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr,
+                         seg_ptr, out_ptr, n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr,
+                         SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr,
+                         PDL: tl.constexpr):
     """Program per row: the finish (step 3)."""
-    _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, PDL)
+    _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
+                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, HIST, PDL)
 
 
 def max_tiles(rows: int) -> int:
@@ -482,16 +521,19 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
         return out
     tile = split_tile(n, tile, rows)
     maxt = max_tiles(rows)
-    thresh = torch.empty((rows,), dtype=torch.int32, device=dev)
+    thresh = torch.empty((rows, 2), dtype=torch.int32, device=dev)  # threshold key, histogram bin shift
     fill = torch.empty((rows,), dtype=torch.int32, device=dev)  # slots filled: zeroed by the threshold launch
     cand_key = torch.empty((rows, slots), dtype=torch.int32, device=dev)
     cand_pos = torch.empty((rows, slots), dtype=torch.int32, device=dev)
     seg = torch.empty((rows, maxt, 2), dtype=torch.int32, device=dev)
-    bufs = (thresh, fill, cand_key, cand_pos, seg, out, n, scores.stride(0), k)
-    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=maxt, TILE=tile, PDL=pdl)
+    with_hist = rows * n <= HISTOGRAM_MAX_ENTRIES
+    hist = torch.empty((rows, slots) if with_hist else (1,), dtype=torch.int32, device=dev)  # zeroed there too
+    bufs = (thresh, fill, hist, cand_key, cand_pos, seg, out, n, scores.stride(0), k)
+    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=maxt, TILE=tile, HIST=with_hist, PDL=pdl)
     dependent = dict(launch_pdl=True) if pdl else {}  # the interpreter knows no such option
-    _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, n, scores.stride(0), k, **common,
-                                     **sampling, PDL=pdl, num_warps=THRESHOLD_WARPS)
+    _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, hist, n, scores.stride(0), k, **common,
+                                     **sampling, SLOTS=slots, HIST=with_hist, PDL=pdl,
+                                     num_warps=THRESHOLD_WARPS)
     one_tile = splits >= triton.cdiv(n, tile)
     # inline PTX: CUDA only; the programs taking several tiles were not timed with it
     vec = VECTOR_LOADS and one_tile and scores.is_cuda and has_ptx()  # inline PTX: NVIDIA only

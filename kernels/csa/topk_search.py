@@ -6,7 +6,9 @@ hold MIN32 (unsigned 0): never counted.
 
 - `_rank_bound`: a bound that at least r keys reach, one block-wide count per bit, stopped early (the sampled
   threshold, and the finish by default);
-- `_select`: which candidates are the top kk (exact, ties by lowest position).
+- `_select`: which candidates are the top kk (exact, ties by lowest position); the split finish starts its
+  search from a histogram of the candidates the filter counted (`_histogram_start`), so it only pays for the
+  bits under the histogram's bin width.
 
 A "band" variant (the finish's last bits searched in one warp over the at most 32 keys left in play) measured
 slower at every shape on the H200 (run 9, B=1 x 1M 23.7 against 21.4 us: copying the band out costs more
@@ -46,6 +48,8 @@ def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack):
     reduction, ~0.4 us on an H200) for the bits between the two. A 16-way variant (4 bits per step, [16, n]
     compares) measured 2x slower (run 4): the compares cost too, hence no multi-way steps."""
     c = tl.zeros([], tl.int64)
+    if cnt_lo <= r + slack:  # lo_u is already such a bound (the loop below would not walk c up to it)
+        c = lo_u
     cnt_c = cnt_lo
     i = tl.zeros([], tl.int32)
     while (i < 32) & (cnt_c > r + slack):
@@ -62,14 +66,35 @@ def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack):
 
 
 @triton.jit
-def _select(key, pos, total, kk, thresh, exact, IN_ORDER: tl.constexpr):
+def _histogram_start(hist, total, kk, thresh, shift, key):
+    """Where the finish's search starts, from the candidates' histogram: hist[b] counts the candidates whose
+    key >> shift is (thresh >> shift) + b (the last bin: or more). Returns (lo_u, cnt_lo, hi_u) for
+    `_rank_bound`: the lower bound of the highest bin that at least kk candidates reach (a multiple of
+    2^shift), that count, and the largest key under the next bin (every bound above it is reached by fewer than
+    kk), so the search pays only for the bits under `shift`: one scan and one reduction instead of the bits
+    from the threshold down to the bin's width."""
+    b = tl.arange(0, hist.shape[0])
+    ge = total - tl.cumsum(hist, axis=0) + hist  # candidates in bins >= b (non-increasing)
+    best = tl.max(tl.where(ge >= kk, (b.to(tl.int64) << 32) | ge.to(tl.int64), -1), axis=0)
+    top = best >> 32
+    lo_u = ((_unsigned(thresh) >> shift) + top) << shift
+    hi_u = lo_u + (tl.full([], 1, tl.int64) << shift) - 1
+    if top == hist.shape[0] - 1:  # the last bin is open above
+        hi_u = _unsigned(tl.max(key, axis=0))
+    return lo_u, (best & 0xFFFFFFFF).to(tl.int32), hi_u
+
+
+@triton.jit
+def _select(key, pos, total, kk, thresh, exact, hist, shift, IN_ORDER: tl.constexpr, HIST: tl.constexpr):
     """Step 3: which of `total` candidates (invalid slots: key MIN32; every valid one >= thresh) are the top
     kk. A bound that exactly kk candidates reach takes them; otherwise (ties at the kk-th place) everything
     above the kk-th largest value v* is taken, and among entries equal to v* the lowest positions. The search
     starts from the threshold (every candidate reaches it) and stops at the first bound exactly kk reach;
     when the threshold came from the whole row (`exact`) it already is such a bound or v*. IN_ORDER: the slots
     hold the candidates in position order (the first ties are the lowest positions); otherwise the last
-    position to take is found by a second binary search (only when ties straddle the k-th place)."""
+    position to take is found by a second binary search (only when ties straddle the k-th place). HIST: the
+    search starts from the candidates' histogram `hist` (bins of 2^shift keys from the threshold's,
+    `_histogram_start`)."""
     valid = key != MIN32
     if total <= kk:
         take = valid
@@ -77,7 +102,13 @@ def _select(key, pos, total, kk, thresh, exact, IN_ORDER: tl.constexpr):
         c = _unsigned(thresh)
         cnt_c = total
         if not exact:
-            c, cnt_c = _rank_bound(key, kk, c, total, _unsigned(tl.max(key, axis=0)), 0)
+            if HIST:
+                lo_u, cnt_lo, hi_u = _histogram_start(hist, total, kk, thresh, shift, key)
+            else:
+                lo_u = c
+                cnt_lo = total
+                hi_u = _unsigned(tl.max(key, axis=0))
+            c, cnt_c = _rank_bound(key, kk, lo_u, cnt_lo, hi_u, 0)
         vstar = (c - 2147483648).to(tl.int32)
         if cnt_c == kk:
             take = key >= vstar

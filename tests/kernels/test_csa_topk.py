@@ -130,6 +130,28 @@ def _sampled_positions(n: int, sample: int) -> torch.Tensor:
     return (i // SAMPLE_BLOCK) * step + i % SAMPLE_BLOCK
 
 
+@pytest.mark.parametrize("hist", [True, False])
+@pytest.mark.parametrize("case", ["unsampled_spikes", "rounded", "normal"])
+def test_finish_histogram_start(case, hist, monkeypatch):
+    """The finish's search started from the candidates' histogram (the default up to HISTOGRAM_MAX_ENTRIES
+    entries) and from the threshold. unsampled_spikes: 200 large entries where the sample never reads, so the
+    k-th largest lies in the histogram's last bin (open above: keys past the sample's maximum); rounded: ties at
+    the k-th place."""
+    monkeypatch.setattr(topk_module, "HISTOGRAM_MAX_ENTRIES", 1 << 30 if hist else 0)
+    gen = torch.Generator().manual_seed(hash((case, hist)) % 2**31)
+    n, k = 9000, 100
+    scores = _scores("normal" if case == "unsampled_spikes" else case, 2, n, gen)
+    if case == "unsampled_spikes":
+        unsampled = torch.ones(n, dtype=torch.bool)
+        unsampled[_sampled_positions(n, 1024)] = False
+        spots = torch.nonzero(unsampled).flatten()[torch.randperm(int(unsampled.sum()), generator=gen)[:200]]
+        scores[:, spots] = 1000.0 + torch.randn(2, 200, generator=gen)
+    lengths = torch.tensor([n, n - 777])
+    poisoned = torch.full((2, k), 12345, dtype=torch.int32, device=DEVICE)
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=3, tile=BLOCK, sample=1024, out=poisoned).cpu()
+    assert torch.equal(out, topk_reference(scores, lengths, k))
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("case", ["overflow", "undershoot"])
 def test_threshold_misses_fall_back_to_exact_radix(case, splits):
