@@ -1,12 +1,12 @@
 """Builds bench/kernels/results/sparse_results.json from the H200 runs whose code is what the repository runs now.
 
 Each op's rows come from the last run that measured its current code (every row keeps its run and commit):
-- CSA top-K: B=32 x 1M, B=8 x 256K and B=1 x 1M from run14-topk (commit 63e0627, sparse_sweep.py: its "vec"
-  rows are the default now, 16-byte loads and inline-PTX stores; its "default" rows run 12's 4-byte loads);
-  the other one-row shapes from run10-topk (commit 54f29b2: its "default" rows are the default of then, pdl
-  with 4-byte loads; vec was not timed there; 4096 entries take the radix select, unchanged); run 12-topk's
-  2048-entry tiles at 8 and 32 rows; run 9's rows of run 8's default without pdl at B=1, plus run 8's radix
-  fallback (unchanged); runs 10-14-topk's other variants stay in their raw JSON;
+- CSA top-K: every shape from run16-topk (commit 37b3641, sparse_sweep.py: its "default" rows are the default
+  now: the histogram-started finish search up to 2M entries, tl.gather placement); run 14's default (16-byte
+  loads, the search from the threshold, placement through L2) as timed in run15-topk beside run 16's default's
+  first version; run 14-topk's 4-byte loads (run 12's default) and run 12-topk's 2048-entry tiles at 8 and 32
+  rows; run 9's rows of run 8's default without pdl at B=1, plus run 8's radix fallback (unchanged); runs
+  10-16-topk's other variants stay in their raw JSON;
 - dual-scope decode: per batch, the run that timed today's default (runs run11-decode for B = 1, 8, 32 and
   run13-decode for B = 64, 128; sparse_decode_sweep.py, raw files in results/raw/), with run 8's default timed
   beside it in the same run where the default changed (B = 1, 64, 128);
@@ -41,15 +41,17 @@ DECODE = {1: (11, "zoe S2 BKV=64 st2", "zoe default"), 8: (11, "zoe default", No
 RUN8_DECODE = "zoe run 8 default (32 heads, two loops, 64-entry tiles)"
 # CSA top-K rows of the sweeps (bench-format rows in results/raw/): (run, file, commit, shapes taken, provider
 # there -> provider here; rows of other providers are variants no longer in the code)
-B1_RUN10 = ("B=1 N=4096", "B=1 N=65536", "B=1 N=262144", "B=1 N=1048576 recent")
+ALL_TOPK = ("B=1 N=4096", "B=1 N=65536", "B=1 N=262144", "B=1 N=1048576", "B=1 N=1048576 recent", "B=8 N=262144",
+            "B=32 N=1048576")
 RUN14 = ("B=1 N=1048576", "B=8 N=262144", "B=32 N=1048576")
-TOPK_RUNS = [("10-topk", "raw/sparse_results_run10-topk.json", "54f29b2", B1_RUN10,
-              {"torch.topk": "torch.topk", "zoe default": "zoe auto (default; 4-byte loads, run 10)"}),
-             ("12-topk", "raw/sparse_results_run12-topk.json", "ccd2ed4", RUN14[1:],
+TOPK_RUNS = [("12-topk", "raw/sparse_results_run12-topk.json", "ccd2ed4", RUN14[1:],
               {"zoe default": "zoe run 9 default (2048-entry tiles)"}),
              ("14-topk", "raw/sparse_results_run14-topk.json", "63e0627", RUN14,
-              {"torch.topk": "torch.topk", "zoe vec": "zoe auto (default)",
-               "zoe default": "zoe run 12 default (4-byte loads)"})]
+              {"zoe default": "zoe run 12 default (4-byte loads)"}),
+             ("15-topk", "raw/sparse_results_run15-topk.json", "cec9c4c + uncommitted top-K edits", ALL_TOPK[1:],
+              {"zoe run14 default": "zoe run 14 default (16-byte loads)"}),
+             ("16-topk", "raw/sparse_results_run16-topk.json", "37b3641", ALL_TOPK,
+              {"torch.topk": "torch.topk", "zoe default": "zoe auto (default)"})]
 RENAME = {"zoe BH=32 DV=512 BKV=32": "zoe BH=32 DV=512 BKV=32 (default from B=8)",  # run 4's labels
           "zoe default BH=64 DV=256 BKV=64": "zoe BH=64 DV=256 BKV=64",
           "zoe run 1 defaults": "zoe run 1 config, current kernel (default below B=8)",
@@ -106,7 +108,7 @@ def main() -> None:
             rows.append(dict(row, provider="zoe run 1 radix split + merge", run=1, commit=RUNS[1][1]))
     meta = dict(loaded[4]["meta"])
     meta.update(command="python bench/kernels/sparse_bench.py --out $OUT --skip-tests (runs 1, 3, 4; run 5: "
-                        "--sections topk; run 8: --sections topk,decode; runs 9, 10-, 12- and 14-topk: "
+                        "--sections topk; run 8: --sections topk,decode; runs 9, 12- and 14- to 16-topk: "
                         "python bench/kernels/sparse_sweep.py --sections topk; runs 11-decode and 13-decode: "
                         "python bench/kernels/sparse_decode_sweep.py --set run11 / --set run12 --batches 128,64), "
                         "assembled by "

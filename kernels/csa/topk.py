@@ -45,7 +45,9 @@ start while the launch before still runs (the filter issues its tile's load firs
 Measured on the H200 and removed (runs 10-12-topk, bench/kernels/sparse_README.md): tiles writing their
 candidates to their own slots with a plain count instead of the atomic (slower at B=1, no faster at B=32), an
 interpolated finish search, register caps on the filter, tile loads that do not wait for the row's length,
-and programs streaming many tiles (manual prefetch or a cp.async pipeline); `git show ccd2ed4` has them.
+and programs streaming many tiles (manual prefetch or a cp.async pipeline); `git show ccd2ed4` has them. Smaller
+filter programs (1-2 warps, 256-1024-entry tiles: fewer instructions per entry, more tiles without candidates)
+measured slower (run16-topk: B=32 x 1M 70.5-101.2 against 69.3 us, B=8 x 256K 21.0-24.8 against 20.5).
 """
 
 from __future__ import annotations
