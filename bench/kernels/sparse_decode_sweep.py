@@ -84,7 +84,9 @@ RUN12_SMALL = [("run8 default", dict(RUN8, block_h=16, num_warps=4)), ("default"
 # default 1514, fp16 score dots + lazy rescale 1203 on tiles that skip the rescale), then two diagnostics of
 # why a tile takes ~5 us: 16-entry tiles at 3 stages (two tiles of loads in flight at two programs per
 # multiprocessor, twice the instructions per entry) and 8-warp programs capped at 128 registers (two per
-# multiprocessor: 16 warps instead of 8)
+# multiprocessor: 16 warps instead of 8). Runs 15-16 (commit ef71511, "default" = its defaults): the three
+# options together are the B=64 default since, defer_sum the B=128 one, qk_fp16 the B=1 one; max_registers (the
+# W8_R128 rows, 71.2-71.5 us) was removed after run 16 (commit 7681136 has it), so those rows now report an error
 LAZY = dict(lazy_rescale=True)
 DEFER = dict(defer_sum=True)
 W8_R128 = dict(block_h=32, num_warps=8, block_kv=32, num_stages=2, schedule=0, splits=2, max_registers=128)

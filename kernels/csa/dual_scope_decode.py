@@ -22,9 +22,12 @@ the scores, which need all key columns, are recomputed per value block); `launch
 an H200 measured fastest (16, 32 or all 64 heads, 4 or 8 warps). Each program takes a contiguous run of entry
 tiles (window tiles first, then compressed tiles) and runs an online softmax in base 2, with one of two loop
 schedules: two compiler-pipelined loops (one per scope), or one compiler-pipelined loop with all selected
-indices loaded up front (so no dependent index load sits inside the pipeline). With one split (large batches) it normalizes, adds the sink and
-writes the output itself; with several (small batches, to fill the GPU) it writes a normalized partial
-output with its log-sum-exp and a second launch merges the splits exactly (and adds the sink).
+indices loaded up front (so no dependent index load sits inside the pipeline). Per batch regime the softmax
+may also take fp16 score dots, rescale its accumulator only when a row maximum grows by more than 2^8, and
+sum its denominators per tile column until the end (fewer instructions and cross-warp reductions per tile).
+With one split (large batches) it normalizes, adds the sink and writes the output itself; with several (small
+batches, to fill the GPU) it writes a normalized partial output with its log-sum-exp and a second launch
+merges the splits exactly (and adds the sink).
 """
 
 from __future__ import annotations
@@ -314,15 +317,7 @@ _MIN_UNSPLIT_PROGRAMS = 64
 # with the index load inside, 2 one loop pipelined by the compiler with all indices loaded up front. H200 run 10
 # also measured 1 (the next tile's rows loaded into registers by hand: 97.4 us at B=64) and the dots swapped to
 # K q^T and V^T P^T (84.4-93.7 us), both slower than the 59.3 us default and removed after run 13 (commit d43a03d
-# has them). qk_fp16 (score dots in fp16 on a power-of-two scaled q) stays an option: 56.9 against 59.3 us with
-# the two loops at B=64 (run 10), not measured with today's B=64 configuration
-QK_FP16_DEFAULT = False
-# lazy_rescale (LAZY_RESCALE in the kernel): the accumulator rescaled only when a row maximum grows by more than
-# 2^RESCALE_LOG2; not yet measured on the GPU
-LAZY_RESCALE_DEFAULT = False
-# defer_sum (DEFER_SUM): the softmax denominators kept per tile column and summed once after the loop; not yet
-# measured on the GPU
-DEFER_SUM_DEFAULT = False
+# has them). The softmax options qk_fp16, lazy_rescale and defer_sum are on per batch regime (launch_config)
 _SCHEDULE_STAGES = {0: 2, 2: 3}
 # batch regimes for 2-byte q (H200 runs 10-13, H=64, D=512; see launch_config)
 _SMALL_BELOW_BATCH = 8
@@ -333,19 +328,24 @@ _ALL_HEADS_FROM_BATCH = 128
 def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | None = None,
                   block_dv: int | None = None, block_kv: int | None = None, splits: int | None = None,
                   num_warps: int | None = None, schedule: int | None = None, num_stages: int | None = None,
-                  q_bytes: int = 2, one_loop: bool = True) -> dict:
+                  q_bytes: int = 2, one_loop: bool = True, qk_fp16: bool | None = None,
+                  lazy_rescale: bool | None = None, defer_sum: bool | None = None) -> dict:
     """Default launch parameters, the fastest configurations measured on an H200 (H=64, D=512, W=128, k=512;
-    runs 4, 7 and 10-13; sparse_README.md), for 2-byte q:
+    runs 4, 7, 10-13 and 15-16; sparse_README.md), for 2-byte q:
     - B < 8: 16 heads, 4 warps, entry splits to fill the GPU, one pipelined loop over 64-entry tiles at two
-      stages (schedule 2; B=1 15.3-15.4 us against 16.4-16.5 for the two loops, runs 10 and 11);
+      stages (schedule 2; B=1 15.3-15.4 us against 16.4-16.5 for the two loops, runs 10 and 11), fp16 score
+      dots (B=1 15.1 against 15.5 us, run 16);
     - 8 <= B < 64: 32 heads, all value columns, 8 warps, the two loops over 64-entry tiles (schedule 0), one
       split from 64 programs on (B=8 25.2 us, B=32 46.0; every other schedule measured slower there);
     - 64 <= B < 128: two programs per multiprocessor: 32 heads, 4 warps, the two loops over 32-entry tiles
       (84 KB of shared memory), entry splits up to 256 programs (B=64: 2 splits, 53.3 us in runs 12 and 13
-      against 58.4-58.5 for the previous default and 55.3-56.0 for all heads per program);
+      against 58.4-58.5 for the previous default and 55.3-56.0 for all heads per program); fp16 score dots,
+      lazy rescale and deferred sums (B=64 51.3-51.5 us against 53.1-54.0 without them, runs 15 and 16);
     - B >= 128: all heads per program (K and V read once per sequence; the 64-row dots run as Hopper's
       warpgroup MMA with q and V read from shared memory), one pipelined loop over 32-entry tiles at three
-      stages, entry splits up to 128 programs (B=128: 1 split, 91.1-91.7 us against 108.0-108.7, runs 11 and 13).
+      stages, entry splits up to 128 programs (B=128: 1 split, 91.1-91.7 us against 108.0-108.7, runs 11 and 13),
+      deferred sums (89.7-89.9 against 91.5-92.6 us, run 16; fp16 score dots and lazy rescale spill there:
+      169.6 and 206.3 us).
     fp32 q keeps the B < 128 regimes with 32-entry tiles. one_loop=False (the scopes' K or V dtypes differ) keeps
     the two loops at every batch. An explicit block_h other than the regime's keeps the 8-warp default."""
     two_byte = q_bytes <= 2
@@ -381,8 +381,12 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
         else:
             splits = 1 if programs >= _MIN_UNSPLIT_PROGRAMS else triton.cdiv(2 * _TARGET_PROGRAMS, programs)
     splits = max(1, min(splits, tiles))
+    qk_fp16 = (small or two_per_sm) if qk_fp16 is None else qk_fp16
+    lazy_rescale = two_per_sm if lazy_rescale is None else lazy_rescale
+    defer_sum = (two_per_sm or all_heads) if defer_sum is None else defer_sum
     return {"block_h": block_h, "block_dv": block_dv, "block_kv": block_kv, "splits": splits,
-            "num_warps": num_warps, "schedule": schedule, "num_stages": num_stages}
+            "num_warps": num_warps, "schedule": schedule, "num_stages": num_stages, "qk_fp16": qk_fp16,
+            "lazy_rescale": lazy_rescale, "defer_sum": defer_sum}
 
 
 def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor, win_len: torch.Tensor,
@@ -394,7 +398,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                       block_dv: int | None = None, num_warps: int | None = None,
                       num_stages: int | None = None, schedule: int | None = None,
                       qk_fp16: bool | None = None, lazy_rescale: bool | None = None,
-                      defer_sum: bool | None = None, max_registers: int | None = None) -> torch.Tensor:
+                      defer_sum: bool | None = None) -> torch.Tensor:
     """Decode attention of one query token per sequence over its window plus its selected entries.
 
     q: [B, H, D] (bf16, fp16 or fp32; D a power of two); win_k/win_v: [B, W, D]; win_len: [B];
@@ -405,11 +409,10 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     program, block_kv entries per tile, splits programs over the entries of a sequence (one split writes the
     output directly; more write (out, lse) partials that a second launch merges exactly), schedule of the
     entry loop (0: two compiler-pipelined loops, 2: one compiler-pipelined loop with the indices loaded up
-    front) with num_stages, qk_fp16 (fp8 keys: score dots in fp16 on a power-of-two scaled q, off by default),
-    lazy_rescale (the accumulator rescaled only when a row maximum grows by more than 2^8; not with fp16 q and
-    value scales, where P times a scale could pass fp16's range), defer_sum (the softmax denominators summed per
-    tile column, reduced over columns once at the end) and max_registers (CUDA only: the main kernel's
-    registers per thread capped, `maxnreg`, so that more programs share a multiprocessor; None: the compiler's).
+    front) with num_stages, qk_fp16 (fp8 keys: score dots in fp16 on a power-of-two scaled q), lazy_rescale (the
+    accumulator rescaled only when a row maximum grows by more than 2^8; not with fp16 q and value scales, where
+    P times a scale could pass fp16's range) and defer_sum (the softmax denominators summed per tile column,
+    reduced over columns once at the end).
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")
@@ -458,13 +461,13 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     one_loop = win_k.dtype == comp_k.dtype and win_v.dtype == comp_v.dtype
     cfg = launch_config(bsz, heads, d, w_entries + k_sel, block_h=block_h, block_dv=block_dv, block_kv=block_kv,
                         splits=splits, num_warps=num_warps, schedule=schedule, num_stages=num_stages,
-                        q_bytes=q.element_size(), one_loop=one_loop)
+                        q_bytes=q.element_size(), one_loop=one_loop, qk_fp16=qk_fp16, lazy_rescale=lazy_rescale,
+                        defer_sum=defer_sum)
     block_h, block_dv, splits, block_kv = cfg["block_h"], cfg["block_dv"], cfg["splits"], cfg["block_kv"]
     schedule, num_stages = cfg["schedule"], cfg["num_stages"]
-    qk_fp16 = ((QK_FP16_DEFAULT if qk_fp16 is None else qk_fp16) and q.dtype in (torch.bfloat16, torch.float16)
-               and win_k.element_size() == 1 and comp_k.element_size() == 1)
-    lazy_rescale = ((LAZY_RESCALE_DEFAULT if lazy_rescale is None else lazy_rescale)
-                    and not (q.dtype == torch.float16 and v_scaled))
+    qk_fp16 = (cfg["qk_fp16"] and q.dtype in (torch.bfloat16, torch.float16) and win_k.element_size() == 1
+               and comp_k.element_size() == 1)
+    lazy_rescale = cfg["lazy_rescale"] and not (q.dtype == torch.float16 and v_scaled)
     head_blocks = triton.cdiv(heads, block_h)
     tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
     tiles_per_split = triton.cdiv(tiles, splits)
@@ -487,10 +490,9 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
         V_SCALED=v_scaled, DOT_DTYPE=_DOT_DTYPES[q.dtype],
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FINAL=final, HAS_SINK=sink is not None,
         SCHEDULE=schedule, QK_F16=qk_fp16, LAZY_RESCALE=lazy_rescale,
-        DEFER_SUM=DEFER_SUM_DEFAULT if defer_sum is None else defer_sum,
+        DEFER_SUM=cfg["defer_sum"],
         SEL_TILES=triton.next_power_of_2(max(1, triton.cdiv(k_sel, block_kv))),
-        num_warps=cfg["num_warps"], num_stages=num_stages,
-        **({"maxnreg": max_registers} if max_registers is not None else {}))
+        num_warps=cfg["num_warps"], num_stages=num_stages)
     if not final:
         merge_h = min(block_h, 16)  # the merge holds [merge_h, D] float32 partial rows
         merge_partials_kernel[(bsz, triton.cdiv(heads, merge_h))](
