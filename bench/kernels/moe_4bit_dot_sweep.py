@@ -11,6 +11,8 @@ Every variant first runs fused_moe once with NaN-poisoned scratch and is compare
    M=1 mode as the reference, interleaved twice.
 2. M in --large-ms on --large-shape: the tl.dot path (and the GEMV at M <= 64), `torch._grouped_mm` (bf16,
    the baseline to beat) and, with --with-bf16-dot, bf16 in the dot path.
+`--large-shapes` adds shapes at every M of --large-ms, timed only as fused_moe dispatches them, beside
+`torch._grouped_mm`. Tile sets in SWAPPED run the 4-bit operands swapped (`config.SWAP_AB_4BIT`).
 `--split-a both` also times the 4-bit dot variants with the activations loaded as two strided halves
 (`config.SPLIT_A_4BIT` False, the loads the loop waits on) at M=1 on the first shape and the largest M.
 run12 (an earlier tree: no activation split, no scale prefetch) ran with `--split-a off --with-bf16-dot` and
@@ -34,8 +36,14 @@ import moe_bench as mb  # noqa: E402
 # 2: (BLOCK_N, num_warps, num_stages, SPLIT_K, QUANT); QUANT is fp8-only. The first is fp8's committed set.
 M1_TILES = {
     "fp8set": {1: (32, 4, 4, False), 2: (128, 4, 4, 2, False)},
-    "bn64": {1: (64, 4, 4, False), 2: (128, 4, 4, 2, False)},
+    "swap64": {1: (64, 4, 4, False), 2: (128, 4, 4, 2, False)},
 }
+# Tile sets that run the operands swapped (`config.SWAP_AB_4BIT`: the decoded weights as wgmma's register operand);
+# the others run unswapped. run15 also timed, at M=1, deeper pipelines (6 stages, swapped and not), BLOCK_N 16
+# and 64 unswapped: all slower (bench/kernels/moe_README.md).
+SWAPPED = {"swap64"}
+# The M=1 tile sets timed per format.
+M1_SETS = {"w4a16": ["fp8set", "swap64"], "mxfp4": ["swap64"]}
 REPS = 4
 SMOKE_SHAPES = {"tiny": {"H": 256, "I": 128, "E": 8, "k": 2, "shared": 0},
                 "tiny-shared": {"H": 128, "I": 256, "E": 8, "k": 2, "shared": 1}}
@@ -53,6 +61,11 @@ def main() -> None:
     ap.add_argument("--large-ms", default="8,16,64,256")
     ap.add_argument("--split-a", choices=("on", "off", "both"), default="both")
     ap.add_argument("--with-bf16-dot", action="store_true")
+    ap.add_argument("--large-shapes", default="", help="more shapes, at every M of --more-ms, timed as dispatched "
+                    "only (fused_moe's own path and tiles, M=1 included) against torch._grouped_mm")
+    ap.add_argument("--more-ms", default="1,8,16,64,256")
+    ap.add_argument("--swap-fmts", default="w4a16,mxfp4", help="formats whose 16-row tiles are also timed swapped")
+    ap.add_argument("--no-gemv", action="store_true", help="leave the GEMV out above M=1")
     args = ap.parse_args()
     import os
 
@@ -72,6 +85,7 @@ def main() -> None:
     shapes = SMOKE_SHAPES if smoke else mb.SHAPES
     if smoke:
         args.sweep_shapes, args.large_shape, args.large_ms = "tiny,tiny-shared", "tiny", "8"
+        args.large_shapes, args.more_ms = ("tiny-shared" if args.large_shapes else ""), "1"
 
     def time_calls(calls):
         if not smoke:
@@ -85,20 +99,30 @@ def main() -> None:
     res = {"meta": mb.run_meta(dev), "m1_tiles": {k: {s: list(t) for s, t in v.items()} for k, v in M1_TILES.items()},
            "checks": [], "rows": []}
     saved_tiles = dict(config.DOT_M1_TILES)
+    saved_min_i = dict(config.DOT_M1_MIN_I)
     saved_split = config.SPLIT_A_4BIT
+    saved_swap = config.SWAP_AB_4BIT
+    saved_swap16 = config.SWAP_AB_4BIT_TILES16
 
     def save():
         (args.out / "4bit_dot_sweep.json").write_text(json.dumps(res, indent=1))
 
     def setup(variant):
-        """Apply a variant's configuration: (path, DOT_M1 tile set name or None, activations split)."""
+        """Apply a variant's configuration: (path, DOT_M1 tile set name or None, activations split); path None is
+        fused_moe's own dispatch with the committed configuration."""
         path, tiles, split_a = variant
         config.DOT_M1_TILES.clear()
         config.DOT_M1_TILES.update(saved_tiles)
         for fmt in ("w4a16", "mxfp4"):
-            if tiles:
+            if tiles in M1_TILES:
                 config.DOT_M1_TILES[fmt] = M1_TILES[tiles]
+        if tiles in M1_TILES:
+            config.DOT_M1_MIN_I.clear()  # the M=1 mode wherever a tile set asks for it
+        else:
+            config.DOT_M1_MIN_I.update(saved_min_i)
         config.SPLIT_A_4BIT = split_a
+        config.SWAP_AB_4BIT = tiles in SWAPPED if tiles else saved_swap
+        config.SWAP_AB_4BIT_TILES16 = tiles == "tiles16-swapped" if tiles else saved_swap16
         return path
 
     def check(label, fmt, w, routes, xs, variant):
@@ -135,34 +159,45 @@ def main() -> None:
         adds the unsplit activations)."""
         if fmt == "fp8":
             return {"dot_m1": ("dot", None, saved_split)}
-        out = {"gemv": ("gemv", None, saved_split)} if m <= 64 else {}
+        out = {"gemv": ("gemv", None, saved_split)} if m <= 64 and not (args.no_gemv and m > 1) else {}
         splits = {"on": [True], "off": [False], "both": [True, False] if first else [True]}[args.split_a]
         for split_a in splits:
             suffix = "" if split_a else "/unsplit"
             if m == 1:
-                for tiles in M1_TILES:
+                for tiles in M1_SETS[fmt]:
                     out[f"dot_m1:{tiles}{suffix}"] = ("dot", tiles, split_a)
             else:
                 out[f"dot{suffix}"] = ("dot", None, split_a)
+                if split_a and fmt in args.swap_fmts.split(","):  # 16-row tiles: the operands swapped too
+                    out["dot/swapped"] = ("dot", "tiles16-swapped", split_a)
         return out
 
     # order: the first sweep shape at M=1, the large Ms from the largest (M=256 is the missed target), then the
     # other shapes at M=1, so that a budget cut loses the least
-    m1 = [(n, 1) for n in args.sweep_shapes.split(",")]
+    m1 = [(n, 1) for n in args.sweep_shapes.split(",") if n]
     large = [(args.large_shape, int(m)) for m in sorted(args.large_ms.split(","), key=int, reverse=True)]
     plan = m1[:1] + large[:2] + m1[1:] + large[2:]
+    more = [(n, int(m)) for n in args.large_shapes.split(",") if n for m in args.more_ms.split(",")]
+    plan += [(n, m) for n, m in more if (n, m) not in plan]
+    dispatched_only = {p for p in more if p not in m1 + large}
     for shape_name, m in plan:
         shape = shapes[shape_name]
         reps = REPS if m <= 64 else 2
         routes = [mb.make_routing(shape, m, seed=900 + 1000 * m + r, device=device) for r in range(reps)]
         xs = [torch.randn((m, shape["H"]), dtype=torch.bfloat16, device=device) for _ in range(reps)]
         unique = sum(len(torch.unique(ti)) for _, ti in routes) / reps
-        fmts = ["fp8", "w4a16", "mxfp4"] if m == 1 else ["w4a16", "mxfp4"]
+        fmts = ["fp8", "w4a16", "mxfp4"] if m == 1 and (shape_name, m) not in dispatched_only else ["w4a16", "mxfp4"]
         todo = []
         for fmt in fmts:
             w = mb.make_weights(shape, fmt, device)
             first = (shape_name, m) in (plan[0], large[0] if large else None)
-            for label, variant in variants(fmt, m, first).items():
+            if (shape_name, m) in dispatched_only:
+                todo_variants = {"dispatched": (None, None, saved_split)}
+                if fmt in args.swap_fmts.split(",") and m > 1:
+                    todo_variants["dispatched/swapped"] = (None, "tiles16-swapped", saved_split)
+            else:
+                todo_variants = variants(fmt, m, first)
+            for label, variant in todo_variants.items():
                 if time.time() > deadline:
                     break
                 if check(f"{shape_name} M={m} {fmt} {label}", fmt, w, routes, xs, variant):
@@ -177,7 +212,7 @@ def main() -> None:
                         print(f"[time] {label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
             del w
             torch.cuda.empty_cache()
-        if m > 1 and time.time() < deadline:  # the baseline to beat (and bf16 in the dot path)
+        if (m > 1 or (shape_name, m) in dispatched_only) and time.time() < deadline:  # the baseline to beat
             wb = mb.make_weights(shape, "bf16", device)
             if args.with_bf16_dot:
                 timed("bf16 dot", shape_name, shape, "bf16", m, wb, routes, xs, ("dot", None, False), unique, 0)
@@ -192,8 +227,6 @@ def main() -> None:
             torch.cuda.empty_cache()
         save()
     setup(("dot", None, saved_split))
-    config.DOT_M1_TILES.clear()
-    config.DOT_M1_TILES.update(saved_tiles)
     save()
     best = {}
     for r in res["rows"]:

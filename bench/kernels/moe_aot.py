@@ -10,7 +10,8 @@ carries only pointer and stride hints (Triton adds more at run time: 16-byte ali
 be narrower and the register counts differ from the GPU's; the README's PTX figures came from a compile with
 those hints.
 
-Usage: python bench/kernels/moe_aot.py [--out bench/kernels/results/moe_aot.json] [--dot]
+Usage: python bench/kernels/moe_aot.py [--out bench/kernels/results/moe_aot.json] [--dot [--only LABEL]]
+(MOE_AOT_DUMP=DIR also writes each tl.dot stage's TTGIR, PTX and SASS there.)
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ FORMATS = {"bf16": (0, "*bf16", "*bf16"), "fp8": (1, "*fp8e4nv", "*fp32"), "w4a1
 
 
 # The tl.dot stages at M=1 (one tile per edge): (label, FMT code, weight type, scale type, stage-1 gated, BLOCK_N,
-# num_warps, num_stages, SPLIT_K, activation type)
+# num_warps, num_stages, SPLIT_K, activation type[, operands swapped: `grouped_gemm._dot_w_swapped`])
 DOT_KERNELS = [
     ("fp8 stage1", 1, "*fp8e4nv", "*fp32", True, 32, 4, 4, 1, "*fp8e4nv"),
     ("fp8 stage2", 1, "*fp8e4nv", "*fp32", False, 128, 4, 4, 2, "*fp8e4nv"),
@@ -47,6 +48,13 @@ DOT_KERNELS = [
     ("w4a16 stage2", 2, "*u8", "*fp32", False, 128, 4, 4, 2, "*bf16"),
     ("mxfp4 stage1", 3, "*u8", "*u8", True, 32, 4, 4, 1, "*bf16"),
     ("mxfp4 stage2", 3, "*u8", "*u8", False, 128, 4, 4, 2, "*bf16"),
+    ("w4a16 stage1 swapped", 2, "*u8", "*fp32", True, 64, 4, 4, 1, "*bf16", True),
+    ("w4a16 stage2 swapped", 2, "*u8", "*fp32", False, 128, 4, 4, 2, "*bf16", True),
+    ("w4a16 stage1 swapped BN128", 2, "*u8", "*fp32", True, 128, 4, 4, 1, "*bf16", True),
+    ("w4a16 stage2 swapped BN64", 2, "*u8", "*fp32", False, 64, 4, 4, 2, "*bf16", True),
+    ("w4a16 stage2 swapped BN256 w8", 2, "*u8", "*fp32", False, 256, 8, 4, 2, "*bf16", True),
+    ("mxfp4 stage1 swapped", 3, "*u8", "*u8", True, 64, 4, 4, 1, "*bf16", True),
+    ("mxfp4 stage2 swapped", 3, "*u8", "*u8", False, 128, 4, 4, 2, "*bf16", True),
 ]
 
 
@@ -67,7 +75,7 @@ def _loop_counts(sass: str) -> dict:
     return {"loop_instructions": len(best), "loop_ops": dict(ops.most_common(12))}
 
 
-def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty) -> dict:
+def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap=False) -> dict:
     gg = importlib.import_module("zoe_kernels.moe.grouped_gemm")
     fn = gg._expert_gemm_kernel
     ptrs = {"a_ptr": aty, "as_ptr": "*fp32", "w_ptr": wty, "ws_ptr": sty, "out_ptr": "*bf16" if gated else "*fp32",
@@ -76,6 +84,7 @@ def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty) -> d
     const = dict(GATED=gated, ATOMIC=not gated, FMT=fmt, A_FMT="bf16", BLOCK_M=16, BLOCK_N=bn, BLOCK_K=128,
                  FP8_GROUP=128, INT4_GROUP=128, MX_GROUP=32, EDGE_TILES=True, A_QUANT=False, FP8_MAX=448.0,
                  ROUND_E4M3=False, SPLIT_K=split, ZBLOCK=16 if gated else 0, PTX=True, SPLIT_A=True,
+                 SWAP_AB=swap, MX_BF16_SHIFT=64,
                  stride_ak=1, stride_wk=1, stride_on=1, stride_ask=1, stride_wsk=1)  # unit strides: JIT constants
     sig = _signature(fn, ptrs, const)
     attrs = _aligned(fn, sig)
@@ -86,7 +95,8 @@ def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty) -> d
                             options={"num_warps": warps, "num_stages": stages})
     ptx = kernel.asm["ptx"]
     row = {"kernel": f"tl.dot M=1 {label} BN={bn} warps={warps} stages={stages} split={split}",
-           "shared_bytes": kernel.metadata.shared, "cp_async": len(re.findall(r"cp\.async\.ca|cp\.async\.cg", ptx))}
+           "shared_bytes": kernel.metadata.shared, "cp_async": len(re.findall(r"cp\.async\.ca|cp\.async\.cg", ptx)),
+           "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "st_shared": len(re.findall(r"st\.shared", ptx))}
     ptxas = _ptxas()
     if ptxas:
         with tempfile.TemporaryDirectory() as tmp:
@@ -95,6 +105,10 @@ def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty) -> d
                                   capture_output=True, text=True).stderr
             sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass", f"{tmp}/k.cubin"],
                                   capture_output=True, text=True).stdout
+        if os.environ.get("MOE_AOT_DUMP"):  # the listings, for reading the K loop
+            stem = Path(os.environ["MOE_AOT_DUMP"]) / re.sub(r"\W+", "_", label)
+            for ext, text in (("ttgir", kernel.asm["ttgir"]), ("ptx", ptx), ("sass", sass)):
+                stem.with_suffix(f".{ext}").write_text(text)
         regs = re.findall(r"Used (\d+) registers", info)
         spills = re.findall(r"(\d+) bytes spill stores", info)
         row.update(registers=int(regs[-1]) if regs else None, spill_store_bytes=int(spills[-1]) if spills else None)
@@ -111,6 +125,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "moe_aot.json"))
     ap.add_argument("--configs", default="", help="fmt:gated:BLOCK_N:GPI:warps,... (default: the M=1 configs)")
     ap.add_argument("--dot", action="store_true", help="also the tl.dot stages at M=1 (DOT_KERNELS)")
+    ap.add_argument("--only", default="", help="with --dot: only the DOT_KERNELS whose label contains this")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     gemv = importlib.import_module("zoe_kernels.moe.gemv")
@@ -149,7 +164,7 @@ def main() -> None:
         rows.append(compile_one(label, words._gemv_4bit_kernel, ptrs, const, wc["num_warps"],
                                 num_stages=wc["num_stages"]))
     if args.dot:
-        rows += [compile_dot(*k) for k in DOT_KERNELS]
+        rows += [compile_dot(*k) for k in DOT_KERNELS if not args.only or args.only in k[0]]
     meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
             "command": "python bench/kernels/moe_aot.py " + " ".join(sys.argv[1:])}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

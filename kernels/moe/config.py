@@ -42,6 +42,9 @@ def mx_native() -> bool:
 # pipelines with cp.async and split it into the even-k and odd-k halves in registers (True), instead of two
 # strided loads that the loop waits on every step (False, the code before run13).
 SPLIT_A_4BIT = True
+# The align-based tiles of 16 rows (M up to about 16 on the 256-expert shapes) with the 4-bit operands swapped as
+# in the M=1 mode (`SWAP_AB_4BIT` below).
+SWAP_AB_4BIT_TILES16 = False
 
 
 def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str, *, gated: bool,
@@ -55,7 +58,8 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
     if interpreting():
         # The interpreter pays per program and loop step: few, large tiles.
         return {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1,
-                "SPLIT_A": SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4")}
+                "SPLIT_A": SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4"),
+                "SWAP_AB": SWAP_AB_4BIT_TILES16 and bm == 16 and fmt in ("w4a16", "mxfp4")}
     if bm >= 64:
         bn = 128
         warps = 8 if bm == 128 else 4
@@ -69,7 +73,8 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
         warps = 4
         stages = 4 if fmt in ("fp8", "w4a16", "mxfp4") else 3
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages,
-            "SPLIT_A": SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4")}
+            "SPLIT_A": SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4"),
+            "SWAP_AB": SWAP_AB_4BIT_TILES16 and bm == 16 and bn >= 64 and fmt in ("w4a16", "mxfp4")}
 
 
 # The tl.dot path at M=1 in its launch-saving mode: one tile per edge with the expert read from topk_ids (no
@@ -101,6 +106,12 @@ DOT_M1_MIN_TOP_K = 8
 MIN_K_STEPS_PER_SPLIT = 4
 
 
+# The 4-bit formats in the M=1 mode swap the MMA's operands (`grouped_gemm._dot_w_swapped`): out^T = W @ x^T, so
+# the decoded weights are the first operand, which wgmma reads from registers (BLOCK_N >= 64 rows), and the
+# one-token activation tile (16 columns, 15 of them zero) the second one.
+SWAP_AB_4BIT = False
+
+
 def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] | None:
     """(stage 1, stage 2) launch parameters of the M=1 mode of the tl.dot path, or None where it is not used;
     k2 is stage 2's reduction length (I)."""
@@ -115,6 +126,7 @@ def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] |
     cfg2 = {"BLOCK_M": 16, "BLOCK_N": t2[0], "BLOCK_K": 128, "num_warps": t2[1], "num_stages": t2[2],
             "SPLIT_K": split, "A_QUANT": t2[4]}
     cfg1["SPLIT_A"] = cfg2["SPLIT_A"] = SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4")
+    cfg1["SWAP_AB"] = cfg2["SWAP_AB"] = SWAP_AB_4BIT and fmt in ("w4a16", "mxfp4")
     return cfg1, cfg2
 
 

@@ -28,7 +28,7 @@ from zoe_kernels.moe.formats import (  # noqa: E402
     dequantize_weights,
     quantize_act_fp8_torch,
 )
-from zoe_kernels.moe.grouped_gemm import _int4_halves  # noqa: E402
+from zoe_kernels.moe.grouped_gemm import MX_BF16_SHIFT, _e2m1_scaled_halves, _int4_halves, swap_ab_supported  # noqa: E402
 from zoe_kernels.moe.reference import fused_moe_reference  # noqa: E402
 from zoe_kernels.platform import has_native_mx  # noqa: E402
 
@@ -282,6 +282,69 @@ def test_dot_path_int4_decode_every_byte_exactly(dtype):
         lo, hi = _nan_alloc((256,), dtype, DEVICE), _nan_alloc((256,), dtype, DEVICE)
         _decode_int4_bytes[(1,)](p, lo, hi, PTX=ptx)
         assert torch.equal(lo.float().cpu(), want[0]) and torch.equal(hi.float().cpu(), want[1]), ptx
+
+
+@triton.jit
+def _decode_e2m1_scaled(p_ptr, sw_ptr, lo_ptr, hi_ptr, MX_BF16_SHIFT: tl.constexpr, PTX: tl.constexpr):
+    """The swapped tl.dot path's mxfp4 decode of a 16 x 64 byte tile (16 rows, one K step of 128), scale words
+    per row; both halves stored in lo_ptr's dtype."""
+    offs = tl.arange(0, 16)[:, None] * 64 + tl.arange(0, 64)[None, :]
+    lo, hi = _e2m1_scaled_halves(tl.load(p_ptr + offs), tl.load(sw_ptr + tl.arange(0, 16)),
+                                 lo_ptr.dtype.element_ty, 128, 32, MX_BF16_SHIFT, PTX)
+    tl.store(lo_ptr + offs, lo)
+    tl.store(hi_ptr + offs, hi)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16, torch.float32],
+                         ids=str)
+def test_dot_path_e2m1_scaled_decode_exactly(dtype):
+    """The swapped path's mxfp4 decode (`grouped_gemm._e2m1_scaled_halves`): every byte value under scale bytes
+    spread over the range it supports, each 32-k group of a row with its own byte of the row's word; the bf16
+    decode carries 2^-MX_BF16_SHIFT (the accumulator takes it back), exact; on a GPU the PTX decode too."""
+    gen = torch.Generator().manual_seed(7)
+    p = torch.randperm(16 * 64, generator=gen).remainder(256).to(torch.uint8).reshape(16, 64)
+    lo_b = 16 if dtype == torch.float16 else (66 if dtype == torch.bfloat16 else 1)
+    hi_b = 140 if dtype == torch.float16 else (192 if dtype == torch.bfloat16 else 240)
+    sb = torch.randint(lo_b, hi_b + 1, (16, 4), generator=gen)
+    sb[0] = torch.tensor([lo_b, hi_b, 127, 126])
+    sw = (sb[:, 0] | sb[:, 1] << 8 | sb[:, 2] << 16 | sb[:, 3] << 24).to(torch.int32)
+    table = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    nib = torch.stack([p.long() & 0xF, p.long() >> 4])
+    val = table[nib & 7] * torch.where(nib >= 8, -1.0, 1.0)
+    shift = MX_BF16_SHIFT if dtype == torch.bfloat16 else 0
+    want = val * torch.exp2(sb.double().repeat_interleave(16, dim=1) - 127 - shift).float()
+    want = want.to(dtype).float()  # what the dtype holds (fp16: the float32 product rounded once)
+    for ptx in (False, True) if ON_GPU else (False,):
+        lo, hi = _nan_alloc((16, 64), dtype, DEVICE), _nan_alloc((16, 64), dtype, DEVICE)
+        _decode_e2m1_scaled[(1,)](p.to(DEVICE), sw.to(DEVICE), lo, hi, MX_BF16_SHIFT=shift, PTX=ptx)
+        assert torch.equal(lo.float().cpu(), want[0]) and torch.equal(hi.float().cpu(), want[1]), ptx
+
+
+@pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
+def test_dot_m1_swapped_operands(fmt, monkeypatch):
+    """The M=1 mode with the 4-bit operands swapped (`config.SWAP_AB_4BIT`, weights as the MMA's first operand):
+    I and H whole K steps (mxfp4's scale words) and I off them (mxfp4's stage 2 then runs unswapped), top-k 4
+    with stage 2 split along K, an invalid id, NaN-poisoned scratch."""
+    from zoe_kernels.moe import config
+
+    monkeypatch.setattr(config, "SWAP_AB_4BIT", True)
+    monkeypatch.setitem(config.DOT_M1_TILES, fmt, {1: (64, 4, 1, False), 2: (64, 4, 1, 2, False)})
+    monkeypatch.setattr(config, "DOT_M1_MIN_I", {})
+    monkeypatch.setattr(config, "DOT_M1_MIN_TOP_K", 1)
+    monkeypatch.setattr(config, "MIN_K_STEPS_PER_SPLIT", 1)
+    dtype = DTYPES[0]
+    for h, i in ((256, 256), (128, 200)):
+        x, w13, w2, tw, ti, kw = _problem(1, h, i, 8, 4, fmt, dtype, seed=zlib.crc32(f"swap{fmt}{i}".encode()))
+        ti[0, 1] = -1
+        assert swap_ab_supported(2 if fmt == "w4a16" else 3, kw["w2_scale"], i, 128) == (fmt == "w4a16" or i == 256)
+        out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dot", **kw)
+        assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
+        assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype)
+    # the align-based 16-row tiles swapped too (`config.SWAP_AB_4BIT_TILES16`), several tokens per expert
+    monkeypatch.setattr(config, "SWAP_AB_4BIT_TILES16", True)
+    x, w13, w2, tw, ti, kw = _problem(5, 256, 128, 4, 2, fmt, dtype, seed=zlib.crc32(f"swap16{fmt}".encode()))
+    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dot", **kw)
+    assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype)
 
 
 @pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
