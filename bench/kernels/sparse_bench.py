@@ -58,6 +58,10 @@ def log(msg: str) -> None:
 def median_us(fn, graph: bool, rep_ms: int = 60) -> float:
     """Median time of fn in microseconds: CUDA-graph replays when `graph` (falls back to plain launches
     if the call cannot be captured), else do_bench's event timing."""
+    # do_bench_cudagraph captures and replays fn on a side stream that does not wait for the default stream, so
+    # inputs drawn just before (e.g. the decode indices argsort writes) could still be in flight: finish them
+    # first (run 15-decode's device-side index assert in the gather+SDPA baseline at B=128; likely run 12's too)
+    torch.cuda.synchronize()
     if graph:
         try:
             return triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e3

@@ -185,10 +185,6 @@ def sweep(out: Path, batches: list[int]) -> None:
     for b in batches:
         draw = sb._decode_inputs(b)
         ragged = sb._decode_inputs(b, ragged=True)
-        # do_bench_cudagraph runs fn on a side stream that does not wait for the default one: without this the
-        # baseline's first gather can read indices argsort has not yet written (run 15's device-side index
-        # assert at B=128, right after the inputs were drawn; likely run 12's too)
-        torch.cuda.synchronize()
         q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = draw
         args = (q, win_k, win_v, win_len, comp_k, comp_v, idx)
         kw = dict(win_k_scale=win_ks, comp_k_scale=comp_ks)
