@@ -1,7 +1,8 @@
 """The 4-bit formats (w4a16, mxfp4) in the tl.dot path with the cheap decode (run12): M=1 and M = 64..256.
 
     python3 bench/kernels/moe_4bit_dot_sweep.py --out DIR [--sweep-shapes dsv32,glm5,dsv32-tp8]
-        [--large-shape dsv32] [--large-ms 8,16,64,256] [--budget-s 200]
+        [--large-shape dsv32] [--large-ms 8,16,64,256] [--large-shapes glm5,... --more-ms 1,8,16,64,256]
+        [--unswapped] [--no-gemv] [--budget-s 200]
 
 Every variant first runs fused_moe once with NaN-poisoned scratch and is compared with the float32 reference
 (`fused_moe_reference`, relative error < 1.5e-2, the tests' bf16 tolerance); only variants that pass are timed
@@ -11,8 +12,10 @@ Every variant first runs fused_moe once with NaN-poisoned scratch and is compare
    M=1 mode as the reference, interleaved twice.
 2. M in --large-ms on --large-shape: the tl.dot path (and the GEMV at M <= 64), `torch._grouped_mm` (bf16,
    the baseline to beat) and, with --with-bf16-dot, bf16 in the dot path.
-`--large-shapes` adds shapes at every M of --large-ms, timed only as fused_moe dispatches them, beside
-`torch._grouped_mm`. Tile sets in SWAPPED run the 4-bit operands swapped (`config.SWAP_AB_4BIT`).
+`--large-shapes` adds shapes at every M of --more-ms, timed only as fused_moe dispatches them, beside
+`torch._grouped_mm`; `--unswapped` adds mxfp4 with its 16-row tiles unswapped (`config.SWAP_AB_TILES16` empty).
+run15/run16 ran an earlier tree of this script, with the swapped variants that did not pay (their commands are
+in bench/kernels/moe_README.md).
 `--split-a both` also times the 4-bit dot variants with the activations loaded as two strided halves
 (`config.SPLIT_A_4BIT` False, the loads the loop waits on) at M=1 on the first shape and the largest M.
 run12 (an earlier tree: no activation split, no scale prefetch) ran with `--split-a off --with-bf16-dot` and
@@ -36,14 +39,11 @@ import moe_bench as mb  # noqa: E402
 # 2: (BLOCK_N, num_warps, num_stages, SPLIT_K, QUANT); QUANT is fp8-only. The first is fp8's committed set.
 M1_TILES = {
     "fp8set": {1: (32, 4, 4, False), 2: (128, 4, 4, 2, False)},
-    "swap64": {1: (64, 4, 4, False), 2: (128, 4, 4, 2, False)},
 }
-# Tile sets that run the operands swapped (`config.SWAP_AB_4BIT`: the decoded weights as wgmma's register operand);
-# the others run unswapped. run15 also timed, at M=1, deeper pipelines (6 stages, swapped and not), BLOCK_N 16
-# and 64 unswapped: all slower (bench/kernels/moe_README.md).
-SWAPPED = {"swap64"}
-# The M=1 tile sets timed per format.
-M1_SETS = {"w4a16": ["fp8set", "swap64"], "mxfp4": ["swap64"]}
+# The M=1 tile sets timed per format (mxfp4 keeps the GEMV at M=1; its M=1 mode: 193.1 us in run13, 147.0 swapped
+# in run16, against the GEMV's 105.4). run15 also timed for w4a16, at M=1: 6 stages (96.4 us), BLOCK_N 16 (134.7),
+# the swapped operands (107.6) and both (162.4), all slower than "fp8set" (88.9).
+M1_SETS = {"w4a16": ["fp8set"], "mxfp4": []}
 REPS = 4
 SMOKE_SHAPES = {"tiny": {"H": 256, "I": 128, "E": 8, "k": 2, "shared": 0},
                 "tiny-shared": {"H": 128, "I": 256, "E": 8, "k": 2, "shared": 1}}
@@ -64,7 +64,8 @@ def main() -> None:
     ap.add_argument("--large-shapes", default="", help="more shapes, at every M of --more-ms, timed as dispatched "
                     "only (fused_moe's own path and tiles, M=1 included) against torch._grouped_mm")
     ap.add_argument("--more-ms", default="1,8,16,64,256")
-    ap.add_argument("--swap-fmts", default="w4a16,mxfp4", help="formats whose 16-row tiles are also timed swapped")
+    ap.add_argument("--unswapped", action="store_true", help="also time the formats of config.SWAP_AB_TILES16 "
+                    "with their 16-row tiles unswapped")
     ap.add_argument("--no-gemv", action="store_true", help="leave the GEMV out above M=1")
     args = ap.parse_args()
     import os
@@ -101,8 +102,7 @@ def main() -> None:
     saved_tiles = dict(config.DOT_M1_TILES)
     saved_min_i = dict(config.DOT_M1_MIN_I)
     saved_split = config.SPLIT_A_4BIT
-    saved_swap = config.SWAP_AB_4BIT
-    saved_swap16 = config.SWAP_AB_4BIT_TILES16
+    saved_swap16 = set(config.SWAP_AB_TILES16)
 
     def save():
         (args.out / "4bit_dot_sweep.json").write_text(json.dumps(res, indent=1))
@@ -121,8 +121,8 @@ def main() -> None:
         else:
             config.DOT_M1_MIN_I.update(saved_min_i)
         config.SPLIT_A_4BIT = split_a
-        config.SWAP_AB_4BIT = tiles in SWAPPED if tiles else saved_swap
-        config.SWAP_AB_4BIT_TILES16 = tiles == "tiles16-swapped" if tiles else saved_swap16
+        config.SWAP_AB_TILES16.clear()
+        config.SWAP_AB_TILES16.update(set() if tiles == "unswapped" else saved_swap16)
         return path
 
     def check(label, fmt, w, routes, xs, variant):
@@ -168,8 +168,8 @@ def main() -> None:
                     out[f"dot_m1:{tiles}{suffix}"] = ("dot", tiles, split_a)
             else:
                 out[f"dot{suffix}"] = ("dot", None, split_a)
-                if split_a and fmt in args.swap_fmts.split(","):  # 16-row tiles: the operands swapped too
-                    out["dot/swapped"] = ("dot", "tiles16-swapped", split_a)
+                if split_a and args.unswapped and fmt in saved_swap16:  # and as before the swap
+                    out["dot/unswapped"] = ("dot", "unswapped", split_a)
         return out
 
     # order: the first sweep shape at M=1, the large Ms from the largest (M=256 is the missed target), then the
@@ -193,8 +193,8 @@ def main() -> None:
             first = (shape_name, m) in (plan[0], large[0] if large else None)
             if (shape_name, m) in dispatched_only:
                 todo_variants = {"dispatched": (None, None, saved_split)}
-                if fmt in args.swap_fmts.split(",") and m > 1:
-                    todo_variants["dispatched/swapped"] = (None, "tiles16-swapped", saved_split)
+                if args.unswapped and fmt in saved_swap16 and m > 1:
+                    todo_variants["dispatched/unswapped"] = (None, "unswapped", saved_split)
             else:
                 todo_variants = variants(fmt, m, first)
             for label, variant in todo_variants.items():

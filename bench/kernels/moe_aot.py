@@ -39,7 +39,9 @@ FORMATS = {"bf16": (0, "*bf16", "*bf16"), "fp8": (1, "*fp8e4nv", "*fp32"), "w4a1
 
 
 # The tl.dot stages at M=1 (one tile per edge): (label, FMT code, weight type, scale type, stage-1 gated, BLOCK_N,
-# num_warps, num_stages, SPLIT_K, activation type[, operands swapped: `grouped_gemm._dot_w_swapped`])
+# num_warps, num_stages, SPLIT_K, activation type[, operands swapped: `grouped_gemm._dot_w_mx_swapped`, which the
+# 16-row align-based tiles of mxfp4 run (`config.SWAP_AB_TILES16`); compiled here as one tile per edge, the same
+# K loop)
 DOT_KERNELS = [
     ("fp8 stage1", 1, "*fp8e4nv", "*fp32", True, 32, 4, 4, 1, "*fp8e4nv"),
     ("fp8 stage2", 1, "*fp8e4nv", "*fp32", False, 128, 4, 4, 2, "*fp8e4nv"),
@@ -48,11 +50,6 @@ DOT_KERNELS = [
     ("w4a16 stage2", 2, "*u8", "*fp32", False, 128, 4, 4, 2, "*bf16"),
     ("mxfp4 stage1", 3, "*u8", "*u8", True, 32, 4, 4, 1, "*bf16"),
     ("mxfp4 stage2", 3, "*u8", "*u8", False, 128, 4, 4, 2, "*bf16"),
-    ("w4a16 stage1 swapped", 2, "*u8", "*fp32", True, 64, 4, 4, 1, "*bf16", True),
-    ("w4a16 stage2 swapped", 2, "*u8", "*fp32", False, 128, 4, 4, 2, "*bf16", True),
-    ("w4a16 stage1 swapped BN128", 2, "*u8", "*fp32", True, 128, 4, 4, 1, "*bf16", True),
-    ("w4a16 stage2 swapped BN64", 2, "*u8", "*fp32", False, 64, 4, 4, 2, "*bf16", True),
-    ("w4a16 stage2 swapped BN256 w8", 2, "*u8", "*fp32", False, 256, 8, 4, 2, "*bf16", True),
     ("mxfp4 stage1 swapped", 3, "*u8", "*u8", True, 64, 4, 4, 1, "*bf16", True),
     ("mxfp4 stage2 swapped", 3, "*u8", "*u8", False, 128, 4, 4, 2, "*bf16", True),
 ]

@@ -42,9 +42,13 @@ def mx_native() -> bool:
 # pipelines with cp.async and split it into the even-k and odd-k halves in registers (True), instead of two
 # strided loads that the loop waits on every step (False, the code before run13).
 SPLIT_A_4BIT = True
-# The align-based tiles of 16 rows (M up to about 16 on the 256-expert shapes) with the 4-bit operands swapped as
-# in the M=1 mode (`SWAP_AB_4BIT` below).
-SWAP_AB_4BIT_TILES16 = False
+# Formats whose 16-row tiles (BLOCK_N >= 64) swap the MMA's operands (`grouped_gemm._dot_w_mx_swapped`): mxfp4, whose
+# decode then takes the row's e8m0 scales as one word per K step (4.0-4.2 sm_90a instructions per weight in the K
+# loop against 10.9-11.7). H200 run16 (bench/kernels/results/raw/run16_*, swapped against not, each checked first):
+# DeepSeek-V3.2 M=64 3,418.3 vs 4,749.5 us, M=256 3,969.0 vs 5,494.5, M=512 5,484.5 vs 7,678.4; GLM-5, the TP8
+# slice, Kimi-K2 and ZAYA1 27-35 % faster at M=64 and 256. w4a16 swapped was 6-10 % slower at every point timed
+# (M 8..512; and its M=1 mode 107.9 against 88.9 us), so it stays unswapped.
+SWAP_AB_TILES16 = {"mxfp4"}
 
 
 def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str, *, gated: bool,
@@ -59,7 +63,7 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
         # The interpreter pays per program and loop step: few, large tiles.
         return {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1,
                 "SPLIT_A": SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4"),
-                "SWAP_AB": SWAP_AB_4BIT_TILES16 and bm == 16 and fmt in ("w4a16", "mxfp4")}
+                "SWAP_AB": bm == 16 and fmt in SWAP_AB_TILES16}
     if bm >= 64:
         bn = 128
         warps = 8 if bm == 128 else 4
@@ -74,7 +78,7 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
         stages = 4 if fmt in ("fp8", "w4a16", "mxfp4") else 3
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages,
             "SPLIT_A": SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4"),
-            "SWAP_AB": SWAP_AB_4BIT_TILES16 and bm == 16 and bn >= 64 and fmt in ("w4a16", "mxfp4")}
+            "SWAP_AB": bm == 16 and bn >= 64 and fmt in SWAP_AB_TILES16}
 
 
 # The tl.dot path at M=1 in its launch-saving mode: one tile per edge with the expert read from topk_ids (no
@@ -106,12 +110,6 @@ DOT_M1_MIN_TOP_K = 8
 MIN_K_STEPS_PER_SPLIT = 4
 
 
-# The 4-bit formats in the M=1 mode swap the MMA's operands (`grouped_gemm._dot_w_swapped`): out^T = W @ x^T, so
-# the decoded weights are the first operand, which wgmma reads from registers (BLOCK_N >= 64 rows), and the
-# one-token activation tile (16 columns, 15 of them zero) the second one.
-SWAP_AB_4BIT = False
-
-
 def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] | None:
     """(stage 1, stage 2) launch parameters of the M=1 mode of the tl.dot path, or None where it is not used;
     k2 is stage 2's reduction length (I)."""
@@ -126,7 +124,6 @@ def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] |
     cfg2 = {"BLOCK_M": 16, "BLOCK_N": t2[0], "BLOCK_K": 128, "num_warps": t2[1], "num_stages": t2[2],
             "SPLIT_K": split, "A_QUANT": t2[4]}
     cfg1["SPLIT_A"] = cfg2["SPLIT_A"] = SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4")
-    cfg1["SWAP_AB"] = cfg2["SWAP_AB"] = SWAP_AB_4BIT and fmt in ("w4a16", "mxfp4")
     return cfg1, cfg2
 
 

@@ -17,8 +17,10 @@ mode (weights upcast in registers, activations kept in 16 bits) exists but measu
 where e4m3 -> bf16 takes several instructions per element. The 4-bit formats split each
 K tile into its even (low nibble) and odd (high nibble) halves, so unpacking needs no interleave (the
 activations are one pipelined load split in registers, `SPLIT_A`); int4 decodes by a magic-number or (PTX
-where `platform.has_ptx`); mxfp4 uses `tl.dot_scaled` where the hardware scales natively (gfx950) and
-in-register dequantization elsewhere.
+where `platform.has_ptx`, `dot_decode.py`); mxfp4 uses `tl.dot_scaled` where the hardware scales natively (gfx950) and
+in-register dequantization elsewhere. mxfp4 on 16-row tiles (`SWAP_AB`, from `config.stage_config`) swaps the
+operands, out^T = W @ x^T: the decoded weights become wgmma's register operand and the row's e8m0 scales one
+32-bit load per K step applied inside the decode (`_dot_w_mx_swapped`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from zoe_kernels.moe.dot_decode import MX_BF16_SHIFT, _e2m1_scaled_halves, _int4_halves
 from zoe_kernels.platform import fp8_max, has_ptx, interpreting
 
 FP8_GROUP = 128
@@ -57,76 +60,6 @@ def _load_a_halves(a_ptr, rows, row_mask, k0, K, stride_am, stride_ak, BLOCK_K: 
     a_even = tl.load(base + offs_k[None, :] * stride_ak, mask=m & (offs_k[None, :] < K), other=0.0)
     a_odd = tl.load(base + (offs_k + 1)[None, :] * stride_ak, mask=m & (offs_k[None, :] + 1 < K), other=0.0)
     return a_even, a_odd
-
-
-def _int4_pairs_asm(magic: int, one: int, off: int, fma: str) -> str:
-    """PTX of `_int4_halves` for 4 bytes in one 32-bit register: a byte permute spreads two bytes over two 16-bit
-    halves (low nibbles; a shift gives the high ones), one `lop3` masks and ors MAGIC into both halves, one
-    paired `fma` (x * one + off) takes MAGIC + 8 off both."""
-    return (
-        f"{{ .reg .b32 t0, t1, u0, u1, one, off; mov.b32 one, 0x{one:04X}{one:04X}; mov.b32 off, 0x{off:04X}{off:04X}; "
-        "prmt.b32 t0, $4, 0, 0x4140; prmt.b32 t1, $4, 0, 0x4342; shr.b32 u0, t0, 4; shr.b32 u1, t1, 4; "
-        + "".join(f"lop3.b32 {r}, {r}, 0x000F000F, 0x{magic:04X}{magic:04X}, 0xEA; " for r in ("t0", "t1", "u0", "u1"))
-        + "".join(f"fma.rn.{fma} ${i}, {r}, one, off; " for i, r in enumerate(("t0", "t1", "u0", "u1")))
-        + "}"
-    )
-
-
-def _int4_pair_asm(magic: int, one: int, off: int, fma: str) -> str:
-    """`_int4_pairs_asm` for 2 bytes in one 16-bit register (pack 2): the swapped path's wgmma register operand
-    holds 2 consecutive k of a row per register, so 4 bytes of one register would first be gathered from two rows."""
-    return (
-        f"{{ .reg .b32 x, t0, u0, one, off; mov.b32 one, 0x{one:04X}{one:04X}; mov.b32 off, 0x{off:04X}{off:04X}; "
-        "cvt.u32.u16 x, $2; prmt.b32 t0, x, 0, 0x4140; shr.b32 u0, t0, 4; "
-        + "".join(f"lop3.b32 {r}, {r}, 0x000F000F, 0x{magic:04X}{magic:04X}, 0xEA; " for r in ("t0", "u0"))
-        + "".join(f"fma.rn.{fma} ${i}, {r}, one, off; " for i, r in enumerate(("t0", "u0")))
-        + "}"
-    )
-
-
-# bf16: MAGIC 0x4300 (128), 1.0 = 0x3F80, -136 = 0xC308; fp16: MAGIC 0x6400 (1024), 1.0 = 0x3C00, -1032 = 0xE408
-_INT4_PAIRS_BF16 = tl.constexpr(_int4_pairs_asm(0x4300, 0x3F80, 0xC308, "bf16x2"))
-_INT4_PAIRS_F16 = tl.constexpr(_int4_pairs_asm(0x6400, 0x3C00, 0xE408, "f16x2"))
-_INT4_PAIR_BF16 = tl.constexpr(_int4_pair_asm(0x4300, 0x3F80, 0xC308, "bf16x2"))
-_INT4_PAIR_F16 = tl.constexpr(_int4_pair_asm(0x6400, 0x3C00, 0xE408, "f16x2"))
-
-
-@triton.jit
-def _int4_halves(p, DT: tl.constexpr, PTX: tl.constexpr, PACK: tl.constexpr = 4):
-    """Bytes p of two int4 nibbles u (zero point 8) -> (low - 8, high - 8) in the activations' dtype DT, exact.
-
-    16-bit DT: a nibble becomes the float MAGIC + u by one or (bf16 0x4300 | u = 128 + u, fp16 0x6400 | u =
-    1024 + u) and MAGIC + 8 comes off in the same dtype (exact: small integers). With PTX this runs on 4 bytes
-    per 32-bit register: a byte permute spreads two bytes over two 16-bit halves, one `lop3` masks and ors the
-    magic into both, one paired `fma` takes the offset off both (1.5 instructions per weight), where Triton's
-    own lowering extends and packs each byte separately (sm_90 SASS: ~3 PRMT per pair, moe_aot.py).
-    float32 DT (tests) converts the nibbles."""
-    if DT == tl.float32:
-        return (p & 0xF).to(tl.float32) - 8.0, (p >> 4).to(tl.float32) - 8.0
-    if PTX and PACK == 2:
-        if DT == tl.bfloat16:
-            return tl.inline_asm_elementwise(_INT4_PAIR_BF16, "=r,=r,h", [p], dtype=(tl.bfloat16, tl.bfloat16),
-                                             is_pure=True, pack=2)
-        else:
-            return tl.inline_asm_elementwise(_INT4_PAIR_F16, "=r,=r,h", [p], dtype=(tl.float16, tl.float16),
-                                             is_pure=True, pack=2)
-    if PTX:
-        if DT == tl.bfloat16:
-            return tl.inline_asm_elementwise(_INT4_PAIRS_BF16, "=r,=r,=r,=r,r", [p], dtype=(tl.bfloat16, tl.bfloat16),
-                                             is_pure=True, pack=4)
-        else:
-            return tl.inline_asm_elementwise(_INT4_PAIRS_F16, "=r,=r,=r,=r,r", [p], dtype=(tl.float16, tl.float16),
-                                             is_pure=True, pack=4)
-    if DT == tl.bfloat16:
-        magic: tl.constexpr = 0x4300
-        off: tl.constexpr = 136.0
-    else:
-        magic: tl.constexpr = 0x6400
-        off: tl.constexpr = 1032.0
-    p16 = p.to(tl.uint16)
-    lo = ((p16 & 0xF) | magic).to(tl.uint16).to(DT, bitcast=True)
-    hi = ((p16 >> 4) | magic).to(tl.uint16).to(DT, bitcast=True)
-    return (lo.to(tl.float32) - off).to(DT), (hi.to(tl.float32) - off).to(DT)
 
 
 @triton.jit
@@ -189,86 +122,21 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
     return acc
 
 
-# mxfp4 weights decoded to bf16 in the swapped form carry 2^-MX_BF16_SHIFT (the accumulator takes it back), so that
-# one bf16 multiply applies any e8m0 scale from 2^-61 to 2^65 exactly (bytes 66..192); see `_e2m1_scaled_halves`.
-MX_BF16_SHIFT = 64
-
-
-def _e2m1_scaled_asm(shift: int) -> str:
-    """PTX of `_e2m1_scaled_halves` (bf16) for 4 bytes of one row and scale group in one 32-bit register ($4),
-    the row's scale word ($5) and the group's bit offset in it ($9). A byte permute puts two bytes in the low
-    8 bits of two 16-bit halves t; the low nibble's bf16 bits v * 2^-126 are ((t << 6) | (t << 12)) & 0x81C0
-    (magnitude to bits 6-8, sign to 15; nothing else of either shift lands in the mask), the high nibble's
-    ((t << 2) & 0x01C0) | ((t << 8) & 0x8000); one paired fma (x * scale - 0) applies the scale 2^(b - 1 - shift),
-    built once as (b + 126 - shift) << 7 in both halves."""
-    body = "".join(
-        f"prmt.b32 t, $4, 0, {sel}; "
-        f"shl.b32 a, t, 6; shl.b32 b, t, 12; lop3.b32 a, a, b, 0x81C081C0, 0xA8; fma.rn.bf16x2 ${i}, a, s, nz; "
-        f"shl.b32 a, t, 2; shl.b32 b, t, 8; and.b32 b, b, 0x80008000; lop3.b32 a, a, 0x01C001C0, b, 0xEA; "
-        f"fma.rn.bf16x2 ${i + 2}, a, s, nz; "
-        for i, sel in ((0, "0x4140"), (1, "0x4342")))
-    return ("{ .reg .b32 t, a, b, s, nz; mov.b32 nz, 0x80008000; "
-            f"bfe.u32 s, $5, $9, 8; mad.lo.u32 s, s, 128, {(126 - shift) * 128}; mul.lo.u32 s, s, 0x00010001; "
-            + body + "}")
-
-
-_E2M1_SCALED_BF16 = tl.constexpr(_e2m1_scaled_asm(MX_BF16_SHIFT))
-
-
 @triton.jit
-def _e2m1_scaled_halves(p, sw, DT: tl.constexpr, BLOCK_K: tl.constexpr, MX_GROUP: tl.constexpr,
-                        MX_BF16_SHIFT: tl.constexpr, PTX: tl.constexpr = False):
-    """Bytes p [BLOCK_N, BLOCK_K/2] of two e2m1 nibbles -> (low, high) times their e8m0 scale, in DT.
-
-    sw [BLOCK_N] holds the 4 scale bytes of the row's K step (groups of 32 k = 16 bytes) as one int32 word.
-    bf16: the nibble s|e1 e0|m placed at bf16 bits 15|8 7|6 is v * 2^-126 (subnormals included); the scale byte
-    b becomes the bf16 2^(b - 1 - MX_BF16_SHIFT) by a shift into the exponent field, and one bf16 multiply gives
-    v * 2^(b - 127 - MX_BF16_SHIFT), exact (two significant bits) where it is a normal bf16 number. fp16/fp32:
-    the fp16 bits v * 2^-14 times the float32 2^(b - 127 + 14), rounded once to DT (the unswapped path's numbers)."""
-    shift = 8 * (tl.arange(0, BLOCK_K // 2) // (MX_GROUP // 2))
-    if PTX and DT == tl.bfloat16:  # the decoded tile goes through shared memory anyway: a non-unary asm is free
-        sw2 = tl.broadcast_to(sw[:, None], p.shape)
-        sh2 = tl.broadcast_to(shift[None, :], p.shape)
-        return tl.inline_asm_elementwise(_E2M1_SCALED_BF16, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r",
-                                         [p, sw2, sh2], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
-    sb = (sw[:, None] >> shift[None, :]) & 0xFF
-    p16 = p.to(tl.uint16)
-    if DT == tl.bfloat16:
-        s = ((sb + (126 - MX_BF16_SHIFT)) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        lo = (((p16 & 0x7) << 6) | ((p16 & 0x8) << 12)).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        hi = (((p16 & 0x70) << 2) | ((p16 & 0x80) << 8)).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        return lo * s, hi * s
-    scale = ((sb + 14) << 23).to(tl.float32, bitcast=True)
-    lo = (((p16 & 0x7) << 9) | ((p16 & 0x8) << 12)).to(tl.uint16).to(tl.float16, bitcast=True)
-    hi = (((p16 & 0x70) << 5) | ((p16 & 0x80) << 8)).to(tl.uint16).to(tl.float16, bitcast=True)
-    return (lo.to(tl.float32) * scale).to(DT), (hi.to(tl.float32) * scale).to(DT)
-
-
-@triton.jit
-def _dot_w_swapped(acc_t, a_t, a2_t, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, KP, stride_wn, stride_wk,
-                   stride_wsn, FMT: tl.constexpr, BLOCK_K: tl.constexpr, MX_GROUP: tl.constexpr,
-                   MX_BF16_SHIFT: tl.constexpr, PTX: tl.constexpr):
-    """The 4-bit formats with the operands swapped: acc_t [BLOCK_N, BLOCK_M] += W[wrows, k0:k0+BLOCK_K] @ A^T,
-    with a_t, a2_t [BLOCK_K/2, BLOCK_M] the even-k and odd-k halves of A transposed. The decoded weights are the
-    MMA's first operand, which Hopper's wgmma reads from registers (BLOCK_N >= 64 rows make it wgmma), and the
-    small activation tile is the second one, in shared memory. int4 (FMT 2): ws_pre are the group scales of this
-    K step (loaded ahead); mxfp4 (FMT 3): the row's 4 e8m0 bytes of the K step are loaded as one int32 word
-    (the caller guarantees 4-byte aligned rows and K % BLOCK_K == 0)."""
+def _dot_w_mx_swapped(acc_t, a_t, a2_t, w_base, ws_base, wrows, wrow_mask, k0, KP, stride_wn, stride_wk, stride_wsn,
+                      BLOCK_K: tl.constexpr, MX_GROUP: tl.constexpr, MX_BF16_SHIFT: tl.constexpr, PTX: tl.constexpr):
+    """mxfp4 with the operands swapped: acc_t [BLOCK_N, BLOCK_M] += W[wrows, k0:k0+BLOCK_K] @ A^T, with a_t, a2_t
+    [BLOCK_K/2, BLOCK_M] the even-k and odd-k halves of A transposed. The decoded weights are the MMA's first
+    operand (wgmma where BLOCK_N >= 64) and the activation tile the second; the row's 4 e8m0 bytes of the K step
+    are one int32 load (the caller guarantees 4-byte aligned rows and K % BLOCK_K == 0), applied in the decode."""
     offs_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     p = tl.load(w_base + wrows[:, None] * stride_wn + offs_kp[None, :] * stride_wk,
                 mask=wrow_mask[:, None] & (offs_kp[None, :] < KP))  # zero fill: cp.async, no select
-    if FMT == 2:
-        lo, hi = _int4_halves(p, a_t.dtype, PTX, 2)
-        d = tl.dot(lo, a_t)
-        d = tl.dot(hi, a2_t, d)
-        acc_t += d * ws_pre[:, None]
-    else:
-        sw = tl.load((ws_base + wrows * stride_wsn + k0 // MX_GROUP).to(tl.pointer_type(tl.int32)),
-                     mask=wrow_mask, other=0)
-        lo, hi = _e2m1_scaled_halves(p, sw, a_t.dtype, BLOCK_K, MX_GROUP, MX_BF16_SHIFT, PTX)
-        acc_t = tl.dot(lo, a_t, acc_t)
-        acc_t = tl.dot(hi, a2_t, acc_t)
-    return acc_t
+    sw = tl.load((ws_base + wrows * stride_wsn + k0 // MX_GROUP).to(tl.pointer_type(tl.int32)), mask=wrow_mask,
+                 other=0)
+    lo, hi = _e2m1_scaled_halves(p, sw, a_t.dtype, BLOCK_K, MX_GROUP, MX_BF16_SHIFT, PTX)
+    acc_t = tl.dot(lo, a_t, acc_t)
+    return tl.dot(hi, a2_t, acc_t)
 
 
 @triton.jit
@@ -344,7 +212,7 @@ def _expert_gemm_kernel(
     w_base = w_ptr + expert * stride_we
     ws_base = ws_ptr + expert * stride_wse
 
-    if SWAP_AB:  # the 4-bit formats with the weights as the MMA's first operand: acc^T = W @ A^T
+    if SWAP_AB:  # mxfp4 with the weights as the MMA's first operand: acc^T = W @ A^T
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
@@ -408,12 +276,11 @@ def _expert_gemm_kernel(
             if SWAP_AB:
                 a_t = tl.trans(a)
                 a2_t = tl.trans(a2)
-                acc = _dot_w_swapped(acc, a_t, a2_t, w_base, ws_base, ws_g, offs_n, n_mask, k0, KP, stride_wn,
-                                     stride_wk, stride_wsn, FMT, BLOCK_K, MX_GROUP, MX_BF16_SHIFT, PTX)
+                acc = _dot_w_mx_swapped(acc, a_t, a2_t, w_base, ws_base, offs_n, n_mask, k0, KP, stride_wn,
+                                        stride_wk, stride_wsn, BLOCK_K, MX_GROUP, MX_BF16_SHIFT, PTX)
                 if GATED:
-                    acc_up = _dot_w_swapped(acc_up, a_t, a2_t, w_base, ws_base, ws_u, N + offs_n, n_mask, k0, KP,
-                                            stride_wn, stride_wk, stride_wsn, FMT, BLOCK_K, MX_GROUP, MX_BF16_SHIFT,
-                                            PTX)
+                    acc_up = _dot_w_mx_swapped(acc_up, a_t, a2_t, w_base, ws_base, N + offs_n, n_mask, k0, KP,
+                                               stride_wn, stride_wk, stride_wsn, BLOCK_K, MX_GROUP, MX_BF16_SHIFT, PTX)
             else:
                 acc = _dot_w(acc, a, a2, w_base, ws_base, ws_g, offs_n, n_mask, k0, K, KP, stride_wn, stride_wk,
                              stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP, PTX)
@@ -425,7 +292,7 @@ def _expert_gemm_kernel(
     if SWAP_AB:
         acc = tl.trans(acc)
         acc_up = tl.trans(acc_up)
-        if FMT == 3 and MX_BF16_SHIFT > 0:  # the bf16 decode's 2^-MX_BF16_SHIFT (exact: a power of two)
+        if MX_BF16_SHIFT > 0:  # the bf16 decode's 2^-MX_BF16_SHIFT (exact: a power of two)
             acc = acc * (2.0 ** MX_BF16_SHIFT)
             acc_up = acc_up * (2.0 ** MX_BF16_SHIFT)
     out_mask = row_mask[:, None] & n_mask[None, :]
@@ -461,12 +328,10 @@ def _a_fmt(dtype: torch.dtype) -> str:
     return "bf16" if dtype == torch.bfloat16 else "fp16"
 
 
-def swap_ab_supported(kfmt: int, w_scale: torch.Tensor, k: int, block_k: int) -> bool:
-    """Whether the swapped 4-bit form (`_dot_w_swapped`) can run: always for int4; for mxfp4 only where the scale
-    rows are whole K steps of 4-byte aligned words (K % BLOCK_K == 0, word-aligned strides and base), which it
-    loads as int32. Elsewhere the launch keeps the unswapped form."""
-    if kfmt == 2:
-        return True
+def mx_swap_supported(w_scale: torch.Tensor, k: int, block_k: int) -> bool:
+    """Whether mxfp4 can run swapped (`_dot_w_mx_swapped`): its scale rows must be whole K steps of 4-byte aligned
+    words (K % BLOCK_K == 0, word-aligned strides and base), which it loads as int32; every model shape is.
+    Elsewhere the launch keeps the unswapped form."""
     words = block_k // MX_GROUP
     return (k % block_k == 0 and w_scale.stride(2) == 1 and w_scale.stride(1) % words == 0
             and w_scale.stride(0) % words == 0 and w_scale.data_ptr() % 4 == 0)
@@ -490,7 +355,7 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
     zblock = 0 if zero is None else max(16, triton.next_power_of_2(triton.cdiv(zero.numel(), max(1, programs))))
     a_s_strides = (a_scale.stride(0), a_scale.stride(1)) if kfmt == 1 and not a_quant else (0, 0)
     ws_strides = (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2)) if w_scale.dim() == 3 else (0, 0, 0)
-    swap = bool(cfg.get("SWAP_AB", False)) and kfmt in (2, 3) and swap_ab_supported(kfmt, w_scale, k, cfg["BLOCK_K"])
+    swap = bool(cfg.get("SWAP_AB", False)) and kfmt == 3 and mx_swap_supported(w_scale, k, cfg["BLOCK_K"])
     _expert_gemm_kernel[(programs,)](
         a, a_scale, w, w_scale, out, topk_w,
         sorted_ids, sorted_ids if edge_tiles else block_expert, sorted_ids if edge_tiles else num_padded,

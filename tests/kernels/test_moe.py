@@ -28,7 +28,8 @@ from zoe_kernels.moe.formats import (  # noqa: E402
     dequantize_weights,
     quantize_act_fp8_torch,
 )
-from zoe_kernels.moe.grouped_gemm import MX_BF16_SHIFT, _e2m1_scaled_halves, _int4_halves, swap_ab_supported  # noqa: E402
+from zoe_kernels.moe.dot_decode import MX_BF16_SHIFT, _e2m1_scaled_halves, _int4_halves  # noqa: E402
+from zoe_kernels.moe.grouped_gemm import mx_swap_supported  # noqa: E402
 from zoe_kernels.moe.reference import fused_moe_reference  # noqa: E402
 from zoe_kernels.platform import has_native_mx  # noqa: E402
 
@@ -274,7 +275,7 @@ def _decode_int4_bytes(p_ptr, lo_ptr, hi_ptr, PTX: tl.constexpr):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16, torch.float32],
                          ids=str)
 def test_dot_path_int4_decode_every_byte_exactly(dtype):
-    """The tl.dot path's int4 decode (`grouped_gemm._int4_halves`) on all 256 byte values: both nibbles u - 8,
+    """The tl.dot path's int4 decode (`dot_decode._int4_halves`) on all 256 byte values: both nibbles u - 8,
     exact in the activations' dtype; on a GPU the PTX decode (magic-number or, paired fma) and the portable one."""
     p = torch.arange(256, dtype=torch.int32).to(torch.uint8).to(DEVICE)
     want = torch.stack([p.long().cpu() & 0xF, p.long().cpu() >> 4]).float() - 8.0
@@ -298,7 +299,7 @@ def _decode_e2m1_scaled(p_ptr, sw_ptr, lo_ptr, hi_ptr, MX_BF16_SHIFT: tl.constex
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16, torch.float32],
                          ids=str)
 def test_dot_path_e2m1_scaled_decode_exactly(dtype):
-    """The swapped path's mxfp4 decode (`grouped_gemm._e2m1_scaled_halves`): every byte value under scale bytes
+    """The swapped path's mxfp4 decode (`dot_decode._e2m1_scaled_halves`): every byte value under scale bytes
     spread over the range it supports, each 32-k group of a row with its own byte of the row's word; the bf16
     decode carries 2^-MX_BF16_SHIFT (the accumulator takes it back), exact; on a GPU the PTX decode too."""
     gen = torch.Generator().manual_seed(7)
@@ -320,31 +321,23 @@ def test_dot_path_e2m1_scaled_decode_exactly(dtype):
         assert torch.equal(lo.float().cpu(), want[0]) and torch.equal(hi.float().cpu(), want[1]), ptx
 
 
-@pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
-def test_dot_m1_swapped_operands(fmt, monkeypatch):
-    """The M=1 mode with the 4-bit operands swapped (`config.SWAP_AB_4BIT`, weights as the MMA's first operand):
-    I and H whole K steps (mxfp4's scale words) and I off them (mxfp4's stage 2 then runs unswapped), top-k 4
-    with stage 2 split along K, an invalid id, NaN-poisoned scratch."""
+@pytest.mark.parametrize("swap", [True, False])
+def test_dot_path_mxfp4_swapped_operands(swap, monkeypatch):
+    """mxfp4 on 16-row tiles with the operands swapped (`config.SWAP_AB_TILES16`: weights as the MMA's first
+    operand, scale words) and not: H and I whole K steps (both stages swapped), I off them (stage 2 falls back to
+    the unswapped form), an invalid id, top-k 4, NaN-poisoned scratch."""
     from zoe_kernels.moe import config
 
-    monkeypatch.setattr(config, "SWAP_AB_4BIT", True)
-    monkeypatch.setitem(config.DOT_M1_TILES, fmt, {1: (64, 4, 1, False), 2: (64, 4, 1, 2, False)})
-    monkeypatch.setattr(config, "DOT_M1_MIN_I", {})
-    monkeypatch.setattr(config, "DOT_M1_MIN_TOP_K", 1)
-    monkeypatch.setattr(config, "MIN_K_STEPS_PER_SPLIT", 1)
+    monkeypatch.setattr(config, "SWAP_AB_TILES16", {"mxfp4"} if swap else set())
     dtype = DTYPES[0]
-    for h, i in ((256, 256), (128, 200)):
-        x, w13, w2, tw, ti, kw = _problem(1, h, i, 8, 4, fmt, dtype, seed=zlib.crc32(f"swap{fmt}{i}".encode()))
+    for m, h, i in ((1, 256, 256), (5, 256, 128), (3, 128, 200)):
+        x, w13, w2, tw, ti, kw = _problem(m, h, i, 8, 4, "mxfp4", dtype, seed=zlib.crc32(f"swap{m}{i}".encode()))
         ti[0, 1] = -1
-        assert swap_ab_supported(2 if fmt == "w4a16" else 3, kw["w2_scale"], i, 128) == (fmt == "w4a16" or i == 256)
+        assert config.stage_config(m, 4, 8, i, h, "mxfp4", gated=True)["SWAP_AB"] == swap
+        assert mx_swap_supported(kw["w2_scale"], i, 128) == (i % 128 == 0)
         out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dot", **kw)
         assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
-        assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype)
-    # the align-based 16-row tiles swapped too (`config.SWAP_AB_4BIT_TILES16`), several tokens per expert
-    monkeypatch.setattr(config, "SWAP_AB_4BIT_TILES16", True)
-    x, w13, w2, tw, ti, kw = _problem(5, 256, 128, 4, 2, fmt, dtype, seed=zlib.crc32(f"swap16{fmt}".encode()))
-    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dot", **kw)
-    assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype)
+        assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol("mxfp4", dtype)
 
 
 @pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
