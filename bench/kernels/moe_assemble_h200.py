@@ -35,6 +35,8 @@ The "zoe" rows (fused_moe as dispatched) are derived from zoe_gemv / zoe_dot by 
   M 1..256 side by side) is in raw/ only.
 - run13 (bench/kernels/moe_4bit_dot_sweep.py): the 4-bit tl.dot path as committed after it (see main()); run12
   (an earlier tree of the same work, slower) is in raw/ only.
+- run15, run16 (the same script): every shape's 4-bit rows at M 1..256 as dispatched against torch._grouped_mm,
+  and mxfp4's swapped 16-row tiles (see main()).
 run5 (commit 12a6225, stage-2 sweep), run6 (commit f950d4a, the GPU tests of the GEMV path, 12 passed), run7
 (the byte-wise GEMV end to end) and run8 (the first word-wise sweep) are in raw/ only; run5 re-timed the dot
 path within 1-3 % of run4.
@@ -110,7 +112,7 @@ def main() -> None:
             rows.append(r)
     # run11 (bench/kernels/moe_fp8_m1_sweep.py --steps candidates): fp8 at M=1 with the committed M=1 mode of the
     # tl.dot path (`config.DOT_M1_TILES`); these rows replace the earlier fp8 zoe_dot rows at M=1.
-    from zoe_kernels.moe.config import DOT_M1_TILES
+    from zoe_kernels.moe.config import DOT_M1_TILES, use_gemv
 
     data = json.loads((RAW / "run11_fp8_m1_sweep.json").read_text())
     runs.append({"run": "run11", "code_commit": "95510dd + the M=1 candidate tiles of the script", "command":
@@ -160,6 +162,59 @@ def main() -> None:
     for r in rows:  # 4-bit dot rows of runs 1-4 timed the decode that run13's replaced (2-4x slower at M 8..256)
         if r["fmt"] in ("w4a16", "mxfp4") and r["provider"] == "zoe_dot" and r["run"] != "run13":
             r["committed_differs"] = "4-bit tl.dot path before run13 (byte loads, no pipelining): committed is faster"
+    # run15 / run16 (bench/kernels/moe_4bit_dot_sweep.py, this file's tree but for the swapped variants since
+    # removed): the 4-bit rows of GLM-5, the TP8 slice, Kimi-K2 and ZAYA1 at M 1..256 as fused_moe dispatches them
+    # ("dispatched": zoe_gemv or zoe_dot by `config.use_gemv`) beside torch._grouped_mm, DeepSeek-V3.2 at M=1 (and
+    # fp8's M=1 mode, the same-run reference), M 8..16 (run15) and M 64..512 (run16). mxfp4 zoe_dot on 16-row
+    # tiles is the committed swapped form (`config.SWAP_AB_TILES16`) only in run16's "swapped" variants; run15's
+    # unswapped mxfp4 dot rows (M 8, 16 on DeepSeek-V3.2, where dispatch takes the GEMV) carry committed_differs.
+    for run in ("run15", "run16"):
+        data = json.loads((RAW / f"{run}_4bit_dot_sweep.json").read_text())
+        runs.append({"run": run, "code_commit": "739e34d (the tree run15/run16 ran, swapped variants included)",
+                     **{k: data["meta"][k] for k in ("command", "date_utc", "torch", "triton")}})
+        for r in data["rows"]:
+            v, m, fmt, shape_name = r["variant"], r["M"], r["fmt"], r["shape"]
+            if r.get("rep", 0) != 0:
+                continue
+            shape = moe_bench.SHAPES[shape_name]
+            differs = None
+            if v == "gemv":
+                provider = "zoe_gemv"
+            elif v == "torch_grouped_mm":
+                provider = "torch_grouped_mm"
+            elif (v == "dot_m1" and fmt == "fp8") or (v == "dot_m1:fp8set" and fmt == "w4a16"):
+                provider = "zoe_dot"
+            elif v == "dot" and m > 1:
+                if fmt == "mxfp4" and run == "run16":
+                    continue  # run16 timed the committed (swapped) form beside it
+                provider = "zoe_dot"
+                if fmt == "mxfp4":
+                    differs = "mxfp4 unswapped; the committed 16-row tiles swap the operands (faster at M >= 64, run16)"
+            elif v == "dot/swapped" and m > 1:
+                if fmt != "mxfp4" or run != "run16":
+                    continue  # w4a16 swapped (slower), run15's mxfp4 swapped (the decode before the scale words)
+                provider = "zoe_dot"
+            elif v in ("dispatched", "dispatched/swapped"):
+                takes_dot = not use_gemv(m, shape["k"] + shape["shared"], shape["E"] + shape["shared"], fmt, shape["I"])
+                if v == "dispatched/swapped" and fmt != "mxfp4":
+                    continue
+                if v == "dispatched" and fmt == "mxfp4" and takes_dot:
+                    if run == "run16":
+                        continue
+                    differs = "mxfp4 unswapped; the committed 16-row tiles swap the operands (faster, run16)"
+                provider = "zoe_dot" if takes_dot else "zoe_gemv"
+            else:
+                continue
+            nbytes = r["floor_us"] * 1e-6 * moe_bench.READ_BW
+            unique = (nbytes - m * shape["H"] * 4) / moe_bench.bytes_per_expert(shape, fmt)
+            new = {"shape": shape_name, **{k: shape[k] for k in ("H", "I", "E", "k", "shared")}, "M": m, "fmt": fmt,
+                   "provider": provider, "unique_experts": round(unique, 2), "bytes": nbytes,
+                   "flops": moe_bench.roofline_us(shape, fmt, m, unique)[2], "floor_us": r["floor_us"],
+                   "device": r["device"], "median_us": r["median_us"], "pct_roofline": r["pct_roofline"], "run": run}
+            if differs:
+                new["committed_differs"] = differs
+            rows = [x for x in rows if (x["shape"], x["M"], x["fmt"], x["provider"]) != (shape_name, m, fmt, provider)]
+            rows.append(new)
     rows += moe_bench.dispatched_rows(rows)
     result = {
         "device": "NVIDIA H200",
