@@ -31,6 +31,23 @@ from triton.compiler import ASTSource  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 
 
+def _nvdisasm() -> str | None:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    return str(tool) if tool.exists() else None
+
+
+def _sass_instructions(cubin: bytes) -> int | None:
+    """Static SASS instruction count of the kernel (for loop-free kernels, the instructions each thread issues)."""
+    tool = _nvdisasm()
+    if not tool:
+        return None
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True).stdout  # code sections only
+    os.unlink(f.name)
+    return len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[@A-Z]", text))
+
+
 def _ptxas() -> str | None:
     bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     for name in ("ptxas-blackwell", "ptxas"):  # the newer one reads Triton 3.9's PTX version
@@ -67,7 +84,7 @@ def compile_one(label: str, fn, pointers: dict[str, str], constexprs: dict, num_
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=_aligned(fn, sig)),
                             target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
     row = {"kernel": label, "num_warps": num_warps, "num_stages": num_stages, "compile_s": round(time.time() - t0, 1),
-           "shared_bytes": kernel.metadata.shared,
+           "shared_bytes": kernel.metadata.shared, "sass_instructions": _sass_instructions(kernel.asm["cubin"]),
            "constexprs": {k: str(v) for k, v in constexprs.items()}}
     ptxas = _ptxas()
     if ptxas:
@@ -104,23 +121,30 @@ def main() -> None:
                                 dict(HAS_LO=True, **sampling, SLOTS=slots, TILE=4096), 16))
         if k == 512:
             rows.append(compile_one("topk_split_threshold", topk._split_threshold_kernel, ptrs,
-                                    dict(HAS_LO=False, **sampling, SLOTS=slots, HIST=True, PDL=False),
+                                    dict(HAS_LO=False, **sampling, SLOTS=slots, HIST=True, FLT=False,
+                                         PDL=False),
                                     topk.THRESHOLD_WARPS))
             # (tile, warps, one tile per program, 16-byte loads + inline-PTX stores, pdl, rows): 1024-entry tiles
-            # from MANY_ROWS rows; VEC is the CUDA default for one tile per program
-            for tile, warps, one, vec, pdl, b in ((2048, 4, True, True, True, 1), (2048, 4, True, False, True, 1),
-                                                  (2048, 4, False, False, False, 1), (1024, 4, True, True, False, 32),
-                                                  (1024, 4, True, False, False, 32)):
-                rows.append(compile_one(f"topk_split_filter tile={tile} one_tile={one} vec={vec} pdl={pdl}",
-                                        topk._split_filter_kernel, ptrs,
+            # from MANY_ROWS rows; VEC is the CUDA default for one tile per program; FLT (float compare, 8-byte
+            # candidate stores) both ways on the CUDA defaults
+            for tile, warps, one, vec, pdl, b, flt in (
+                    (2048, 4, True, True, True, 1, False), (2048, 4, True, True, True, 1, True),
+                    (2048, 4, True, False, True, 1, False), (2048, 4, False, False, False, 1, False),
+                    (1024, 4, True, True, False, 32, False), (1024, 4, True, True, False, 32, True),
+                    (1024, 4, True, False, False, 32, False)):
+                fptrs = {**ptrs, "cand_key_ptr": "*i64", "cand_pos_ptr": "*i64"} if flt else ptrs
+                rows.append(compile_one(f"topk_split_filter tile={tile} one_tile={one} vec={vec} pdl={pdl} "
+                                        f"hist={b == 1} flt={flt}", topk._split_filter_kernel, fptrs,
                                         dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.max_tiles(b),
-                                             TILE=tile, HIST=b == 1, ONE_TILE=one, VEC=vec, PDL=pdl),
+                                             TILE=tile, HIST=b == 1, ONE_TILE=one, VEC=vec, FLT=flt, PDL=pdl),
                                         warps, num_stages=1))
-        for pdl, b in ((False, 1), (True, 1), (False, 32)) if k == 512 else ((False, 1),):
-            rows.append(compile_one(f"topk_split_finish k={k} pdl={pdl} maxt={topk.max_tiles(b)}",
-                                    topk._split_finish_kernel, ptrs,
+        finishes = ((False, 1, False), (True, 1, False), (True, 1, True), (False, 32, False), (False, 32, True))
+        for pdl, b, flt in finishes if k == 512 else ((False, 1, False),):
+            fptrs = {**ptrs, "cand_key_ptr": "*i64", "cand_pos_ptr": "*i64"} if flt else ptrs
+            rows.append(compile_one(f"topk_split_finish k={k} pdl={pdl} maxt={topk.max_tiles(b)} flt={flt}",
+                                    topk._split_finish_kernel, fptrs,
                                     dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.max_tiles(b),
-                                         TILE=topk.split_tile(1 << 20, rows=b), HIST=b == 1, PDL=pdl),
+                                         TILE=topk.split_tile(1 << 20, rows=b), HIST=b == 1, FLT=flt, PDL=pdl),
                                     min(16, topk.FINISH_WARPS * slots // 4096)))
     iptrs = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "k_ptr": "*fp8e4nv", "k_scale_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}

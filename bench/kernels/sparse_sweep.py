@@ -51,25 +51,20 @@ def _save() -> None:
 # default since) against run 12's default. Run 15-topk (raw/sparse_sweep_run15-topk.json) timed the finish's search
 # started from a histogram of the candidates (now the default up to 2M entries) and the taken candidates placed
 # with tl.gather (the default since), each alone and both against run 14's default, and 1-2-warp filter programs.
-# Run 16-topk: smaller filter programs (1-2 warps, 256-1024-entry tiles, more segments per row), no histogram.
-NO_HIST = dict(_hist_max=0)
-SMALL = dict(_max_tiles=2048, _filter_programs=1 << 17)  # up to 4096 segments and 131072 programs at >= 8 rows
-B1_VARIANTS = [("default", {}), ("no hist", NO_HIST)]
-MANY_VARIANTS = [("default", {}), ("tile=512 1 warp", dict(tile=512, num_warps=1, **SMALL)),
-                 ("tile=512 2 warps", dict(tile=512, num_warps=2, **SMALL)),
-                 ("tile=256 1 warp", dict(tile=256, num_warps=1, **SMALL)),
-                 ("tile=256 2 warps", dict(tile=256, num_warps=2, **SMALL)),
-                 ("tile=1024 2 warps", dict(num_warps=2))]
-TOPK_VARIANTS = {(1, 65536): B1_VARIANTS, (1, 262144): B1_VARIANTS,
-                 (1, 1 << 20): B1_VARIANTS + [("tile=1024 2 warps", dict(tile=1024, num_warps=2, _max_tiles=1024)),
-                                              ("tile=512 1 warp", dict(tile=512, num_warps=1, _max_tiles=2048))],
-                 (8, 262144): MANY_VARIANTS + [("hist", dict(_hist_max=1 << 30))],
-                 (32, 1 << 20): MANY_VARIANTS}
+# Run 16-topk: smaller filter programs (1-2 warps, 256-1024-entry tiles, more segments per row), no histogram
+# (all slower; raw/sparse_sweep_run16-topk.json). Run 17-topk: the filter comparing floats against the threshold's
+# float with (bits, position) 8-byte stores and NaN-padded tiles (the default from FLOAT_FILTER_MIN_ROWS = 8 rows
+# since: faster at B=8 and B=32, not at B=1) against run 16's default (integer keys, "int keys"), each timed twice
+# at the two 1M shapes; run 17 had the float filter on at every shape ("default" in its JSON).
+INT_KEYS = dict(_flt_min_rows=1 << 30)
+PAIR = [("default", {}), ("int keys", INT_KEYS)]
+TOPK_VARIANTS = {(1, 65536): PAIR, (1, 262144): PAIR, (1, 1 << 20): PAIR + PAIR, (8, 262144): PAIR,
+                 (32, 1 << 20): PAIR + PAIR}
 TOPK_SHAPES = [(1, 4096, "randn"), (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "randn"),
                (1, 1 << 20, "recent"), (8, 262144, "randn"), (32, 1 << 20, "randn")]
 LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS", "_vec": "VECTOR_LOADS",
                     "_hist_max": "HISTOGRAM_MAX_ENTRIES", "_max_tiles": "MAX_TILES",
-                    "_filter_programs": "FILTER_PROGRAMS"}
+                    "_filter_programs": "FILTER_PROGRAMS", "_flt_min_rows": "FLOAT_FILTER_MIN_ROWS"}
 
 
 def _call(scores, lengths, k, cfg):
@@ -94,7 +89,8 @@ def _time_threshold_alone(scores, lengths, k, shape) -> None:
     hist = torch.empty((rows, slots), dtype=torch.int32, device="cuda")
     launch = lambda: tk._split_threshold_kernel[(rows,)](  # noqa: E731
         scores, lengths, lengths, thresh, fill, hist, n, scores.stride(0), k, HAS_LO=False, S=tk.SAMPLE,
-        SB=tk.SAMPLE_BLOCK, MARGIN_=tk.MARGIN, SLOTS=slots, HIST=rows * n <= tk.HISTOGRAM_MAX_ENTRIES, PDL=False,
+        SB=tk.SAMPLE_BLOCK, MARGIN_=tk.MARGIN, SLOTS=slots, HIST=rows * n <= tk.HISTOGRAM_MAX_ENTRIES,
+        FLT=rows >= tk.FLOAT_FILTER_MIN_ROWS, PDL=False,
         num_warps=tk.THRESHOLD_WARPS)
     launch()
     us = sb.median_us(launch, graph=True, rep_ms=30)

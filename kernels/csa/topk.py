@@ -6,7 +6,7 @@ seed table A3) and the DSA indexer's top 2048 (`zoe_kernels.dsa.indexer_topk`).
 Selection rule (deterministic ties): a row's selected set is the k largest entries ordered by
 (value descending, position ascending): among equal values the lower position wins. The indices are
 returned in ascending position order (not by value), followed by -1 padding when a row has fewer than
-k valid entries. NaN scores are not supported; -inf is a valid score.
+k valid entries. NaN scores are not supported; -inf is a valid score; -0.0 ranks under +0.0 (the keys' order).
 
 Method "sample" (no sorting network anywhere, so compiles stay short):
 1. threshold: read a fixed sample of S entries of the row (S/SB aligned blocks of SB contiguous entries
@@ -17,7 +17,8 @@ Method "sample" (no sorting network anywhere, so compiles stay short):
 2. filter: every entry with key >= T is a candidate. Each tile of TILE entries counts its candidates,
    reserves that many consecutive slots of the row's SLOTS with one atomic add, and writes (key, position)
    there in position order (a cumsum per tile): one segment per tile. Up to HISTOGRAM_MAX_ENTRIES entries in all
-   it also counts each candidate in a histogram of SLOTS bins above T.
+   it also counts each candidate in a histogram of SLOTS bins above T. From FLOAT_FILTER_MIN_ROWS rows the split
+   filter compares the floats themselves against T's float (`_key_float`) and writes (bits, position) pairs.
 3. finish: over the candidate slots, the same search, started from T (or from the histogram's bin that holds
    the kk-th largest), finds a bound exactly kk candidates reach (taken whole) or else the exact kk-th largest
    value v*; everything above v* is taken, and among entries equal to v* the lowest positions (a binary search
@@ -59,7 +60,7 @@ import triton
 import triton.language as tl
 
 from zoe_kernels.csa.radix_select import RADIX_BINS, _chunk_topk_kernel, _radix_topk_range
-from zoe_kernels.csa.topk_search import MIN32, _rank_bound, _select, _signed_key, _unsigned
+from zoe_kernels.csa.topk_search import MIN32, _bits_key, _key_float, _rank_bound, _select, _signed_key, _unsigned
 from zoe_kernels.platform import has_ptx
 
 try:  # programmatic dependent launch (Hopper and later); absent from older Triton releases
@@ -100,6 +101,13 @@ PDL_MAX_ROWS = 1
 # against 69.8: there the filter is bound by instruction issue (~45 SASS instructions per entry, ~3 per cycle per
 # multiprocessor) and the histogram's adds cost ~100 more per thread
 HISTOGRAM_MAX_ENTRIES = 1 << 21
+# from this many rows the split filter compares the floats against the threshold's float (`_key_float`; the
+# threshold launch lowers a threshold key of +0.0 to -0.0's, which has one), pads partial tiles with NaN (never
+# taken: no length check) and writes (float bits, position) as one 8-byte store; the finish converts the bits to
+# keys. sm_90a SASS of the B=32 filter 1427 instructions against 1621; H200 run17-topk: B=32 x 1M 63.9/64.0 against
+# 69.5/69.5 us, B=8 x 256K 20.1 against 20.5; not at one row: 1M 17.5/17.5 against 17.4/17.4, 256K 13.1 against
+# 12.9, 64K 17.4 against 17.1 (the finish's 8-byte loads and key conversion)
+FLOAT_FILTER_MIN_ROWS = MANY_ROWS
 
 
 @triton.jit
@@ -200,9 +208,11 @@ def _topk_row_kernel(val_ptr, lo_ptr, hi_ptr, cand_key_ptr, cand_pos_ptr, out_pt
 @triton.jit
 def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, n_cols, stride_row, K,
                             HAS_LO: tl.constexpr, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr,
-                            SLOTS: tl.constexpr, HIST: tl.constexpr, PDL: tl.constexpr):
+                            SLOTS: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr):
     """Program per row: the threshold (thresh[row, 0]), and the row's count of filled slots reset for the filter
-    launch. HIST: also the histogram's bin width 2^shift (thresh[row, 1]: the sampled keys from the threshold to
+    launch. FLT (the float filter): a threshold of +0.0 (key 0, which no float compare matches) becomes -0.0 (key
+    -1): a lower threshold only adds candidates (the -0.0 entries), and the finish then skips the exact-row
+    shortcut. HIST: also the histogram's bin width 2^shift (thresh[row, 1]: the sampled keys from the threshold to
     their maximum span under SLOTS / 2 bins) and its SLOTS bins zeroed. PDL: the filter launch may start at once
     (it waits for this grid before reading what it writes)."""
     row = tl.program_id(0)
@@ -211,6 +221,8 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
     thresh, top = _sample_threshold(row_val, lo, hi - lo, K, S, SB, MARGIN_)
+    if FLT:
+        thresh = tl.where(thresh == 0, -1, thresh)
     tl.store(thresh_ptr + row * 2, thresh)
     tl.store(fill_ptr + row, 0)
     if HIST:
@@ -225,7 +237,7 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_
 @triton.jit
 def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr,
                 out_ptr, n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr, PDL: tl.constexpr):
+                MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr):
     """Step 3 for one row: selects among the row's candidate segments (one per tile) and writes the top k in
     position order. Reads what other programs wrote (after the launch boundary), through L2 (`.cg`).
 
@@ -233,7 +245,8 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
     segment) = before[t] + E[i] - E[first[t]], with E the exclusive cumsum of `take` in slot order, read at the
     segments' ends, and before[t] at each candidate's tile, by `tl.gather` in registers (H200 run15-topk: B=1 x 1M
     18.1 against 19.8 us, 64K 18.3 against 19.5, B=8 x 256K 20.8 against 21.8, B=32 x 1M 69.8 against 70.8 for
-    global stores and loads: three round trips through L2)."""
+    global stores and loads: three round trips through L2). FLT: the slots hold (float bits, position) pairs,
+    int64 in cand_key_ptr."""
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
     out_row = out_ptr + row.to(tl.int64) * K
@@ -248,8 +261,16 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
         r = tl.arange(0, SLOTS)
         ok = r < total
         # unmasked (16-byte) loads of all SLOTS: the slots past `total` hold garbage, never used
-        key = tl.where(ok, tl.load(cand_key_ptr + base_row + r, cache_modifier=".cg"), MIN32)
-        pos = tl.load(cand_pos_ptr + base_row + r, cache_modifier=".cg")
+        thresh = tl.load(thresh_ptr + row * 2)
+        exact = hi - lo <= S
+        if FLT:
+            pair = tl.load(cand_key_ptr + base_row + r, cache_modifier=".cg")
+            key = tl.where(ok, _bits_key(pair.to(tl.int32)), MIN32)
+            pos = (pair >> 32).to(tl.int32)
+            exact = exact & (thresh != -1)  # -1 may be a lowered +0.0 (see _split_threshold_kernel)
+        else:
+            key = tl.where(ok, tl.load(cand_key_ptr + base_row + r, cache_modifier=".cg"), MIN32)
+            pos = tl.load(cand_pos_ptr + base_row + r, cache_modifier=".cg")
         c = tl.arange(0, MAXT)
         n_tiles = tl.cdiv(hi - lo, TILE)
         seg = seg_ptr + (row * MAXT + c) * 2
@@ -258,8 +279,7 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
         hist = 0
         if HIST:
             hist = tl.load(hist_ptr + base_row + r, cache_modifier=".cg")
-        take = _select(key, pos, total, kk, tl.load(thresh_ptr + row * 2), hi - lo <= S, hist,
-                       tl.load(thresh_ptr + row * 2 + 1), False, HIST)
+        take = _select(key, pos, total, kk, thresh, exact, hist, tl.load(thresh_ptr + row * 2 + 1), False, HIST)
         take_i = take.to(tl.int32)
         excl = tl.cumsum(take_i, axis=0) - take_i
         has = (c < n_tiles) & (cnt > 0)  # (every segment ends inside the SLOTS here: total <= SLOTS)
@@ -272,15 +292,15 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
 
 
 @triton.jit
-def _load_tile(row_val, start, n, TILE: tl.constexpr):
-    """row_val[start : start + TILE] (0.0 past n): a full tile without a mask, so the loads are 16 bytes wide
-    (a masked load of unknown alignment compiles to one 4-byte load per entry)."""
+def _load_tile(row_val, start, n, TILE: tl.constexpr, FLT: tl.constexpr):
+    """row_val[start : start + TILE] (past n: 0.0, FLT NaN): a full tile without a mask, so the loads are 16 bytes
+    wide (a masked load of unknown alignment compiles to one 4-byte load per entry)."""
     start = tl.multiple_of(start, TILE)
     offs = start + tl.arange(0, TILE)
     if start + TILE <= n:
         x = tl.load(row_val + offs)
     else:
-        x = tl.load(row_val + offs, mask=offs < n, other=0.0)
+        x = tl.load(row_val + offs, mask=offs < n, other=float("nan") if FLT else 0.0)
     return x
 
 
@@ -295,6 +315,15 @@ def _store_scattered(ptr, val, mask):
 
 
 @triton.jit
+def _store_pair_scattered(ptr, lo, hi, mask):
+    """ptr[i] = (lo[i], hi[i]) (two int32 as one 8-byte store, lo at the lower address) where mask[i], as inline
+    PTX in the producer's layout (CUDA only; see `_store_scattered`)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $4, 0; @p st.global.v2.b32 [$1], {$2, $3}; mov.b32 $0, 0; }",
+        "=r,l,r,r,r", [ptr, lo, hi, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _add_one_scattered(ptr, mask):
     """ptr[i] += 1 where mask[i] (a fire-and-forget `red`), as inline PTX in the producer's layout (CUDA only;
     see `_store_scattered`)."""
@@ -305,14 +334,18 @@ def _add_one_scattered(ptr, mask):
 
 @triton.jit
 def _filter_tile(x, offs, t, n, thresh, shift, fill, cand_key, cand_pos, seg, hist, SLOTS: tl.constexpr,
-                 TILE: tl.constexpr, HIST: tl.constexpr, VEC: tl.constexpr):
+                 TILE: tl.constexpr, HIST: tl.constexpr, VEC: tl.constexpr, FLT: tl.constexpr):
     """Step 2 for tile t (entries x at positions offs, the same layout as x's load: no conversion): reserve
     slots for its candidates (one atomic add), write them in position order, record the segment (first slot,
     count) in seg[t]. HIST: count each candidate in its bin of the row's histogram (key >> shift from the
     threshold's, the last bin open above; see `_histogram_start`). VEC: the stores (and the histogram's adds)
-    as inline PTX in x's layout (`_store_scattered`)."""
-    key = _signed_key(x)
-    take = (offs < n) & (key >= thresh)
+    as inline PTX in x's layout (`_store_scattered`). FLT: x holds NaN past n; floats compared against the
+    threshold's float, (float bits, position) written as one 8-byte store to cand_key (int64 slots)."""
+    if FLT:
+        take = x >= _key_float(thresh)  # NaN past n: never taken
+    else:
+        key = _signed_key(x)
+        take = (offs < n) & (key >= thresh)
     take_i = take.to(tl.int32)
     count = tl.sum(take_i, axis=0)
     first = tl.zeros([], tl.int32)
@@ -320,13 +353,22 @@ def _filter_tile(x, offs, t, n, thresh, shift, fill, cand_key, cand_pos, seg, hi
         first = tl.atomic_add(fill, count, sem="relaxed")
         slot = first + tl.cumsum(take_i, axis=0) - take_i
         keep = take & (slot < SLOTS)
-        if VEC:
+        if FLT:
+            bits = x.to(tl.int32, bitcast=True)
+            if VEC:
+                _store_pair_scattered(cand_key + slot, bits, offs, keep)
+            else:
+                pair = (offs.to(tl.int64) << 32) | (bits.to(tl.int64) & 0xFFFFFFFF)
+                tl.store(cand_key + slot, pair, mask=keep)
+        elif VEC:
             _store_scattered(cand_key + slot, key, keep)
             _store_scattered(cand_pos + slot, offs, keep)
         else:
             tl.store(cand_key + slot, key, mask=keep)
             tl.store(cand_pos + slot, offs, mask=keep)
         if HIST:  # min before the difference: no overflow for keys far above the sample's maximum
+            if FLT:
+                key = _signed_key(x)
             base = thresh >> shift
             b = tl.minimum(key >> shift, base + (SLOTS - 1)) - base
             if VEC:
@@ -342,7 +384,7 @@ def _filter_tile(x, offs, t, n, thresh, shift, fill, cand_key, cand_pos, seg, hi
 def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr,
                          seg_ptr, out_ptr, n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr,
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr,
-                         ONE_TILE: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr):
+                         ONE_TILE: tl.constexpr, VEC: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr):
     """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: count its candidates, reserve that
     many consecutive slots with one atomic add (each tile is one segment, in position order inside), write
     them, record the segment (first slot, count) in seg[row, tile]. The next tile's load is issued before the
@@ -364,28 +406,28 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
         # and inline-PTX stores in their layout (run14-topk: 71.0 against 97.5 us)
         if VEC:
             offs = p * TILE + tl.arange(0, TILE)
-            x = _load_tile(row_val, p * TILE, n, TILE)
+            x = _load_tile(row_val, p * TILE, n, TILE, FLT)
         else:
             offs = tl.minimum(p * TILE, n) + tl.arange(0, TILE)
-            x = tl.load(row_val + offs, mask=offs < n, other=0.0)
+            x = tl.load(row_val + offs, mask=offs < n, other=float("nan") if FLT else 0.0)
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
         _filter_tile(x, offs, p, n, tl.load(thresh_ptr + row * 2), tl.load(thresh_ptr + row * 2 + 1), fill_ptr + row,
                      cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, hist_ptr + base_row,
-                     SLOTS, TILE, HIST, VEC)
+                     SLOTS, TILE, HIST, VEC, FLT)
     else:
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
         thresh = tl.load(thresh_ptr + row * 2)
         shift = tl.load(thresh_ptr + row * 2 + 1)
-        x = _load_tile(row_val, p * TILE, n, TILE)
+        x = _load_tile(row_val, p * TILE, n, TILE, FLT)
         for t in range(p, tl.cdiv(n, TILE), P):
-            x_next = _load_tile(row_val, (t + P) * TILE, n, TILE)
+            x_next = _load_tile(row_val, (t + P) * TILE, n, TILE, FLT)
             _filter_tile(x, t * TILE + tl.arange(0, TILE), t, n, thresh, shift, fill_ptr + row,
                          cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2,
-                         hist_ptr + base_row, SLOTS, TILE, HIST, VEC)
+                         hist_ptr + base_row, SLOTS, TILE, HIST, VEC, FLT)
             x = x_next
 
 
@@ -393,10 +435,10 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
 def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr,
                          seg_ptr, out_ptr, n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr,
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr,
-                         PDL: tl.constexpr):
+                         FLT: tl.constexpr, PDL: tl.constexpr):
     """Program per row: the finish (step 3)."""
     _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, HIST, PDL)
+                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, PDL)
 
 
 def max_tiles(rows: int) -> int:
@@ -525,16 +567,20 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     maxt = max_tiles(rows)
     thresh = torch.empty((rows, 2), dtype=torch.int32, device=dev)  # threshold key, histogram bin shift
     fill = torch.empty((rows,), dtype=torch.int32, device=dev)  # slots filled: zeroed by the threshold launch
-    cand_key = torch.empty((rows, slots), dtype=torch.int32, device=dev)
-    cand_pos = torch.empty((rows, slots), dtype=torch.int32, device=dev)
+    flt = rows >= FLOAT_FILTER_MIN_ROWS
+    if flt:  # (float bits, position) pairs
+        cand_key = cand_pos = torch.empty((rows, slots), dtype=torch.int64, device=dev)
+    else:
+        cand_key = torch.empty((rows, slots), dtype=torch.int32, device=dev)
+        cand_pos = torch.empty((rows, slots), dtype=torch.int32, device=dev)
     seg = torch.empty((rows, maxt, 2), dtype=torch.int32, device=dev)
     with_hist = rows * n <= HISTOGRAM_MAX_ENTRIES
     hist = torch.empty((rows, slots) if with_hist else (1,), dtype=torch.int32, device=dev)  # zeroed there too
     bufs = (thresh, fill, hist, cand_key, cand_pos, seg, out, n, scores.stride(0), k)
-    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=maxt, TILE=tile, HIST=with_hist, PDL=pdl)
+    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=maxt, TILE=tile, HIST=with_hist, FLT=flt, PDL=pdl)
     dependent = dict(launch_pdl=True) if pdl else {}  # the interpreter knows no such option
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, hist, n, scores.stride(0), k, **common,
-                                     **sampling, SLOTS=slots, HIST=with_hist, PDL=pdl,
+                                     **sampling, SLOTS=slots, HIST=with_hist, FLT=flt, PDL=pdl,
                                      num_warps=THRESHOLD_WARPS)
     one_tile = splits >= triton.cdiv(n, tile)
     # inline PTX: CUDA only; the programs taking several tiles were not timed with it

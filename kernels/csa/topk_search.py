@@ -23,11 +23,28 @@ import triton.language as tl
 MIN32 = tl.constexpr(-(2**31))  # an inline -2147483648 literal would be typed int64
 
 
+NEG_INF_KEY = tl.constexpr(-2139095041)  # _signed_key(-inf)
+
+
+@triton.jit
+def _bits_key(b):
+    """The bits of an fp32 (int32) -> int32 whose signed order is the float order (-inf < ... < -0.0 < +0.0 <
+    ... < +inf). Its own inverse: _bits_key(_bits_key(b)) == b."""
+    return b ^ ((b >> 31) & 0x7FFFFFFF)
+
+
 @triton.jit
 def _signed_key(x):
-    """fp32 -> int32 whose signed order is the float order (-inf < ... < +inf)."""
-    b = x.to(tl.int32, bitcast=True)
-    return b ^ ((b >> 31) & 0x7FFFFFFF)
+    """fp32 -> int32 whose signed order is the float order (-inf < ... < +inf; -0.0 under +0.0)."""
+    return _bits_key(x.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _key_float(key):
+    """A threshold key T (T != _signed_key(+0.0) = 0) as the fp32 f with x >= f exactly when _signed_key(x) >= T,
+    for every non-NaN x: for T > 0 and T < -1 the float of key T; T = -1 is -0.0 (x >= -0.0 takes both zeros,
+    whose keys are -1 and 0); under -inf's key, -inf. T = 0 has no such float (+0.0 would take -0.0 too)."""
+    return tl.where(key < NEG_INF_KEY, float("-inf"), _bits_key(key).to(tl.float32, bitcast=True))
 
 
 @triton.jit

@@ -152,6 +152,42 @@ def test_finish_histogram_start(case, hist, monkeypatch):
     assert torch.equal(out, topk_reference(scores, lengths, k))
 
 
+def _key_order_reference(scores: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
+    """topk_reference in the keys' order, where -0.0 ranks under +0.0 (float64: -0.0 as -1e-300, under every
+    float32 negative)."""
+    ranked = scores.double()
+    ranked[(scores == 0) & torch.signbit(scores)] = -1e-300
+    return topk_reference(ranked, lengths, k)
+
+
+@pytest.mark.parametrize("flt", [True, False])
+@pytest.mark.parametrize("case,sample", [("pos_zero_kth", 16384), ("pos_zero_kth", 1024), ("neg_zero_kth", 16384),
+                                         ("neg_zero_kth", 1024), ("mostly_neg_inf", 1024)])
+def test_signed_zeros_and_neg_inf_at_the_threshold(case, sample, flt, monkeypatch):
+    """The float filter (from FLOAT_FILTER_MIN_ROWS rows; forced on or off here) compares floats against the
+    threshold's float, where +0.0 == -0.0 but the keys rank -0.0 under +0.0: a threshold of +0.0 is lowered to
+    -0.0 (exact rows, 16384: the k-th largest itself; sampled rows, 1024: the sample's bound lands on it).
+    neg_zero_kth: the k-th largest is -0.0; mostly_neg_inf: the threshold key lies at or under -inf's (the float
+    -inf). Both filters, against the keys' order."""
+    monkeypatch.setattr(topk_module, "FLOAT_FILTER_MIN_ROWS", 1 if flt else 1 << 30)
+    gen = torch.Generator().manual_seed(hash((case, sample)) % 2**31)
+    n, k = 6000, 64
+    scores = -torch.rand(2, n, generator=gen) - 0.5
+    if case == "mostly_neg_inf":
+        scores[:, torch.randperm(n, generator=gen)[: n - 40]] = float("-inf")
+    else:
+        # pos: 30 positive, 1500 +0.0, 1470 -0.0; neg: 20 positive, 20 +0.0, 2960 -0.0 (-0.0 at the k-th place)
+        spots = torch.randperm(n, generator=gen)[:3000]
+        n_pos, n_plus = (30, 1500) if case == "pos_zero_kth" else (20, 20)
+        scores[:, spots[:n_pos]] = 1.0 + torch.rand(2, n_pos, generator=gen)
+        scores[:, spots[n_pos:n_pos + n_plus]] = 0.0
+        scores[:, spots[n_pos + n_plus:]] = -0.0
+    lengths = torch.tensor([n, n - 777])
+    poisoned = torch.full((2, k), 12345, dtype=torch.int32, device=DEVICE)
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=3, tile=BLOCK, sample=sample, out=poisoned).cpu()
+    assert torch.equal(out, _key_order_reference(scores, lengths, k))
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("case", ["overflow", "undershoot"])
 def test_threshold_misses_fall_back_to_exact_radix(case, splits):
