@@ -1,12 +1,14 @@
 """Builds bench/kernels/results/sparse_results.json from the H200 runs whose code is what the repository runs now.
 
 Each op's rows come from the last run that measured its current code (every row keeps its run and commit):
-- CSA top-K: every shape from run16-topk (commit 37b3641, sparse_sweep.py: its "default" rows are the default
-  now: the histogram-started finish search up to 2M entries, tl.gather placement); run 14's default (16-byte
+- CSA top-K: one-row shapes from run16-topk (commit 37b3641, sparse_sweep.py: its "default" rows are the default
+  there now: the histogram-started finish search up to 2M entries, tl.gather placement), B=8 and B=32 from
+  run17-topk (its "default": the float filter, the default from 8 rows now; "int keys": run 16's default, timed
+  beside it; the first of run 17's two timings at B=32); run 14's default (16-byte
   loads, the search from the threshold, placement through L2) as timed in run15-topk beside run 16's default's
   first version; run 14-topk's 4-byte loads (run 12's default) and run 12-topk's 2048-entry tiles at 8 and 32
   rows; run 9's rows of run 8's default without pdl at B=1, plus run 8's radix fallback (unchanged); runs
-  10-16-topk's other variants stay in their raw JSON;
+  10-17-topk's other variants stay in their raw JSON;
 - dual-scope decode: per batch, the run that timed today's default (runs run11-decode for B = 8, 32 and
   run16-decode for B = 1, 64, 128; sparse_decode_sweep.py, raw files in results/raw/), with the default it
   replaced timed beside it in the same run (run 16: runs 11-13's defaults);
@@ -51,8 +53,11 @@ TOPK_RUNS = [("12-topk", "raw/sparse_results_run12-topk.json", "ccd2ed4", RUN14[
               {"zoe default": "zoe run 12 default (4-byte loads)"}),
              ("15-topk", "raw/sparse_results_run15-topk.json", "cec9c4c + uncommitted top-K edits", ALL_TOPK[1:],
               {"zoe run14 default": "zoe run 14 default (16-byte loads)"}),
-             ("16-topk", "raw/sparse_results_run16-topk.json", "37b3641", ALL_TOPK,
-              {"torch.topk": "torch.topk", "zoe default": "zoe auto (default)"})]
+             ("16-topk", "raw/sparse_results_run16-topk.json", "37b3641", ALL_TOPK[:5],
+              {"torch.topk": "torch.topk", "zoe default": "zoe auto (default)"}),
+             ("17-topk", "raw/sparse_results_run17-topk.json", "788785e (timed uncommitted)", ALL_TOPK[5:],
+              {"torch.topk": "torch.topk", "zoe default": "zoe auto (default)",
+               "zoe int keys": "zoe run 16 default (integer keys)"})]
 RENAME = {"zoe BH=32 DV=512 BKV=32": "zoe BH=32 DV=512 BKV=32 (default from B=8)",  # run 4's labels
           "zoe default BH=64 DV=256 BKV=64": "zoe BH=64 DV=256 BKV=64",
           "zoe run 1 defaults": "zoe run 1 config, current kernel (default below B=8)",
@@ -67,15 +72,19 @@ PREVIOUS = [(9, "csa_topk", "zoe default", "zoe run 8 default (no pdl)"),
 
 
 def _topk_rows() -> list[dict]:
-    """The top-K rows of TOPK_RUNS that the code runs now, renamed (one row over 4096 entries: pdl)."""
+    """The top-K rows of TOPK_RUNS that the code runs now, renamed (one row over 4096 entries: pdl); of a
+    variant timed twice in one run, the first timing."""
     rows = []
+    taken = set()
     for run, name, commit, shapes, providers in TOPK_RUNS:
         for row in json.loads((RESULTS / name).read_text())["rows"]:
             if row.get("op") == "csa_topk" and row["shape"] in shapes and row["provider"] in providers:
                 provider = providers[row["provider"]]
                 if row["shape"] == "B=1 N=4096" and provider != "torch.topk":
                     provider = "zoe auto (default: radix)"
-                rows.append(dict(row, provider=provider, run=run, commit=commit))
+                if (run, row["shape"], provider) not in taken:
+                    taken.add((run, row["shape"], provider))
+                    rows.append(dict(row, provider=provider, run=run, commit=commit))
     order = ("B=1 N=4096", "B=1 N=65536", "B=1 N=262144", "B=1 N=1048576", "B=1 N=1048576 recent", "B=8 N=262144",
              "B=32 N=1048576")
     return sorted(rows, key=lambda r: order.index(r["shape"]))
@@ -109,7 +118,7 @@ def main() -> None:
             rows.append(dict(row, provider="zoe run 1 radix split + merge", run=1, commit=RUNS[1][1]))
     meta = dict(loaded[4]["meta"])
     meta.update(command="python bench/kernels/sparse_bench.py --out $OUT --skip-tests (runs 1, 3, 4; run 5: "
-                        "--sections topk; run 8: --sections topk,decode; runs 9, 12- and 14- to 16-topk: "
+                        "--sections topk; run 8: --sections topk,decode; runs 9, 12- and 14- to 17-topk: "
                         "python bench/kernels/sparse_sweep.py --sections topk; runs 11-decode and 16-decode: "
                         "python bench/kernels/sparse_decode_sweep.py --set run11 / --set run15 --batches 128,1,64), "
                         "assembled by "
