@@ -126,17 +126,20 @@ def main() -> None:
                                     topk.THRESHOLD_WARPS))
             # (tile, warps, one tile per program, 16-byte loads + inline-PTX stores, pdl, rows): 1024-entry tiles
             # from MANY_ROWS rows; VEC is the CUDA default for one tile per program; FLT (float compare, 8-byte
-            # candidate stores) both ways on the CUDA defaults
+            # candidate stores) both ways on the CUDA defaults; one-tile programs take HALF_SCAN (the halves'
+            # packed scan) as the launcher does
             for tile, warps, one, vec, pdl, b, flt in (
                     (2048, 4, True, True, True, 1, False), (2048, 4, True, True, True, 1, True),
                     (2048, 4, True, False, True, 1, False), (2048, 4, False, False, False, 1, False),
                     (1024, 4, True, True, False, 32, False), (1024, 4, True, True, False, 32, True),
                     (1024, 4, True, False, False, 32, False)):
                 fptrs = {**ptrs, "cand_key_ptr": "*i64", "cand_pos_ptr": "*i64"} if flt else ptrs
+                halves = topk.HALF_SCAN and one
                 rows.append(compile_one(f"topk_split_filter tile={tile} one_tile={one} vec={vec} pdl={pdl} "
-                                        f"hist={b == 1} flt={flt}", topk._split_filter_kernel, fptrs,
+                                        f"hist={b == 1} flt={flt} halves={halves}", topk._split_filter_kernel, fptrs,
                                         dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.max_tiles(b),
-                                             TILE=tile, HIST=b == 1, ONE_TILE=one, VEC=vec, FLT=flt, PDL=pdl),
+                                             TILE=tile, HIST=b == 1, ONE_TILE=one, VEC=vec, FLT=flt, PDL=pdl,
+                                             HALVES=halves),
                                         warps, num_stages=1))
         finishes = ((False, 1, False), (True, 1, False), (True, 1, True), (False, 32, False), (False, 32, True))
         for pdl, b, flt in finishes if k == 512 else ((False, 1, False),):

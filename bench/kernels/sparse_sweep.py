@@ -56,15 +56,23 @@ def _save() -> None:
 # float with (bits, position) 8-byte stores and NaN-padded tiles (the default from FLOAT_FILTER_MIN_ROWS = 8 rows
 # since: faster at B=8 and B=32, not at B=1) against run 16's default (integer keys, "int keys"), each timed twice
 # at the two 1M shapes; run 17 had the float filter on at every shape ("default" in its JSON).
-INT_KEYS = dict(_flt_min_rows=1 << 30)
-PAIR = [("default", {}), ("int keys", INT_KEYS)]
+# Run 18-topk (raw/sparse_sweep_run18-topk.json): the filter's halves counted as one packed int32 ("half scan",
+# HALF_SCAN: faster at every shape, the default since), dependent launches at B=8 and B=32 ("pdl": faster at 32 rows,
+# the default from PDL_MIN_ROWS = 32 since), warp segments (one per warp and tile half, reserved by the warp; slower,
+# removed) and 32 threshold warps (slower), each against run 17's default. Listed now: the defaults against what
+# they replaced ("one cumsum": HALF_SCAN off; at B=32 also without pdl, and without both: run 17's default).
+ONE_CUMSUM = dict(_half_scan=False)
+PAIR = [("default", {}), ("one cumsum", ONE_CUMSUM)]
+MANY = PAIR + [("no pdl", dict(pdl=False)), ("one cumsum, no pdl", {**ONE_CUMSUM, "pdl": False})]
 TOPK_VARIANTS = {(1, 65536): PAIR, (1, 262144): PAIR, (1, 1 << 20): PAIR + PAIR, (8, 262144): PAIR,
-                 (32, 1 << 20): PAIR + PAIR}
+                 (32, 1 << 20): MANY + MANY}
+# (run 18 left out 4096 entries and the recent row, whose code it did not change, to fit its device time)
 TOPK_SHAPES = [(1, 4096, "randn"), (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "randn"),
                (1, 1 << 20, "recent"), (8, 262144, "randn"), (32, 1 << 20, "randn")]
 LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS", "_vec": "VECTOR_LOADS",
                     "_hist_max": "HISTOGRAM_MAX_ENTRIES", "_max_tiles": "MAX_TILES",
-                    "_filter_programs": "FILTER_PROGRAMS", "_flt_min_rows": "FLOAT_FILTER_MIN_ROWS"}
+                    "_filter_programs": "FILTER_PROGRAMS", "_flt_min_rows": "FLOAT_FILTER_MIN_ROWS",
+                    "_half_scan": "HALF_SCAN"}
 
 
 def _call(scores, lengths, k, cfg):
@@ -80,8 +88,8 @@ def _call(scores, lengths, k, cfg):
             setattr(tk, name, value)
 
 
-def _time_threshold_alone(scores, lengths, k, shape) -> None:
-    """The first launch (sampled threshold) on its own: how much of the call it is."""
+def _time_threshold_alone(scores, lengths, k, shape, warps: int) -> None:
+    """The first launch (sampled threshold) on its own, at `warps` warps: how much of the call it is."""
     rows, n = scores.shape
     slots = max(4096, 8 * triton.next_power_of_2(k))
     thresh = torch.empty((rows, 2), dtype=torch.int32, device="cuda")
@@ -91,11 +99,12 @@ def _time_threshold_alone(scores, lengths, k, shape) -> None:
         scores, lengths, lengths, thresh, fill, hist, n, scores.stride(0), k, HAS_LO=False, S=tk.SAMPLE,
         SB=tk.SAMPLE_BLOCK, MARGIN_=tk.MARGIN, SLOTS=slots, HIST=rows * n <= tk.HISTOGRAM_MAX_ENTRIES,
         FLT=rows >= tk.FLOAT_FILTER_MIN_ROWS, PDL=False,
-        num_warps=tk.THRESHOLD_WARPS)
+        num_warps=warps)
     launch()
     us = sb.median_us(launch, graph=True, rep_ms=30)
-    ROWS.append(dict(op="topk", shape=shape, variant="threshold launch alone", median_us=us))
-    sb.log(f"topk {shape} threshold launch alone {us:8.1f} us")
+    name = "threshold launch alone" + ("" if warps == tk.THRESHOLD_WARPS else f" ({warps} warps)")
+    ROWS.append(dict(op="topk", shape=shape, variant=name, median_us=us))
+    sb.log(f"topk {shape} {name} {us:8.1f} us")
 
 
 def sweep_topk() -> None:
@@ -116,7 +125,7 @@ def sweep_topk() -> None:
                    gbps=b * n * 4 / base / 1e3, pct_roofline=100 * floor_us / base)
         sb.log(f"topk {shape:22s} {'torch.topk':24s} {base:8.1f} us")
         if (b, n) in ((1, 1 << 20), (32, 1 << 20)) and kind == "randn":
-            _time_threshold_alone(scores, lengths, k, shape)
+            _time_threshold_alone(scores, lengths, k, shape, tk.THRESHOLD_WARPS)  # run 18 also timed 32 warps
         variants = TOPK_VARIANTS.get((b, n), [("default", {})])
         for name, cfg in variants:
             t0 = time.time()

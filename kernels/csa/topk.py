@@ -40,15 +40,20 @@ as inline PTX in that layout (`VECTOR_LOADS`; H200 run14-topk: B=32 x 1M 71.0 ag
 last filter program of a row run the finish (two launches) measured slower on an H200 (run 8: B=1 x 1M 25.6
 against 21.4 us, B=32 245.6 against 104.2: the fused kernel's registers halve the resident filter programs)
 and was removed; `git show 3174776:kernels/csa/topk.py` has it.
-With pdl (default for one row on CUDA sm_90+) the filter and finish are programmatic dependent launches: they
-start while the launch before still runs (the filter issues its tile's load first), then wait for it
-(`gdc_wait`) before reading what it wrote; H200 run 9: B=1 x 1M 19.8 against 21.4 us.
+With pdl (default for one row and from 32 rows on CUDA sm_90+) the filter and finish are programmatic dependent
+launches: they start while the launch before still runs (the filter issues its tile's load first), then wait for
+it (`gdc_wait`) before reading what it wrote; H200 run 9: B=1 x 1M 19.8 against 21.4 us; run18-topk: B=32 x 1M
+62.1 against 64.4 us.
 Measured on the H200 and removed (runs 10-12-topk, bench/kernels/sparse_README.md): tiles writing their
 candidates to their own slots with a plain count instead of the atomic (slower at B=1, no faster at B=32), an
 interpolated finish search, register caps on the filter, tile loads that do not wait for the row's length,
 and programs streaming many tiles (manual prefetch or a cp.async pipeline); `git show ccd2ed4` has them. Smaller
 filter programs (1-2 warps, 256-1024-entry tiles: fewer instructions per entry, more tiles without candidates)
 measured slower (run16-topk: B=32 x 1M 70.5-101.2 against 69.3 us, B=8 x 256K 21.0-24.8 against 20.5).
+Run18-topk measured and removed: warp segments (each warp of a filter program reserving slots for its 128-entry
+share of the tile with its own atomic, no block barrier, 8 segments per tile for the finish): B=32 x 1M 80.9
+against 64.4 us, B=8 x 256K 26.2 against 20.2; and 32 threshold warps instead of 16 (B=32 x 1M 64.9 against 64.4,
+the launch alone 8.7 against 7.8; B=1 x 1M 18.6 against 17.7).
 """
 
 from __future__ import annotations
@@ -94,6 +99,9 @@ FINISH_WARPS = 8  # warps of a finish launch per 4096 candidate slots (16 slots 
 # by default for a single row only: H200 run 9, B=1 x 1M 19.8 against 21.4 us, 256K 14.5 against 16.0, but
 # B=8 x 256K 25.0 against 24.2 and B=32 x 1M 105.2 against 104.3
 PDL_MAX_ROWS = 1
+# and from this many rows: H200 run18-topk, B=32 x 1M 62.1/62.2 against 64.4/64.5 us (without HALF_SCAN; the two
+# together not timed), but B=8 x 256K still 21.6 against 20.2 (the filter's early programs wait holding slots)
+PDL_MIN_ROWS = 32
 # up to this many entries in all (rows x row width) the split filter counts its candidates in a histogram of SLOTS
 # bins above the threshold (bin width from the sampled keys' span) and the finish starts its search from the bin
 # holding the k-th largest (`_histogram_start`): H200 run15-topk, B=1 x 1M 17.6 against 18.1 us, recent 1M 16.4
@@ -108,6 +116,12 @@ HISTOGRAM_MAX_ENTRIES = 1 << 21
 # 69.5/69.5 us, B=8 x 256K 20.1 against 20.5; not at one row: 1M 17.5/17.5 against 17.4/17.4, 256K 13.1 against
 # 12.9, 64K 17.4 against 17.1 (the finish's 8-byte loads and key conversion)
 FLOAT_FILTER_MIN_ROWS = MANY_ROWS
+# one-tile filter programs take their tile as two halves [2, TILE // 2] and count the halves' candidates as one packed
+# int32 (16 bits each): the slots come from one scan chain instead of a cumsum's two (sm_90a SASS of the B=32 filter,
+# Triton 3.6: 312 instructions per thread against 336; B=1 at 2048-entry tiles 784 against 872). H200 run18-topk:
+# B=32 x 1M 63.8/63.8 against 64.4/64.5 us, B=8 x 256K 20.1 against 20.2, B=1 x 1M 17.6/17.7 against 17.7/17.7,
+# 256K 12.8 against 13.0, 64K 17.3 against 17.3
+HALF_SCAN = True
 
 
 @triton.jit
@@ -292,11 +306,22 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
 
 
 @triton.jit
-def _load_tile(row_val, start, n, TILE: tl.constexpr, FLT: tl.constexpr):
-    """row_val[start : start + TILE] (past n: 0.0, FLT NaN): a full tile without a mask, so the loads are 16 bytes
-    wide (a masked load of unknown alignment compiles to one 4-byte load per entry)."""
+def _tile_offsets(start, TILE: tl.constexpr, HALVES: tl.constexpr):
+    """Positions start .. start + TILE - 1, flat, or (HALVES) as [2, TILE // 2]: the tile's two halves as rows."""
+    if HALVES:
+        offs = start + tl.arange(0, 2)[:, None] * (TILE // 2) + tl.arange(0, TILE // 2)[None, :]
+    else:
+        offs = start + tl.arange(0, TILE)
+    return offs
+
+
+@triton.jit
+def _load_tile(row_val, start, n, TILE: tl.constexpr, FLT: tl.constexpr, HALVES: tl.constexpr = False):
+    """row_val[start : start + TILE] (past n: 0.0, FLT NaN; HALVES: as [2, TILE // 2]): a full tile without a
+    mask, so the loads are 16 bytes wide (a masked load of unknown alignment compiles to one 4-byte load per
+    entry)."""
     start = tl.multiple_of(start, TILE)
-    offs = start + tl.arange(0, TILE)
+    offs = _tile_offsets(start, TILE, HALVES)
     if start + TILE <= n:
         x = tl.load(row_val + offs)
     else:
@@ -315,12 +340,14 @@ def _store_scattered(ptr, val, mask):
 
 
 @triton.jit
-def _store_pair_scattered(ptr, lo, hi, mask):
-    """ptr[i] = (lo[i], hi[i]) (two int32 as one 8-byte store, lo at the lower address) where mask[i], as inline
-    PTX in the producer's layout (CUDA only; see `_store_scattered`)."""
+def _store_pair_scattered(base, slot, lo, hi, mask):
+    """base[slot[i]] = (lo[i], hi[i]) (int64 slots: two int32 as one 8-byte store, lo at the lower address) where
+    mask[i], as inline PTX in the producer's layout (CUDA only; see `_store_scattered`); the address is one wide
+    multiply-add of the 32-bit slot."""
     return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $4, 0; @p st.global.v2.b32 [$1], {$2, $3}; mov.b32 $0, 0; }",
-        "=r,l,r,r,r", [ptr, lo, hi, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+        "{ .reg .pred p; .reg .b64 a; setp.ne.b32 p, $5, 0; mad.wide.s32 a, $2, 8, $1; "
+        "@p st.global.v2.b32 [a], {$3, $4}; mov.b32 $0, 0; }",
+        "=r,l,r,r,r,r", [base, slot, lo, hi, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -334,29 +361,44 @@ def _add_one_scattered(ptr, mask):
 
 @triton.jit
 def _filter_tile(x, offs, t, n, thresh, shift, fill, cand_key, cand_pos, seg, hist, SLOTS: tl.constexpr,
-                 TILE: tl.constexpr, HIST: tl.constexpr, VEC: tl.constexpr, FLT: tl.constexpr):
+                 TILE: tl.constexpr, HIST: tl.constexpr, VEC: tl.constexpr, FLT: tl.constexpr,
+                 HALVES: tl.constexpr = False):
     """Step 2 for tile t (entries x at positions offs, the same layout as x's load: no conversion): reserve
     slots for its candidates (one atomic add), write them in position order, record the segment (first slot,
     count) in seg[t]. HIST: count each candidate in its bin of the row's histogram (key >> shift from the
     threshold's, the last bin open above; see `_histogram_start`). VEC: the stores (and the histogram's adds)
     as inline PTX in x's layout (`_store_scattered`). FLT: x holds NaN past n; floats compared against the
-    threshold's float, (float bits, position) written as one 8-byte store to cand_key (int64 slots)."""
+    threshold's float, (float bits, position) written as one 8-byte store to cand_key (int64 slots). HALVES: x
+    and offs are [2, TILE // 2], the tile's halves as rows (each thread's entries of both halves in its registers);
+    the two halves' candidates are counted as one packed int32 (16 bits each), so the slots come from one scan chain
+    over TILE // 2 instead of a cumsum over TILE's two register chains."""
     if FLT:
         take = x >= _key_float(thresh)  # NaN past n: never taken
     else:
         key = _signed_key(x)
         take = (offs < n) & (key >= thresh)
     take_i = take.to(tl.int32)
-    count = tl.sum(take_i, axis=0)
+    if HALVES:  # in-thread sum over the halves, then one block reduction of (first half, second half) counts
+        half = tl.arange(0, 2)[:, None]
+        packed = tl.sum(take_i << (half * 16), axis=0, keep_dims=True)  # [1, TILE // 2]: the loads' layout
+        both = tl.sum(tl.sum(packed, axis=1), axis=0)
+        n_low = both & 0xFFFF
+        count = n_low + (both >> 16)
+    else:
+        count = tl.sum(take_i, axis=0)
     first = tl.zeros([], tl.int32)
     if count > 0:
         first = tl.atomic_add(fill, count, sem="relaxed")
-        slot = first + tl.cumsum(take_i, axis=0) - take_i
+        if HALVES:  # the second half's candidates follow the first half's n_low
+            excl = tl.cumsum(packed, axis=1) - packed
+            slot = first + tl.where(half == 0, excl & 0xFFFF, n_low + (excl >> 16))
+        else:
+            slot = first + tl.cumsum(take_i, axis=0) - take_i
         keep = take & (slot < SLOTS)
         if FLT:
             bits = x.to(tl.int32, bitcast=True)
             if VEC:
-                _store_pair_scattered(cand_key + slot, bits, offs, keep)
+                _store_pair_scattered(cand_key, slot, bits, offs, keep)
             else:
                 pair = (offs.to(tl.int64) << 32) | (bits.to(tl.int64) & 0xFFFFFFFF)
                 tl.store(cand_key + slot, pair, mask=keep)
@@ -384,7 +426,8 @@ def _filter_tile(x, offs, t, n, thresh, shift, fill, cand_key, cand_pos, seg, hi
 def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr,
                          seg_ptr, out_ptr, n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr,
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr,
-                         ONE_TILE: tl.constexpr, VEC: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr):
+                         ONE_TILE: tl.constexpr, VEC: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr,
+                         HALVES: tl.constexpr = False):
     """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: count its candidates, reserve that
     many consecutive slots with one atomic add (each tile is one segment, in position order inside), write
     them, record the segment (first slot, count) in seg[row, tile]. The next tile's load is issued before the
@@ -404,9 +447,9 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
         # tl.store gives the scattered candidate stores; 16-byte loads would be converted to it through shared
         # memory (159 against 118 us at B=32 x 1M, H200 run 7 vs run 5). VEC: 16-byte loads of an aligned tile
         # and inline-PTX stores in their layout (run14-topk: 71.0 against 97.5 us)
-        if VEC:
-            offs = p * TILE + tl.arange(0, TILE)
-            x = _load_tile(row_val, p * TILE, n, TILE, FLT)
+        if VEC | HALVES:
+            offs = _tile_offsets(p * TILE, TILE, HALVES)
+            x = _load_tile(row_val, p * TILE, n, TILE, FLT, HALVES)
         else:
             offs = tl.minimum(p * TILE, n) + tl.arange(0, TILE)
             x = tl.load(row_val + offs, mask=offs < n, other=float("nan") if FLT else 0.0)
@@ -415,7 +458,7 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
             gdc_launch_dependents()
         _filter_tile(x, offs, p, n, tl.load(thresh_ptr + row * 2), tl.load(thresh_ptr + row * 2 + 1), fill_ptr + row,
                      cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2, hist_ptr + base_row,
-                     SLOTS, TILE, HIST, VEC, FLT)
+                     SLOTS, TILE, HIST, VEC, FLT, HALVES)
     else:
         if PDL:
             gdc_wait()
@@ -478,9 +521,10 @@ def _has_pdl(device_index: int) -> bool:
 
 
 def pdl_default(scores: torch.Tensor, rows: int) -> bool:
-    """Whether split launches are programmatic dependents by default: at most PDL_MAX_ROWS rows on a device
-    that has it (faster at B=1 on an H200, slower at B=8 and B=32: run 9)."""
-    return scores.is_cuda and rows <= PDL_MAX_ROWS and _has_pdl(scores.device.index or 0)
+    """Whether split launches are programmatic dependents by default: at most PDL_MAX_ROWS or at least PDL_MIN_ROWS
+    rows on a device that has it (faster at B=1 and B=32 on an H200, slower at B=8: runs 9 and 18-topk)."""
+    few_or_many = rows <= PDL_MAX_ROWS or rows >= PDL_MIN_ROWS
+    return scores.is_cuda and few_or_many and _has_pdl(scores.device.index or 0)
 
 
 def _warps_for(elements: int) -> int:
@@ -586,7 +630,8 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     # inline PTX: CUDA only; the programs taking several tiles were not timed with it
     vec = VECTOR_LOADS and one_tile and scores.is_cuda and has_ptx()  # inline PTX: NVIDIA only
     _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, ONE_TILE=one_tile, VEC=vec,
-                                         num_warps=num_warps, num_stages=1, **dependent)
+                                         HALVES=HALF_SCAN and one_tile, num_warps=num_warps, num_stages=1,
+                                         **dependent)
     _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes,
                                   num_warps=min(16, FINISH_WARPS * slots // 4096), **dependent)
     return out

@@ -122,6 +122,30 @@ def test_vector_loads_on_gpu(b, n, tile, vec, monkeypatch):
         assert torch.equal(out, topk_reference(scores, lengths, 512))
 
 
+@pytest.mark.parametrize("flt", [True, False])
+@pytest.mark.parametrize("kind", ["normal", "rounded", "recent", "signed_inf"])
+@pytest.mark.parametrize("half_scan", [True, False])
+def test_filter_half_scan(half_scan, kind, flt, monkeypatch):
+    """HALF_SCAN (the default): one-tile filter programs count their tile's two halves as one packed int32 and place
+    the second half's candidates after the first half's; against the one-cumsum tile it replaced. Both filters
+    (float and integer keys), ragged rows (a partial last tile), poisoned outputs, candidates in both halves of most
+    tiles (k=64 of 6000 on the CPU)."""
+    monkeypatch.setattr(topk_module, "HALF_SCAN", half_scan)
+    monkeypatch.setattr(topk_module, "FLOAT_FILTER_MIN_ROWS", 1 if flt else 1 << 30)
+    gen = torch.Generator().manual_seed(hash((kind, flt)) % 2**31)
+    shapes = [(3, 6000, 64, 1024)]
+    if ON_GPU:  # and the tiles of the timed shapes (1024 entries from 8 rows, 2048 at one row)
+        shapes += [(32, 65536, 512, 16384), (8, 262144, 512, 16384)] + [(1, 1 << 20, 512, 16384)] * (kind == "normal")
+    for b, n, k, sample in shapes:
+        scores = _scores(kind, b, n, gen)
+        lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
+        lengths[0] = n
+        poisoned = torch.full((b, k), 12345, dtype=torch.int32, device=DEVICE)
+        out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, sample=sample, out=poisoned,
+                   **({"tile": 1024} if n < 16384 else {})).cpu()
+        assert torch.equal(out, topk_reference(scores, lengths, k)), (b, n)
+
+
 def _sampled_positions(n: int, sample: int) -> torch.Tensor:
     """The entries the threshold step reads on a row of n > sample entries (see topk._sample_threshold)."""
     i = torch.arange(sample)
@@ -248,13 +272,16 @@ def test_many_rows_take_smaller_filter_tiles(kind):
     assert torch.equal(out, topk_reference(scores, lengths, k))
 
 
-def test_dependent_launches_default_to_one_row_on_cuda():
-    """pdl defaults on only for a single row on a CUDA device of compute capability >= 9 (H200 run 9)."""
+def test_dependent_launches_default_to_one_row_or_many_on_cuda():
+    """pdl defaults on only for a single row or from PDL_MIN_ROWS rows on a CUDA device of compute capability >= 9
+    (H200 runs 9 and 18-topk)."""
     assert not pdl_default(torch.randn(1, 10), 1)  # CPU tensors (the interpreter) never
+    assert not pdl_default(torch.randn(32, 10), 32)
     if ON_GPU:
         scores = torch.randn(2, 10, device=DEVICE)
-        assert not pdl_default(scores, 2)
-        assert pdl_default(scores, 1) == (torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9)
+        has = torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9
+        assert not pdl_default(scores, 2) and not pdl_default(scores, 31)
+        assert pdl_default(scores, 1) == has and pdl_default(scores, 32) == has
 
 
 def test_bad_inputs_raise_clear_errors():
