@@ -1,10 +1,11 @@
 """Builds bench/kernels/results/sparse_results.json from the H200 runs whose code is what the repository runs now.
 
 Each op's rows come from the last run that measured its current code (every row keeps its run and commit):
-- CSA top-K: one-row shapes from run16-topk (commit 37b3641, sparse_sweep.py: its "default" rows are the default
-  there now: the histogram-started finish search up to 2M entries, tl.gather placement), B=8 and B=32 from
-  run17-topk (its "default": the float filter, the default from 8 rows now; "int keys": run 16's default, timed
-  beside it; the first of run 17's two timings at B=32); run 14's default (16-byte
+- CSA top-K: 64K, 256K and 1M entries at one row, B=8 and B=32 from run18-topk (its "half scan": HALF_SCAN, the
+  default now, and at B=32 "pdl", the default from 32 rows now: each timed alone, the two together not; its
+  "default": run 17's default; the first of two timings at the 1M shapes); 4096 entries (the radix select, unchanged)
+  and the recent 1M row from run16-topk (commit 37b3641: the code before the float filter and HALF_SCAN); run
+  17-topk's "int keys" (run 16's default) at B=8 and B=32; run 14's default (16-byte
   loads, the search from the threshold, placement through L2) as timed in run15-topk beside run 16's default's
   first version; run 14-topk's 4-byte loads (run 12's default) and run 12-topk's 2048-entry tiles at 8 and 32
   rows; run 9's rows of run 8's default without pdl at B=1, plus run 8's radix fallback (unchanged); runs
@@ -53,11 +54,18 @@ TOPK_RUNS = [("12-topk", "raw/sparse_results_run12-topk.json", "ccd2ed4", RUN14[
               {"zoe default": "zoe run 12 default (4-byte loads)"}),
              ("15-topk", "raw/sparse_results_run15-topk.json", "cec9c4c + uncommitted top-K edits", ALL_TOPK[1:],
               {"zoe run14 default": "zoe run 14 default (16-byte loads)"}),
-             ("16-topk", "raw/sparse_results_run16-topk.json", "37b3641", ALL_TOPK[:5],
+             ("16-topk", "raw/sparse_results_run16-topk.json", "37b3641", (ALL_TOPK[0], ALL_TOPK[4]),
               {"torch.topk": "torch.topk", "zoe default": "zoe auto (default)"}),
              ("17-topk", "raw/sparse_results_run17-topk.json", "788785e (timed uncommitted)", ALL_TOPK[5:],
-              {"torch.topk": "torch.topk", "zoe default": "zoe auto (default)",
-               "zoe int keys": "zoe run 16 default (integer keys)"})]
+              {"zoe int keys": "zoe run 16 default (integer keys)"}),
+             ("18-topk", "raw/sparse_results_run18-topk.json", "9de10a5 + top-K edits (HALF_SCAN, pdl from 32 rows)",
+              ALL_TOPK[1:4] + ALL_TOPK[5:6],
+              {"torch.topk": "torch.topk", "zoe half scan": "zoe auto (default)",
+               "zoe default": "zoe run 17 default (one cumsum per tile)"}),
+             ("18-topk", "raw/sparse_results_run18-topk.json", "9de10a5 + top-K edits (HALF_SCAN, pdl from 32 rows)",
+              ALL_TOPK[6:], {"torch.topk": "torch.topk", "zoe default": "zoe run 17 default (one cumsum per tile)",
+                             "zoe half scan": "zoe half scan, no pdl (the default has both: not timed)",
+                             "zoe pdl": "zoe pdl, one cumsum (the default has both: not timed)"})]
 RENAME = {"zoe BH=32 DV=512 BKV=32": "zoe BH=32 DV=512 BKV=32 (default from B=8)",  # run 4's labels
           "zoe default BH=64 DV=256 BKV=64": "zoe BH=64 DV=256 BKV=64",
           "zoe run 1 defaults": "zoe run 1 config, current kernel (default below B=8)",
@@ -118,7 +126,7 @@ def main() -> None:
             rows.append(dict(row, provider="zoe run 1 radix split + merge", run=1, commit=RUNS[1][1]))
     meta = dict(loaded[4]["meta"])
     meta.update(command="python bench/kernels/sparse_bench.py --out $OUT --skip-tests (runs 1, 3, 4; run 5: "
-                        "--sections topk; run 8: --sections topk,decode; runs 9, 12- and 14- to 17-topk: "
+                        "--sections topk; run 8: --sections topk,decode; runs 9, 12- and 14- to 18-topk: "
                         "python bench/kernels/sparse_sweep.py --sections topk; runs 11-decode and 16-decode: "
                         "python bench/kernels/sparse_decode_sweep.py --set run11 / --set run15 --batches 128,1,64), "
                         "assembled by "
