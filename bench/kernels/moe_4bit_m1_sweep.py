@@ -1,6 +1,6 @@
 """The 4-bit formats at M=1 in the tl.dot path's M=1 mode: K steps of two scale groups (BLOCK_K 256) against one.
 
-    python3 bench/kernels/moe_4bit_m1_sweep.py --out DIR [--shapes dsv32,glm5] [--budget-s 95] [--wait-pid PID]
+    python3 bench/kernels/moe_4bit_m1_sweep.py --out DIR [--shapes dsv32,glm5] [--budget-s 95] [--wait-file PATH]
 
 1. Each stage alone (the M=1 mode's launches, a CUDA graph of REPS calls with different routings,
    `moe_bench.time_graph`) on the first shape: fp8's committed tiles (the diagnostic: how far each stage is from
@@ -10,8 +10,8 @@
    (the GEMV) and the mxfp4 M=1 mode swapped (MXFP4_SETS).
 Every tile set (for a stage alone: that stage's tile with the committed other one) first runs fused_moe once with
 NaN-poisoned scratch against the float32 reference (`fused_moe_reference`, relative error < 1.5e-2, fp8 2e-2);
-only those that pass are timed. `--wait-pid` waits for that process (a GPU pytest started beside this run) to end
-after the checks and before the first timing, so the timings run alone on the GPU.
+only those that pass are timed. `--wait-file` waits (at most --wait-max-s) for that file to exist (written when a
+GPU pytest started beside this run ends) after the checks and before the first timing, so the timings run alone.
 Writes DIR/4bit_m1_sweep.json after every timing. Without a GPU it runs a smoke test of itself (tiny shape,
 the CPU interpreter, host-clock timing).
 """
@@ -59,7 +59,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shapes", default="dsv32,glm5")
     ap.add_argument("--budget-s", type=float, default=95.0, help="stop starting new timings after this long")
-    ap.add_argument("--wait-pid", type=int, default=0, help="wait for this process to end before timing")
+    ap.add_argument("--wait-file", type=Path, default=None, help="wait for this file to exist before timing")
+    ap.add_argument("--wait-max-s", type=float, default=120.0)
     args = ap.parse_args()
     t_start = time.time()
     smoke = not __import__("torch").cuda.is_available()
@@ -121,18 +122,16 @@ def main() -> None:
 
     waited = [False]
 
-    def wait_for_pid():
-        if waited[0] or not args.wait_pid:
+    def wait_for_file():
+        if waited[0] or args.wait_file is None:
             return
         t0 = time.time()
-        while True:
-            try:
-                os.kill(args.wait_pid, 0)
-            except OSError:
-                break
+        while not args.wait_file.exists() and time.time() - t0 < args.wait_max_s:
             time.sleep(0.5)
         waited[0] = True
-        print(f"[wait] pid {args.wait_pid} ended after {time.time() - t0:.1f}s of waiting", flush=True)
+        res["waited_s"] = round(time.time() - t0, 1)
+        print(f"[wait] {args.wait_file} {'exists' if args.wait_file.exists() else 'MISSING'} after "
+              f"{time.time() - t0:.1f}s of waiting", flush=True)
 
     def stage_rows(name, shape, fmt, w, routes, xs, tiles_by_stage):
         """Each stage of the M=1 mode alone, per tile: {stage: [(label, tiles)]} already checked."""
@@ -199,7 +198,7 @@ def main() -> None:
                 t = {1: W4A16_STAGE1[0], 2: tile}
                 if check(f"{name} w4a16 stage2 {_label(tile)}", "w4a16", weights["w4a16"], routes, xs, t):
                     st["w4a16"][2].append((_label(tile), t))
-            wait_for_pid()
+            wait_for_file()
             for fmt in ("fp8", "w4a16"):
                 stage_rows(name, shape, fmt, weights[fmt], routes, xs, st[fmt])
             fastest = {}
@@ -213,7 +212,7 @@ def main() -> None:
                 res["best_stages"] = {s: list(t) for s, t in fastest.items()}
                 if check(f"{name} w4a16 best-stages", "w4a16", weights["w4a16"], routes, xs, fastest):
                     ok_sets["w4a16"]["best-stages"] = fastest
-        wait_for_pid()
+        wait_for_file()
         for rep in range(2):  # every variant twice, interleaved
             for fmt, variants in ok_sets.items():
                 w13, s13, w2, s2 = weights[fmt]
