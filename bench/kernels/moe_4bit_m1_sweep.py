@@ -1,4 +1,4 @@
-"""The 4-bit formats at M=1 in the tl.dot path's M=1 mode: K steps of two scale groups (BLOCK_K 256) against one.
+"""The 4-bit formats at M=1 in the tl.dot path's M=1 mode: each stage alone beside fp8's, and end to end.
 
     python3 bench/kernels/moe_4bit_m1_sweep.py --out DIR [--shapes dsv32,glm5] [--budget-s 95] [--wait-file PATH]
 
@@ -7,7 +7,11 @@
    the bandwidth) and every stage tile of W4A16_STAGE1 / W4A16_STAGE2 (the first of each is the committed one).
 2. fused_moe end to end at M=1, interleaved twice per shape: fp8 (committed), w4a16 committed, w4a16 with every
    tile set of W4A16_SETS plus "best-stages" (the fastest stage-1 and stage-2 tiles of step 1), mxfp4 committed
-   (the GEMV) and the mxfp4 M=1 mode swapped (MXFP4_SETS).
+   (the GEMV) and the mxfp4 M=1 mode (MXFP4_SETS).
+run17-m1 ran this script on the tree of commit 9a73951, whose kernel took K steps of two int4 scale groups
+(BLOCK_K 256 as a sixth tile element) and ran the M=1 mode's 64-wide mxfp4 tiles swapped; its lists held those
+variants (stage 1 (32,4,4|3,256), (64,4,4|3,256); stage 2 (128,4,4|3,2,256), (64,4,4,2,256); mxfp4 swapped
+(64,4,4) / (128,4,4,2) and at 256), all slower and removed since (bench/kernels/moe_README.md).
 Every tile set (for a stage alone: that stage's tile with the committed other one) first runs fused_moe once with
 NaN-poisoned scratch against the float32 reference (`fused_moe_reference`, relative error < 1.5e-2, fp8 2e-2);
 only those that pass are timed. `--wait-file` waits (at most --wait-max-s) for that file to exist (written when a
@@ -28,18 +32,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import moe_bench as mb  # noqa: E402
 
-# config.DOT_M1_TILES entries: {1: (BLOCK_N, num_warps, num_stages, QUANT[, BLOCK_K]),
-# 2: (BLOCK_N, num_warps, num_stages, SPLIT_K, QUANT[, BLOCK_K])}; the first of each list is the committed tile.
-W4A16_STAGE1 = [(32, 4, 4, False), (32, 4, 4, False, 256), (32, 4, 3, False, 256), (64, 4, 4, False, 256),
-                (64, 4, 3, False, 256)]
-W4A16_STAGE2 = [(128, 4, 4, 2, False), (128, 4, 4, 2, False, 256), (128, 4, 3, 2, False, 256),
-                (64, 4, 4, 2, False, 256), (128, 4, 4, 4, False)]
-W4A16_SETS = {"bk256": {1: W4A16_STAGE1[1], 2: W4A16_STAGE2[1]},
-              "bk256-s3": {1: W4A16_STAGE1[2], 2: W4A16_STAGE2[2]},
-              "bk256-bn64": {1: W4A16_STAGE1[3], 2: W4A16_STAGE2[1]}}
-# mxfp4's M=1 mode with BLOCK_N >= 64 runs swapped (config.SWAP_AB_TILES16); run16: 147.0 us at BLOCK_K 128
-MXFP4_SETS = {"m1-swapped": {1: (64, 4, 4, False), 2: (128, 4, 4, 2, False)},
-              "m1-swapped-bk256": {1: (64, 4, 3, False, 256), 2: (128, 4, 3, 2, False, 256)}}
+# config.DOT_M1_TILES entries: {1: (BLOCK_N, num_warps, num_stages, QUANT), 2: (BLOCK_N, num_warps, num_stages,
+# SPLIT_K, QUANT)}; the first of each list is the committed tile.
+W4A16_STAGE1 = [(32, 4, 4, False)]
+W4A16_STAGE2 = [(128, 4, 4, 2, False), (128, 4, 4, 4, False)]
+W4A16_SETS: dict = {}
+MXFP4_SETS: dict = {}
 REPS = 4
 SMOKE_SHAPES = {"tiny": {"H": 256, "I": 256, "E": 16, "k": 8, "shared": 0}}
 

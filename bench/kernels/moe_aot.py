@@ -52,15 +52,6 @@ DOT_KERNELS = [
     ("mxfp4 stage2", 3, "*u8", "*u8", False, 128, 4, 4, 2, "*bf16"),
     ("mxfp4 stage1 swapped", 3, "*u8", "*u8", True, 64, 4, 4, 1, "*bf16", True),
     ("mxfp4 stage2 swapped", 3, "*u8", "*u8", False, 128, 4, 4, 2, "*bf16", True),
-    # K steps of two scale groups (BLOCK_K 256: two unrolled 128-wide sub-steps per loop iteration)
-    ("w4a16 stage1 BK256", 2, "*u8", "*fp32", True, 32, 4, 4, 1, "*bf16", False, 256),
-    ("w4a16 stage1 BK256 S3", 2, "*u8", "*fp32", True, 32, 4, 3, 1, "*bf16", False, 256),
-    ("w4a16 stage1 BN64 BK256", 2, "*u8", "*fp32", True, 64, 4, 4, 1, "*bf16", False, 256),
-    ("w4a16 stage1 BN64 BK256 S3", 2, "*u8", "*fp32", True, 64, 4, 3, 1, "*bf16", False, 256),
-    ("w4a16 stage2 BK256", 2, "*u8", "*fp32", False, 128, 4, 4, 2, "*bf16", False, 256),
-    ("w4a16 stage2 BK256 S3", 2, "*u8", "*fp32", False, 128, 4, 3, 2, "*bf16", False, 256),
-    ("mxfp4 stage1 swapped BK256", 3, "*u8", "*u8", True, 64, 4, 4, 1, "*bf16", True, 256),
-    ("mxfp4 stage2 swapped BK256", 3, "*u8", "*u8", False, 128, 4, 4, 2, "*bf16", True, 256),
 ]
 
 
@@ -81,16 +72,16 @@ def _loop_counts(sass: str) -> dict:
     return {"loop_instructions": len(best), "loop_ops": dict(ops.most_common(12))}
 
 
-def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap=False, block_k=128) -> dict:
+def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap=False) -> dict:
     gg = importlib.import_module("zoe_kernels.moe.grouped_gemm")
     fn = gg._expert_gemm_kernel
     ptrs = {"a_ptr": aty, "as_ptr": "*fp32", "w_ptr": wty, "ws_ptr": sty, "out_ptr": "*bf16" if gated else "*fp32",
             "topk_w_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "num_padded_ptr": "*i32",
             "zero_ptr": "*fp32"}
-    const = dict(GATED=gated, ATOMIC=not gated, FMT=fmt, A_FMT="bf16", BLOCK_M=16, BLOCK_N=bn, BLOCK_K=block_k,
+    const = dict(GATED=gated, ATOMIC=not gated, FMT=fmt, A_FMT="bf16", BLOCK_M=16, BLOCK_N=bn, BLOCK_K=128,
                  FP8_GROUP=128, INT4_GROUP=128, MX_GROUP=32, EDGE_TILES=True, A_QUANT=False, FP8_MAX=448.0,
                  ROUND_E4M3=False, SPLIT_K=split, ZBLOCK=16 if gated else 0, PTX=True, SPLIT_A=True,
-                 SWAP_AB=swap, MX_BF16_SHIFT=64, SUB_K=min(block_k, 128),
+                 SWAP_AB=swap, MX_BF16_SHIFT=64,
                  stride_ak=1, stride_wk=1, stride_on=1, stride_ask=1, stride_wsk=1)  # unit strides: JIT constants
     sig = _signature(fn, ptrs, const)
     attrs = _aligned(fn, sig)
@@ -100,7 +91,7 @@ def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs), target=TARGET,
                             options={"num_warps": warps, "num_stages": stages})
     ptx = kernel.asm["ptx"]
-    row = {"kernel": f"tl.dot M=1 {label} BN={bn} BK={block_k} warps={warps} stages={stages} split={split}",
+    row = {"kernel": f"tl.dot M=1 {label} BN={bn} warps={warps} stages={stages} split={split}",
            "shared_bytes": kernel.metadata.shared, "cp_async": len(re.findall(r"cp\.async\.ca|cp\.async\.cg", ptx)),
            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "st_shared": len(re.findall(r"st\.shared", ptx))}
     ptxas = _ptxas()
@@ -119,7 +110,7 @@ def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap
         spills = re.findall(r"(\d+) bytes spill stores", info)
         row.update(registers=int(regs[-1]) if regs else None, spill_store_bytes=int(spills[-1]) if spills else None)
         row.update(_loop_counts(sass))
-        weights_per_thread = block_k * bn * (2 if gated else 1) / (32 * warps)  # one K step
+        weights_per_thread = 128 * bn * (2 if gated else 1) / (32 * warps)  # one K step of 128
         if row.get("loop_instructions"):
             row["loop_instructions_per_weight"] = round(row["loop_instructions"] / weights_per_thread, 2)
     print(json.dumps(row), flush=True)

@@ -84,10 +84,9 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
 # The tl.dot path at M=1 in its launch-saving mode: one tile per edge with the expert read from topk_ids (no
 # align launch), stage 2's float32 accumulator zeroed by stage 1 (no memset), stage 2 optionally split along K
 # (its partial sums are atomic adds anyway), and per stage the fp8 activations quantized either by their own
-# launch (`act_quant.py`) or inside the stage (QUANT). Per format: {1: (BLOCK_N, num_warps, num_stages, QUANT
-# [, BLOCK_K]), 2: (BLOCK_N, num_warps, num_stages, SPLIT_K, QUANT[, BLOCK_K])}; BLOCK_K defaults to 128 (one scale
-# group), the 4-bit formats also take 256 (two groups per K step). A format missing here keeps the align-based tiles
-# of `stage_config` at M=1. Formats of SWAP_AB_TILES16 run tiles with BLOCK_N >= 64 swapped here too. H200 run10 (bench/kernels/results/raw/run10_*, DeepSeek-V3.2, each stage alone):
+# launch (`act_quant.py`) or inside the stage (QUANT). Per format: {1: (BLOCK_N, num_warps, num_stages, QUANT),
+# 2: (BLOCK_N, num_warps, num_stages, SPLIT_K, QUANT)}. A format missing here keeps the align-based tiles of
+# `stage_config` at M=1. H200 run10 (bench/kernels/results/raw/run10_*, DeepSeek-V3.2, each stage alone):
 # quantizing x inside stage 1 cost 20 us (79.2 against 59.8 us: every program re-quantizes each K step of x),
 # inside stage 2 0.3 us alone (43.2 against 42.9), and split-K 2 took stage 2 to 39.7 us. run11 timed four
 # whole candidates end to end (fused_moe, CUDA graph): this one, with both quantization launches kept, was the
@@ -98,7 +97,9 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
 # prefetch of `grouped_gemm.py`): fp8's tiles were the fastest of the two sets timed: DeepSeek-V3.2 87.7 us
 # against 101.3 us for the word-wise GEMV (fp8 94.8 us in the same run), GLM-5 95.4 against 128.4; on the TP8
 # slice (I = 256) the GEMV stays faster (30.9 against 35.4 us), hence DOT_M1_MIN_I. mxfp4 keeps the GEMV at
-# M=1 (its dot path: 193.1 us against 105.7).
+# M=1 (its dot path: 193.1 us against 105.7). run17-m1 (round 2, moe_4bit_m1_sweep.py): K steps of two int4 scale
+# groups (BLOCK_K 256, the kernel of commit 9a73951) were slower at every tile (97.7 us end to end against 88.7;
+# 144 registers against 119 in stage 1), and mxfp4's M=1 mode swapped at 64-wide tiles 146.3 against the GEMV's 105.4.
 DOT_M1_TILES: dict[str, dict[int, tuple]] = {"fp8": {1: (32, 4, 4, False), 2: (128, 4, 4, 2, False)},
                                              "w4a16": {1: (32, 4, 4, False), 2: (128, 4, 4, 2, False)}}
 # Formats whose M=1 mode runs only from this intermediate size I up (below it the GEMV path was faster).
@@ -117,18 +118,14 @@ def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] |
     if m != 1 or fmt not in DOT_M1_TILES or top_k < DOT_M1_MIN_TOP_K or k2 < DOT_M1_MIN_I.get(fmt, 0):
         return None
     t1, t2 = DOT_M1_TILES[fmt][1], DOT_M1_TILES[fmt][2]
-    bk1, bk2 = (t1[4] if len(t1) > 4 else 128), (t2[5] if len(t2) > 5 else 128)
-    split = max(1, min(t2[3], -(-k2 // bk2) // MIN_K_STEPS_PER_SPLIT)) if top_k > 1 else 1
-    if interpreting():  # small tiles, one stage; the modes (split, quantization, K step, swap) as configured
-        t1 = (32 if t1[0] <= 32 else 64, 4, 1, t1[3])
-        t2 = (32 if t2[0] <= 32 else 64, 4, 1, t2[3], t2[4])
-    cfg1 = {"BLOCK_M": 16, "BLOCK_N": t1[0], "BLOCK_K": bk1, "num_warps": t1[1], "num_stages": t1[2],
+    split = max(1, min(t2[3], -(-k2 // 128) // MIN_K_STEPS_PER_SPLIT)) if top_k > 1 else 1
+    if interpreting():  # small tiles, one stage; the modes (split, quantization) as configured
+        t1, t2 = (32, 4, 1, t1[3]), (32, 4, 1, t2[3], t2[4])
+    cfg1 = {"BLOCK_M": 16, "BLOCK_N": t1[0], "BLOCK_K": 128, "num_warps": t1[1], "num_stages": t1[2],
             "A_QUANT": t1[3]}
-    cfg2 = {"BLOCK_M": 16, "BLOCK_N": t2[0], "BLOCK_K": bk2, "num_warps": t2[1], "num_stages": t2[2],
+    cfg2 = {"BLOCK_M": 16, "BLOCK_N": t2[0], "BLOCK_K": 128, "num_warps": t2[1], "num_stages": t2[2],
             "SPLIT_K": split, "A_QUANT": t2[4]}
-    for cfg in (cfg1, cfg2):
-        cfg["SPLIT_A"] = SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4")
-        cfg["SWAP_AB"] = cfg["BLOCK_N"] >= 64 and fmt in SWAP_AB_TILES16
+    cfg1["SPLIT_A"] = cfg2["SPLIT_A"] = SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4")
     return cfg1, cfg2
 
 

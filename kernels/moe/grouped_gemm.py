@@ -20,9 +20,7 @@ activations are one pipelined load split in registers, `SPLIT_A`); int4 decodes 
 where `platform.has_ptx`, `dot_decode.py`); mxfp4 uses `tl.dot_scaled` where the hardware scales natively (gfx950) and
 in-register dequantization elsewhere. mxfp4 on 16-row tiles (`SWAP_AB`, from `config.stage_config`) swaps the
 operands, out^T = W @ x^T: the decoded weights become wgmma's register operand and the row's e8m0 scales one
-32-bit load per K step applied inside the decode (`_dot_w_mx_swapped`). The 4-bit formats also take K steps of
-two scale groups (BLOCK_K 256: two unrolled 128-wide sub-steps, SUB_K), so that the loop's fixed costs per step
-(pipeline waits and barriers, scale loads, bookkeeping) are paid once per 256 k.
+32-bit load per K step applied inside the decode (`_dot_w_mx_swapped`).
 """
 
 from __future__ import annotations
@@ -65,20 +63,11 @@ def _load_a_halves(a_ptr, rows, row_mask, k0, K, stride_am, stride_ak, BLOCK_K: 
 
 
 @triton.jit
-def _int4_scales(ws_base, wrows, wrow_mask, k0, k_hi, stride_wsn, stride_wsk, INT4_GROUP: tl.constexpr,
-                 GROUPS: tl.constexpr):
-    """The int4 group scales of the K step at k0 as float32, one vector per group of the step (GROUPS 1 or 2;
-    with one, both returned vectors are that group's); zeros past k_hi (the prefetch after the last step)."""
-    if GROUPS == 1:
-        in_k = (wrows * 0 + k0) < k_hi  # a tensor, as the interpreter's masks must be
-        w_s = tl.load(ws_base + wrows * stride_wsn + (k0 // INT4_GROUP) * stride_wsk, mask=wrow_mask & in_k,
-                      other=0.0).to(tl.float32)
-        return w_s, w_s
-    else:  # two groups: one [BLOCK_N, 2] load of adjacent scales, split in registers
-        g = k0 // INT4_GROUP + tl.arange(0, 2)
-        w_s = tl.load(ws_base + wrows[:, None] * stride_wsn + g[None, :] * stride_wsk,
-                      mask=wrow_mask[:, None] & (g[None, :] * INT4_GROUP < k_hi), other=0.0)
-        return tl.split(w_s.to(tl.float32))
+def _int4_scales(ws_base, wrows, wrow_mask, k0, k_hi, stride_wsn, stride_wsk, INT4_GROUP: tl.constexpr):
+    """The int4 group scales of the K step at k0 as float32 (zeros past k_hi: the prefetch after the last step)."""
+    in_k = (wrows * 0 + k0) < k_hi  # a tensor, as the interpreter's masks must be
+    w_s = tl.load(ws_base + wrows * stride_wsn + (k0 // INT4_GROUP) * stride_wsk, mask=wrow_mask & in_k, other=0.0)
+    return w_s.to(tl.float32)
 
 
 @triton.jit
@@ -188,7 +177,7 @@ def _expert_gemm_kernel(
     FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr,
     EDGE_TILES: tl.constexpr, A_QUANT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr,
     SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr, PTX: tl.constexpr, SPLIT_A: tl.constexpr,
-    SWAP_AB: tl.constexpr, MX_BF16_SHIFT: tl.constexpr, SUB_K: tl.constexpr,
+    SWAP_AB: tl.constexpr, MX_BF16_SHIFT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if ZBLOCK > 0:  # stage 1 zeroes stage 2's float32 accumulator (saves a memset launch)
@@ -236,26 +225,22 @@ def _expert_gemm_kernel(
         k_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
         k_lo = pid_k * k_split
         k_hi = tl.minimum(K, k_lo + k_split)
-    # int4 group scales (one per column and group): loaded one K step ahead, since Triton's pipeliner does not
+    # int4 group scales (one per column and K step): loaded one K step ahead, since Triton's pipeliner does not
     # pipeline these loads (they feed the result, not the dot) and the loop would wait on each (run12)
     ws_gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    ws_gate2 = ws_gate
-    ws_up = ws_gate
-    ws_up2 = ws_gate
+    ws_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if FMT == 2:
-        ws_gate, ws_gate2 = _int4_scales(ws_base, offs_n, n_mask, k_lo, k_hi, stride_wsn, stride_wsk, INT4_GROUP,
-                                         BLOCK_K // SUB_K)
+        ws_gate = _int4_scales(ws_base, offs_n, n_mask, k_lo, k_hi, stride_wsn, stride_wsk, INT4_GROUP)
         if GATED:
-            ws_up, ws_up2 = _int4_scales(ws_base, N + offs_n, n_mask, k_lo, k_hi, stride_wsn, stride_wsk, INT4_GROUP,
-                                         BLOCK_K // SUB_K)
+            ws_up = _int4_scales(ws_base, N + offs_n, n_mask, k_lo, k_hi, stride_wsn, stride_wsk, INT4_GROUP)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        ws_g, ws_g2, ws_u, ws_u2 = ws_gate, ws_gate2, ws_up, ws_up2
+        ws_g = ws_gate
+        ws_u = ws_up
         if FMT == 2:
-            ws_gate, ws_gate2 = _int4_scales(ws_base, offs_n, n_mask, k0 + BLOCK_K, k_hi, stride_wsn, stride_wsk,
-                                             INT4_GROUP, BLOCK_K // SUB_K)
+            ws_gate = _int4_scales(ws_base, offs_n, n_mask, k0 + BLOCK_K, k_hi, stride_wsn, stride_wsk, INT4_GROUP)
             if GATED:
-                ws_up, ws_up2 = _int4_scales(ws_base, N + offs_n, n_mask, k0 + BLOCK_K, k_hi, stride_wsn, stride_wsk,
-                                             INT4_GROUP, BLOCK_K // SUB_K)
+                ws_up = _int4_scales(ws_base, N + offs_n, n_mask, k0 + BLOCK_K, k_hi, stride_wsn, stride_wsk,
+                                     INT4_GROUP)
         if FMT == 5:
             a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
                            stride_ask, 0, BLOCK_K, FP8_GROUP)
@@ -267,48 +252,42 @@ def _expert_gemm_kernel(
                 acc_up = _dot_w_mx_native(acc_up, a, w_base, ws_base, N + offs_n, n_mask, k0, K, stride_wn,
                                           stride_wk, stride_wsn, stride_wsk, A_FMT, BLOCK_K, MX_GROUP)
         else:
-            # the 4-bit formats may take a K step of two scale groups (BLOCK_K 256): SUB_K-wide sub-steps, one per
-            # group, unrolled, so that the loop's fixed costs (barriers, waits, bookkeeping) come once per step
-            for sub in tl.static_range(BLOCK_K // SUB_K):
-                ks = k0 + sub * SUB_K
-                if FMT == 2 or FMT == 3:
-                    if SPLIT_A:  # one contiguous (cp.async-pipelined) load, split into the even-k and odd-k halves
-                        a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, ks, K, stride_am, stride_ak, stride_asm,
-                                       stride_ask, 0, SUB_K, FP8_GROUP)
-                        a, a2 = tl.split(tl.reshape(a, (BLOCK_M, SUB_K // 2, 2)))
-                    else:
-                        a, a2 = _load_a_halves(a_ptr, a_rows, row_mask, ks, K, stride_am, stride_ak, SUB_K)
-                elif A_QUANT:
-                    # w8a8 with the activations quantized here, per row and group of 128 (BLOCK_K): the same
-                    # numbers as `act_quant.py`, without its launch
-                    a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, ks, K, stride_am, stride_ak, stride_asm,
-                                   stride_ask, 0, SUB_K, FP8_GROUP)
-                    af = a.to(tl.float32)
-                    a2 = tl.maximum(tl.max(tl.abs(af), axis=1), 1e-10) / FP8_MAX
-                    q = tl.clamp(af / a2[:, None], -FP8_MAX, FP8_MAX)
-                    if ROUND_E4M3:
-                        q = _round_to_e4m3fn(q)
-                    a = q.to(w_ptr.dtype.element_ty)
+            if FMT == 2 or FMT == 3:
+                if SPLIT_A:  # one contiguous (cp.async-pipelined) load, split into the even-k and odd-k halves
+                    a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
+                                   stride_ask, 0, BLOCK_K, FP8_GROUP)
+                    a, a2 = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
                 else:
-                    a, a2 = _load_a(a_ptr, as_ptr, a_rows, row_mask, ks, K, stride_am, stride_ak, stride_asm,
-                                    stride_ask, FMT, SUB_K, FP8_GROUP)
-                if SWAP_AB:
-                    a_t = tl.trans(a)
-                    a2_t = tl.trans(a2)
-                    acc = _dot_w_mx_swapped(acc, a_t, a2_t, w_base, ws_base, offs_n, n_mask, ks, KP, stride_wn,
-                                            stride_wk, stride_wsn, SUB_K, MX_GROUP, MX_BF16_SHIFT, PTX)
-                    if GATED:
-                        acc_up = _dot_w_mx_swapped(acc_up, a_t, a2_t, w_base, ws_base, N + offs_n, n_mask, ks, KP,
-                                                   stride_wn, stride_wk, stride_wsn, SUB_K, MX_GROUP, MX_BF16_SHIFT,
-                                                   PTX)
-                else:
-                    acc = _dot_w(acc, a, a2, w_base, ws_base, ws_g if sub == 0 else ws_g2, offs_n, n_mask, ks, K, KP,
-                                 stride_wn, stride_wk, stride_wsn, stride_wsk, FMT, SUB_K, BLOCK_N, FP8_GROUP,
-                                 INT4_GROUP, MX_GROUP, PTX)
-                    if GATED:
-                        acc_up = _dot_w(acc_up, a, a2, w_base, ws_base, ws_u if sub == 0 else ws_u2, N + offs_n,
-                                        n_mask, ks, K, KP, stride_wn, stride_wk, stride_wsn, stride_wsk, FMT, SUB_K,
-                                        BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP, PTX)
+                    a, a2 = _load_a_halves(a_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, BLOCK_K)
+            elif A_QUANT:
+                # w8a8 with the activations quantized here, per row and group of 128 (BLOCK_K): the same
+                # numbers as `act_quant.py`, without its launch
+                a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
+                               stride_ask, 0, BLOCK_K, FP8_GROUP)
+                af = a.to(tl.float32)
+                a2 = tl.maximum(tl.max(tl.abs(af), axis=1), 1e-10) / FP8_MAX
+                q = tl.clamp(af / a2[:, None], -FP8_MAX, FP8_MAX)
+                if ROUND_E4M3:
+                    q = _round_to_e4m3fn(q)
+                a = q.to(w_ptr.dtype.element_ty)
+            else:
+                a, a2 = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
+                                stride_ask, FMT, BLOCK_K, FP8_GROUP)
+            if SWAP_AB:
+                a_t = tl.trans(a)
+                a2_t = tl.trans(a2)
+                acc = _dot_w_mx_swapped(acc, a_t, a2_t, w_base, ws_base, offs_n, n_mask, k0, KP, stride_wn,
+                                        stride_wk, stride_wsn, BLOCK_K, MX_GROUP, MX_BF16_SHIFT, PTX)
+                if GATED:
+                    acc_up = _dot_w_mx_swapped(acc_up, a_t, a2_t, w_base, ws_base, N + offs_n, n_mask, k0, KP,
+                                               stride_wn, stride_wk, stride_wsn, BLOCK_K, MX_GROUP, MX_BF16_SHIFT, PTX)
+            else:
+                acc = _dot_w(acc, a, a2, w_base, ws_base, ws_g, offs_n, n_mask, k0, K, KP, stride_wn, stride_wk,
+                             stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP, PTX)
+                if GATED:
+                    acc_up = _dot_w(acc_up, a, a2, w_base, ws_base, ws_u, N + offs_n, n_mask, k0, K, KP, stride_wn,
+                                    stride_wk, stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP,
+                                    MX_GROUP, PTX)
 
     if SWAP_AB:
         acc = tl.trans(acc)
@@ -368,11 +347,6 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         raise ValueError("quantizing the activations in the kernel needs BLOCK_K == the fp8 group (128)")
     if split_k > 1 and not atomic:
         raise ValueError("split-K adds partial sums with atomics: stage 2 with top_k > 1 only")
-    # the 4-bit formats run a K step of two scale groups as two unrolled sub-steps (their scale loads and masks
-    # assume one group of 128 per sub-step); the other formats take one group per step
-    sub_k = min(cfg["BLOCK_K"], INT4_GROUP) if kfmt in (2, 3) else cfg["BLOCK_K"]
-    if cfg["BLOCK_K"] not in (sub_k, 2 * sub_k) or (kfmt in (1, 4) and cfg["BLOCK_K"] > FP8_GROUP):
-        raise ValueError(f"BLOCK_K {cfg['BLOCK_K']}: at most one scale group per K step (two for 4-bit formats)")
     a_scale = a_scale if a_scale is not None else a  # read only by FMT 1 with scales given
     w_scale = w_scale if w_scale is not None else w  # unused by the float format
     topk_w = topk_weights if topk_weights is not None else a
@@ -396,7 +370,7 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         EDGE_TILES=edge_tiles, A_QUANT=a_quant, FP8_MAX=fp8_max(w.dtype) if kfmt == 1 else 1.0,
         ROUND_E4M3=a_quant and interpreting() and w.dtype == torch.float8_e4m3fn, SPLIT_K=split_k,
         ZBLOCK=zblock, PTX=has_ptx(), SPLIT_A=cfg.get("SPLIT_A", False), SWAP_AB=swap,
-        MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0, SUB_K=sub_k, num_warps=cfg["num_warps"],
+        MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
 

@@ -329,6 +329,7 @@ def test_dot_path_mxfp4_swapped_operands(swap, monkeypatch):
     from zoe_kernels.moe import config
 
     monkeypatch.setattr(config, "SWAP_AB_TILES16", {"mxfp4"} if swap else set())
+    monkeypatch.setattr(config, "TARGET_PROGRAMS", 1)  # on a GPU the tiny grid would cut BLOCK_N below 64 (no swap)
     dtype = DTYPES[0]
     for m, h, i in ((1, 256, 256), (5, 256, 128), (3, 128, 200)):
         x, w13, w2, tw, ti, kw = _problem(m, h, i, 8, 4, "mxfp4", dtype, seed=zlib.crc32(f"swap{m}{i}".encode()))
@@ -412,30 +413,6 @@ def test_dot_m1_mode_matches_reference(mode, m, h, i, e, k, invalid, tiles, monk
     assert _rel_err(out, ref) < _tol(fmt, dtype)
 
 
-@pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
-@pytest.mark.parametrize("h,i", [(512, 512), (200, 384)], ids=["whole-steps", "tails"])
-def test_dot_m1_mode_two_scale_groups_per_k_step(fmt, h, i, monkeypatch):
-    """The 4-bit M=1 mode with BLOCK_K 256 (two scale groups per K step, two unrolled sub-steps): whole steps
-    (mxfp4: both stages swapped at BLOCK_N 64) and a second group past K (H = 200; I = 384 split in two, the
-    second split's step half empty), an invalid id, NaN-poisoned scratch. Per-group scales differ, so a group
-    scaled by its neighbour's scale fails the tolerance."""
-    from zoe_kernels.moe import config
-
-    monkeypatch.setitem(config.DOT_M1_TILES, fmt, {1: (64, 4, 1, False, 256), 2: (64, 4, 1, 2, False, 256)})
-    monkeypatch.setattr(config, "DOT_M1_MIN_TOP_K", 1)
-    monkeypatch.setattr(config, "DOT_M1_MIN_I", {})
-    monkeypatch.setattr(config, "MIN_K_STEPS_PER_SPLIT", 1)
-    dtype = DTYPES[0]
-    x, w13, w2, tw, ti, kw = _problem(1, h, i, 8, 4, fmt, dtype, seed=zlib.crc32(f"bk256{fmt}{h}{i}".encode()))
-    ti[0, 2] = -1
-    cfg1, cfg2 = config.dot_m1_configs(1, fmt, 4, i)
-    assert cfg1["BLOCK_K"] == cfg2["BLOCK_K"] == 256 and cfg2["SPLIT_K"] == 2
-    assert cfg1["SWAP_AB"] == (fmt == "mxfp4")
-    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dot", **kw)
-    assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
-    assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype)
-
-
 def test_dot_m1_mode_only_where_measured():
     """Dispatch keeps the align-based tiles for formats without measured M=1 tiles, and at M > 1."""
     from zoe_kernels.moe.config import DOT_M1_TILES, dot_m1_configs
@@ -448,7 +425,7 @@ def test_dot_m1_mode_only_where_measured():
     if "fp8" in DOT_M1_TILES:  # split-K only where each program keeps MIN_K_STEPS_PER_SPLIT steps
         assert dot_m1_configs(1, "fp8", 8, 256)[1]["SPLIT_K"] == 1
     for fmt, tiles in DOT_M1_TILES.items():
-        assert len(tiles[1]) in (4, 5) and len(tiles[2]) in (5, 6) and tiles[2][3] >= 1
+        assert len(tiles[1]) == 4 and len(tiles[2]) == 5 and tiles[2][3] >= 1
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
