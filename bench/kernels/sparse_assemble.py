@@ -1,15 +1,13 @@
 """Builds bench/kernels/results/sparse_results.json from the H200 runs whose code is what the repository runs now.
 
 Each op's rows come from the last run that measured its current code (every row keeps its run and commit):
-- CSA top-K: 64K, 256K and 1M entries at one row, B=8 and B=32 from run18-topk (its "half scan": HALF_SCAN, the
-  default now, and at B=32 "pdl", the default from 32 rows now: each timed alone, the two together not; its
-  "default": run 17's default; the first of two timings at the 1M shapes); 4096 entries (the radix select, unchanged)
-  and the recent 1M row from run16-topk (commit 37b3641: the code before the float filter and HALF_SCAN); run
-  17-topk's "int keys" (run 16's default) at B=8 and B=32; run 14's default (16-byte
-  loads, the search from the threshold, placement through L2) as timed in run15-topk beside run 16's default's
-  first version; run 14-topk's 4-byte loads (run 12's default) and run 12-topk's 2048-entry tiles at 8 and 32
-  rows; run 9's rows of run 8's default without pdl at B=1, plus run 8's radix fallback (unchanged); runs
-  10-17-topk's other variants stay in their raw JSON;
+- CSA top-K: every shape from run19-topk (commit 13289eb, the code the repository runs: HALF_SCAN and, from 32
+  rows, pdl; the first of two timings at the 1M shapes), with what the two defaults replaced timed beside them;
+  run 17-topk's "int keys" (run 16's default) at B=8 and B=32; run 14's default (16-byte loads, the search from
+  the threshold, placement through L2) as timed in run15-topk beside run 16's default's first version; run
+  14-topk's 4-byte loads (run 12's default) and run 12-topk's 2048-entry tiles at 8 and 32 rows; run 9's rows of
+  run 8's default without pdl at B=1, plus run 8's radix fallback (unchanged); runs 10-18-topk's other variants
+  stay in their raw JSON;
 - dual-scope decode: per batch, the run that timed today's default (runs run11-decode for B = 8, 32 and
   run16-decode for B = 1, 64, 128; sparse_decode_sweep.py, raw files in results/raw/), with the default it
   replaced timed beside it in the same run (run 16: runs 11-13's defaults);
@@ -54,18 +52,13 @@ TOPK_RUNS = [("12-topk", "raw/sparse_results_run12-topk.json", "ccd2ed4", RUN14[
               {"zoe default": "zoe run 12 default (4-byte loads)"}),
              ("15-topk", "raw/sparse_results_run15-topk.json", "cec9c4c + uncommitted top-K edits", ALL_TOPK[1:],
               {"zoe run14 default": "zoe run 14 default (16-byte loads)"}),
-             ("16-topk", "raw/sparse_results_run16-topk.json", "37b3641", (ALL_TOPK[0], ALL_TOPK[4]),
-              {"torch.topk": "torch.topk", "zoe default": "zoe auto (default)"}),
              ("17-topk", "raw/sparse_results_run17-topk.json", "788785e (timed uncommitted)", ALL_TOPK[5:],
               {"zoe int keys": "zoe run 16 default (integer keys)"}),
-             ("18-topk", "raw/sparse_results_run18-topk.json", "9de10a5 + top-K edits (HALF_SCAN, pdl from 32 rows)",
-              ALL_TOPK[1:4] + ALL_TOPK[5:6],
-              {"torch.topk": "torch.topk", "zoe half scan": "zoe auto (default)",
-               "zoe default": "zoe run 17 default (one cumsum per tile)"}),
-             ("18-topk", "raw/sparse_results_run18-topk.json", "9de10a5 + top-K edits (HALF_SCAN, pdl from 32 rows)",
-              ALL_TOPK[6:], {"torch.topk": "torch.topk", "zoe default": "zoe run 17 default (one cumsum per tile)",
-                             "zoe half scan": "zoe half scan, no pdl (the default has both: not timed)",
-                             "zoe pdl": "zoe pdl, one cumsum (the default has both: not timed)"})]
+             ("19-topk", "raw/sparse_results_run19-topk.json", "13289eb", ALL_TOPK,
+              {"torch.topk": "torch.topk", "zoe default": "zoe auto (default)",
+               "zoe one cumsum": "zoe one cumsum per tile (HALF_SCAN off)",
+               "zoe no pdl": "zoe half scan, no pdl",
+               "zoe one cumsum, no pdl": "zoe run 17 default (one cumsum per tile, no pdl)"})]
 RENAME = {"zoe BH=32 DV=512 BKV=32": "zoe BH=32 DV=512 BKV=32 (default from B=8)",  # run 4's labels
           "zoe default BH=64 DV=256 BKV=64": "zoe BH=64 DV=256 BKV=64",
           "zoe run 1 defaults": "zoe run 1 config, current kernel (default below B=8)",
