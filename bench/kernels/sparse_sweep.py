@@ -1,6 +1,6 @@
 """Exploratory sweep on one GPU: launch variants of CSA top-K, each checked first.
 
-Every variant's indices must equal torch.topk's (sorted) index-for-index. Times are medians of CUDA-graph replays. Writes $OUT/sparse_sweep.json and
+Every variant's indices (written over poisoned outputs) must equal torch.topk's (sorted) index-for-index. Times are medians of CUDA-graph replays. Writes $OUT/sparse_sweep.json and
 prints one line per variant; the chosen defaults then go through sparse_bench.py (see sparse_README.md).
 The top-K lists time the defaults (runs 10-14-topk's variants are named in their JSON); runs 6-7 also swept
 decode here (`results/sparse_sweep_run6/7.json`): decode sweeps live in sparse_decode_sweep.py now. Top-K rows also go, in
@@ -12,6 +12,7 @@ Usage: python bench/kernels/sparse_sweep.py [--out DIR] [--sections topk]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -61,18 +62,62 @@ def _save() -> None:
 # the default from PDL_MIN_ROWS = 32 since), warp segments (one per warp and tile half, reserved by the warp; slower,
 # removed) and 32 threshold warps (slower), each against run 17's default. Listed now: the defaults against what
 # they replaced ("one cumsum": HALF_SCAN off; at B=32 also without pdl, and without both: run 17's default).
-ONE_CUMSUM = dict(_half_scan=False)
-PAIR = [("default", {}), ("one cumsum", ONE_CUMSUM)]
-MANY = PAIR + [("no pdl", dict(pdl=False)), ("one cumsum, no pdl", {**ONE_CUMSUM, "pdl": False})]
-TOPK_VARIANTS = {(1, 65536): PAIR, (1, 262144): PAIR, (1, 1 << 20): PAIR + PAIR, (8, 262144): PAIR,
-                 (32, 1 << 20): MANY + MANY}
-# (run 18 left out 4096 entries and the recent row, whose code it did not change, to fit its device time)
-TOPK_SHAPES = [(1, 4096, "randn"), (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "randn"),
-               (1, 1 << 20, "recent"), (8, 262144, "randn"), (32, 1 << 20, "randn")]
+# Run 19-topk timed both defaults together against HALF_SCAN off ("one cumsum") and, at B=32, pdl off.
+# Run 20-topk: the finish's search started from a histogram the finish builds over its own candidates
+# ("own hist N": N bins, FINISH_HIST_BINS) where the filter counts none (B=32 x 1M; at B=8 instead of the
+# filter's histogram), an 8192-entry sample at B=32 (a cheaper threshold launch; fewer sampled entries to aim with),
+# the searches deciding two bits per count ("pairs", PAIR_STEPS: threshold and finish; at every changed shape), 16
+# finish warps with both, and the call cut after its first launch or two ("first launch only", "threshold +
+# filter": where the time goes).
+PAIRS = dict(_pairs=True)
+OWN_PAIRS = dict(_own_hist=256, _pairs=True)
+B32 = [("default", {}), ("own hist 128", dict(_own_hist=128)), ("own hist 256", dict(_own_hist=256)),
+       ("pairs", PAIRS), ("own hist 256, pairs", OWN_PAIRS),
+       ("own hist 256, pairs, 16 finish warps", dict(**OWN_PAIRS, _finish_warps=16))]
+B8 = [("default", {}), ("pairs", PAIRS), ("own hist 256, no filter hist", dict(_own_hist=256, _hist_max=0)),
+      ("own hist 256, pairs, no filter hist", dict(**OWN_PAIRS, _hist_max=0))]
+TOPK_VARIANTS = {(1, 1 << 20): [("default", {}), ("pairs", PAIRS)] * 2, (8, 262144): B8,
+                 (32, 1 << 20): B32 + [("sample 8192", dict(sample=8192))] + B32}
+# the shapes this run changes first (a run cut by its time limit keeps what it measured)
+TOPK_SHAPES = [(32, 1 << 20, "randn"), (8, 262144, "randn"), (1, 1 << 20, "randn"), (1, 4096, "randn"),
+               (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "recent")]
 LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS", "_vec": "VECTOR_LOADS",
                     "_hist_max": "HISTOGRAM_MAX_ENTRIES", "_max_tiles": "MAX_TILES",
                     "_filter_programs": "FILTER_PROGRAMS", "_flt_min_rows": "FLOAT_FILTER_MIN_ROWS",
-                    "_half_scan": "HALF_SCAN"}
+                    "_half_scan": "HALF_SCAN", "_own_hist": "FINISH_HIST_BINS",
+                    "_pairs": "PAIR_STEPS"}
+
+
+class _Skipped:
+    """Stands for a kernel whose launches are left out (`launches_cut`)."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+@contextlib.contextmanager
+def launches_cut(*names: str):
+    """topk calls without the named kernels' launches (the module's attributes), for the cumulative timings."""
+    saved = {name: getattr(tk, name) for name in names}
+    try:
+        for name in names:
+            setattr(tk, name, _Skipped())
+        yield
+    finally:
+        for name, kernel in saved.items():
+            setattr(tk, name, kernel)
+
+
+def _time_launch_prefixes(scores, lengths, k, shape) -> None:
+    """The default call cut after its first launch (threshold) and after its second (threshold + filter, which
+    with pdl overlap), timed like the whole call: the differences say where its time goes."""
+    for name, cut in (("first launch only", ("_split_filter_kernel", "_split_finish_kernel")),
+                      ("threshold + filter", ("_split_finish_kernel",))):
+        with launches_cut(*cut):
+            topk(scores, lengths, k)
+            us = sb.median_us(lambda: topk(scores, lengths, k), graph=True, rep_ms=30)
+        ROWS.append(dict(op="topk", shape=shape, variant=name, median_us=us))
+        sb.log(f"topk {shape} {name} {us:8.1f} us")
 
 
 def _call(scores, lengths, k, cfg):
@@ -126,11 +171,13 @@ def sweep_topk() -> None:
         sb.log(f"topk {shape:22s} {'torch.topk':24s} {base:8.1f} us")
         if (b, n) in ((1, 1 << 20), (32, 1 << 20)) and kind == "randn":
             _time_threshold_alone(scores, lengths, k, shape, tk.THRESHOLD_WARPS)  # run 18 also timed 32 warps
+            _time_launch_prefixes(scores, lengths, k, shape)
         variants = TOPK_VARIANTS.get((b, n), [("default", {})])
         for name, cfg in variants:
             t0 = time.time()
-            try:
-                out = _call(scores, lengths, k, cfg)
+            try:  # outputs poisoned: every slot must be written
+                out = _call(scores, lengths, k, {**cfg, "out": torch.full((b, k), 12345, dtype=torch.int32,
+                                                                          device="cuda")})
                 torch.cuda.synchronize()
             except Exception as exc:  # noqa: BLE001 - report and go on
                 ROWS.append(dict(op="topk", shape=shape, variant=name, error=repr(exc)[:300]))
@@ -141,7 +188,8 @@ def sweep_topk() -> None:
             ok = bool(torch.equal(out, ref))
             # a second draw: same function on fresh data (catches races that one input hides)
             scores2 = sb._topk_scores(b, n, kind, gen)
-            ok2 = bool(torch.equal(_call(scores2, lengths, k, cfg),
+            poisoned = torch.full((b, k), 12345, dtype=torch.int32, device="cuda")
+            ok2 = bool(torch.equal(_call(scores2, lengths, k, {**cfg, "out": poisoned}),
                                    torch.topk(scores2, k, dim=1).indices.sort(dim=1).values.int()))
             us = sb.median_us(lambda: _call(scores, lengths, k, cfg), graph=True, rep_ms=30)
             ROWS.append(dict(op="topk", shape=shape, variant=name, config=json.dumps(cfg),
