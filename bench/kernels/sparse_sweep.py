@@ -63,29 +63,21 @@ def _save() -> None:
 # removed) and 32 threshold warps (slower), each against run 17's default. Listed now: the defaults against what
 # they replaced ("one cumsum": HALF_SCAN off; at B=32 also without pdl, and without both: run 17's default).
 # Run 19-topk timed both defaults together against HALF_SCAN off ("one cumsum") and, at B=32, pdl off.
-# Run 20-topk: the finish's search started from a histogram the finish builds over its own candidates
-# ("own hist N": N bins, FINISH_HIST_BINS) where the filter counts none (B=32 x 1M; at B=8 instead of the
-# filter's histogram), an 8192-entry sample at B=32 (a cheaper threshold launch; fewer sampled entries to aim with),
-# the searches deciding two bits per count ("pairs", PAIR_STEPS: threshold and finish; at every changed shape), 16
-# finish warps with both, and the call cut after its first launch or two ("first launch only", "threshold +
-# filter": where the time goes).
-PAIRS = dict(_pairs=True)
-OWN_PAIRS = dict(_own_hist=256, _pairs=True)
-B32 = [("default", {}), ("own hist 128", dict(_own_hist=128)), ("own hist 256", dict(_own_hist=256)),
-       ("pairs", PAIRS), ("own hist 256, pairs", OWN_PAIRS),
-       ("own hist 256, pairs, 16 finish warps", dict(**OWN_PAIRS, _finish_warps=16))]
-B8 = [("default", {}), ("pairs", PAIRS), ("own hist 256, no filter hist", dict(_own_hist=256, _hist_max=0)),
-      ("own hist 256, pairs, no filter hist", dict(**OWN_PAIRS, _hist_max=0))]
-TOPK_VARIANTS = {(1, 1 << 20): [("default", {}), ("pairs", PAIRS)] * 2, (8, 262144): B8,
-                 (32, 1 << 20): B32 + [("sample 8192", dict(sample=8192))] + B32}
-# the shapes this run changes first (a run cut by its time limit keeps what it measured)
+# Run 20-topk (raw/sparse_sweep_run20-topk.json): the finish's search started from a histogram the finish builds over
+# its own candidates ("own hist N": N bins) where the filter counts none (B=32 x 1M; at B=8 instead of the filter's
+# histogram), the searches deciding two bits per count ("pairs": threshold and finish), 16 finish warps with both
+# (all slower, removed: `git show 18963a9`), an 8192-entry sample at B=32 (faster, not the default: see
+# sparse_README.md), and the call cut after its first launch or two ("first launch only", "threshold + filter": where
+# the time goes). Listed now: the default at every shape (twice at B=32), and at B=32 the 8192-entry sample.
+TOPK_VARIANTS = {(1, 1 << 20): [("default", {})] * 2,
+                 (32, 1 << 20): [("default", {}), ("sample 8192", dict(sample=8192))] * 2}
+# B=32 first: a run cut by its time limit keeps what it measured
 TOPK_SHAPES = [(32, 1 << 20, "randn"), (8, 262144, "randn"), (1, 1 << 20, "randn"), (1, 4096, "randn"),
                (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "recent")]
 LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS", "_vec": "VECTOR_LOADS",
                     "_hist_max": "HISTOGRAM_MAX_ENTRIES", "_max_tiles": "MAX_TILES",
                     "_filter_programs": "FILTER_PROGRAMS", "_flt_min_rows": "FLOAT_FILTER_MIN_ROWS",
-                    "_half_scan": "HALF_SCAN", "_own_hist": "FINISH_HIST_BINS",
-                    "_pairs": "PAIR_STEPS"}
+                    "_half_scan": "HALF_SCAN"}
 
 
 class _Skipped:

@@ -54,6 +54,11 @@ Run18-topk measured and removed: warp segments (each warp of a filter program re
 share of the tile with its own atomic, no block barrier, 8 segments per tile for the finish): B=32 x 1M 80.9
 against 64.4 us, B=8 x 256K 26.2 against 20.2; and 32 threshold warps instead of 16 (B=32 x 1M 64.9 against 64.4,
 the launch alone 8.7 against 7.8; B=1 x 1M 18.6 against 17.7).
+Run20-topk measured and removed (`git show 18963a9` has them): over HISTOGRAM_MAX_ENTRIES entries, a histogram the
+finish builds over its own candidates (one tl.histogram) to start its search from: B=32 x 1M 62.4/62.6 us at 128 bins,
+62.6/62.7 at 256, against 61.6/61.7; and the searches deciding two bits per count (three bounds in one packed int64
+reduction): B=32 63.4/63.5, B=8 x 256K 21.1 against 20.0, B=1 x 1M 18.8/18.9 against 17.4/17.4. Where the B=32 call's
+61.6 us go (the call cut after its launches, same run): threshold 7.8, with the filter 51.4, the finish ~10.
 """
 
 from __future__ import annotations
@@ -122,13 +127,6 @@ FLOAT_FILTER_MIN_ROWS = MANY_ROWS
 # B=32 x 1M 63.8/63.8 against 64.4/64.5 us, B=8 x 256K 20.1 against 20.2, B=1 x 1M 17.6/17.7 against 17.7/17.7,
 # 256K 12.8 against 13.0, 64K 17.3 against 17.3
 HALF_SCAN = True
-# over HISTOGRAM_MAX_ENTRIES entries (no histogram in the filter) the finish builds a histogram of this many bins over
-# its own candidates (`_candidate_histogram`, one tl.histogram) and starts its search from it, instead of the one-bit
-# counts from the threshold; 0: off
-FINISH_HIST_BINS = 0
-# the split threshold's and finish's searches decide two bits per block-wide count (`_rank_bound`: three bounds
-# counted in one reduction of packed int64 fields) instead of one
-PAIR_STEPS = False
 
 
 @triton.jit
@@ -141,10 +139,8 @@ def _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO: tl.constexpr):
 
 
 @triton.jit
-def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr,
-                      PAIRS: tl.constexpr = False):
-    """Step 1: the candidate threshold of the row [lo, lo + n) (see the module doc), and the largest key read.
-    PAIRS: the search decides two bits per count (`_rank_bound`)."""
+def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr):
+    """Step 1: the candidate threshold of the row [lo, lo + n) (see the module doc), and the largest key read."""
     i = tl.arange(0, S)
     sampled = n > S
     if sampled:
@@ -162,7 +158,7 @@ def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARG
     # well inside the 8k slots); exact rows: a bound exactly min(k, n) entries reach, or the k-th largest
     slack = tl.where(sampled, r // 2, 0)
     top = tl.max(key, axis=0)
-    c, _ = _rank_bound(key, r, tl.zeros([], tl.int64), n_ok, _unsigned(top), slack, PAIRS)
+    c, _ = _rank_bound(key, r, tl.zeros([], tl.int64), n_ok, _unsigned(top), slack)
     return (c - 2147483648).to(tl.int32), top
 
 
@@ -231,20 +227,19 @@ def _topk_row_kernel(val_ptr, lo_ptr, hi_ptr, cand_key_ptr, cand_pos_ptr, out_pt
 @triton.jit
 def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, n_cols, stride_row, K,
                             HAS_LO: tl.constexpr, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr,
-                            SLOTS: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr,
-                            PAIRS: tl.constexpr = False):
+                            SLOTS: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr):
     """Program per row: the threshold (thresh[row, 0]), and the row's count of filled slots reset for the filter
     launch. FLT (the float filter): a threshold of +0.0 (key 0, which no float compare matches) becomes -0.0 (key
     -1): a lower threshold only adds candidates (the -0.0 entries), and the finish then skips the exact-row
     shortcut. HIST: also the histogram's bin width 2^shift (thresh[row, 1]: the sampled keys from the threshold to
-    their maximum span under SLOTS / 2 bins) and its SLOTS bins zeroed. PAIRS: two bits per count in the search.
-    PDL: the filter launch may start at once (it waits for this grid before reading what it writes)."""
+    their maximum span under SLOTS / 2 bins) and its SLOTS bins zeroed. PDL: the filter launch may start at once
+    (it waits for this grid before reading what it writes)."""
     row = tl.program_id(0)
     if PDL:
         gdc_launch_dependents()
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
-    thresh, top = _sample_threshold(row_val, lo, hi - lo, K, S, SB, MARGIN_, PAIRS)
+    thresh, top = _sample_threshold(row_val, lo, hi - lo, K, S, SB, MARGIN_)
     if FLT:
         thresh = tl.where(thresh == 0, -1, thresh)
     tl.store(thresh_ptr + row * 2, thresh)
@@ -261,8 +256,7 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_
 @triton.jit
 def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr,
                 out_ptr, n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr,
-                OWN_HIST: tl.constexpr = 0, PAIRS: tl.constexpr = False):
+                MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr):
     """Step 3 for one row: selects among the row's candidate segments (one per tile) and writes the top k in
     position order. Reads what other programs wrote (after the launch boundary), through L2 (`.cg`).
 
@@ -271,8 +265,7 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
     segments' ends, and before[t] at each candidate's tile, by `tl.gather` in registers (H200 run15-topk: B=1 x 1M
     18.1 against 19.8 us, 64K 18.3 against 19.5, B=8 x 256K 20.8 against 21.8, B=32 x 1M 69.8 against 70.8 for
     global stores and loads: three round trips through L2). FLT: the slots hold (float bits, position) pairs,
-    int64 in cand_key_ptr. OWN_HIST: the search starts from the finish's own OWN_HIST-bin histogram of the
-    candidates (without HIST). PAIRS: two bits per count in the search."""
+    int64 in cand_key_ptr."""
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
     out_row = out_ptr + row.to(tl.int64) * K
@@ -305,8 +298,7 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
         hist = 0
         if HIST:
             hist = tl.load(hist_ptr + base_row + r, cache_modifier=".cg")
-        take = _select(key, pos, total, kk, thresh, exact, hist, tl.load(thresh_ptr + row * 2 + 1), False, HIST,
-                       OWN_HIST, PAIRS)
+        take = _select(key, pos, total, kk, thresh, exact, hist, tl.load(thresh_ptr + row * 2 + 1), False, HIST)
         take_i = take.to(tl.int32)
         excl = tl.cumsum(take_i, axis=0) - take_i
         has = (c < n_tiles) & (cnt > 0)  # (every segment ends inside the SLOTS here: total <= SLOTS)
@@ -491,12 +483,10 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
 def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr,
                          seg_ptr, out_ptr, n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr,
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr,
-                         FLT: tl.constexpr, PDL: tl.constexpr, OWN_HIST: tl.constexpr = 0,
-                         PAIRS: tl.constexpr = False):
+                         FLT: tl.constexpr, PDL: tl.constexpr):
     """Program per row: the finish (step 3)."""
     _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, PDL, OWN_HIST,
-                PAIRS)
+                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, PDL)
 
 
 def max_tiles(rows: int) -> int:
@@ -638,9 +628,8 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     bufs = (thresh, fill, hist, cand_key, cand_pos, seg, out, n, scores.stride(0), k)
     shapes = dict(**common, S=sample, SLOTS=slots, MAXT=maxt, TILE=tile, HIST=with_hist, FLT=flt, PDL=pdl)
     dependent = dict(launch_pdl=True) if pdl else {}  # the interpreter knows no such option
-    pairs = PAIR_STEPS and max(sample, slots) < 1 << 21  # the packed counts' 21-bit fields
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, hist, n, scores.stride(0), k, **common,
-                                     **sampling, SLOTS=slots, HIST=with_hist, FLT=flt, PDL=pdl, PAIRS=pairs,
+                                     **sampling, SLOTS=slots, HIST=with_hist, FLT=flt, PDL=pdl,
                                      num_warps=THRESHOLD_WARPS)
     one_tile = splits >= triton.cdiv(n, tile)
     # inline PTX: CUDA only; the programs taking several tiles were not timed with it
@@ -648,8 +637,7 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, ONE_TILE=one_tile, VEC=vec,
                                          HALVES=HALF_SCAN and one_tile, num_warps=num_warps, num_stages=1,
                                          **dependent)
-    own_hist = 0 if with_hist else FINISH_HIST_BINS
-    _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes, OWN_HIST=own_hist, PAIRS=pairs,
+    _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes,
                                   num_warps=min(16, FINISH_WARPS * slots // 4096), **dependent)
     return out
 

@@ -13,6 +13,8 @@ hold MIN32 (unsigned 0): never counted.
 A "band" variant (the finish's last bits searched in one warp over the at most 32 keys left in play) measured
 slower at every shape on the H200 (run 9, B=1 x 1M 23.7 against 21.4 us: copying the band out costs more
 than the block-wide counts it saves) and was removed; `git show 3174776:kernels/csa/topk_search.py` has it.
+Two bits per count (three bounds counted in one reduction of packed int64 fields) and, at B=32, a histogram the
+finish builds over its own candidates measured slower too (run20-topk, topk.py's doc; `git show 18963a9`).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def _unsigned(key):
 
 
 @triton.jit
-def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack, PAIRS: tl.constexpr = False):
+def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack):
     """A bound c (unsigned key order, int64 in [0, 2^32)) with count(key >= c) >= r, searched bit by bit from
     the top and stopped as soon as count(c) <= r + slack; returns (c, count(c)). Without an early stop c is
     the r-th largest key. Invalid lanes must hold MIN32 (unsigned 0, never counted).
@@ -63,9 +65,7 @@ def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack, PAIRS: tl.constexpr = False):
     candidates' number), hi_u: the largest key. Bits whose candidate bound lies at or under lo_u are taken and
     bits whose bound exceeds hi_u dropped without a reduction, so the search only pays (one block-wide
     reduction, ~0.4 us on an H200) for the bits between the two. A 16-way variant (4 bits per step, [16, n]
-    compares) measured 2x slower (run 4): the compares cost too. PAIRS: a bit that needs a count decides the next
-    bit with it: the three bounds of the two bits counted in one reduction of 21-bit fields packed in an int64
-    (at most 2^21 - 1 lanes), the same greedy choice as two one-bit steps."""
+    compares) measured 2x slower (run 4): the compares cost too, hence no multi-way steps."""
     c = tl.zeros([], tl.int64)
     if cnt_lo <= r + slack:  # lo_u is already such a bound (the loop below would not walk c up to it)
         c = lo_u
@@ -76,31 +76,10 @@ def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack, PAIRS: tl.constexpr = False):
         if cand <= lo_u:
             c = cand
         elif cand <= hi_u:
-            if PAIRS and (i < 31):  # (a constexpr first: no runtime test without PAIRS)
-                low = c | (tl.full([], 1, tl.int64) << (30 - i))
-                both = cand | low
-                at_low = (key >= (low - 2147483648).to(tl.int32)).to(tl.int64)
-                at_high = (key >= (cand - 2147483648).to(tl.int32)).to(tl.int64)
-                at_both = (key >= (both - 2147483648).to(tl.int32)).to(tl.int64)
-                packed = tl.sum(at_low | (at_high << 21) | (at_both << 42), axis=0)
-                n_low = (packed & 0x1FFFFF).to(tl.int32)
-                n_high = ((packed >> 21) & 0x1FFFFF).to(tl.int32)
-                n_both = (packed >> 42).to(tl.int32)
-                if n_both >= r:
-                    c = both
-                    cnt_c = n_both
-                elif n_high >= r:
-                    c = cand
-                    cnt_c = n_high
-                elif n_low >= r:
-                    c = low
-                    cnt_c = n_low
-                i += 1  # the next bit is decided too
-            else:
-                cnt = tl.sum((key >= (cand - 2147483648).to(tl.int32)).to(tl.int32), axis=0)
-                if cnt >= r:
-                    c = cand
-                    cnt_c = cnt
+            cnt = tl.sum((key >= (cand - 2147483648).to(tl.int32)).to(tl.int32), axis=0)
+            if cnt >= r:
+                c = cand
+                cnt_c = cnt
         i += 1
     return c, cnt_c
 
@@ -125,22 +104,7 @@ def _histogram_start(hist, total, kk, thresh, shift, key):
 
 
 @triton.jit
-def _candidate_histogram(key, thresh, BINS: tl.constexpr):
-    """The finish's own histogram of its candidates (invalid lanes MIN32, every valid key >= thresh): BINS bins of
-    2^shift keys aligned like the filter's (bin b counts key >> shift == (thresh >> shift) + b), shift the least
-    that puts the candidates' maximum in the last bin or under it. Returns (hist, shift) for `_histogram_start`."""
-    valid = key != MIN32
-    span = _unsigned(tl.max(key, axis=0)) - _unsigned(thresh)
-    shift = tl.zeros([], tl.int32)
-    while (span >> shift) >= BINS - 1:  # aligned bins: one more than the span's own width may be touched
-        shift += 1
-    b = tl.where(valid, (key >> shift) - (thresh >> shift), 0)
-    return tl.histogram(b, BINS, mask=valid), shift
-
-
-@triton.jit
-def _select(key, pos, total, kk, thresh, exact, hist, shift, IN_ORDER: tl.constexpr, HIST: tl.constexpr,
-            OWN_HIST: tl.constexpr = 0, PAIRS: tl.constexpr = False):
+def _select(key, pos, total, kk, thresh, exact, hist, shift, IN_ORDER: tl.constexpr, HIST: tl.constexpr):
     """Step 3: which of `total` candidates (invalid slots: key MIN32; every valid one >= thresh) are the top
     kk. A bound that exactly kk candidates reach takes them; otherwise (ties at the kk-th place) everything
     above the kk-th largest value v* is taken, and among entries equal to v* the lowest positions. The search
@@ -149,9 +113,7 @@ def _select(key, pos, total, kk, thresh, exact, hist, shift, IN_ORDER: tl.conste
     hold the candidates in position order (the first ties are the lowest positions); otherwise the last
     position to take is found by a second binary search (only when ties straddle the k-th place). HIST: the
     search starts from the candidates' histogram `hist` (bins of 2^shift keys from the threshold's,
-    `_histogram_start`). OWN_HIST (> 0, without HIST): the search starts from a histogram of OWN_HIST bins that
-    the finish builds over its own candidates (`_candidate_histogram`), so the filter counts nothing. PAIRS: the
-    search decides two bits per count (`_rank_bound`)."""
+    `_histogram_start`)."""
     valid = key != MIN32
     if total <= kk:
         take = valid
@@ -161,14 +123,11 @@ def _select(key, pos, total, kk, thresh, exact, hist, shift, IN_ORDER: tl.conste
         if not exact:
             if HIST:
                 lo_u, cnt_lo, hi_u = _histogram_start(hist, total, kk, thresh, shift, key)
-            elif OWN_HIST > 0:
-                own, own_shift = _candidate_histogram(key, thresh, OWN_HIST)
-                lo_u, cnt_lo, hi_u = _histogram_start(own, total, kk, thresh, own_shift, key)
             else:
                 lo_u = c
                 cnt_lo = total
                 hi_u = _unsigned(tl.max(key, axis=0))
-            c, cnt_c = _rank_bound(key, kk, lo_u, cnt_lo, hi_u, 0, PAIRS)
+            c, cnt_c = _rank_bound(key, kk, lo_u, cnt_lo, hi_u, 0)
         vstar = (c - 2147483648).to(tl.int32)
         if cnt_c == kk:
             take = key >= vstar

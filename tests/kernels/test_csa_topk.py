@@ -154,19 +154,14 @@ def _sampled_positions(n: int, sample: int) -> torch.Tensor:
     return (i // SAMPLE_BLOCK) * step + i % SAMPLE_BLOCK
 
 
-@pytest.mark.parametrize("hist", ["filter", "none", "own", "own_flt", "filter_pairs", "own_pairs"])
+@pytest.mark.parametrize("hist", [True, False])
 @pytest.mark.parametrize("case", ["unsampled_spikes", "rounded", "normal"])
 def test_finish_histogram_start(case, hist, monkeypatch):
-    """The finish's search started from the candidates' histogram counted by the filter (the default up to
-    HISTOGRAM_MAX_ENTRIES entries), from a histogram the finish builds over its own candidates (FINISH_HIST_BINS;
-    own_flt: with the float filter's (bits, position) slots) and from the threshold; *_pairs: the threshold's and
-    the finish's searches deciding two bits per count (PAIR_STEPS). unsampled_spikes: 200 large
-    entries where the sample never reads, so the k-th largest lies in the histogram's last bin (open above: keys
-    past the sample's maximum); rounded: ties at the k-th place."""
-    monkeypatch.setattr(topk_module, "HISTOGRAM_MAX_ENTRIES", 1 << 30 if hist == "filter" else 0)
-    monkeypatch.setattr(topk_module, "FINISH_HIST_BINS", 64 if hist.startswith("own") else 0)
-    monkeypatch.setattr(topk_module, "FLOAT_FILTER_MIN_ROWS", 1 if hist == "own_flt" else 1 << 30)
-    monkeypatch.setattr(topk_module, "PAIR_STEPS", hist.endswith("pairs"))
+    """The finish's search started from the candidates' histogram (the default up to HISTOGRAM_MAX_ENTRIES
+    entries) and from the threshold. unsampled_spikes: 200 large entries where the sample never reads, so the
+    k-th largest lies in the histogram's last bin (open above: keys past the sample's maximum); rounded: ties at
+    the k-th place."""
+    monkeypatch.setattr(topk_module, "HISTOGRAM_MAX_ENTRIES", 1 << 30 if hist else 0)
     gen = torch.Generator().manual_seed(hash((case, hist)) % 2**31)
     n, k = 9000, 100
     scores = _scores("normal" if case == "unsampled_spikes" else case, 2, n, gen)
@@ -179,25 +174,6 @@ def test_finish_histogram_start(case, hist, monkeypatch):
     poisoned = torch.full((2, k), 12345, dtype=torch.int32, device=DEVICE)
     out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=3, tile=BLOCK, sample=1024, out=poisoned).cpu()
     assert torch.equal(out, topk_reference(scores, lengths, k))
-
-
-@pytest.mark.skipif(not ON_GPU, reason="long rows need a GPU")
-@pytest.mark.parametrize("bins,pairs", [(0, False), (128, False), (256, True), (0, True)])
-@pytest.mark.parametrize("kind", ["normal", "rounded", "recent"])
-def test_own_histogram_on_gpu(kind, bins, pairs, monkeypatch):
-    """The finish's own candidate histogram (FINISH_HIST_BINS) where the filter counts none (over
-    HISTOGRAM_MAX_ENTRIES entries) and two bits per count (PAIR_STEPS), at the timed B=32 configuration (float
-    filter, 1024-entry tiles, pdl)."""
-    monkeypatch.setattr(topk_module, "FINISH_HIST_BINS", bins)
-    monkeypatch.setattr(topk_module, "PAIR_STEPS", pairs)
-    gen = torch.Generator().manual_seed(hash((kind, bins)) % 2**31)
-    b, n = 32, 1 << 17  # 4M entries: over HISTOGRAM_MAX_ENTRIES
-    scores = _scores(kind, b, n, gen)
-    lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
-    lengths[0] = n
-    poisoned = torch.full((b, 512), 12345, dtype=torch.int32, device=DEVICE)
-    out = topk(scores.cuda(), lengths.cuda(), 512, out=poisoned).cpu()
-    assert torch.equal(out, topk_reference(scores, lengths, 512))
 
 
 def _key_order_reference(scores: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
