@@ -68,12 +68,8 @@ def main() -> None:
                     "with their 16-row tiles unswapped")
     ap.add_argument("--no-gemv", action="store_true", help="leave the GEMV out above M=1")
     args = ap.parse_args()
-    import os
 
-    smoke = not __import__("torch").cuda.is_available()
-    if smoke:  # before the first @triton.jit import
-        os.environ["TRITON_INTERPRET"] = "1"
-    mb._import_zoe_kernels()
+    smoke = mb.start_sweep()
     import torch
 
     from zoe_kernels.moe import config, fused_moe
@@ -88,13 +84,6 @@ def main() -> None:
         args.sweep_shapes, args.large_shape, args.large_ms = "tiny,tiny-shared", "tiny", "8"
         args.large_shapes, args.more_ms = ("tiny-shared" if args.large_shapes else ""), "1"
 
-    def time_calls(calls):
-        if not smoke:
-            return mb.time_graph(calls)
-        t0 = time.perf_counter()
-        for fn in calls:
-            fn()
-        return (time.perf_counter() - t0) * 1e6 / len(calls)
     deadline = time.time() + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
     res = {"meta": mb.run_meta(dev), "m1_tiles": {k: {s: list(t) for s, t in v.items()} for k, v in M1_TILES.items()},
@@ -145,7 +134,7 @@ def main() -> None:
         path = setup(variant)
         calls = [lambda r=r: fused_moe(xs[r], w13, w2, routes[r][0], routes[r][1], fmt=fmt, w13_scale=s13,
                                        w2_scale=s2, path=path) for r in range(len(routes))]
-        us = time_calls(calls)
+        us = mb.time_calls(calls, smoke)
         floor, nbytes, _ = mb.roofline_us(shape, fmt, m, unique)
         row = {"shape": shape_name, "M": m, "fmt": fmt, "variant": label, "path": variant[0],
                "m1_tiles": variant[1], "split_a": variant[2], "rep": rep, "median_us": round(us, 2),
@@ -217,7 +206,7 @@ def main() -> None:
             if args.with_bf16_dot:
                 timed("bf16 dot", shape_name, shape, "bf16", m, wb, routes, xs, ("dot", None, False), unique, 0)
             calls = [lambda r=r: grouped_mm_moe(xs[r], wb[0], wb[2], routes[r][0], routes[r][1]) for r in range(reps)]
-            us = time_calls(calls)
+            us = mb.time_calls(calls, smoke)
             floor, _, _ = mb.roofline_us(shape, "bf16", m, unique)
             res["rows"].append({"shape": shape_name, "M": m, "fmt": "bf16", "variant": "torch_grouped_mm",
                                 "median_us": round(us, 2), "floor_us": round(floor, 2),

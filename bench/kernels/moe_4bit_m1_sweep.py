@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -61,10 +60,7 @@ def main() -> None:
     ap.add_argument("--wait-max-s", type=float, default=120.0)
     args = ap.parse_args()
     t_start = time.time()
-    smoke = not __import__("torch").cuda.is_available()
-    if smoke:  # before the first @triton.jit import
-        os.environ["TRITON_INTERPRET"] = "1"
-    mb._import_zoe_kernels()
+    smoke = mb.start_sweep()
     import torch
 
     from zoe_kernels.moe import config, fused_moe
@@ -95,13 +91,6 @@ def main() -> None:
         if tiles is not None:
             config.DOT_M1_TILES[fmt] = tiles
 
-    def time_calls(calls):
-        if not smoke:
-            return mb.time_graph(calls)
-        t0 = time.perf_counter()
-        for fn in calls:
-            fn()
-        return (time.perf_counter() - t0) * 1e6 / len(calls)
 
     def check(label, fmt, w, routes, xs, tiles):
         w13, s13, w2, s2 = w
@@ -159,7 +148,7 @@ def main() -> None:
                 else:
                     calls = [lambda r=r: down_combine(iin[r][0], iin[r][1], w2, s2, acc, routes[r][0], aligns[r],
                                                       top_k=k, kfmt=kfmt, cfg=cfg2) for r in range(len(routes))]
-                us = time_calls(calls)
+                us = mb.time_calls(calls, smoke)
                 nbytes = st1_bytes if stage == 1 else st1_bytes / 2
                 row = {"shape": name, "fmt": fmt, "stage": stage, "variant": label, "median_us": round(us, 2),
                        "pct_read_bw": round(100 * nbytes / mb.READ_BW / (us * 1e-6), 1), "device": dev}
@@ -220,7 +209,7 @@ def main() -> None:
                     setup(fmt, tiles)
                     calls = [lambda r=r: fused_moe(xs[r], w13, w2, routes[r][0], routes[r][1], fmt=fmt,
                                                    w13_scale=s13, w2_scale=s2) for r in range(REPS)]
-                    us = time_calls(calls)
+                    us = mb.time_calls(calls, smoke)
                     floor, _, _ = mb.roofline_us(shape, fmt, 1, unique)
                     row = {"shape": name, "M": 1, "fmt": fmt, "variant": label,
                            "tiles": None if tiles is None else {s: list(t) for s, t in tiles.items()}, "rep": rep,

@@ -127,6 +127,28 @@ def roofline_us(shape: dict, fmt: str, m: int, unique_experts: float) -> tuple[f
 
 
 # ---------------------------------------------------------------------------------------------- timing
+def start_sweep() -> bool:
+    """A sweep script's start: without a GPU (a smoke test of the script) turn Triton's interpreter on before
+    the first @triton.jit import, then make `zoe_kernels` importable. Returns whether this is the smoke run."""
+    import torch
+
+    smoke = not torch.cuda.is_available()
+    if smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
+    _import_zoe_kernels()
+    return smoke
+
+
+def time_calls(calls, smoke: bool) -> float:
+    """Microseconds per call: `time_graph` on the GPU, the host clock over one pass in the smoke run."""
+    if not smoke:
+        return time_graph(calls)
+    t0 = time.perf_counter()
+    for fn in calls:
+        fn()
+    return (time.perf_counter() - t0) * 1e6 / len(calls)
+
+
 def time_graph(calls, *, min_replays: int = 5, target_ms: float = 150.0) -> float:
     """Median microseconds per call of `calls` (a list of closures) captured back to back in one graph."""
     import torch
