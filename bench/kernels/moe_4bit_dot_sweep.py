@@ -217,14 +217,7 @@ def main() -> None:
         save()
     setup(("dot", None, saved_split))
     save()
-    best = {}
-    for r in res["rows"]:
-        if r["M"] == 1:
-            key = (r["shape"], r["fmt"])
-            if key not in best or r["median_us"] < best[key]["median_us"]:
-                best[key] = r
-    for (s, f), r in sorted(best.items()):
-        print(f"[best] {s} M=1 {f}: {r['variant']} {r['median_us']:.1f}us", flush=True)
+    mb.print_best_m1(res["rows"])
 
 
 if __name__ == "__main__":

@@ -149,6 +149,18 @@ def time_calls(calls, smoke: bool) -> float:
     return (time.perf_counter() - t0) * 1e6 / len(calls)
 
 
+def print_best_m1(rows: list[dict]) -> None:
+    """One line per (shape, format): the fastest M=1 row of a sweep."""
+    best = {}
+    for r in rows:
+        if r["M"] == 1:
+            key = (r["shape"], r["fmt"])
+            if key not in best or r["median_us"] < best[key]["median_us"]:
+                best[key] = r
+    for (s, f), r in sorted(best.items()):
+        print(f"[best] {s} M=1 {f}: {r['variant']} {r['median_us']:.1f}us", flush=True)
+
+
 def time_graph(calls, *, min_replays: int = 5, target_ms: float = 150.0) -> float:
     """Median microseconds per call of `calls` (a list of closures) captured back to back in one graph."""
     import torch
