@@ -329,12 +329,12 @@ def _a_fmt(dtype: torch.dtype) -> str:
 
 
 def mx_swap_supported(w_scale: torch.Tensor, k: int, block_k: int) -> bool:
-    """Whether mxfp4 can run swapped (`_dot_w_mx_swapped`): its scale rows must be whole K steps of 4-byte aligned
-    words (K % BLOCK_K == 0, word-aligned strides and base), which it loads as int32; every model shape is.
-    Elsewhere the launch keeps the unswapped form."""
-    words = block_k // MX_GROUP
-    return (k % block_k == 0 and w_scale.stride(2) == 1 and w_scale.stride(1) % words == 0
-            and w_scale.stride(0) % words == 0 and w_scale.data_ptr() % 4 == 0)
+    """Whether mxfp4 can run swapped (`_dot_w_mx_swapped`): it loads a K step's scale bytes as one 4-byte aligned
+    int32, so a step must be exactly 4 scale groups (BLOCK_K = 4 * MX_GROUP, the tiles config gives mxfp4), K whole
+    steps, and the scale rows word-aligned (strides and base); every model shape is. Elsewhere the launch keeps the
+    unswapped form."""
+    return (block_k == 4 * MX_GROUP and k % block_k == 0 and w_scale.stride(2) == 1 and w_scale.stride(1) % 4 == 0
+            and w_scale.stride(0) % 4 == 0 and w_scale.data_ptr() % 4 == 0)
 
 
 def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_k, n, k, kfmt, gated,

@@ -336,6 +336,8 @@ def test_dot_path_mxfp4_swapped_operands(swap, monkeypatch):
         ti[0, 1] = -1
         assert config.stage_config(m, 4, 8, i, h, "mxfp4", gated=True)["SWAP_AB"] == swap
         assert mx_swap_supported(kw["w2_scale"], i, 128) == (i % 128 == 0)
+        # one int32 holds a step's scales: steps of 2 or 8 groups are refused, not decoded wrongly
+        assert not mx_swap_supported(kw["w2_scale"], i, 64) and not mx_swap_supported(kw["w2_scale"], i, 256)
         out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dot", **kw)
         assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
         assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol("mxfp4", dtype)
