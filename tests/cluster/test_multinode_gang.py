@@ -63,7 +63,10 @@ def test_two_node_gang_spreads_launches_every_rank_and_restarts_as_a_whole(two_n
         assert [len(g) for g in rep["gpu_ids"]] == [8, 8]
         node_ids = ray.get([handle.__ray_call__.remote(lambda self: [i["node_id"] for i in self.slots[0].gang.infos])])[0]
         assert len(set(node_ids)) == 2  # STRICT_SPREAD: one bundle per node
-        log = ray.get(handle.logs.remote(0))["0"]
+        # ready means rank 0 answers /health; rank 1's process may still be starting (a loaded CI machine), so
+        # wait for its start line rather than read the log once
+        log = wait_for(lambda: (t := ray.get(handle.logs.remote(0))["0"]).count("dist-init-addr") >= 2 and t, 30,
+                       what="both node ranks' start lines in the replica log")
         ranks = re.findall(r"rank (\d)/2 dist-init-addr (\S+)", log)
         assert sorted(r for r, _ in ranks) == ["0", "1"]
         assert len({addr for _, addr in ranks}) == 1 and ranks[0][1].startswith("127.0.0.1:")
