@@ -120,10 +120,12 @@ def main() -> None:
         rows.append(compile_one(f"topk_row k={k}", topk._topk_row_kernel, ptrs,
                                 dict(HAS_LO=True, **sampling, SLOTS=slots, TILE=4096), 16))
         if k == 512:
-            rows.append(compile_one("topk_split_threshold", topk._split_threshold_kernel, ptrs,
-                                    dict(HAS_LO=False, **sampling, SLOTS=slots, HIST=True, FLT=False,
-                                         PDL=False),
-                                    topk.THRESHOLD_WARPS))
+            # PAIRS: the search over each group's two largest keys first; SPEC: the sample loaded before the length
+            for pairs, spec in ((False, False), (True, False), (False, True), (True, True)):
+                rows.append(compile_one(f"topk_split_threshold pairs={pairs} spec={spec}", topk._split_threshold_kernel,
+                                        ptrs, dict(HAS_LO=False, **sampling, SLOTS=slots, HIST=True, FLT=False,
+                                                   PDL=False, PAIRS=pairs, SPEC=spec, PTX=True),
+                                        topk.THRESHOLD_WARPS))
             # (tile, warps, one tile per program, 16-byte loads + inline-PTX stores, pdl, rows): 1024-entry tiles
             # from MANY_ROWS rows; VEC is the CUDA default for one tile per program; FLT (float compare, 8-byte
             # candidate stores) both ways on the CUDA defaults; one-tile programs take HALF_SCAN (the halves'
@@ -141,13 +143,18 @@ def main() -> None:
                                              TILE=tile, HIST=b == 1, ONE_TILE=one, VEC=vec, FLT=flt, PDL=pdl,
                                              HALVES=halves),
                                         warps, num_stages=1))
-        finishes = ((False, 1, False), (True, 1, False), (True, 1, True), (False, 32, False), (False, 32, True))
-        for pdl, b, flt in finishes if k == 512 else ((False, 1, False),):
+        # (pdl, rows, float filter, the finish's own histogram, early loads): B=32 x 1M counts no histogram in the
+        # filter (over HISTOGRAM_MAX_ENTRIES), so own=True is the finish counting it
+        finishes = ((False, 1, False, False, False), (True, 1, False, False, False), (True, 1, False, False, True),
+                    (True, 1, True, False, False), (False, 32, False, False, False), (False, 32, True, False, False),
+                    (True, 32, True, True, False), (True, 32, True, False, True), (True, 32, True, True, True))
+        for pdl, b, flt, own, early in finishes if k == 512 else ((False, 1, False, False, False),):
             fptrs = {**ptrs, "cand_key_ptr": "*i64", "cand_pos_ptr": "*i64"} if flt else ptrs
-            rows.append(compile_one(f"topk_split_finish k={k} pdl={pdl} maxt={topk.max_tiles(b)} flt={flt}",
-                                    topk._split_finish_kernel, fptrs,
+            rows.append(compile_one(f"topk_split_finish k={k} pdl={pdl} maxt={topk.max_tiles(b)} flt={flt} "
+                                    f"own_hist={own} early={early}", topk._split_finish_kernel, fptrs,
                                     dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.max_tiles(b),
-                                         TILE=topk.split_tile(1 << 20, rows=b), HIST=b == 1, FLT=flt, PDL=pdl),
+                                         TILE=topk.split_tile(1 << 20, rows=b), HIST=b == 1 or own, FLT=flt, PDL=pdl,
+                                         OWN_HIST=own, EARLY=early, PTX=True),
                                     min(16, topk.FINISH_WARPS * slots // 4096)))
     iptrs = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "k_ptr": "*fp8e4nv", "k_scale_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}

@@ -68,16 +68,25 @@ def _save() -> None:
 # histogram), the searches deciding two bits per count ("pairs": threshold and finish), 16 finish warps with both
 # (all slower, removed: `git show 18963a9`), an 8192-entry sample at B=32 (faster, not the default: see
 # sparse_README.md), and the call cut after its first launch or two ("first launch only", "threshold + filter": where
-# the time goes). Listed now: the default at every shape (twice at B=32), and at B=32 the 8192-entry sample.
-TOPK_VARIANTS = {(1, 1 << 20): [("default", {})] * 2,
-                 (32, 1 << 20): [("default", {}), ("sample 8192", dict(sample=8192))] * 2}
+# the time goes). Run 21-topk: the threshold's search over each group's two largest keys ("pairs", PAIR_SEARCH), the
+# finish counting its own histogram with one `red` per candidate where the filter counts none ("own hist",
+# FINISH_OWN_HIST: B=32 x 1M), the finish's loads issued with its slot count ("early", FINISH_EARLY_LOADS), each alone
+# the sample of a full-width row loaded before the row's length ("spec", SPECULATIVE_SAMPLE), each alone and together
+# ("all") against the default, the 1M shapes twice; the cut calls for the default and "all".
+ALL_NEW = dict(_pairs=True, _own_hist=True, _early=True, _spec=True)
+TOPK_VARIANTS = {(1, 1 << 20): [("default", {}), ("pairs", dict(_pairs=True)), ("early", dict(_early=True)),
+                                ("spec", dict(_spec=True)), ("all", ALL_NEW)] * 2,
+                 (32, 1 << 20): [("default", {}), ("pairs", dict(_pairs=True)), ("own hist", dict(_own_hist=True)),
+                                 ("early", dict(_early=True)), ("spec", dict(_spec=True)), ("all", ALL_NEW)] * 2}
+DEFAULT_AND_ALL = [("default", {}), ("all", ALL_NEW)]  # the other shapes
 # B=32 first: a run cut by its time limit keeps what it measured
 TOPK_SHAPES = [(32, 1 << 20, "randn"), (8, 262144, "randn"), (1, 1 << 20, "randn"), (1, 4096, "randn"),
                (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "recent")]
 LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS", "_vec": "VECTOR_LOADS",
                     "_hist_max": "HISTOGRAM_MAX_ENTRIES", "_max_tiles": "MAX_TILES",
                     "_filter_programs": "FILTER_PROGRAMS", "_flt_min_rows": "FLOAT_FILTER_MIN_ROWS",
-                    "_half_scan": "HALF_SCAN"}
+                    "_half_scan": "HALF_SCAN", "_pairs": "PAIR_SEARCH", "_own_hist": "FINISH_OWN_HIST",
+                    "_early": "FINISH_EARLY_LOADS", "_spec": "SPECULATIVE_SAMPLE"}
 
 
 class _Skipped:
@@ -100,16 +109,16 @@ def launches_cut(*names: str):
             setattr(tk, name, kernel)
 
 
-def _time_launch_prefixes(scores, lengths, k, shape) -> None:
-    """The default call cut after its first launch (threshold) and after its second (threshold + filter, which
-    with pdl overlap), timed like the whole call: the differences say where its time goes."""
+def _time_launch_prefixes(scores, lengths, k, shape, label: str = "", cfg: dict | None = None) -> None:
+    """The call (cfg: `_call`'s) cut after its first launch (threshold) and after its second (threshold + filter,
+    which with pdl overlap), timed like the whole call: the differences say where its time goes."""
     for name, cut in (("first launch only", ("_split_filter_kernel", "_split_finish_kernel")),
                       ("threshold + filter", ("_split_finish_kernel",))):
         with launches_cut(*cut):
-            topk(scores, lengths, k)
-            us = sb.median_us(lambda: topk(scores, lengths, k), graph=True, rep_ms=30)
-        ROWS.append(dict(op="topk", shape=shape, variant=name, median_us=us))
-        sb.log(f"topk {shape} {name} {us:8.1f} us")
+            _call(scores, lengths, k, cfg or {})
+            us = sb.median_us(lambda: _call(scores, lengths, k, cfg or {}), graph=True, rep_ms=30)
+        ROWS.append(dict(op="topk", shape=shape, variant=name + label, config=json.dumps(cfg or {}), median_us=us))
+        sb.log(f"topk {shape} {name + label} {us:8.1f} us")
 
 
 def _call(scores, lengths, k, cfg):
@@ -163,8 +172,12 @@ def sweep_topk() -> None:
         sb.log(f"topk {shape:22s} {'torch.topk':24s} {base:8.1f} us")
         if (b, n) in ((1, 1 << 20), (32, 1 << 20)) and kind == "randn":
             _time_threshold_alone(scores, lengths, k, shape, tk.THRESHOLD_WARPS)  # run 18 also timed 32 warps
-            _time_launch_prefixes(scores, lengths, k, shape)
-        variants = TOPK_VARIANTS.get((b, n), [("default", {})])
+            for label, cfg in (("", {}), (" (all)", ALL_NEW)):
+                try:
+                    _time_launch_prefixes(scores, lengths, k, shape, label, cfg)
+                except Exception as exc:  # noqa: BLE001 - report and go on
+                    sb.log(f"topk {shape} cut calls{label}: ERROR {exc!r:.200}")
+        variants = TOPK_VARIANTS.get((b, n), DEFAULT_AND_ALL) if kind == "randn" else DEFAULT_AND_ALL
         for name, cfg in variants:
             t0 = time.time()
             try:  # outputs poisoned: every slot must be written

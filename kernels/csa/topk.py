@@ -70,7 +70,8 @@ import triton
 import triton.language as tl
 
 from zoe_kernels.csa.radix_select import RADIX_BINS, _chunk_topk_kernel, _radix_topk_range
-from zoe_kernels.csa.topk_search import MIN32, _bits_key, _key_float, _rank_bound, _select, _signed_key, _unsigned
+from zoe_kernels.csa.topk_search import (MIN32, _bits_key, _group_top_two, _key_float, _rank_bound, _select,
+                                         _signed_key, _unsigned)
 from zoe_kernels.platform import has_ptx
 
 try:  # programmatic dependent launch (Hopper and later); absent from older Triton releases
@@ -127,6 +128,20 @@ FLOAT_FILTER_MIN_ROWS = MANY_ROWS
 # B=32 x 1M 63.8/63.8 against 64.4/64.5 us, B=8 x 256K 20.1 against 20.2, B=1 x 1M 17.6/17.7 against 17.7/17.7,
 # 256K 12.8 against 13.0, 64K 17.3 against 17.3
 HALF_SCAN = True
+# the sampled threshold's search first runs over each group's two largest keys (`_sample_threshold`, PAIRS) when it
+# aims at few sampled entries (r + r // 2 <= PAIR_MAX_RANK: rows of >= ~700K entries at k = 512; on i.i.d. rows
+# a group of 32 then rarely holds three of them) in PAIR_GROUPS groups (a 16-warp program: one group per thread;
+# samples of >= 4 * PAIR_GROUPS entries)
+PAIR_SEARCH = False
+# over HISTOGRAM_MAX_ENTRIES entries (the filter counts no histogram there) the finish counts its candidates into the
+# SLOTS bins itself, one `red` each, and starts its search from them (`_finish_row`, OWN_HIST)
+FINISH_OWN_HIST = False
+# the finish loads its candidates, segments and histogram with the slot count instead of after it
+FINISH_EARLY_LOADS = False
+# the threshold loads the sample of a full-width row before the row's length arrives (`_sample_threshold`, SPEC)
+SPECULATIVE_SAMPLE = False
+PAIR_MAX_RANK = tl.constexpr(48)
+PAIR_GROUPS = tl.constexpr(512)
 
 
 @triton.jit
@@ -139,16 +154,40 @@ def _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO: tl.constexpr):
 
 
 @triton.jit
-def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr):
-    """Step 1: the candidate threshold of the row [lo, lo + n) (see the module doc), and the largest key read."""
+def _sample_offsets(i, lo, n, S: tl.constexpr, SB: tl.constexpr):
+    """The sampled positions of the row [lo, lo + n), n > S: S/SB blocks of SB entries, `step` apart (a multiple of
+    SB: aligned 16-byte loads, and no 64-bit division per entry), spread over the row."""
+    step = tl.multiple_of(((n - SB) // (S // SB - 1)) // SB * SB, SB)
+    return lo + (i // SB).to(tl.int64) * step + i % SB
+
+
+@triton.jit
+def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr,
+                      PAIRS: tl.constexpr = False, n_cols=0, SPEC: tl.constexpr = False, PTX: tl.constexpr = False):
+    """Step 1: the candidate threshold of the row [lo, lo + n) (see the module doc), and the largest key read.
+
+    SPEC (lo = 0 and n_cols > S): the sample of a row as long as the tensor is loaded before the row's length
+    arrives (no dependent load on the way), and loaded again where the row is shorter (PTX: the loads pinned
+    before the branch on the length by an inline-PTX move).
+
+    PAIRS (sampled rows aiming at r + r // 2 <= PAIR_MAX_RANK entries): the search first runs over the two largest
+    keys of each group of 32 sampled entries (`_group_top_two`: 2 compares per thread and count instead of 32), then
+    one count over the whole sample checks its bound; where a group held more than two keys over it (the count then
+    exceeds r + r // 2), the exact search goes on from that bound. The bound found reaches r to r + r // 2 sampled
+    entries either way."""
     i = tl.arange(0, S)
+    if SPEC:
+        key_full = _signed_key(tl.load(row_val + _sample_offsets(i, 0, n_cols, S, SB)))
+        if PTX:  # pinned before the branch on the length (else the compiler sinks the loads into it)
+            key_full = _pinned(key_full)
     sampled = n > S
     if sampled:
-        # S/SB blocks of SB entries, `step` apart (a multiple of SB: aligned 16-byte loads, and no 64-bit
-        # division per entry), spread over the row
-        step = tl.multiple_of(((n - SB) // (S // SB - 1)) // SB * SB, SB)
-        offs = lo + (i // SB).to(tl.int64) * step + i % SB
-        key = _signed_key(tl.load(row_val + offs))
+        if SPEC:
+            key = key_full
+            if n != n_cols:
+                key = _signed_key(tl.load(row_val + _sample_offsets(i, 0, n, S, SB)))
+        else:
+            key = _signed_key(tl.load(row_val + _sample_offsets(i, lo, n, S, SB)))
     else:
         key = tl.where(i < n, _signed_key(tl.load(row_val + lo + i, mask=i < n, other=0.0)), MIN32)
     n_ok = tl.minimum(n, S)
@@ -157,9 +196,28 @@ def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARG
     # sampled: any bound that r to 1.5 r sample entries reach will do (~3k to ~4.5k candidates expected,
     # well inside the 8k slots); exact rows: a bound exactly min(k, n) entries reach, or the k-th largest
     slack = tl.where(sampled, r // 2, 0)
-    top = tl.max(key, axis=0)
-    c, _ = _rank_bound(key, r, tl.zeros([], tl.int64), n_ok, _unsigned(top), slack)
+    if PAIRS:
+        c, top = _pair_search(key, r, slack, n_ok, sampled & (r + slack <= PAIR_MAX_RANK))
+    else:
+        top = tl.max(key, axis=0)
+        c, _ = _rank_bound(key, r, tl.zeros([], tl.int64), n_ok, _unsigned(top), slack)
     return (c - 2147483648).to(tl.int32), top
+
+
+@triton.jit
+def _pair_search(key, r, slack, n_ok, use_pairs):
+    """`_sample_threshold`'s search with PAIRS: (bound c, largest key)."""
+    if use_pairs:
+        best = _group_top_two(key, PAIR_GROUPS)
+        top = tl.max(tl.max(best, axis=1), axis=0)
+        c, _ = _rank_bound(best, r, tl.zeros([], tl.int64), 2 * PAIR_GROUPS, _unsigned(top), slack, True)
+        cnt = tl.sum((key >= (c - 2147483648).to(tl.int32)).to(tl.int32), axis=0)
+        if cnt > r + slack:  # some group held more than two keys over c: the exact search goes on from c
+            c, _ = _rank_bound(key, r, c, cnt, _unsigned(top), slack)
+    else:
+        top = tl.max(key, axis=0)
+        c, _ = _rank_bound(key, r, tl.zeros([], tl.int64), n_ok, _unsigned(top), slack)
+    return c, top
 
 
 @triton.jit
@@ -227,19 +285,21 @@ def _topk_row_kernel(val_ptr, lo_ptr, hi_ptr, cand_key_ptr, cand_pos_ptr, out_pt
 @triton.jit
 def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, n_cols, stride_row, K,
                             HAS_LO: tl.constexpr, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr,
-                            SLOTS: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr):
+                            SLOTS: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr,
+                            PAIRS: tl.constexpr = False, SPEC: tl.constexpr = False, PTX: tl.constexpr = False):
     """Program per row: the threshold (thresh[row, 0]), and the row's count of filled slots reset for the filter
     launch. FLT (the float filter): a threshold of +0.0 (key 0, which no float compare matches) becomes -0.0 (key
     -1): a lower threshold only adds candidates (the -0.0 entries), and the finish then skips the exact-row
     shortcut. HIST: also the histogram's bin width 2^shift (thresh[row, 1]: the sampled keys from the threshold to
-    their maximum span under SLOTS / 2 bins) and its SLOTS bins zeroed. PDL: the filter launch may start at once
-    (it waits for this grid before reading what it writes)."""
+    their maximum span under SLOTS / 2 bins) and its SLOTS bins zeroed (for the filter's or the finish's counts).
+    PDL: the filter launch may start at once (it waits for this grid before reading what it writes). PAIRS, SPEC,
+    PTX: see `_sample_threshold`."""
     row = tl.program_id(0)
     if PDL:
         gdc_launch_dependents()
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
-    thresh, top = _sample_threshold(row_val, lo, hi - lo, K, S, SB, MARGIN_)
+    thresh, top = _sample_threshold(row_val, lo, hi - lo, K, S, SB, MARGIN_, PAIRS, n_cols, SPEC, PTX)
     if FLT:
         thresh = tl.where(thresh == 0, -1, thresh)
     tl.store(thresh_ptr + row * 2, thresh)
@@ -256,7 +316,8 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_
 @triton.jit
 def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr,
                 out_ptr, n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
-                MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr):
+                MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr,
+                OWN_HIST: tl.constexpr = False, EARLY: tl.constexpr = False, PTX: tl.constexpr = False):
     """Step 3 for one row: selects among the row's candidate segments (one per tile) and writes the top k in
     position order. Reads what other programs wrote (after the launch boundary), through L2 (`.cg`).
 
@@ -265,40 +326,50 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
     segments' ends, and before[t] at each candidate's tile, by `tl.gather` in registers (H200 run15-topk: B=1 x 1M
     18.1 against 19.8 us, 64K 18.3 against 19.5, B=8 x 256K 20.8 against 21.8, B=32 x 1M 69.8 against 70.8 for
     global stores and loads: three round trips through L2). FLT: the slots hold (float bits, position) pairs,
-    int64 in cand_key_ptr."""
+    int64 in cand_key_ptr. HIST: the search starts from the histogram in hist_ptr, counted by the filter or, with
+    OWN_HIST, here (one `red` per candidate into the bins the threshold launch zeroed; PTX: as inline PTX, then a
+    gpu-scope fence before the block barrier, so the read-back sees every add). EARLY: the candidates, segments and
+    histogram are loaded with the slot count (not after it), so their latency overlaps."""
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
     out_row = out_ptr + row.to(tl.int64) * K
+    base_row = row.to(tl.int64) * SLOTS
+    r = tl.arange(0, SLOTS)
+    c = tl.arange(0, MAXT)
+    n_tiles = tl.cdiv(hi - lo, TILE)
+    seg = seg_ptr + (row * MAXT + c) * 2
     if PDL:  # launched before the filter grid ended: wait for it (and its writes) here
         gdc_wait()
+    if EARLY:  # unmasked (16-byte) loads of all SLOTS: the slots past `total` hold garbage, never used
+        bits, pos, first, cnt, hist = _load_candidates(cand_key_ptr + base_row, cand_pos_ptr + base_row, seg,
+                                                       hist_ptr + base_row, c < n_tiles, SLOTS, HIST, OWN_HIST, FLT)
     total = tl.load(fill_ptr + row, cache_modifier=".cg")
     kk = tl.minimum(K, hi - lo)
     if (total > SLOTS) | (total < kk):  # threshold missed: exact radix select
         _radix_topk_range(row_val, row_val, lo, hi, lo, out_row, out_row, K, False, False, 256, TILE)
     else:
-        base_row = row.to(tl.int64) * SLOTS
-        r = tl.arange(0, SLOTS)
+        if not EARLY:
+            bits, pos, first, cnt, hist = _load_candidates(cand_key_ptr + base_row, cand_pos_ptr + base_row, seg,
+                                                           hist_ptr + base_row, c < n_tiles, SLOTS, HIST,
+                                                           OWN_HIST, FLT)
         ok = r < total
-        # unmasked (16-byte) loads of all SLOTS: the slots past `total` hold garbage, never used
+        key = tl.where(ok, bits, MIN32)
         thresh = tl.load(thresh_ptr + row * 2)
+        shift = tl.load(thresh_ptr + row * 2 + 1)
         exact = hi - lo <= S
         if FLT:
-            pair = tl.load(cand_key_ptr + base_row + r, cache_modifier=".cg")
-            key = tl.where(ok, _bits_key(pair.to(tl.int32)), MIN32)
-            pos = (pair >> 32).to(tl.int32)
             exact = exact & (thresh != -1)  # -1 may be a lowered +0.0 (see _split_threshold_kernel)
-        else:
-            key = tl.where(ok, tl.load(cand_key_ptr + base_row + r, cache_modifier=".cg"), MIN32)
-            pos = tl.load(cand_pos_ptr + base_row + r, cache_modifier=".cg")
-        c = tl.arange(0, MAXT)
-        n_tiles = tl.cdiv(hi - lo, TILE)
-        seg = seg_ptr + (row * MAXT + c) * 2
-        first = tl.load(seg, mask=c < n_tiles, other=0, cache_modifier=".cg")
-        cnt = tl.load(seg + 1, mask=c < n_tiles, other=0, cache_modifier=".cg")
-        hist = 0
-        if HIST:
+        if OWN_HIST:  # every candidate's key >= thresh: bins from 0, the last one open above
+            base = thresh >> shift
+            b = tl.minimum(key >> shift, base + (SLOTS - 1)) - base
+            if PTX:
+                _add_one_scattered(hist_ptr + base_row + b, ok)
+                _fence_gpu()
+            else:
+                tl.atomic_add(hist_ptr + base_row + b, 1, mask=ok, sem="acq_rel")
+            tl.debug_barrier()
             hist = tl.load(hist_ptr + base_row + r, cache_modifier=".cg")
-        take = _select(key, pos, total, kk, thresh, exact, hist, tl.load(thresh_ptr + row * 2 + 1), False, HIST)
+        take = _select(key, pos, total, kk, thresh, exact, hist, shift, False, HIST)
         take_i = take.to(tl.int32)
         excl = tl.cumsum(take_i, axis=0) - take_i
         has = (c < n_tiles) & (cnt > 0)  # (every segment ends inside the SLOTS here: total <= SLOTS)
@@ -308,6 +379,29 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
         slot = tl.gather(delta, tl.where(take, pos // TILE, 0), 0) + excl
         tl.store(out_row + slot, pos, mask=take)
         _pad(out_row, kk, K, SLOTS)
+
+
+@triton.jit
+def _load_candidates(cand_key, cand_pos, seg, hist, seg_ok, SLOTS: tl.constexpr, HIST: tl.constexpr,
+                     OWN_HIST: tl.constexpr, FLT: tl.constexpr):
+    """A row's SLOTS candidate slots as (keys, or FLT float bits converted to keys; positions), its segments (first
+    slot, count; 0 where not seg_ok) and (HIST, unless OWN_HIST: not counted yet) its histogram's SLOTS bins, read
+    through L2."""
+    r = tl.arange(0, SLOTS)
+    if FLT:
+        pair = tl.load(cand_key + r, cache_modifier=".cg")
+        key = _bits_key(pair.to(tl.int32))
+        pos = (pair >> 32).to(tl.int32)
+    else:
+        key = tl.load(cand_key + r, cache_modifier=".cg")
+        pos = tl.load(cand_pos + r, cache_modifier=".cg")
+    first = tl.load(seg, mask=seg_ok, other=0, cache_modifier=".cg")
+    cnt = tl.load(seg + 1, mask=seg_ok, other=0, cache_modifier=".cg")
+    counts = tl.zeros([SLOTS], tl.int32)
+    if HIST:
+        if not OWN_HIST:
+            counts = tl.load(hist + r, cache_modifier=".cg")
+    return key, pos, first, cnt, counts
 
 
 @triton.jit
@@ -362,6 +456,20 @@ def _add_one_scattered(ptr, mask):
     return tl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p red.global.add.u32 [$1], 1; mov.b32 $0, 0; }",
         "=r,l,r", [ptr, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _pinned(x):
+    """x through an inline-PTX move (CUDA only): the compiler keeps it (and the loads it waits for) where it is."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _fence_gpu():
+    """A gpu-scope fence in every thread (CUDA only): its earlier memory operations, `red`s included, are performed
+    at L2 before its later ones."""
+    return tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, $1;", "=r,r", [tl.full([], 0, tl.int32)],
+                                     dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -483,10 +591,12 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
 def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr,
                          seg_ptr, out_ptr, n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr,
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr,
-                         FLT: tl.constexpr, PDL: tl.constexpr):
-    """Program per row: the finish (step 3)."""
+                         FLT: tl.constexpr, PDL: tl.constexpr, OWN_HIST: tl.constexpr = False,
+                         EARLY: tl.constexpr = False, PTX: tl.constexpr = False):
+    """Program per row: the finish (step 3; OWN_HIST, EARLY, PTX: see `_finish_row`)."""
     _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, PDL)
+                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, PDL, OWN_HIST, EARLY,
+                PTX)
 
 
 def max_tiles(rows: int) -> int:
@@ -623,21 +733,26 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
         cand_key = torch.empty((rows, slots), dtype=torch.int32, device=dev)
         cand_pos = torch.empty((rows, slots), dtype=torch.int32, device=dev)
     seg = torch.empty((rows, maxt, 2), dtype=torch.int32, device=dev)
-    with_hist = rows * n <= HISTOGRAM_MAX_ENTRIES
-    hist = torch.empty((rows, slots) if with_hist else (1,), dtype=torch.int32, device=dev)  # zeroed there too
+    with_hist = rows * n <= HISTOGRAM_MAX_ENTRIES  # the filter counts the histogram
+    own_hist = FINISH_OWN_HIST and not with_hist  # the finish counts it
+    hist = torch.empty((rows, slots) if with_hist or own_hist else (1,), dtype=torch.int32, device=dev)  # zeroed there
     bufs = (thresh, fill, hist, cand_key, cand_pos, seg, out, n, scores.stride(0), k)
-    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=maxt, TILE=tile, HIST=with_hist, FLT=flt, PDL=pdl)
+    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=maxt, TILE=tile, FLT=flt, PDL=pdl)
     dependent = dict(launch_pdl=True) if pdl else {}  # the interpreter knows no such option
+    ptx = scores.is_cuda and has_ptx()  # inline PTX: NVIDIA only
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, hist, n, scores.stride(0), k, **common,
-                                     **sampling, SLOTS=slots, HIST=with_hist, FLT=flt, PDL=pdl,
+                                     **sampling, SLOTS=slots, HIST=with_hist or own_hist, FLT=flt, PDL=pdl,
+                                     PAIRS=PAIR_SEARCH and sample >= 4 * PAIR_GROUPS,
+                                     SPEC=SPECULATIVE_SAMPLE and not has_lo and n > sample, PTX=ptx,
                                      num_warps=THRESHOLD_WARPS)
     one_tile = splits >= triton.cdiv(n, tile)
     # inline PTX: CUDA only; the programs taking several tiles were not timed with it
-    vec = VECTOR_LOADS and one_tile and scores.is_cuda and has_ptx()  # inline PTX: NVIDIA only
-    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, ONE_TILE=one_tile, VEC=vec,
-                                         HALVES=HALF_SCAN and one_tile, num_warps=num_warps, num_stages=1,
-                                         **dependent)
-    _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes,
+    vec = VECTOR_LOADS and one_tile and ptx
+    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, HIST=with_hist,
+                                         ONE_TILE=one_tile, VEC=vec, HALVES=HALF_SCAN and one_tile,
+                                         num_warps=num_warps, num_stages=1, **dependent)
+    _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes, HIST=with_hist or own_hist, OWN_HIST=own_hist,
+                                  EARLY=FINISH_EARLY_LOADS, PTX=ptx,
                                   num_warps=min(16, FINISH_WARPS * slots // 4096), **dependent)
     return out
 

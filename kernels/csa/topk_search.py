@@ -56,10 +56,28 @@ def _unsigned(key):
 
 
 @triton.jit
-def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack):
+def _top_two_combine(a1, a2, b1, b2):
+    return tl.maximum(a1, b1), tl.maximum(tl.minimum(a1, b1), tl.maximum(a2, b2))
+
+
+@triton.jit
+def _group_top_two(key, GROUPS: tl.constexpr):
+    """The two largest keys of each of GROUPS groups of `key` ([S] int32; duplicates kept: a group holding its
+    largest key twice has it twice) as a [GROUPS, 2] tensor. The groups are those of the 1-D layout a 16-warp
+    program gives an [S] tensor of 4-entry vectors (element i = rep * 2048 + thread * 4 + v), so with that layout
+    a group is one thread's entries and the reduction stays in its registers."""
+    key3 = tl.reshape(key, [key.shape[0] // (GROUPS * 4), GROUPS, 4])
+    m1, m2 = tl.reduce((key3, tl.full(key3.shape, MIN32, tl.int32)), 2, _top_two_combine)
+    m1, m2 = tl.reduce((m1, m2), 0, _top_two_combine)
+    return tl.join(m1, m2)
+
+
+@triton.jit
+def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack, PAIRS: tl.constexpr = False):
     """A bound c (unsigned key order, int64 in [0, 2^32)) with count(key >= c) >= r, searched bit by bit from
     the top and stopped as soon as count(c) <= r + slack; returns (c, count(c)). Without an early stop c is
-    the r-th largest key. Invalid lanes must hold MIN32 (unsigned 0, never counted).
+    the r-th largest key. Invalid lanes must hold MIN32 (unsigned 0, never counted). PAIRS: key is [G, 2] (the
+    groups' two largest keys, `_group_top_two`), counted over both axes.
 
     lo_u / cnt_lo: a bound every valid key reaches and their count (the finish: the threshold and the
     candidates' number), hi_u: the largest key. Bits whose candidate bound lies at or under lo_u are taken and
@@ -76,7 +94,11 @@ def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack):
         if cand <= lo_u:
             c = cand
         elif cand <= hi_u:
-            cnt = tl.sum((key >= (cand - 2147483648).to(tl.int32)).to(tl.int32), axis=0)
+            ge = (key >= (cand - 2147483648).to(tl.int32)).to(tl.int32)
+            if PAIRS:
+                cnt = tl.sum(tl.sum(ge, axis=1), axis=0)
+            else:
+                cnt = tl.sum(ge, axis=0)
             if cnt >= r:
                 c = cand
                 cnt_c = cnt

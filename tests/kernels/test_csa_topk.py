@@ -154,14 +154,18 @@ def _sampled_positions(n: int, sample: int) -> torch.Tensor:
     return (i // SAMPLE_BLOCK) * step + i % SAMPLE_BLOCK
 
 
-@pytest.mark.parametrize("hist", [True, False])
+@pytest.mark.parametrize("early", [True, False])
+@pytest.mark.parametrize("hist", ["filter", "finish", "none"])
 @pytest.mark.parametrize("case", ["unsampled_spikes", "rounded", "normal"])
-def test_finish_histogram_start(case, hist, monkeypatch):
-    """The finish's search started from the candidates' histogram (the default up to HISTOGRAM_MAX_ENTRIES
-    entries) and from the threshold. unsampled_spikes: 200 large entries where the sample never reads, so the
-    k-th largest lies in the histogram's last bin (open above: keys past the sample's maximum); rounded: ties at
-    the k-th place."""
-    monkeypatch.setattr(topk_module, "HISTOGRAM_MAX_ENTRIES", 1 << 30 if hist else 0)
+def test_finish_histogram_start(case, hist, early, monkeypatch):
+    """The finish's search started from the candidates' histogram, counted by the filter (the default up to
+    HISTOGRAM_MAX_ENTRIES entries) or by the finish itself (FINISH_OWN_HIST, over it), or from the threshold;
+    FINISH_EARLY_LOADS on and off. unsampled_spikes: 200 large entries where the sample never reads, so the k-th
+    largest lies in the histogram's last bin (open above: keys past the sample's maximum); rounded: ties at the
+    k-th place."""
+    monkeypatch.setattr(topk_module, "HISTOGRAM_MAX_ENTRIES", 1 << 30 if hist == "filter" else 0)
+    monkeypatch.setattr(topk_module, "FINISH_OWN_HIST", hist == "finish")
+    monkeypatch.setattr(topk_module, "FINISH_EARLY_LOADS", early)
     gen = torch.Generator().manual_seed(hash((case, hist)) % 2**31)
     n, k = 9000, 100
     scores = _scores("normal" if case == "unsampled_spikes" else case, 2, n, gen)
@@ -174,6 +178,47 @@ def test_finish_histogram_start(case, hist, monkeypatch):
     poisoned = torch.full((2, k), 12345, dtype=torch.int32, device=DEVICE)
     out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=3, tile=BLOCK, sample=1024, out=poisoned).cpu()
     assert torch.equal(out, topk_reference(scores, lengths, k))
+
+
+@pytest.mark.parametrize("kind", ["normal", "sorted", "recent", "periodic", "rounded"])
+def test_threshold_pair_search_and_speculative_sample(kind, monkeypatch):
+    """PAIR_SEARCH: the sampled threshold's search over each group's two largest keys, checked by one count over the
+    whole sample and continued exactly where a group held more than two keys over its bound (sorted rows: the
+    sample's largest keys share groups). SPECULATIVE_SAMPLE: the sample of a full-width row loaded before its length,
+    loaded again for a shorter row (row 1: other sampled positions). The threshold launch alone: its bound reaches
+    r to r + r // 2 of the row's own sampled entries, each way; then whole calls against the reference."""
+    gen = torch.Generator().manual_seed(hash(kind) % 2**31)
+    n, k, sample = 30000, 64, 2048  # r = 14 sampled entries, r + r // 2 = 21 <= PAIR_MAX_RANK
+    scores = _scores(kind, 2, n, gen)
+    lengths = torch.tensor([n, n - 10000])
+    assert -(-3 * k * sample // 20000) * 3 // 2 <= topk_module.PAIR_MAX_RANK
+    ptx = ON_GPU and topk_module.has_ptx()
+    for pairs, spec in ((True, False), (False, False), (True, True), (False, True)):
+        thresh = torch.empty((2, 2), dtype=torch.int32, device=DEVICE)
+        fill = torch.empty((2,), dtype=torch.int32, device=DEVICE)
+        ends = lengths.to(DEVICE, torch.int32)  # as the launcher passes them
+        topk_module._split_threshold_kernel[(2,)](
+            scores.to(DEVICE), ends, ends, thresh, fill, fill, n, n, k, HAS_LO=False,
+            S=sample, SB=SAMPLE_BLOCK, MARGIN_=topk_module.MARGIN, SLOTS=4096, HIST=False, FLT=False, PDL=False,
+            PAIRS=pairs, SPEC=spec, PTX=ptx, num_warps=16)
+        bound = thresh[:, 0].cpu()
+        for row in range(2):
+            m = int(lengths[row])
+            sampled = scores[row, :m][_sampled_positions(m, sample)]
+            r_row = -(-3 * k * sample // m)
+            reached = int((_float_keys(sampled) >= bound[row]).sum())
+            assert r_row <= reached <= r_row + r_row // 2, (pairs, spec, row, reached)
+    monkeypatch.setattr(topk_module, "PAIR_SEARCH", True)
+    monkeypatch.setattr(topk_module, "SPECULATIVE_SAMPLE", True)
+    poisoned = torch.full((2, k), 12345, dtype=torch.int32, device=DEVICE)
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, sample=sample, out=poisoned).cpu()
+    assert torch.equal(out, topk_reference(scores, lengths, k))
+
+
+def _float_keys(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> int32 in the float order (`_signed_key` of topk_search.py)."""
+    b = x.float().view(torch.int32)
+    return b ^ ((b >> 31) & 0x7FFFFFFF)
 
 
 def _key_order_reference(scores: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
