@@ -61,6 +61,20 @@ def has_ptx() -> bool:
     return not interpreting() and not is_rocm() and torch.cuda.is_available()
 
 
+try:  # programmatic dependent launch from Triton code (CUDA sm_90+); absent from some Triton builds
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - has_pdl is then False and no kernel traces these
+    gdc_launch_dependents = gdc_wait = None
+
+
+@functools.lru_cache(maxsize=None)
+def has_pdl(device_index: int = 0) -> bool:
+    """Programmatic dependent launch (`launch_pdl=True`, `gdc_wait` / `gdc_launch_dependents` in the kernel):
+    CUDA (not ROCm, not the interpreter) at compute capability >= 9, with a Triton that has it."""
+    return (gdc_wait is not None and not interpreting() and not is_rocm() and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device_index)[0] >= 9)
+
+
 def has_native_mx(device_index: int = 0) -> bool:
     """True where the matrix units take e8m0-scaled e2m1 operands natively (gfx950, i.e. MI355X)."""
     return not interpreting() and gcn_arch(device_index) == "gfx950"

@@ -146,7 +146,17 @@ def sweep(formats, shapes, device_name, checks, timings, deadline):
 def main() -> None:
     ap = mb.sweep_parser(__doc__, "dsv32,dsv32-tp8", 300.0)
     ap.add_argument("--formats", default="w4a16,mxfp4")
+    ap.add_argument("--tiles", default="", help="tiles to sweep instead of TILES: BLOCK_N,NS,warps,prefetch(0/1)"
+                    "[,num_stages] separated by ';' (num_stages > 1 without prefetch: the pipelined K loop)")
+    ap.add_argument("--no-portable", action="store_true", help="skip the portable-decode variants (PORTABLE)")
+    ap.add_argument("--pdl-compare", action="store_true",
+                    help="also time M=1 end to end with config.GEMV_4BIT_PDL off and on")
     args = ap.parse_args()
+    if args.tiles:
+        TILES[:] = [tuple(int(v) if i != 3 else bool(int(v)) for i, v in enumerate(t.split(",")))
+                    for t in args.tiles.split(";")]
+    if args.no_portable:
+        PORTABLE.clear()
     t0 = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     mb._import_zoe_kernels()
@@ -172,13 +182,25 @@ def main() -> None:
     ms = [int(m) for m in args.bench_ms.split(",")]
     for name in [s for s in args.bench_shapes.split(",") if s]:
         if "dsv32" in name or name == "glm5":  # the reference point: fp8 at M=1 in this run
-            mb.bench_shape(name, mb.SHAPES[name], [1], deadline, dev, rows, ["fp8"], {"zoe_dot"})
+            # fp8 and w4a16 as dispatched at M=1 (w4a16: the tl.dot path's M=1 mode where I allows it)
+            mb.bench_shape(name, mb.SHAPES[name], [1], deadline, dev, rows,
+                           ["fp8"] + [f for f in formats if f == "w4a16"], {"zoe_dot"})
         mb.bench_shape(name, mb.SHAPES[name], ms, deadline, dev, rows, formats, {"zoe_gemv"})
         save()
+        if args.pdl_compare:  # M=1 again with stage 2 not a dependent launch, then with it (interleaved)
+            for pdl in (False, True):
+                config.GEMV_4BIT_PDL = pdl
+                before = len(rows)
+                mb.bench_shape(name, mb.SHAPES[name], [1], deadline, dev, rows, formats, {"zoe_gemv"})
+                for r in rows[before:]:
+                    r["gemv_4bit_pdl"] = pdl
+            config.GEMV_4BIT_PDL = True
+            save()
     for r in rows:
         if r["M"] == 1 and "median_us" in r:
             print(f"[m1] {r['shape']:10s} {r['fmt']:6s} {r['provider']:9s} {r['median_us']:8.1f}us "
-                  f"{r['pct_roofline']:5.1f}%", flush=True)
+                  f"{r['pct_roofline']:5.1f}% {'pdl=' + str(r['gemv_4bit_pdl']) if 'gemv_4bit_pdl' in r else ''}",
+                  flush=True)
     print(f"[done] {time.time() - t0:.0f}s", flush=True)
 
 

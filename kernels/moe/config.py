@@ -100,10 +100,13 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
 # M=1 (its dot path: 193.1 us against 105.7). run17-m1 (round 2, moe_4bit_m1_sweep.py): K steps of two int4 scale
 # groups (BLOCK_K 256, the kernel of commit 9a73951) were slower at every tile (97.7 us end to end against 88.7;
 # 144 registers against 119 in stage 1), and mxfp4's M=1 mode swapped at 64-wide tiles 146.3 against the GEMV's 105.4.
-DOT_M1_TILES: dict[str, dict[int, tuple]] = {"fp8": {1: (32, 4, 4, False), 2: (128, 4, 4, 2, False)},
-                                             "w4a16": {1: (32, 4, 4, False), 2: (128, 4, 4, 2, False)}}
-# Formats whose M=1 mode runs only from this intermediate size I up (below it the GEMV path was faster).
-DOT_M1_MIN_I = {"w4a16": 1024}
+# run21-m1 (H200, this round): the word-wise GEMV with slices on neighbouring threads (`gemv_4bit._load_words`) took w4a16
+# at M=1 to 68.7 us against this mode's 88.1 (GLM-5 86.5 against 96.0, the TP8 slice 22.1 against 54.2; fp8 95.2
+# in the same run), so w4a16 left this table: its tiles were {1: (32, 4, 4, False), 2: (128, 4, 4, 2, False)}.
+DOT_M1_TILES: dict[str, dict[int, tuple]] = {"fp8": {1: (32, 4, 4, False), 2: (128, 4, 4, 2, False)}}
+# Formats whose M=1 mode runs only from this intermediate size I up (below it the GEMV path was faster; w4a16 had
+# 1024 while it was in DOT_M1_TILES).
+DOT_M1_MIN_I: dict[str, int] = {}
 # The mode runs from this many routed experts per token up: the measured shapes route 8 or 9 (ZAYA1's top-1
 # keeps the align-based tiles, not measured in this mode on the GPU).
 DOT_M1_MIN_TOP_K = 8
@@ -136,7 +139,10 @@ def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] |
 # keeps M=1 only (1.0 edges per expert; where I >= DOT_M1_MIN_I the M=1 mode of the dot path runs instead, see
 # `use_gemv`); mxfp4 8: 698.0 / 1,213.1, 16: 1,367.3 / 2,177.8, 64: 5,288.1 / 4,716.6: the GEMV up to M=16
 # (1.26 edges per expert), the dot path from M=64 (2.3); 1.75 lies between, M 17..63 not measured.
-GEMV_MAX_EDGES_PER_EXPERT = {"bf16": 0.0, "fp8": 0.0, "w4a16": 1.01, "mxfp4": 1.75}
+# run22-m1 (after the load layout change, GEMV / dot, us): w4a16 DeepSeek-V3.2 M=8 457.9 / 580.6, M=16 895.6 / 982.5,
+# GLM-5 M=8 449.2 / 504.5, M=16 856.9 / 847.1: the GEMV now runs w4a16 up to M=16 (1.26 edges per expert there;
+# was 1.01, M=1 only); mxfp4 M=8 560.7 / 911.7, M=16 1,101.1 / 1,580.0 (unchanged threshold).
+GEMV_MAX_EDGES_PER_EXPERT = {"bf16": 0.0, "fp8": 0.0, "w4a16": 1.3, "mxfp4": 1.75}
 # Bytes of one weight row per scale group (one K step of `gemv._dequant_group`): bf16 256, fp8 128, int4 64,
 # mxfp4 16.
 GROUP_ROW_BYTES = {"bf16": 256, "fp8": 128, "w4a16": 64, "mxfp4": 16}
@@ -155,10 +161,18 @@ GEMV_TILES = {
 # TP8 slice of a 13-tile sweep at M=1 on the H200 (run9, bench/kernels/moe_gemv4_sweep.py), which also timed
 # fused_moe end to end with exactly these tiles. On DeepSeek-V3.2 alone w4a16 stage 1 was fastest with
 # (8, 8, 1, False): 56.5 us against 63.1 us here, but 30.0 us against 22.3 on the TP8 slice.
+# run21-m1 re-swept 20 tiles after the load layout change (slices on neighbouring threads: `gemv_4bit._load_words`)
+# on DeepSeek-V3.2 and its TP8 slice (stage alone, us, DeepSeek-V3.2 / TP8): w4a16 stage 1 (16, 16, 2, True)
+# 42.8 / 14.7 (the old (8, 16, 1, True) 47.9 / 19.7), stage 2 (16, 8, 1, False) 25.3 / 6.9; mxfp4 stage 1
+# (8, 8, 1, True) 53.5 / 22.4 (old 59.3 / 25.5), stage 2 (32, 8, 2, False, 3) 26.6 / 7.1 (old 33.8 / 7.1). A fifth
+# element is num_stages: the K loop pipelined through shared memory (cp.async), which won only for mxfp4's stage 2.
 GEMV_4BIT_TILES = {
-    "w4a16": {1: (8, 16, 1, True), 2: (16, 8, 1, False)},
-    "mxfp4": {1: (16, 8, 2, True), 2: (16, 4, 1, False)},
+    "w4a16": {1: (16, 16, 2, True), 2: (16, 8, 1, False)},
+    "mxfp4": {1: (8, 8, 1, True), 2: (32, 8, 2, False, 3)},
 }
+# The word-wise GEMV's stage 2 is launched as a programmatic dependent of stage 1 (`gemv_4bit.launch_4bit`, where
+# `platform.has_pdl`): it starts while stage 1's last programs run and fetches its first weights before it waits.
+GEMV_4BIT_PDL = True
 # Stage 2 splits the top-k slots over more programs (adding with float32 atomics) until its grid has this many:
 # at M=1 on DeepSeek-V3.2 8 chunks took fp8 stage 2 from 82 us to 42 us (run5 sweep).
 GEMV_MIN_PROGRAMS = 2048
@@ -209,11 +223,14 @@ def gemv_config(rows: int, n: int, fmt: str, *, gated: bool, tile: tuple[int, in
     words = None
     if fmt in GEMV_4BIT_TILES:
         wbn, ns, wwarps, prefetch, *stages = words_tile or GEMV_4BIT_TILES[fmt][1 if gated else 2]
-        words = {"BLOCK_N": wbn, "NS": ns, "num_warps": wwarps, "PREFETCH": prefetch, "num_stages": (stages or [1])[0]}
+        words = {"BLOCK_N": wbn, "NS": ns, "num_warps": wwarps, "PREFETCH": prefetch, "num_stages": (stages or [1])[0],
+                 "PDL": GEMV_4BIT_PDL}
         programs = rows * -(-n // wbn)
     chunks = 1
     while not gated and chunks < top_k and programs * chunks < GEMV_MIN_PROGRAMS:
         chunks *= 2
+    if chunks < top_k < 2 * chunks:  # e.g. 9 slots (GLM-5's shared expert) in 8 chunks: 2 slots in some, so one
+        chunks = top_k               # slot per chunk instead
     cfg = {"BLOCK_N": bn, "GPI": gpi, "num_warps": gemv_warps(bn, fmt), "FP8_BITS": GEMV_FP8_BITS,
            "CHUNKS": min(chunks, top_k)}
     if words:

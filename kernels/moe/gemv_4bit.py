@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from zoe_kernels.platform import has_ptx
+from zoe_kernels.platform import gdc_launch_dependents, gdc_wait, has_pdl, has_ptx
 
 FMT_CODE = {"w4a16": 2, "mxfp4": 3}
 SLICES_PER_GROUP = {2: 4, 3: 1}  # 32-k slices per scale group: int4 groups of 128, e8m0 groups of 32
@@ -167,11 +167,18 @@ def _scale_f32(s, FMT: tl.constexpr):
 
 
 @triton.jit
-def _load_words(w_base, rows, row_mask, offs_w, KW, stride_wn, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
-    ptrs = w_base + rows[:, None, None] * stride_wn + offs_w[None, :, :]
+def _load_words(w_base, rows, row_mask, kw0, KW, stride_wn, NS: tl.constexpr, EVEN_N: tl.constexpr,
+                EVEN_K: tl.constexpr):
+    """The row block's words kw0 .. kw0 + 4 NS as [BLOCK_N, NS, 4], loaded as one [BLOCK_N, 4 NS] tile: its
+    layout puts a row's consecutive 16-byte slices on neighbouring threads, so a thread holds one slice of
+    several rows and its activations serve all of them (a [BLOCK_N, NS, 4] load put each row on one thread)."""
+    offs_w = kw0 + tl.arange(0, NS * 4)
+    ptrs = w_base + rows[:, None] * stride_wn + offs_w[None, :]
     if EVEN_N and EVEN_K:
-        return tl.load(ptrs)
-    return tl.load(ptrs, mask=row_mask[:, None, None] & (offs_w[None, :, :] < KW), other=0)
+        p = tl.load(ptrs)
+    else:
+        p = tl.load(ptrs, mask=row_mask[:, None] & (offs_w[None, :] < KW), other=0)
+    return tl.reshape(p, (rows.shape[0], NS, 4))
 
 
 @triton.jit
@@ -179,33 +186,65 @@ def _load_step(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, kw0, stride_wn,
                BOTH: tl.constexpr, FMT: tl.constexpr, NS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
     """Everything one K step (words kw0 .. kw0 + 4 NS) reads: weight words and raw scales of the row block (and
     of the up rows N + offs_n if BOTH, else the same tensors again), and the activations."""
+    p, s, p2, s2 = _load_w_step(w_base, ws_base, offs_n, n_mask, N, KW, kw0, stride_wn, stride_wsn, stride_wsk,
+                                BOTH, FMT, NS, EVEN_N, EVEN_K)
+    return p, s, p2, s2, _load_acts(a_row, kw0 * 8, K, NS, EVEN_K)
+
+
+@triton.jit
+def _load_w_step(w_base, ws_base, offs_n, n_mask, N, KW, kw0, stride_wn, stride_wsn, stride_wsk,
+                 BOTH: tl.constexpr, FMT: tl.constexpr, NS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+    """The weight words and raw scales of one K step (`_load_step` without the activations)."""
     offs_s = kw0 // 4 + tl.arange(0, NS)
-    offs_w = kw0 + tl.arange(0, NS)[:, None] * 4 + tl.arange(0, 4)[None, :]
-    p = _load_words(w_base, offs_n, n_mask, offs_w, KW, stride_wn, EVEN_N, EVEN_K)
+    p = _load_words(w_base, offs_n, n_mask, kw0, KW, stride_wn, NS, EVEN_N, EVEN_K)
     s = _load_scales(ws_base, offs_n, n_mask, offs_s, stride_wsn, stride_wsk, FMT, EVEN_N)
     if BOTH:
-        p2 = _load_words(w_base, N + offs_n, n_mask, offs_w, KW, stride_wn, EVEN_N, EVEN_K)
+        p2 = _load_words(w_base, N + offs_n, n_mask, kw0, KW, stride_wn, NS, EVEN_N, EVEN_K)
         s2 = _load_scales(ws_base, N + offs_n, n_mask, offs_s, stride_wsn, stride_wsk, FMT, EVEN_N)
     else:
         p2 = p
         s2 = s
-    return p, s, p2, s2, _load_acts(a_row, kw0 * 8, K, NS, EVEN_K)
+    return p, s, p2, s2
+
+
+@triton.jit
+def _step(acc, acc2, p, s, p2, s2, x, BOTH: tl.constexpr, FMT: tl.constexpr, PTX: tl.constexpr, NS: tl.constexpr):
+    """One K step's products added to the (row, slice) partials of the gate (acc) and, if BOTH, up (acc2) rows."""
+    a0, a1, a2, a3, a4, a5, a6, a7 = _split_acts(x, NS)
+    acc += _slice_dot(p, a0, a1, a2, a3, a4, a5, a6, a7, FMT, PTX) * _scale_f32(s, FMT)
+    if BOTH:
+        acc2 += _slice_dot(p2, a0, a1, a2, a3, a4, a5, a6, a7, FMT, PTX) * _scale_f32(s2, FMT)
+    return acc, acc2
 
 
 @triton.jit
 def _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, stride_wsn, stride_wsk,
               BOTH: tl.constexpr, FMT: tl.constexpr, PTX: tl.constexpr, BLOCK_N: tl.constexpr, NS: tl.constexpr,
-              EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PREFETCH: tl.constexpr):
+              EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
+              WAIT: tl.constexpr = False):
     """(a_row . W[offs_n], a_row . W[N + offs_n] if BOTH else zeros) over the whole K, float32 [BLOCK_N] each.
     PREFETCH: the loads of step i + 1 are issued before step i computes (two steps of registers), so each
-    program keeps a step of weights in flight while it decodes."""
+    program keeps a step of weights in flight while it decodes. STAGES > 1 (without PREFETCH): the K loop is
+    software-pipelined by Triton through shared memory (`tl.range(num_stages=...)`: cp.async, STAGES - 1 steps
+    in flight without holding registers); the launch's num_stages alone does not pipeline loads that feed no
+    tl.dot. WAIT (a programmatic dependent launch): the first step's weights are requested before `gdc_wait`,
+    the activations (the previous grid's output) after it; that step is then computed before the loop."""
     acc = tl.zeros((BLOCK_N, NS), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, NS), dtype=tl.float32)
     STEP: tl.constexpr = NS * 4
-    if PREFETCH:
+    k_first = 0
+    if WAIT:
+        p, s, p2, s2 = _load_w_step(w_base, ws_base, offs_n, n_mask, N, KW, 0, stride_wn, stride_wsn, stride_wsk,
+                                    BOTH, FMT, NS, EVEN_N, EVEN_K)
+        gdc_wait()
+        x = _load_acts(a_row, 0, K, NS, EVEN_K)
+        if not PREFETCH:  # step 0 here, the loop from step 1
+            acc, acc2 = _step(acc, acc2, p, s, p2, s2, x, BOTH, FMT, PTX, NS)
+            k_first = STEP
+    elif PREFETCH:
         p, s, p2, s2, x = _load_step(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, 0, stride_wn, stride_wsn,
                                      stride_wsk, BOTH, FMT, NS, EVEN_N, EVEN_K)
-    for kw0 in range(0, KW, STEP):
+    for kw0 in tl.range(k_first, KW, STEP, num_stages=STAGES):
         if PREFETCH:
             # the last step re-reads itself when every step is full (no masks); else masks cut past KW
             if EVEN_K:
@@ -217,10 +256,7 @@ def _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, strid
         else:
             p, s, p2, s2, x = _load_step(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, kw0, stride_wn,
                                          stride_wsn, stride_wsk, BOTH, FMT, NS, EVEN_N, EVEN_K)
-        a0, a1, a2, a3, a4, a5, a6, a7 = _split_acts(x, NS)
-        acc += _slice_dot(p, a0, a1, a2, a3, a4, a5, a6, a7, FMT, PTX) * _scale_f32(s, FMT)
-        if BOTH:
-            acc2 += _slice_dot(p2, a0, a1, a2, a3, a4, a5, a6, a7, FMT, PTX) * _scale_f32(s2, FMT)
+        acc, acc2 = _step(acc, acc2, p, s, p2, s2, x, BOTH, FMT, PTX, NS)
         if PREFETCH:
             p, s, p2, s2, x = pn, sn, p2n, s2n, xn
     post = 1.0 if FMT == 2 else 16384.0  # e2m1 decoded as v * 2^-14
@@ -234,10 +270,14 @@ def _gemv_4bit_kernel(
     stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_om,
     GATED: tl.constexpr, ATOMIC: tl.constexpr, FMT: tl.constexpr, PTX: tl.constexpr,
     BLOCK_N: tl.constexpr, NS: tl.constexpr, ZBLOCK: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
-    """As `gemv._gemv_kernel`, with w_ptr the int32 words of the packed weights (KW words per row)."""
+    """As `gemv._gemv_kernel`, with w_ptr the int32 words of the packed weights (KW words per row).
+    PDL: stage 1 lets the next launch (stage 2) start at once; stage 2, launched as its programmatic dependent,
+    requests its first weights before it waits for stage 1 (`_rows_dot` WAIT) and waits before it writes."""
     pid = tl.program_id(0)
+    if PDL and GATED:
+        gdc_launch_dependents()
     if ZBLOCK > 0:
         offs_z = pid * ZBLOCK + tl.arange(0, ZBLOCK)
         tl.store(zero_ptr + offs_z, tl.zeros((ZBLOCK,), dtype=tl.float32), mask=offs_z < zero_numel)
@@ -257,7 +297,7 @@ def _gemv_4bit_kernel(
         ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
         a_row = a_ptr + token.to(tl.int64) * stride_am
         acc, acc_up = _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, stride_wsn,
-                                stride_wsk, True, FMT, PTX, BLOCK_N, NS, EVEN_N, EVEN_K, PREFETCH)
+                                stride_wsk, True, FMT, PTX, BLOCK_N, NS, EVEN_N, EVEN_K, PREFETCH, STAGES)
         h = acc / (1.0 + tl.exp(-acc)) * acc_up
         tl.store(out_ptr + r.to(tl.int64) * stride_om + offs_n, h.to(out_ptr.dtype.element_ty), mask=n_mask)
     else:
@@ -271,8 +311,10 @@ def _gemv_4bit_kernel(
                 ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
                 a_row = a_ptr + edge.to(tl.int64) * stride_am
                 part, _ = _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, stride_wsn,
-                                    stride_wsk, False, FMT, PTX, BLOCK_N, NS, EVEN_N, EVEN_K, PREFETCH)
+                                    stride_wsk, False, FMT, PTX, BLOCK_N, NS, EVEN_N, EVEN_K, PREFETCH, STAGES, PDL)
                 acc += weight * part
+        if PDL:  # a program whose slots were all elsewhere has not waited yet (stage 1 zeroes `out`)
+            gdc_wait()
         o_ptrs = out_ptr + r.to(tl.int64) * stride_om + offs_n
         if ATOMIC:
             tl.atomic_add(o_ptrs, acc, mask=n_mask, sem="relaxed")
@@ -282,7 +324,9 @@ def _gemv_4bit_kernel(
 
 def launch_4bit(a, w, w_scale, out, ids, topk_w, *, num_rows, top_k, n, k, fmt, gated, cfg, chunks=1, zero=None):
     """`gemv._launch` for w4a16 / mxfp4 weights whose rows are whole words (`rows_are_words`); cfg holds
-    BLOCK_N, NS (32-k slices per K step and row) and num_warps."""
+    BLOCK_N, NS (32-k slices per K step and row) and num_warps, and PDL: stage 1 triggers and stage 2 is launched
+    as a programmatic dependent (where `platform.has_pdl`; correct either way, each stage keeps its own launch)."""
+    pdl = bool(cfg.get("PDL", False)) and a.is_cuda and has_pdl(a.device.index or 0)
     code = FMT_CODE[fmt]
     bn, ns = cfg["BLOCK_N"], cfg["NS"]
     words = w.view(torch.int32)
@@ -297,5 +341,7 @@ def launch_4bit(a, w, w_scale, out, ids, topk_w, *, num_rows, top_k, n, k, fmt, 
         out.stride(0),
         GATED=gated, ATOMIC=chunks > 1, FMT=code, PTX=cfg.get("PTX", has_ptx()), BLOCK_N=bn, NS=ns, ZBLOCK=zblock,
         EVEN_N=n % bn == 0, EVEN_K=k % (ns * 32) == 0 and kw % (ns * 4) == 0, PREFETCH=cfg.get("PREFETCH", False),
+        STAGES=1 if cfg.get("PREFETCH", False) else cfg.get("num_stages", 1), PDL=pdl,
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1),
+        **(dict(launch_pdl=True) if pdl and not gated else {}),
     )

@@ -184,10 +184,11 @@ def test_gemv_dispatch_by_tokens_per_expert(monkeypatch):
 
     assert config.use_gemv(1, 8, 256, "w4a16") and not config.use_gemv(4096, 8, 256, "mxfp4")
     assert not config.use_gemv(1, 8, 256, "fp8")  # measured slower than the dot path at M=1 (moe_README.md)
-    # w4a16: the GEMV at M=1 only, and not where the dot path's M=1 mode runs (I >= DOT_M1_MIN_I); mxfp4: the
-    # GEMV up to M=16, the dot path from M=64 (H200 run13)
-    assert config.use_gemv(1, 8, 256, "w4a16", inter_size=256) and not config.use_gemv(1, 8, 256, "w4a16", 2048)
-    assert not config.use_gemv(2, 8, 256, "w4a16") and not config.use_gemv(8, 9, 257, "w4a16")
+    # w4a16: the GEMV up to M=16 at every I since run21/22-m1 (it left the dot path's M=1 mode); mxfp4: the GEMV
+    # up to M=16, the dot path from M=64 (H200 run13)
+    assert config.use_gemv(1, 8, 256, "w4a16", inter_size=256) and config.use_gemv(1, 8, 256, "w4a16", 2048)
+    assert config.use_gemv(16, 8, 256, "w4a16") and config.use_gemv(16, 9, 257, "w4a16")
+    assert not config.use_gemv(64, 8, 256, "w4a16") and not config.use_gemv(32, 8, 256, "w4a16")
     assert config.use_gemv(1, 8, 256, "mxfp4", 2048) and config.use_gemv(16, 8, 256, "mxfp4")
     assert not config.use_gemv(64, 8, 256, "mxfp4")
     calls = []
@@ -217,6 +218,8 @@ def test_gemv_production_config(monkeypatch):
             assert cfg["CHUNKS"] == (1 if gated else 8)
             assert ("WORDS" in cfg) == (fmt in ("w4a16", "mxfp4"))
         assert config.gemv_config(4096, 7168, fmt, gated=False, top_k=8)["CHUNKS"] == 1
+        # 9 slots (GLM-5's shared expert): one per chunk, not 2 in some of 8 chunks (the stage's critical path)
+        assert config.gemv_config(1, 6144, fmt, gated=False, top_k=9)["CHUNKS"] == 9
 
 
 @pytest.mark.skipif(ON_GPU, reason="test_gpu_gemv_production_tiles covers this on a GPU")
@@ -251,7 +254,8 @@ def test_gemv_word_and_byte_kernels_agree(fmt):
     out_ref = _nan_alloc((2, 320), torch.float32, DEVICE)
     gemv_down_combine(inter_ref, w2, kw["w2_scale"], out_ref, tw, ti, fmt=fmt, cfg=byte_cfg)
     for words in ({"BLOCK_N": 16, "NS": 2, "num_warps": 1, "PREFETCH": True},
-                  {"BLOCK_N": 32, "NS": 1, "num_warps": 2}) + (
+                  {"BLOCK_N": 32, "NS": 1, "num_warps": 2},
+                  {"BLOCK_N": 16, "NS": 2, "num_warps": 1, "num_stages": 3}) + (
             ({"BLOCK_N": 16, "NS": 8, "num_warps": 1, "PTX": False}, {"BLOCK_N": 8, "NS": 8, "num_warps": 1},
              {"BLOCK_N": 16, "NS": 2, "num_warps": 2, "PREFETCH": True}) if ON_GPU else ()):
         cfg = byte_cfg | {"WORDS": words}
