@@ -143,18 +143,16 @@ def main() -> None:
                                              TILE=tile, HIST=b == 1, ONE_TILE=one, VEC=vec, FLT=flt, PDL=pdl,
                                              HALVES=halves),
                                         warps, num_stages=1))
-        # (pdl, rows, float filter, the finish's own histogram, early loads): B=32 x 1M counts no histogram in the
-        # filter (over HISTOGRAM_MAX_ENTRIES), so own=True is the finish counting it
-        finishes = ((False, 1, False, False, False), (True, 1, False, False, False), (True, 1, False, False, True),
-                    (True, 1, True, False, False), (False, 32, False, False, False), (False, 32, True, False, False),
-                    (True, 32, True, True, False), (True, 32, True, False, True), (True, 32, True, True, True))
-        for pdl, b, flt, own, early in finishes if k == 512 else ((False, 1, False, False, False),):
+        # (pdl, rows, float filter, early loads: FINISH_EARLY_LOADS, the default, and without it)
+        finishes = ((False, 1, False, True), (True, 1, False, True), (True, 1, False, False), (True, 1, True, True),
+                    (False, 32, False, True), (False, 32, True, True), (True, 32, True, True), (True, 32, True, False))
+        for pdl, b, flt, early in finishes if k == 512 else ((False, 1, False, True),):
             fptrs = {**ptrs, "cand_key_ptr": "*i64", "cand_pos_ptr": "*i64"} if flt else ptrs
             rows.append(compile_one(f"topk_split_finish k={k} pdl={pdl} maxt={topk.max_tiles(b)} flt={flt} "
-                                    f"own_hist={own} early={early}", topk._split_finish_kernel, fptrs,
+                                    f"early={early}", topk._split_finish_kernel, fptrs,
                                     dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.max_tiles(b),
-                                         TILE=topk.split_tile(1 << 20, rows=b), HIST=b == 1 or own, FLT=flt, PDL=pdl,
-                                         OWN_HIST=own, EARLY=early, PTX=True),
+                                         TILE=topk.split_tile(1 << 20, rows=b), HIST=b == 1, FLT=flt, PDL=pdl,
+                                         EARLY=early),
                                     min(16, topk.FINISH_WARPS * slots // 4096)))
     iptrs = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "k_ptr": "*fp8e4nv", "k_scale_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}

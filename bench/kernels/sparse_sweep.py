@@ -68,25 +68,25 @@ def _save() -> None:
 # histogram), the searches deciding two bits per count ("pairs": threshold and finish), 16 finish warps with both
 # (all slower, removed: `git show 18963a9`), an 8192-entry sample at B=32 (faster, not the default: see
 # sparse_README.md), and the call cut after its first launch or two ("first launch only", "threshold + filter": where
-# the time goes). Run 21-topk: the threshold's search over each group's two largest keys ("pairs", PAIR_SEARCH), the
-# finish counting its own histogram with one `red` per candidate where the filter counts none ("own hist",
-# FINISH_OWN_HIST: B=32 x 1M), the finish's loads issued with its slot count ("early", FINISH_EARLY_LOADS), each alone
-# the sample of a full-width row loaded before the row's length ("spec", SPECULATIVE_SAMPLE), each alone and together
-# ("all") against the default, the 1M shapes twice; the cut calls for the default and "all".
-ALL_NEW = dict(_pairs=True, _own_hist=True, _early=True, _spec=True)
-TOPK_VARIANTS = {(1, 1 << 20): [("default", {}), ("pairs", dict(_pairs=True)), ("early", dict(_early=True)),
-                                ("spec", dict(_spec=True)), ("all", ALL_NEW)] * 2,
-                 (32, 1 << 20): [("default", {}), ("pairs", dict(_pairs=True)), ("own hist", dict(_own_hist=True)),
-                                 ("early", dict(_early=True)), ("spec", dict(_spec=True)), ("all", ALL_NEW)] * 2}
-DEFAULT_AND_ALL = [("default", {}), ("all", ALL_NEW)]  # the other shapes
+# the time goes). Run 21-topk (raw/sparse_sweep_run21-topk.json): the threshold's search over each group's two largest
+# keys ("pairs", PAIR_SEARCH), the finish counting its own histogram with one `red` per candidate where the filter
+# counts none ("own hist": slower, removed, `git show 2bff189`), the finish's loads issued with its slot count ("early",
+# FINISH_EARLY_LOADS), the sample of a full-width row loaded before the row's length ("spec", SPECULATIVE_SAMPLE), each
+# alone and all four together, against run 20's default; pairs, early and spec are the defaults since. Listed now
+# (run 22-topk): the default against run 20's and against pairs alone, the 1M shapes twice; the cut calls for both
+# defaults.
+RUN20_DEFAULT = dict(_pairs=False, _early=False, _spec=False)
+TOPK_VARIANTS = {shape: [("default", {}), ("run 20 default", RUN20_DEFAULT),
+                         ("pairs only", dict(_early=False, _spec=False))] * 2 for shape in ((1, 1 << 20), (32, 1 << 20))}
+DEFAULT_AND_BEFORE = [("default", {}), ("run 20 default", RUN20_DEFAULT)]  # the other shapes
 # B=32 first: a run cut by its time limit keeps what it measured
 TOPK_SHAPES = [(32, 1 << 20, "randn"), (8, 262144, "randn"), (1, 1 << 20, "randn"), (1, 4096, "randn"),
                (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "recent")]
 LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS", "_vec": "VECTOR_LOADS",
                     "_hist_max": "HISTOGRAM_MAX_ENTRIES", "_max_tiles": "MAX_TILES",
                     "_filter_programs": "FILTER_PROGRAMS", "_flt_min_rows": "FLOAT_FILTER_MIN_ROWS",
-                    "_half_scan": "HALF_SCAN", "_pairs": "PAIR_SEARCH", "_own_hist": "FINISH_OWN_HIST",
-                    "_early": "FINISH_EARLY_LOADS", "_spec": "SPECULATIVE_SAMPLE"}
+                    "_half_scan": "HALF_SCAN", "_pairs": "PAIR_SEARCH", "_early": "FINISH_EARLY_LOADS",
+                    "_spec": "SPECULATIVE_SAMPLE"}
 
 
 class _Skipped:
@@ -172,12 +172,12 @@ def sweep_topk() -> None:
         sb.log(f"topk {shape:22s} {'torch.topk':24s} {base:8.1f} us")
         if (b, n) in ((1, 1 << 20), (32, 1 << 20)) and kind == "randn":
             _time_threshold_alone(scores, lengths, k, shape, tk.THRESHOLD_WARPS)  # run 18 also timed 32 warps
-            for label, cfg in (("", {}), (" (all)", ALL_NEW)):
+            for label, cfg in (("", {}), (" (run 20 default)", RUN20_DEFAULT)):
                 try:
                     _time_launch_prefixes(scores, lengths, k, shape, label, cfg)
                 except Exception as exc:  # noqa: BLE001 - report and go on
                     sb.log(f"topk {shape} cut calls{label}: ERROR {exc!r:.200}")
-        variants = TOPK_VARIANTS.get((b, n), DEFAULT_AND_ALL) if kind == "randn" else DEFAULT_AND_ALL
+        variants = TOPK_VARIANTS.get((b, n), DEFAULT_AND_BEFORE) if kind == "randn" else DEFAULT_AND_BEFORE
         for name, cfg in variants:
             t0 = time.time()
             try:  # outputs poisoned: every slot must be written

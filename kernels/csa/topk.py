@@ -54,6 +54,9 @@ Run18-topk measured and removed: warp segments (each warp of a filter program re
 share of the tile with its own atomic, no block barrier, 8 segments per tile for the finish): B=32 x 1M 80.9
 against 64.4 us, B=8 x 256K 26.2 against 20.2; and 32 threshold warps instead of 16 (B=32 x 1M 64.9 against 64.4,
 the launch alone 8.7 against 7.8; B=1 x 1M 18.6 against 17.7).
+Run21-topk measured and removed (`git show 2bff189` has it): over HISTOGRAM_MAX_ENTRIES entries, the finish counting
+its candidates into SLOTS bins itself (one `red` each, a gpu-scope fence, the bins read back) to start its search there:
+B=32 x 1M 62.8/62.8 against 61.8/61.8 us (the ~12 one-bit counts it saves cost less than the adds, fence and read-back).
 Run20-topk measured and removed (`git show 18963a9` has them): over HISTOGRAM_MAX_ENTRIES entries, a histogram the
 finish builds over its own candidates (one tl.histogram) to start its search from: B=32 x 1M 62.4/62.6 us at 128 bins,
 62.6/62.7 at 256, against 61.6/61.7; and the searches deciding two bits per count (three bounds in one packed int64
@@ -131,15 +134,16 @@ HALF_SCAN = True
 # the sampled threshold's search first runs over each group's two largest keys (`_sample_threshold`, PAIRS) when it
 # aims at few sampled entries (r + r // 2 <= PAIR_MAX_RANK: rows of >= ~700K entries at k = 512; on i.i.d. rows
 # a group of 32 then rarely holds three of them) in PAIR_GROUPS groups (a 16-warp program: one group per thread;
-# samples of >= 4 * PAIR_GROUPS entries)
-PAIR_SEARCH = False
-# over HISTOGRAM_MAX_ENTRIES entries (the filter counts no histogram there) the finish counts its candidates into the
-# SLOTS bins itself, one `red` each, and starts its search from them (`_finish_row`, OWN_HIST)
-FINISH_OWN_HIST = False
-# the finish loads its candidates, segments and histogram with the slot count instead of after it
-FINISH_EARLY_LOADS = False
-# the threshold loads the sample of a full-width row before the row's length arrives (`_sample_threshold`, SPEC)
-SPECULATIVE_SAMPLE = False
+# samples of >= 4 * PAIR_GROUPS entries). H200 run21-topk: B=32 x 1M 60.0/59.9 against 61.8/61.8 us, B=1 x 1M
+# 16.5/16.4 against 17.4/17.5
+PAIR_SEARCH = True
+# the finish loads its candidates, segments and histogram with the slot count instead of after it: run21-topk, B=32 x 1M
+# 61.5/61.5 against 61.8/61.8 us, B=1 x 1M 17.2/17.1 against 17.4/17.5
+FINISH_EARLY_LOADS = True
+# the threshold loads the sample of a full-width row before the row's length arrives (`_sample_threshold`, SPEC):
+# run21-topk, B=32 x 1M 61.3/61.2 against 61.8/61.8 us, B=1 x 1M 17.5/17.4 against 17.4/17.5 (the three together at
+# B=1: 16.3/16.1)
+SPECULATIVE_SAMPLE = True
 PAIR_MAX_RANK = tl.constexpr(48)
 PAIR_GROUPS = tl.constexpr(512)
 
@@ -291,7 +295,7 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_
     launch. FLT (the float filter): a threshold of +0.0 (key 0, which no float compare matches) becomes -0.0 (key
     -1): a lower threshold only adds candidates (the -0.0 entries), and the finish then skips the exact-row
     shortcut. HIST: also the histogram's bin width 2^shift (thresh[row, 1]: the sampled keys from the threshold to
-    their maximum span under SLOTS / 2 bins) and its SLOTS bins zeroed (for the filter's or the finish's counts).
+    their maximum span under SLOTS / 2 bins) and its SLOTS bins zeroed.
     PDL: the filter launch may start at once (it waits for this grid before reading what it writes). PAIRS, SPEC,
     PTX: see `_sample_threshold`."""
     row = tl.program_id(0)
@@ -317,7 +321,7 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_
 def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr,
                 out_ptr, n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
                 MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr,
-                OWN_HIST: tl.constexpr = False, EARLY: tl.constexpr = False, PTX: tl.constexpr = False):
+                EARLY: tl.constexpr = False):
     """Step 3 for one row: selects among the row's candidate segments (one per tile) and writes the top k in
     position order. Reads what other programs wrote (after the launch boundary), through L2 (`.cg`).
 
@@ -326,10 +330,8 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
     segments' ends, and before[t] at each candidate's tile, by `tl.gather` in registers (H200 run15-topk: B=1 x 1M
     18.1 against 19.8 us, 64K 18.3 against 19.5, B=8 x 256K 20.8 against 21.8, B=32 x 1M 69.8 against 70.8 for
     global stores and loads: three round trips through L2). FLT: the slots hold (float bits, position) pairs,
-    int64 in cand_key_ptr. HIST: the search starts from the histogram in hist_ptr, counted by the filter or, with
-    OWN_HIST, here (one `red` per candidate into the bins the threshold launch zeroed; PTX: as inline PTX, then a
-    gpu-scope fence before the block barrier, so the read-back sees every add). EARLY: the candidates, segments and
-    histogram are loaded with the slot count (not after it), so their latency overlaps."""
+    int64 in cand_key_ptr. HIST: the search starts from the filter's histogram in hist_ptr. EARLY: the candidates,
+    segments and histogram are loaded with the slot count (not after it), so their latencies overlap."""
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
     out_row = out_ptr + row.to(tl.int64) * K
@@ -342,7 +344,7 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
         gdc_wait()
     if EARLY:  # unmasked (16-byte) loads of all SLOTS: the slots past `total` hold garbage, never used
         bits, pos, first, cnt, hist = _load_candidates(cand_key_ptr + base_row, cand_pos_ptr + base_row, seg,
-                                                       hist_ptr + base_row, c < n_tiles, SLOTS, HIST, OWN_HIST, FLT)
+                                                       hist_ptr + base_row, c < n_tiles, SLOTS, HIST, FLT)
     total = tl.load(fill_ptr + row, cache_modifier=".cg")
     kk = tl.minimum(K, hi - lo)
     if (total > SLOTS) | (total < kk):  # threshold missed: exact radix select
@@ -350,8 +352,7 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
     else:
         if not EARLY:
             bits, pos, first, cnt, hist = _load_candidates(cand_key_ptr + base_row, cand_pos_ptr + base_row, seg,
-                                                           hist_ptr + base_row, c < n_tiles, SLOTS, HIST,
-                                                           OWN_HIST, FLT)
+                                                           hist_ptr + base_row, c < n_tiles, SLOTS, HIST, FLT)
         ok = r < total
         key = tl.where(ok, bits, MIN32)
         thresh = tl.load(thresh_ptr + row * 2)
@@ -359,16 +360,6 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
         exact = hi - lo <= S
         if FLT:
             exact = exact & (thresh != -1)  # -1 may be a lowered +0.0 (see _split_threshold_kernel)
-        if OWN_HIST:  # every candidate's key >= thresh: bins from 0, the last one open above
-            base = thresh >> shift
-            b = tl.minimum(key >> shift, base + (SLOTS - 1)) - base
-            if PTX:
-                _add_one_scattered(hist_ptr + base_row + b, ok)
-                _fence_gpu()
-            else:
-                tl.atomic_add(hist_ptr + base_row + b, 1, mask=ok, sem="acq_rel")
-            tl.debug_barrier()
-            hist = tl.load(hist_ptr + base_row + r, cache_modifier=".cg")
         take = _select(key, pos, total, kk, thresh, exact, hist, shift, False, HIST)
         take_i = take.to(tl.int32)
         excl = tl.cumsum(take_i, axis=0) - take_i
@@ -383,10 +374,9 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
 
 @triton.jit
 def _load_candidates(cand_key, cand_pos, seg, hist, seg_ok, SLOTS: tl.constexpr, HIST: tl.constexpr,
-                     OWN_HIST: tl.constexpr, FLT: tl.constexpr):
+                     FLT: tl.constexpr):
     """A row's SLOTS candidate slots as (keys, or FLT float bits converted to keys; positions), its segments (first
-    slot, count; 0 where not seg_ok) and (HIST, unless OWN_HIST: not counted yet) its histogram's SLOTS bins, read
-    through L2."""
+    slot, count; 0 where not seg_ok) and (HIST) its histogram's SLOTS bins, read through L2."""
     r = tl.arange(0, SLOTS)
     if FLT:
         pair = tl.load(cand_key + r, cache_modifier=".cg")
@@ -399,8 +389,7 @@ def _load_candidates(cand_key, cand_pos, seg, hist, seg_ok, SLOTS: tl.constexpr,
     cnt = tl.load(seg + 1, mask=seg_ok, other=0, cache_modifier=".cg")
     counts = tl.zeros([SLOTS], tl.int32)
     if HIST:
-        if not OWN_HIST:
-            counts = tl.load(hist + r, cache_modifier=".cg")
+        counts = tl.load(hist + r, cache_modifier=".cg")
     return key, pos, first, cnt, counts
 
 
@@ -462,14 +451,6 @@ def _add_one_scattered(ptr, mask):
 def _pinned(x):
     """x through an inline-PTX move (CUDA only): the compiler keeps it (and the loads it waits for) where it is."""
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _fence_gpu():
-    """A gpu-scope fence in every thread (CUDA only): its earlier memory operations, `red`s included, are performed
-    at L2 before its later ones."""
-    return tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, $1;", "=r,r", [tl.full([], 0, tl.int32)],
-                                     dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -591,12 +572,10 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
 def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr,
                          seg_ptr, out_ptr, n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr,
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr,
-                         FLT: tl.constexpr, PDL: tl.constexpr, OWN_HIST: tl.constexpr = False,
-                         EARLY: tl.constexpr = False, PTX: tl.constexpr = False):
-    """Program per row: the finish (step 3; OWN_HIST, EARLY, PTX: see `_finish_row`)."""
+                         FLT: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr = False):
+    """Program per row: the finish (step 3; EARLY: see `_finish_row`)."""
     _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, PDL, OWN_HIST, EARLY,
-                PTX)
+                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, PDL, EARLY)
 
 
 def max_tiles(rows: int) -> int:
@@ -733,26 +712,24 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
         cand_key = torch.empty((rows, slots), dtype=torch.int32, device=dev)
         cand_pos = torch.empty((rows, slots), dtype=torch.int32, device=dev)
     seg = torch.empty((rows, maxt, 2), dtype=torch.int32, device=dev)
-    with_hist = rows * n <= HISTOGRAM_MAX_ENTRIES  # the filter counts the histogram
-    own_hist = FINISH_OWN_HIST and not with_hist  # the finish counts it
-    hist = torch.empty((rows, slots) if with_hist or own_hist else (1,), dtype=torch.int32, device=dev)  # zeroed there
+    with_hist = rows * n <= HISTOGRAM_MAX_ENTRIES
+    hist = torch.empty((rows, slots) if with_hist else (1,), dtype=torch.int32, device=dev)  # zeroed there too
     bufs = (thresh, fill, hist, cand_key, cand_pos, seg, out, n, scores.stride(0), k)
-    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=maxt, TILE=tile, FLT=flt, PDL=pdl)
+    shapes = dict(**common, S=sample, SLOTS=slots, MAXT=maxt, TILE=tile, HIST=with_hist, FLT=flt, PDL=pdl)
     dependent = dict(launch_pdl=True) if pdl else {}  # the interpreter knows no such option
     ptx = scores.is_cuda and has_ptx()  # inline PTX: NVIDIA only
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, hist, n, scores.stride(0), k, **common,
-                                     **sampling, SLOTS=slots, HIST=with_hist or own_hist, FLT=flt, PDL=pdl,
+                                     **sampling, SLOTS=slots, HIST=with_hist, FLT=flt, PDL=pdl,
                                      PAIRS=PAIR_SEARCH and sample >= 4 * PAIR_GROUPS,
                                      SPEC=SPECULATIVE_SAMPLE and not has_lo and n > sample, PTX=ptx,
                                      num_warps=THRESHOLD_WARPS)
     one_tile = splits >= triton.cdiv(n, tile)
     # inline PTX: CUDA only; the programs taking several tiles were not timed with it
     vec = VECTOR_LOADS and one_tile and ptx
-    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, HIST=with_hist,
-                                         ONE_TILE=one_tile, VEC=vec, HALVES=HALF_SCAN and one_tile,
-                                         num_warps=num_warps, num_stages=1, **dependent)
-    _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes, HIST=with_hist or own_hist, OWN_HIST=own_hist,
-                                  EARLY=FINISH_EARLY_LOADS, PTX=ptx,
+    _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, ONE_TILE=one_tile, VEC=vec,
+                                         HALVES=HALF_SCAN and one_tile, num_warps=num_warps, num_stages=1,
+                                         **dependent)
+    _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes, EARLY=FINISH_EARLY_LOADS,
                                   num_warps=min(16, FINISH_WARPS * slots // 4096), **dependent)
     return out
 

@@ -155,16 +155,14 @@ def _sampled_positions(n: int, sample: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("early", [True, False])
-@pytest.mark.parametrize("hist", ["filter", "finish", "none"])
+@pytest.mark.parametrize("hist", [True, False])
 @pytest.mark.parametrize("case", ["unsampled_spikes", "rounded", "normal"])
 def test_finish_histogram_start(case, hist, early, monkeypatch):
-    """The finish's search started from the candidates' histogram, counted by the filter (the default up to
-    HISTOGRAM_MAX_ENTRIES entries) or by the finish itself (FINISH_OWN_HIST, over it), or from the threshold;
-    FINISH_EARLY_LOADS on and off. unsampled_spikes: 200 large entries where the sample never reads, so the k-th
-    largest lies in the histogram's last bin (open above: keys past the sample's maximum); rounded: ties at the
-    k-th place."""
-    monkeypatch.setattr(topk_module, "HISTOGRAM_MAX_ENTRIES", 1 << 30 if hist == "filter" else 0)
-    monkeypatch.setattr(topk_module, "FINISH_OWN_HIST", hist == "finish")
+    """The finish's search started from the candidates' histogram (the default up to HISTOGRAM_MAX_ENTRIES
+    entries) and from the threshold; FINISH_EARLY_LOADS (the default) on and off. unsampled_spikes: 200 large
+    entries where the sample never reads, so the k-th largest lies in the histogram's last bin (open above: keys
+    past the sample's maximum); rounded: ties at the k-th place."""
+    monkeypatch.setattr(topk_module, "HISTOGRAM_MAX_ENTRIES", 1 << 30 if hist else 0)
     monkeypatch.setattr(topk_module, "FINISH_EARLY_LOADS", early)
     gen = torch.Generator().manual_seed(hash((case, hist)) % 2**31)
     n, k = 9000, 100
@@ -186,7 +184,8 @@ def test_threshold_pair_search_and_speculative_sample(kind, monkeypatch):
     whole sample and continued exactly where a group held more than two keys over its bound (sorted rows: the
     sample's largest keys share groups). SPECULATIVE_SAMPLE: the sample of a full-width row loaded before its length,
     loaded again for a shorter row (row 1: other sampled positions). The threshold launch alone: its bound reaches
-    r to r + r // 2 of the row's own sampled entries, each way; then whole calls against the reference."""
+    r to r + r // 2 of the row's own sampled entries, each way; then a whole call (both defaults) against the
+    reference."""
     gen = torch.Generator().manual_seed(hash(kind) % 2**31)
     n, k, sample = 30000, 64, 2048  # r = 14 sampled entries, r + r // 2 = 21 <= PAIR_MAX_RANK
     scores = _scores(kind, 2, n, gen)
@@ -208,8 +207,6 @@ def test_threshold_pair_search_and_speculative_sample(kind, monkeypatch):
             r_row = -(-3 * k * sample // m)
             reached = int((_float_keys(sampled) >= bound[row]).sum())
             assert r_row <= reached <= r_row + r_row // 2, (pairs, spec, row, reached)
-    monkeypatch.setattr(topk_module, "PAIR_SEARCH", True)
-    monkeypatch.setattr(topk_module, "SPECULATIVE_SAMPLE", True)
     poisoned = torch.full((2, k), 12345, dtype=torch.int32, device=DEVICE)
     out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, sample=sample, out=poisoned).cpu()
     assert torch.equal(out, topk_reference(scores, lengths, k))
