@@ -13,7 +13,9 @@ Method "sample" (no sorting network anywhere, so compiles stay short):
    spread evenly; the whole row when it has <= S entries) and find, by a bitwise search over the
    order-preserving int32 keys (one reduction per bit, stopped early: `_rank_bound` in topk_search.py), a key
    T that about MARGIN*k to 1.5*MARGIN*k entries of the row should reach. On a row of <= S entries T is a key exactly
-   min(k, n) entries reach, or the exact k-th largest key.
+   min(k, n) entries reach, or the exact k-th largest key. On long rows the search first runs over each 32-entry
+   group's two largest keys (PAIR_SEARCH), and a full-width row's sample is loaded before its length
+   (SPECULATIVE_SAMPLE).
 2. filter: every entry with key >= T is a candidate. Each tile of TILE entries counts its candidates,
    reserves that many consecutive slots of the row's SLOTS with one atomic add, and writes (key, position)
    there in position order (a cumsum per tile): one segment per tile. Up to HISTOGRAM_MAX_ENTRIES entries in all

@@ -5,7 +5,8 @@ int64 in [0, 2^32) in the same order, the domain the searches build their bounds
 hold MIN32 (unsigned 0): never counted.
 
 - `_rank_bound`: a bound that at least r keys reach, one block-wide count per bit, stopped early (the sampled
-  threshold, and the finish by default);
+  threshold, and the finish by default); with PAIRS over `_group_top_two`'s [groups, 2] keys (each group's two
+  largest: the sampled threshold's first search on long rows, H200 run22-topk);
 - `_select`: which candidates are the top kk (exact, ties by lowest position); the split finish starts its
   search from a histogram of the candidates the filter counted (`_histogram_start`), so it only pays for the
   bits under the histogram's bin width.
