@@ -166,6 +166,8 @@ GEMV_TILES = {
 # 42.8 / 14.7 (the old (8, 16, 1, True) 47.9 / 19.7), stage 2 (16, 8, 1, False) 25.3 / 6.9; mxfp4 stage 1
 # (8, 8, 1, True) 53.5 / 22.4 (old 59.3 / 25.5), stage 2 (32, 8, 2, False, 3) 26.6 / 7.1 (old 33.8 / 7.1). A fifth
 # element is num_stages: the K loop pipelined through shared memory (cp.async), which won only for mxfp4's stage 2.
+# run24-m1 (13 more tiles, K steps up to a whole row): w4a16 stage 2 (8, 64, 2, False) 24.1 us against 25.0 for
+# (16, 8, 1, False) on DeepSeek-V3.2, but 8.8 against 6.4 on the TP8 slice (run25-m1): not taken.
 GEMV_4BIT_TILES = {
     "w4a16": {1: (16, 16, 2, True), 2: (16, 8, 1, False)},
     "mxfp4": {1: (8, 8, 1, True), 2: (32, 8, 2, False, 3)},
@@ -231,6 +233,8 @@ def gemv_config(rows: int, n: int, fmt: str, *, gated: bool, tile: tuple[int, in
         chunks *= 2
     if chunks < top_k < 2 * chunks:  # e.g. 9 slots (GLM-5's shared expert) in 8 chunks: 2 slots in some, so one
         chunks = top_k               # slot per chunk instead
+    elif chunks < top_k:  # no chunk left without a slot (9 in 4: 3 chunks of 3)
+        chunks = -(-top_k // -(-top_k // chunks))
     cfg = {"BLOCK_N": bn, "GPI": gpi, "num_warps": gemv_warps(bn, fmt), "FP8_BITS": GEMV_FP8_BITS,
            "CHUNKS": min(chunks, top_k)}
     if words:

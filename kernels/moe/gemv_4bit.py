@@ -331,6 +331,7 @@ def launch_4bit(a, w, w_scale, out, ids, topk_w, *, num_rows, top_k, n, k, fmt, 
     bn, ns = cfg["BLOCK_N"], cfg["NS"]
     words = w.view(torch.int32)
     kw = words.shape[2]
+    ns = min(ns, triton.next_power_of_2(triton.cdiv(kw, 4)))  # a K step no longer than the row (short K: TP slices)
     grid = (num_rows * chunks * triton.cdiv(n, bn),)
     zblock = 0 if zero is None else max(128, triton.next_power_of_2(triton.cdiv(zero.numel(), grid[0])))
     _gemv_4bit_kernel[grid](
