@@ -74,19 +74,25 @@ def _save() -> None:
 # FINISH_EARLY_LOADS), the sample of a full-width row loaded before the row's length ("spec", SPECULATIVE_SAMPLE), each
 # alone and all four together, against run 20's default; pairs, early and spec are the defaults since. Listed now
 # (run 22-topk): the default against run 20's and against pairs alone, the 1M shapes twice; the cut calls for both
-# defaults.
-RUN20_DEFAULT = dict(_pairs=False, _early=False, _spec=False)
-TOPK_VARIANTS = {shape: [("default", {}), ("run 20 default", RUN20_DEFAULT),
-                         ("pairs only", dict(_early=False, _spec=False))] * 2 for shape in ((1, 1 << 20), (32, 1 << 20))}
-DEFAULT_AND_BEFORE = [("default", {}), ("run 20 default", RUN20_DEFAULT)]  # the other shapes
-# B=32 first: a run cut by its time limit keeps what it measured
-TOPK_SHAPES = [(32, 1 << 20, "randn"), (8, 262144, "randn"), (1, 1 << 20, "randn"), (1, 4096, "randn"),
+# defaults. Run 23-topk: the pair search deciding two bits per count ("two bits", PAIR_BITS = 2), the finish's segment
+# ends read with one gather ("one gather", FINISH_ONE_GATHER), the finish run by the last filter program ("fused",
+# FUSED_FINISH_MAX_ROWS = 1: 8-warp filter programs on 4096-entry tiles; "tile 4096 8 warps": those programs without
+# the finish), the three together ("all"), and the B=1 finish at 16 warps, against the default (run 22's), the 1M
+# shapes twice (B=1 first); the cut calls for the default and all three. All three are the defaults since (each alone
+# was no slower; raw/sparse_sweep_run23-topk.json). Listed now: the default against run 22's, the 1M shapes twice.
+RUN22_DEFAULT = dict(_pair_bits=1, _one_gather=False, _fused_rows=0)
+TOPK_VARIANTS = {shape: [("default", {}), ("run 22 default", RUN22_DEFAULT)] * 2
+                 for shape in ((1, 1 << 20), (32, 1 << 20))}
+DEFAULT_AND_BEFORE = [("default", {}), ("run 22 default", RUN22_DEFAULT)]  # the other shapes
+# B=1 x 1M first (the tighter target), then B=32: a run cut by its time limit keeps what it measured
+TOPK_SHAPES = [(1, 1 << 20, "randn"), (32, 1 << 20, "randn"), (8, 262144, "randn"), (1, 4096, "randn"),
                (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "recent")]
 LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FINISH_WARPS", "_vec": "VECTOR_LOADS",
                     "_hist_max": "HISTOGRAM_MAX_ENTRIES", "_max_tiles": "MAX_TILES",
                     "_filter_programs": "FILTER_PROGRAMS", "_flt_min_rows": "FLOAT_FILTER_MIN_ROWS",
                     "_half_scan": "HALF_SCAN", "_pairs": "PAIR_SEARCH", "_early": "FINISH_EARLY_LOADS",
-                    "_spec": "SPECULATIVE_SAMPLE"}
+                    "_spec": "SPECULATIVE_SAMPLE", "_pair_bits": "PAIR_BITS", "_one_gather": "FINISH_ONE_GATHER",
+                    "_fused_rows": "FUSED_FINISH_MAX_ROWS"}
 
 
 class _Skipped:
@@ -172,7 +178,7 @@ def sweep_topk() -> None:
         sb.log(f"topk {shape:22s} {'torch.topk':24s} {base:8.1f} us")
         if (b, n) in ((1, 1 << 20), (32, 1 << 20)) and kind == "randn":
             _time_threshold_alone(scores, lengths, k, shape, tk.THRESHOLD_WARPS)  # run 18 also timed 32 warps
-            for label, cfg in (("", {}), (" (run 20 default)", RUN20_DEFAULT)):
+            for label, cfg in (("", {}), (" (run 22 default)", RUN22_DEFAULT)):
                 try:
                     _time_launch_prefixes(scores, lengths, k, shape, label, cfg)
                 except Exception as exc:  # noqa: BLE001 - report and go on

@@ -38,10 +38,10 @@ Launches: many rows (indexer prefill) or short rows use one program per row that
 (`_topk_row_kernel`); few long rows (CSA decode) use three launches: one threshold program per row,
 one filter program per 2048-entry tile (1024 from 8 rows; or `splits` programs per row taking every splits-th
 tile), one finish program per row; on CUDA the one-tile filter loads 16 bytes wide and stores its candidates
-as inline PTX in that layout (`VECTOR_LOADS`; H200 run14-topk: B=32 x 1M 71.0 against 97.5 us). Having the
-last filter program of a row run the finish (two launches) measured slower on an H200 (run 8: B=1 x 1M 25.6
-against 21.4 us, B=32 245.6 against 104.2: the fused kernel's registers halve the resident filter programs)
-and was removed; `git show 3174776:kernels/csa/topk.py` has it.
+as inline PTX in that layout (`VECTOR_LOADS`; H200 run14-topk: B=32 x 1M 71.0 against 97.5 us). A single row
+takes two launches: its last filter program to arrive runs the finish (`FUSED_FINISH_MAX_ROWS`; 8-warp programs on
+4096-entry tiles: H200 run23-topk; run 8's fused finish, at the filter's 4 warps, had measured B=1 x 1M 25.6
+against 21.4 us and B=32 245.6 against 104.2: its registers halved the resident filter programs).
 With pdl (default for one row and from 32 rows on CUDA sm_90+) the filter and finish are programmatic dependent
 launches: they start while the launch before still runs (the filter issues its tile's load first), then wait for
 it (`gdc_wait`) before reading what it wrote; H200 run 9: B=1 x 1M 19.8 against 21.4 us; run18-topk: B=32 x 1M
@@ -75,8 +75,8 @@ import triton
 import triton.language as tl
 
 from zoe_kernels.csa.radix_select import RADIX_BINS, _chunk_topk_kernel, _radix_topk_range
-from zoe_kernels.csa.topk_search import (MIN32, _bits_key, _group_top_two, _key_float, _rank_bound, _select,
-                                         _signed_key, _unsigned)
+from zoe_kernels.csa.topk_search import (MIN32, _bits_key, _group_top_two, _key_float, _pair_bound, _rank_bound,
+                                         _select, _signed_key, _unsigned)
 from zoe_kernels.platform import has_ptx
 
 try:  # programmatic dependent launch (Hopper and later); absent from older Triton releases
@@ -146,6 +146,25 @@ FINISH_EARLY_LOADS = True
 # run21-topk, B=32 x 1M 61.3/61.2 against 61.8/61.8 us, B=1 x 1M 17.5/17.4 against 17.4/17.5 (the three together at
 # B=1: 16.3/16.1)
 SPECULATIVE_SAMPLE = True
+# H200 run23-topk timed the next three options each alone and together against run 22's default, 1M shapes twice (the
+# three together: B=1 x 1M 15.1/15.0 against 16.0/16.0 us, B=32 x 1M 58.6/58.5 against 59.3/59.4, every other shape
+# 0.0-0.8 us faster; alone each 0.0-0.2 us at B=1: the gains do not add up, the sum is larger)
+# the finish reads its segments' first and last taken counts with one tl.gather of the inclusive sums, not two:
+# run23-topk alone, B=32 x 1M 59.1 against 59.3 us, B=1 x 1M 16.0 against 16.0
+FINISH_ONE_GATHER = True
+# up to this many rows the row's last filter program to arrive (an acquire-release ticket) runs the finish: no third
+# launch. Its programs then run at the finish's warps (128 registers at 8 warps, 2 programs per multiprocessor) on
+# FUSED_TILE-entry tiles by default (16 entries per thread, as the 4-warp 2048-entry tiles; B=1 x 1M: 256 programs, one
+# wave on 132 multiprocessors). Run23-topk alone: B=1 x 1M 15.9/15.8 against 16.0/16.0 us (those 8-warp 4096-entry
+# filter programs without the finish: 16.1). Run 8 had timed a fused finish at the filter's 4 warps and 2048-entry
+# tiles: B=1 x 1M 25.6 against 21.4 us (the registers halved the resident filter programs)
+FUSED_FINISH_MAX_ROWS = 1
+FUSED_TILE = 4096
+# the pair search decides two bits per block-wide count (1: one), its first count taken with the groups' maximum
+# (`_pair_bound`); simulated on 16384-entry randn samples at r = 24: 2.9 counts against 5.4 (and the maximum's own).
+# Run23-topk alone: B=1 x 1M 15.8/15.9 against 16.0/16.0 us, B=32 x 1M 58.8 against 59.3; the threshold launch (the
+# call cut after it, with the other two) 5.7 against 6.0 at B=1, 5.6 against 6.0 at B=32
+PAIR_BITS = 2
 PAIR_MAX_RANK = tl.constexpr(48)
 PAIR_GROUPS = tl.constexpr(512)
 
@@ -203,7 +222,7 @@ def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARG
     # well inside the 8k slots); exact rows: a bound exactly min(k, n) entries reach, or the k-th largest
     slack = tl.where(sampled, r // 2, 0)
     if PAIRS:
-        c, top = _pair_search(key, r, slack, n_ok, sampled & (r + slack <= PAIR_MAX_RANK))
+        c, top = _pair_search(key, r, slack, n_ok, sampled & (r + slack <= PAIR_MAX_RANK), PAIRS)
     else:
         top = tl.max(key, axis=0)
         c, _ = _rank_bound(key, r, tl.zeros([], tl.int64), n_ok, _unsigned(top), slack)
@@ -211,12 +230,16 @@ def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARG
 
 
 @triton.jit
-def _pair_search(key, r, slack, n_ok, use_pairs):
-    """`_sample_threshold`'s search with PAIRS: (bound c, largest key)."""
+def _pair_search(key, r, slack, n_ok, use_pairs, BITS: tl.constexpr = 1):
+    """`_sample_threshold`'s search with PAIRS: (bound c, largest key). BITS = 2: the groups' search decides two
+    bits per count, its first count taken with the maximum (`_pair_bound`)."""
     if use_pairs:
         best = _group_top_two(key, PAIR_GROUPS)
-        top = tl.max(tl.max(best, axis=1), axis=0)
-        c, _ = _rank_bound(best, r, tl.zeros([], tl.int64), 2 * PAIR_GROUPS, _unsigned(top), slack, True)
+        if BITS == 2:
+            c, _, top = _pair_bound(best, r, slack)
+        else:
+            top = tl.max(tl.max(best, axis=1), axis=0)
+            c, _ = _rank_bound(best, r, tl.zeros([], tl.int64), 2 * PAIR_GROUPS, _unsigned(top), slack, True)
         cnt = tl.sum((key >= (c - 2147483648).to(tl.int32)).to(tl.int32), axis=0)
         if cnt > r + slack:  # some group held more than two keys over c: the exact search goes on from c
             c, _ = _rank_bound(key, r, c, cnt, _unsigned(top), slack)
@@ -292,9 +315,10 @@ def _topk_row_kernel(val_ptr, lo_ptr, hi_ptr, cand_key_ptr, cand_pos_ptr, out_pt
 def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, n_cols, stride_row, K,
                             HAS_LO: tl.constexpr, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr,
                             SLOTS: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr,
-                            PAIRS: tl.constexpr = False, SPEC: tl.constexpr = False, PTX: tl.constexpr = False):
+                            PAIRS: tl.constexpr = False, SPEC: tl.constexpr = False, PTX: tl.constexpr = False,
+                            FUSED: tl.constexpr = False):
     """Program per row: the threshold (thresh[row, 0]), and the row's count of filled slots reset for the filter
-    launch. FLT (the float filter): a threshold of +0.0 (key 0, which no float compare matches) becomes -0.0 (key
+    launch (FUSED: also its filter programs' ticket, fill[rows + row]). FLT (the float filter): a threshold of +0.0 (key 0, which no float compare matches) becomes -0.0 (key
     -1): a lower threshold only adds candidates (the -0.0 entries), and the finish then skips the exact-row
     shortcut. HIST: also the histogram's bin width 2^shift (thresh[row, 1]: the sampled keys from the threshold to
     their maximum span under SLOTS / 2 bins) and its SLOTS bins zeroed.
@@ -310,6 +334,8 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_
         thresh = tl.where(thresh == 0, -1, thresh)
     tl.store(thresh_ptr + row * 2, thresh)
     tl.store(fill_ptr + row, 0)
+    if FUSED:
+        tl.store(fill_ptr + tl.num_programs(0) + row, 0)
     if HIST:
         span = tl.maximum(_unsigned(top) - _unsigned(thresh), 0)
         shift = tl.zeros([], tl.int32)
@@ -323,7 +349,7 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_
 def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr,
                 out_ptr, n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
                 MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr,
-                EARLY: tl.constexpr = False):
+                EARLY: tl.constexpr = False, ONE_GATHER: tl.constexpr = False):
     """Step 3 for one row: selects among the row's candidate segments (one per tile) and writes the top k in
     position order. Reads what other programs wrote (after the launch boundary), through L2 (`.cg`).
 
@@ -333,7 +359,8 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
     18.1 against 19.8 us, 64K 18.3 against 19.5, B=8 x 256K 20.8 against 21.8, B=32 x 1M 69.8 against 70.8 for
     global stores and loads: three round trips through L2). FLT: the slots hold (float bits, position) pairs,
     int64 in cand_key_ptr. HIST: the search starts from the filter's histogram in hist_ptr. EARLY: the candidates,
-    segments and histogram are loaded with the slot count (not after it), so their latencies overlap."""
+    segments and histogram are loaded with the slot count (not after it), so their latencies overlap. ONE_GATHER:
+    the segments' first and last taken counts come from one `tl.gather` of the inclusive sums (not two)."""
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
     out_row = out_ptr + row.to(tl.int64) * K
@@ -364,10 +391,17 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
             exact = exact & (thresh != -1)  # -1 may be a lowered +0.0 (see _split_threshold_kernel)
         take = _select(key, pos, total, kk, thresh, exact, hist, shift, False, HIST)
         take_i = take.to(tl.int32)
-        excl = tl.cumsum(take_i, axis=0) - take_i
+        incl = tl.cumsum(take_i, axis=0)
+        excl = incl - take_i
         has = (c < n_tiles) & (cnt > 0)  # (every segment ends inside the SLOTS here: total <= SLOTS)
-        e_first = tl.where(has, tl.gather(excl, tl.where(has, first, 0), 0), 0)
-        taken = tl.where(has, tl.gather(excl + take_i, tl.where(has, first + cnt - 1, 0), 0), 0) - e_first
+        if ONE_GATHER:  # both ends from the inclusive sums: the one before the first slot, and the last slot
+            ends = tl.gather(incl, tl.reshape(tl.join(tl.maximum(first - 1, 0), first + cnt - 1), [2 * MAXT]), 0)
+            before_first, at_last = tl.split(tl.reshape(ends, [MAXT, 2]))
+            e_first = tl.where(has & (first > 0), before_first, 0)
+            taken = tl.where(has, at_last, 0) - e_first
+        else:
+            e_first = tl.where(has, tl.gather(excl, tl.where(has, first, 0), 0), 0)
+            taken = tl.where(has, tl.gather(incl, tl.where(has, first + cnt - 1, 0), 0), 0) - e_first
         delta = tl.cumsum(taken, axis=0) - taken - e_first
         slot = tl.gather(delta, tl.where(take, pos // TILE, 0), 0) + excl
         tl.store(out_row + slot, pos, mask=take)
@@ -523,7 +557,8 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
                          seg_ptr, out_ptr, n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr,
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr,
                          ONE_TILE: tl.constexpr, VEC: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr,
-                         HALVES: tl.constexpr = False):
+                         HALVES: tl.constexpr = False, FUSED: tl.constexpr = False, EARLY: tl.constexpr = False,
+                         ONE_GATHER: tl.constexpr = False):
     """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: count its candidates, reserve that
     many consecutive slots with one atomic add (each tile is one segment, in position order inside), write
     them, record the segment (first slot, count) in seg[row, tile]. The next tile's load is issued before the
@@ -531,7 +566,9 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
 
     PDL: launched while the threshold grid still runs, a program
     issues its tile's load, then waits for that grid (the threshold and the reset counters) and lets the
-    finish launch start."""
+    finish launch start. FUSED: the row's last program to arrive (a ticket, fill[rows + row], taken with
+    acquire-release semantics after a block barrier) runs the finish (`_finish_row`; EARLY, ONE_GATHER there), so
+    there is no finish launch."""
     row = tl.program_id(0)
     p = tl.program_id(1)
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
@@ -568,16 +605,24 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
                          cand_key_ptr + base_row, cand_pos_ptr + base_row, seg_ptr + row * MAXT * 2,
                          hist_ptr + base_row, SLOTS, TILE, HIST, VEC, FLT)
             x = x_next
+    if FUSED:
+        tl.debug_barrier()  # every thread's candidate stores precede the release
+        if tl.atomic_add(fill_ptr + tl.num_programs(0) + row, 1, sem="acq_rel", scope="gpu") == P - 1:
+            _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr,
+                        out_ptr, n_cols, stride_row, K, row, HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, False, EARLY,
+                        ONE_GATHER)
 
 
 @triton.jit
 def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr,
                          seg_ptr, out_ptr, n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr,
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr,
-                         FLT: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr = False):
-    """Program per row: the finish (step 3; EARLY: see `_finish_row`)."""
+                         FLT: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr = False,
+                         ONE_GATHER: tl.constexpr = False):
+    """Program per row: the finish (step 3; EARLY, ONE_GATHER: see `_finish_row`)."""
     _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, PDL, EARLY)
+                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, PDL, EARLY,
+                ONE_GATHER)
 
 
 def max_tiles(rows: int) -> int:
@@ -639,9 +684,10 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     splits-th tile of its row); method "sample" ("filter" is
     accepted as its former name), "radix" (one program per row, radix select only) or "auto" (default:
     radix for fewer than 64 rows of at most RADIX_MAX_LEN entries, sample otherwise); tile: entries per
-    loop step (split mode: also one candidate segment, default 2048, 1024 from MANY_ROWS rows, doubled while a
-    row has more than `max_tiles(R)` tiles; one program per row: default 4096); num_warps: warps of the split
-    filter programs (the radix method under "auto" uses 8); row_chunk: rows per launch in one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
+    loop step (split mode: also one candidate segment, default 2048, 1024 from MANY_ROWS rows, FUSED_TILE up to
+    FUSED_FINISH_MAX_ROWS rows, doubled while a row has more than `max_tiles(R)` tiles; one program per row: default
+    4096); num_warps: warps of the split filter programs (the radix method under "auto" uses 8; filter programs that
+    run the finish, up to FUSED_FINISH_MAX_ROWS rows, take the finish's); row_chunk: rows per launch in one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
     entries read to pick the threshold (a power of two >= 512; smaller only to test the sampled path on
     short rows); pdl: the split filter and finish launches start before
     the launch they depend on has ended (programmatic dependent launch; default: `pdl_default`);
@@ -680,9 +726,12 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     if method == "auto":
         short = rows < 64 and n <= RADIX_MAX_LEN and splits is None
         method, tile, num_warps = ("radix", tile or 4096, 8) if short else ("sample", tile, num_warps)
+    fused = method != "radix" and rows <= FUSED_FINISH_MAX_ROWS and splits_for(rows, n, splits, tile) > 1
     if tile is None:
         split_base = SPLIT_TILE_MANY if rows >= MANY_ROWS else SPLIT_TILE
         tile = split_base if splits_for(rows, n, splits, None) > 1 else ROW_TILE
+        if fused:
+            tile = FUSED_TILE
     if method == "radix":
         _chunk_topk_kernel[(rows, 1)](
             scores, scores, lo_arg, ends, out, scores, n, scores.stride(0), k, k,
@@ -706,7 +755,8 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     tile = split_tile(n, tile, rows)
     maxt = max_tiles(rows)
     thresh = torch.empty((rows, 2), dtype=torch.int32, device=dev)  # threshold key, histogram bin shift
-    fill = torch.empty((rows,), dtype=torch.int32, device=dev)  # slots filled: zeroed by the threshold launch
+    # slots filled (and fused: the filter programs' tickets), zeroed by the threshold launch
+    fill = torch.empty((2 * rows if fused else rows,), dtype=torch.int32, device=dev)
     flt = rows >= FLOAT_FILTER_MIN_ROWS
     if flt:  # (float bits, position) pairs
         cand_key = cand_pos = torch.empty((rows, slots), dtype=torch.int64, device=dev)
@@ -722,17 +772,20 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     ptx = scores.is_cuda and has_ptx()  # inline PTX: NVIDIA only
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, hist, n, scores.stride(0), k, **common,
                                      **sampling, SLOTS=slots, HIST=with_hist, FLT=flt, PDL=pdl,
-                                     PAIRS=PAIR_SEARCH and sample >= 4 * PAIR_GROUPS,
+                                     PAIRS=PAIR_BITS if PAIR_SEARCH and sample >= 4 * PAIR_GROUPS else 0,
                                      SPEC=SPECULATIVE_SAMPLE and not has_lo and n > sample, PTX=ptx,
-                                     num_warps=THRESHOLD_WARPS)
+                                     FUSED=fused, num_warps=THRESHOLD_WARPS)
     one_tile = splits >= triton.cdiv(n, tile)
     # inline PTX: CUDA only; the programs taking several tiles were not timed with it
     vec = VECTOR_LOADS and one_tile and ptx
+    finish_warps = min(16, FINISH_WARPS * slots // 4096)
+    finish = dict(EARLY=FINISH_EARLY_LOADS, ONE_GATHER=FINISH_ONE_GATHER)
     _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, ONE_TILE=one_tile, VEC=vec,
-                                         HALVES=HALF_SCAN and one_tile, num_warps=num_warps, num_stages=1,
-                                         **dependent)
-    _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes, EARLY=FINISH_EARLY_LOADS,
-                                  num_warps=min(16, FINISH_WARPS * slots // 4096), **dependent)
+                                         HALVES=HALF_SCAN and one_tile, FUSED=fused, **finish,
+                                         num_warps=finish_warps if fused else num_warps, num_stages=1, **dependent)
+    if not fused:
+        _split_finish_kernel[(rows,)](scores, lo_arg, ends, *bufs, **shapes, **finish, num_warps=finish_warps,
+                                      **dependent)
     return out
 
 

@@ -74,6 +74,63 @@ def _group_top_two(key, GROUPS: tl.constexpr):
 
 
 @triton.jit
+def _max_and_sum(a_max, a_sum, b_max, b_sum):
+    return tl.maximum(a_max, b_max), a_sum + b_sum
+
+
+@triton.jit
+def _two_bit_bounds(key, c, bit):
+    """The bounds of bits `bit` and `bit` - 1 over c (unsigned order, lower bits clear): high = c | 2^bit, low = c |
+    2^(bit - 1), both = high | low (at bit 0 only high: low and both are never counted), and each key's share of
+    their three counts packed in an int64 (21-bit fields: at most 2^21 - 1 keys; key: signed int32 keys)."""
+    one = tl.full([], 1, tl.int64)
+    high = c | (one << bit)
+    low = c | (one << tl.maximum(bit - 1, 0))
+    both = high | low
+    two = bit > 0
+    packed = (((key >= (low - 2147483648).to(tl.int32)) & two).to(tl.int64)
+              | ((key >= (high - 2147483648).to(tl.int32)).to(tl.int64) << 21)
+              | (((key >= (both - 2147483648).to(tl.int32)) & two).to(tl.int64) << 42))
+    return high, low, both, packed
+
+
+@triton.jit
+def _take_two_bits(c, cnt_c, r, high, low, both, counts):
+    """The greedy choice of two one-bit steps from `_two_bit_bounds`' summed counts: the largest bound at least r
+    keys reach (both > high > low), else c; returns (bound, its count)."""
+    n_low = (counts & 0x1FFFFF).to(tl.int32)
+    n_high = ((counts >> 21) & 0x1FFFFF).to(tl.int32)
+    n_both = (counts >> 42).to(tl.int32)
+    c_new = tl.where(n_both >= r, both, tl.where(n_high >= r, high, tl.where(n_low >= r, low, c)))
+    cnt_new = tl.where(n_both >= r, n_both, tl.where(n_high >= r, n_high, tl.where(n_low >= r, n_low, cnt_c)))
+    return c_new, cnt_new
+
+
+@triton.jit
+def _pair_bound(best, r, slack):
+    """`_rank_bound` over the [G, 2] keys `best` (`_group_top_two`; all valid, 2G > r + slack) from 0 with no
+    upper bound given, deciding two bits per block-wide count (`_two_bit_bounds`); the first count (bits 31 and
+    30) is one reduction with the keys' maximum, which the later bits are dropped against without a count. Returns
+    (c, count(c), the largest key as int32). Same contract as `_rank_bound`: count(c) >= r, stopped once it is <= r +
+    slack (maybe one bit later than `_rank_bound`), else c is the r-th largest key."""
+    high, low, both, packed = _two_bit_bounds(best, tl.zeros([], tl.int64), tl.full([], 31, tl.int32))
+    top, counts = tl.reduce((best, packed), 1, _max_and_sum)
+    top, counts = tl.reduce((top, counts), 0, _max_and_sum)
+    top_u = _unsigned(top)
+    c, cnt_c = _take_two_bits(tl.zeros([], tl.int64), best.shape[0] * 2, r, high, low, both, counts)
+    bit = tl.full([], 29, tl.int32)
+    while (bit >= 0) & (cnt_c > r + slack):
+        if (c | (tl.full([], 1, tl.int64) << bit)) > top_u:  # no key reaches it: dropped without a count
+            bit -= 1
+        else:
+            high, low, both, packed = _two_bit_bounds(best, c, bit)
+            counts = tl.sum(tl.sum(packed, axis=1), axis=0)
+            c, cnt_c = _take_two_bits(c, cnt_c, r, high, low, both, counts)
+            bit -= 2
+    return c, cnt_c, top
+
+
+@triton.jit
 def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack, PAIRS: tl.constexpr = False):
     """A bound c (unsigned key order, int64 in [0, 2^32)) with count(key >= c) >= r, searched bit by bit from
     the top and stopped as soon as count(c) <= r + slack; returns (c, count(c)). Without an early stop c is

@@ -154,16 +154,18 @@ def _sampled_positions(n: int, sample: int) -> torch.Tensor:
     return (i // SAMPLE_BLOCK) * step + i % SAMPLE_BLOCK
 
 
-@pytest.mark.parametrize("early", [True, False])
+@pytest.mark.parametrize("early,one_gather", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("hist", [True, False])
 @pytest.mark.parametrize("case", ["unsampled_spikes", "rounded", "normal"])
-def test_finish_histogram_start(case, hist, early, monkeypatch):
+def test_finish_histogram_start(case, hist, early, one_gather, monkeypatch):
     """The finish's search started from the candidates' histogram (the default up to HISTOGRAM_MAX_ENTRIES
-    entries) and from the threshold; FINISH_EARLY_LOADS (the default) on and off. unsampled_spikes: 200 large
+    entries) and from the threshold; FINISH_EARLY_LOADS (the default) on and off; FINISH_ONE_GATHER (the segments'
+    ends read with one gather) on and off. unsampled_spikes: 200 large
     entries where the sample never reads, so the k-th largest lies in the histogram's last bin (open above: keys
     past the sample's maximum); rounded: ties at the k-th place."""
     monkeypatch.setattr(topk_module, "HISTOGRAM_MAX_ENTRIES", 1 << 30 if hist else 0)
     monkeypatch.setattr(topk_module, "FINISH_EARLY_LOADS", early)
+    monkeypatch.setattr(topk_module, "FINISH_ONE_GATHER", one_gather)
     gen = torch.Generator().manual_seed(hash((case, hist)) % 2**31)
     n, k = 9000, 100
     scores = _scores("normal" if case == "unsampled_spikes" else case, 2, n, gen)
@@ -178,21 +180,22 @@ def test_finish_histogram_start(case, hist, early, monkeypatch):
     assert torch.equal(out, topk_reference(scores, lengths, k))
 
 
-@pytest.mark.parametrize("kind", ["normal", "sorted", "recent", "periodic", "rounded"])
+@pytest.mark.parametrize("kind", ["normal", "sorted", "recent", "periodic", "rounded", "ties"])
 def test_threshold_pair_search_and_speculative_sample(kind, monkeypatch):
-    """PAIR_SEARCH: the sampled threshold's search over each group's two largest keys, checked by one count over the
-    whole sample and continued exactly where a group held more than two keys over its bound (sorted rows: the
-    sample's largest keys share groups). SPECULATIVE_SAMPLE: the sample of a full-width row loaded before its length,
-    loaded again for a shorter row (row 1: other sampled positions). The threshold launch alone: its bound reaches
-    r to r + r // 2 of the row's own sampled entries, each way; then a whole call (both defaults) against the
-    reference."""
+    """PAIR_SEARCH: the sampled threshold's search over each group's two largest keys (PAIRS = 1: one bit per count,
+    2: two bits, `_pair_bound`), checked by one count over the whole sample and continued exactly where a group held
+    more than two keys over its bound (sorted rows: the sample's largest keys share groups). SPECULATIVE_SAMPLE: the
+    sample of a full-width row loaded before its length, loaded again for a shorter row (row 1: other sampled
+    positions). The threshold launch alone: its bound reaches r to r + r // 2 of the row's own sampled entries, or
+    (ties: no such bound) is the r-th largest sampled key, each way; then a whole call (the defaults, and two bits
+    per count) against the reference."""
     gen = torch.Generator().manual_seed(hash(kind) % 2**31)
     n, k, sample = 30000, 64, 2048  # r = 14 sampled entries, r + r // 2 = 21 <= PAIR_MAX_RANK
     scores = _scores(kind, 2, n, gen)
     lengths = torch.tensor([n, n - 10000])
     assert -(-3 * k * sample // 20000) * 3 // 2 <= topk_module.PAIR_MAX_RANK
     ptx = ON_GPU and topk_module.has_ptx()
-    for pairs, spec in ((True, False), (False, False), (True, True), (False, True)):
+    for pairs, spec in ((1, False), (2, False), (0, False), (1, True), (2, True), (0, True)):
         thresh = torch.empty((2, 2), dtype=torch.int32, device=DEVICE)
         fill = torch.empty((2,), dtype=torch.int32, device=DEVICE)
         ends = lengths.to(DEVICE, torch.int32)  # as the launcher passes them
@@ -205,11 +208,15 @@ def test_threshold_pair_search_and_speculative_sample(kind, monkeypatch):
             m = int(lengths[row])
             sampled = scores[row, :m][_sampled_positions(m, sample)]
             r_row = -(-3 * k * sample // m)
-            reached = int((_float_keys(sampled) >= bound[row]).sum())
-            assert r_row <= reached <= r_row + r_row // 2, (pairs, spec, row, reached)
-    poisoned = torch.full((2, k), 12345, dtype=torch.int32, device=DEVICE)
-    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, sample=sample, out=poisoned).cpu()
-    assert torch.equal(out, topk_reference(scores, lengths, k))
+            keys = _float_keys(sampled)
+            reached = int((keys >= bound[row]).sum())
+            rth = int(torch.sort(keys, descending=True).values[r_row - 1])
+            assert r_row <= reached <= r_row + r_row // 2 or bound[row] == rth, (pairs, spec, row, reached)
+    for bits in (topk_module.PAIR_BITS, 3 - topk_module.PAIR_BITS):
+        monkeypatch.setattr(topk_module, "PAIR_BITS", bits)
+        poisoned = torch.full((2, k), 12345, dtype=torch.int32, device=DEVICE)
+        out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, sample=sample, out=poisoned).cpu()
+        assert torch.equal(out, topk_reference(scores, lengths, k)), bits
 
 
 def _float_keys(x: torch.Tensor) -> torch.Tensor:
@@ -337,6 +344,26 @@ def test_bad_inputs_raise_clear_errors():
         topk(torch.randn(2, 10), torch.tensor([1, 2]), 4, method="sort")
     with pytest.raises(ValueError, match="sample must be a power of two"):
         topk(torch.randn(2, 10), torch.tensor([1, 2]), 4, sample=1000)
+
+
+@pytest.mark.parametrize("kind,b,splits", [("normal", 1, None), ("rounded", 2, None), ("ties", 1, None),
+                                           ("recent", 1, 3)])
+def test_fused_finish(kind, b, splits, monkeypatch):
+    """FUSED_FINISH_MAX_ROWS: the row's last filter program to arrive (an acquire-release ticket) runs the finish, and
+    there is no finish launch (its kernel replaced by None: a launch would fail). ties: the fused finish falls back to
+    the radix select; splits=3: programs taking several tiles each. Two calls in a row on fresh draws over poisoned
+    outputs (the threshold launch resets the tickets); on the GPU the default 1M-entry row at k = 512."""
+    monkeypatch.setattr(topk_module, "FUSED_FINISH_MAX_ROWS", 2)
+    monkeypatch.setattr(topk_module, "_split_finish_kernel", None)
+    long_row = ON_GPU and kind == "normal"
+    n, k, sample = (1 << 20, 512, topk_module.SAMPLE) if long_row else (30000, 64, 2048)
+    gen = torch.Generator().manual_seed(hash((kind, b)) % 2**31)
+    lengths = torch.tensor([n, n - 7777])[:b]
+    for _ in range(2):
+        scores = _scores(kind, b, n, gen)
+        poisoned = torch.full((b, k), 12345, dtype=torch.int32, device=DEVICE)
+        out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, splits=splits, sample=sample, out=poisoned).cpu()
+        assert torch.equal(out, topk_reference(scores, lengths, k))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="long rows need a GPU")
