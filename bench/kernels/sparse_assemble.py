@@ -1,13 +1,14 @@
 """Builds bench/kernels/results/sparse_results.json from the H200 runs whose code is what the repository runs now.
 
 Each op's rows come from the last run that measured its current code (every row keeps its run and commit):
-- CSA top-K: every shape from run22-topk (commit e26660f: PAIR_SEARCH, FINISH_EARLY_LOADS and SPECULATIVE_SAMPLE;
-  the first of two timings at the 1M shapes), with run 20's default (those three off) and, at the 1M shapes, the
-  pair search alone timed beside it; what HALF_SCAN and pdl from 32 rows replaced as timed in run19-topk;
+- CSA top-K: every shape from run23-topk (commit 33d33e0's three options together, "all" there: PAIR_BITS = 2,
+  FINISH_ONE_GATHER, the fused finish at one row; the first of two timings at the 1M shapes), with run 22's default
+  (those three off) timed beside it; from run22-topk (commit e26660f: PAIR_SEARCH, FINISH_EARLY_LOADS and
+  SPECULATIVE_SAMPLE) run 20's default (those three off) and, at the 1M shapes, the pair search alone; what HALF_SCAN and pdl from 32 rows replaced as timed in run19-topk;
   run 17-topk's "int keys" (run 16's default) at B=8 and B=32; run 14's default (16-byte loads, the search from
   the threshold, placement through L2) as timed in run15-topk beside run 16's default's first version; run
   14-topk's 4-byte loads (run 12's default) and run 12-topk's 2048-entry tiles at 8 and 32 rows; run 9's rows of
-  run 8's default without pdl at B=1, plus run 8's radix fallback (unchanged); runs 10-22-topk's other variants
+  run 8's default without pdl at B=1, plus run 8's radix fallback (unchanged); runs 10-23-topk's other variants
   stay in their raw JSON;
 - dual-scope decode: per batch, the run that timed today's default (runs run11-decode for B = 8, 32 and
   run16-decode for B = 1, 64, 128; sparse_decode_sweep.py, raw files in results/raw/), with the default it
@@ -59,10 +60,12 @@ TOPK_RUNS = [("12-topk", "raw/sparse_results_run12-topk.json", "ccd2ed4", RUN14[
               {"zoe one cumsum": "zoe one cumsum per tile (HALF_SCAN off)",
                "zoe no pdl": "zoe half scan, no pdl",
                "zoe one cumsum, no pdl": "zoe run 17 default (one cumsum per tile, no pdl)"}),
-             ("22-topk", "raw/sparse_results_run22-topk.json", "e26660f", ALL_TOPK,
-              {"torch.topk": "torch.topk", "zoe default": "zoe auto (default)",
-               "zoe run 20 default": "zoe run 20 default (one-key threshold search, late finish loads)",
-               "zoe pairs only": "zoe pair search alone (run 20 default + PAIR_SEARCH)"})]
+             ("22-topk", "raw/sparse_results_run22-topk.json", "e26660f", ALL_TOPK[1:],
+              {"zoe run 20 default": "zoe run 20 default (one-key threshold search, late finish loads)",
+               "zoe pairs only": "zoe pair search alone (run 20 default + PAIR_SEARCH)"}),
+             ("23-topk", "raw/sparse_results_run23-topk.json", "33d33e0 (its options on, as committed there)", ALL_TOPK,
+              {"torch.topk": "torch.topk", "zoe all": "zoe auto (default)",
+               "zoe default": "zoe run 22 default (one bit per pair count, two gathers, finish launched)"})]
 RENAME = {"zoe BH=32 DV=512 BKV=32": "zoe BH=32 DV=512 BKV=32 (default from B=8)",  # run 4's labels
           "zoe default BH=64 DV=256 BKV=64": "zoe BH=64 DV=256 BKV=64",
           "zoe run 1 defaults": "zoe run 1 config, current kernel (default below B=8)",
@@ -123,7 +126,7 @@ def main() -> None:
             rows.append(dict(row, provider="zoe run 1 radix split + merge", run=1, commit=RUNS[1][1]))
     meta = dict(loaded[4]["meta"])
     meta.update(command="python bench/kernels/sparse_bench.py --out $OUT --skip-tests (runs 1, 3, 4; run 5: "
-                        "--sections topk; run 8: --sections topk,decode; runs 9, 12- and 14- to 22-topk: "
+                        "--sections topk; run 8: --sections topk,decode; runs 9, 12- and 14- to 23-topk: "
                         "python bench/kernels/sparse_sweep.py --sections topk; runs 11-decode and 16-decode: "
                         "python bench/kernels/sparse_decode_sweep.py --set run11 / --set run15 --batches 128,1,64), "
                         "assembled by "
