@@ -318,9 +318,9 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_
                             PAIRS: tl.constexpr = False, SPEC: tl.constexpr = False, PTX: tl.constexpr = False,
                             FUSED: tl.constexpr = False):
     """Program per row: the threshold (thresh[row, 0]), and the row's count of filled slots reset for the filter
-    launch (FUSED: also its filter programs' ticket, fill[rows + row]). FLT (the float filter): a threshold of +0.0 (key 0, which no float compare matches) becomes -0.0 (key
-    -1): a lower threshold only adds candidates (the -0.0 entries), and the finish then skips the exact-row
-    shortcut. HIST: also the histogram's bin width 2^shift (thresh[row, 1]: the sampled keys from the threshold to
+    launch (FUSED: also its filter programs' ticket, fill[rows + row]). FLT (the float filter): a threshold of +0.0
+    (key 0, which no float compare matches) becomes -0.0 (key -1): a lower threshold only adds candidates (the -0.0
+    entries), and the finish then skips the exact-row shortcut. HIST: also the histogram's bin width 2^shift (thresh[row, 1]: the sampled keys from the threshold to
     their maximum span under SLOTS / 2 bins) and its SLOTS bins zeroed.
     PDL: the filter launch may start at once (it waits for this grid before reading what it writes). PAIRS, SPEC,
     PTX: see `_sample_threshold`."""
