@@ -68,8 +68,6 @@ reduction): B=32 63.4/63.5, B=8 x 256K 21.1 against 20.0, B=1 x 1M 18.8/18.9 aga
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -77,12 +75,7 @@ import triton.language as tl
 from zoe_kernels.csa.radix_select import RADIX_BINS, _chunk_topk_kernel, _radix_topk_range
 from zoe_kernels.csa.topk_search import (MIN32, _bits_key, _group_top_two, _key_float, _pair_bound, _rank_bound,
                                          _select, _signed_key, _unsigned)
-from zoe_kernels.platform import has_ptx
-
-try:  # programmatic dependent launch (Hopper and later); absent from older Triton releases
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - the launcher then refuses pdl=True
-    gdc_launch_dependents = gdc_wait = None
+from zoe_kernels.platform import gdc_launch_dependents, gdc_wait, has_pdl, has_ptx
 
 SAMPLE = 16384  # entries read to pick the threshold (64 KB of float32)
 SAMPLE_BLOCK = 8  # contiguous entries per sample block: one 32-byte sector, spread over the whole row
@@ -654,18 +647,11 @@ def splits_for(rows: int, n: int, splits: int | None, tile: int | None) -> int:
     return max(1, int(splits))
 
 
-@functools.lru_cache(maxsize=None)
-def _has_pdl(device_index: int) -> bool:
-    """Programmatic dependent launch: CUDA (not ROCm) at compute capability >= 9, and a Triton that has it."""
-    return (gdc_wait is not None and torch.version.hip is None
-            and torch.cuda.get_device_capability(device_index)[0] >= 9)
-
-
 def pdl_default(scores: torch.Tensor, rows: int) -> bool:
     """Whether split launches are programmatic dependents by default: at most PDL_MAX_ROWS or at least PDL_MIN_ROWS
     rows on a device that has it (faster at B=1 and B=32 on an H200, slower at B=8: runs 9 and 18-topk)."""
     few_or_many = rows <= PDL_MAX_ROWS or rows >= PDL_MIN_ROWS
-    return scores.is_cuda and few_or_many and _has_pdl(scores.device.index or 0)
+    return scores.is_cuda and few_or_many and has_pdl(scores.device.index or 0)
 
 
 def _warps_for(elements: int) -> int:
