@@ -215,6 +215,26 @@ def main() -> None:
                 new["committed_differs"] = differs
             rows = [x for x in rows if (x["shape"], x["M"], x["fmt"], x["provider"]) != (shape_name, m, fmt, provider)]
             rows.append(new)
+    # run25-m1 (session 6, the committed word-wise GEMV after its load-layout change, PDL and chunk rules:
+    # bench/kernels/moe_gemv4_sweep.py with the committed w4a16 tiles, and moe_bench.py --ms 1 --formats fp8,mxfp4):
+    # w4a16 zoe_gemv at M 1, 8, 16 and zoe_dot (align-based tiles; w4a16 left the M=1 mode) and fp8 zoe_dot at M=1 on
+    # DeepSeek-V3.2, GLM-5, the TP8 slice (and w4a16 on Kimi-K2); fp8 zoe_gemv / zoe_dot and mxfp4 zoe_gemv / zoe_dot
+    # at M=1 on those four shapes. They replace the earlier rows; the 4-bit GEMV rows of earlier runs timed the kernel
+    # before the layout change and carry committed_differs.
+    for stem in ("run25-m1_gemv4_sweep", "run25-m1_fp8_mxfp4_m1"):
+        data = json.loads((RAW / f"{stem}.json").read_text())
+        runs.append({"run": "run25-m1", "code_commit": "13fab96", "file": f"raw/{stem}.json",
+                     **{k: data[k] for k in ("command", "date_utc", "torch", "triton")}})
+        for r in data["rows"]:
+            if r["provider"] == "zoe" or "median_us" not in r:
+                continue
+            key = (r["shape"], r["M"], r["fmt"], r["provider"])
+            rows = [x for x in rows if (x["shape"], x["M"], x["fmt"], x["provider"]) != key]
+            rows.append(r | {"run": "run25-m1"})
+    for r in rows:
+        if r["fmt"] in ("w4a16", "mxfp4") and r["provider"] == "zoe_gemv" and r["run"] != "run25-m1":
+            r.setdefault("committed_differs", "word-wise GEMV before run21-m1's load layout (the committed kernel is "
+                                              "faster: w4a16 M=1 DeepSeek-V3.2 66.8 against 101.3 us)")
     rows += moe_bench.dispatched_rows(rows)
     result = {
         "device": "NVIDIA H200",
