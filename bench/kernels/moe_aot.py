@@ -155,9 +155,10 @@ def main() -> None:
         ptrs = {"a_ptr": "*bf16", "w_ptr": "*i32", "ws_ptr": FORMATS[fmt][2], "out_ptr": "*bf16" if gated else "*fp32",
                 "ids_ptr": "*i32", "topk_w_ptr": "*fp32", "zero_ptr": "*fp32"}
         const = dict(GATED=gated, ATOMIC=not gated, FMT=code, PTX=True, BLOCK_N=wc["BLOCK_N"], NS=wc["NS"],
-                     ZBLOCK=0, EVEN_N=True, EVEN_K=True, PREFETCH=wc["PREFETCH"])
+                     ZBLOCK=0, EVEN_N=True, EVEN_K=True, PREFETCH=wc["PREFETCH"],
+                     STAGES=1 if wc["PREFETCH"] else wc["num_stages"], PDL=wc.get("PDL", False))
         label = (f"gemv_4bit {fmt} {'stage1' if gated else 'stage2'} BN={wc['BLOCK_N']} NS={wc['NS']} "
-                 f"prefetch={wc['PREFETCH']}")
+                 f"prefetch={wc['PREFETCH']} stages={wc['num_stages']} pdl={wc.get('PDL', False)}")
         rows.append(compile_one(label, words._gemv_4bit_kernel, ptrs, const, wc["num_warps"],
                                 num_stages=wc["num_stages"]))
     if args.dot:
