@@ -49,12 +49,6 @@ SMOKE_SHAPES = {"tiny": {"H": 256, "I": 128, "E": 8, "k": 2, "shared": 0},
                 "tiny-shared": {"H": 128, "I": 256, "E": 8, "k": 2, "shared": 1}}
 
 
-def _nan_alloc(shape, dtype, device):
-    import torch
-
-    return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-
 def main() -> None:
     ap = mb.sweep_parser(__doc__, "dsv32,glm5,dsv32-tp8", 200.0)
     ap.add_argument("--large-shape", default="dsv32")
@@ -74,7 +68,6 @@ def main() -> None:
 
     from zoe_kernels.moe import config, fused_moe
     from zoe_kernels.moe.fallback import grouped_mm_moe
-    from zoe_kernels.moe.reference import fused_moe_reference
     from zoe_kernels.platform import device_name
 
     device = "cpu" if smoke else "cuda"
@@ -115,19 +108,7 @@ def main() -> None:
         return path
 
     def check(label, fmt, w, routes, xs, variant):
-        w13, s13, w2, s2 = w
-        tw, ti = routes[0]
-        path = setup(variant)
-        try:
-            out = fused_moe(xs[0], w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2, alloc=_nan_alloc, path=path)
-            ref = fused_moe_reference(xs[0], w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2)
-            err = ((out.float() - ref).norm() / ref.norm()).item()
-            ok = bool(torch.isfinite(out).all()) and err < (2e-2 if fmt == "fp8" else 1.5e-2)
-        except Exception as exc:  # a variant that fails to compile or run is a result
-            err, ok = f"{type(exc).__name__}: {str(exc)[:300]}", False
-        res["checks"].append({"variant": label, "rel_err": err, "ok": ok})
-        print(f"[check] {label}: {err if isinstance(err, str) else f'{err:.2e}'} {'ok' if ok else 'FAIL'}", flush=True)
-        return ok
+        return mb.check_fused_moe(res, label, fmt, w, routes, xs, path=setup(variant))
 
     def timed(label, shape_name, shape, fmt, m, w, routes, xs, variant, unique, rep):
         w13, s13, w2, s2 = w
@@ -173,7 +154,10 @@ def main() -> None:
         shape = shapes[shape_name]
         reps = REPS if m <= 64 else 2
         routes = [mb.make_routing(shape, m, seed=900 + 1000 * m + r, device=device) for r in range(reps)]
-        xs = [torch.randn((m, shape["H"]), dtype=torch.bfloat16, device=device) for _ in range(reps)]
+        # the CPU smoke runs fp16: the interpreter's tl.dot on bf16 operands returns garbage (Triton 3.9, a 16x16
+        # bf16 dot: relative error 4e9), which is why the CPU tests take fp16 and fp32; on the GPU bf16, as served
+        act = torch.float16 if smoke else torch.bfloat16
+        xs = [torch.randn((m, shape["H"]), dtype=act, device=device) for _ in range(reps)]
         unique = sum(len(torch.unique(ti)) for _, ti in routes) / reps
         fmts = ["fp8", "w4a16", "mxfp4"] if m == 1 and (shape_name, m) not in dispatched_only else ["w4a16", "mxfp4"]
         todo = []

@@ -41,12 +41,6 @@ REPS = 4
 SMOKE_SHAPES = {"tiny": {"H": 256, "I": 256, "E": 16, "k": 8, "shared": 0}}
 
 
-def _nan_alloc(shape, dtype, device):
-    import torch
-
-    return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-
 def _label(tile) -> str:
     return "x".join(str(v) for v in tile if not isinstance(v, bool))
 
@@ -66,7 +60,6 @@ def main() -> None:
     from zoe_kernels.moe import config, fused_moe
     from zoe_kernels.moe.act_quant import quantize_act_fp8
     from zoe_kernels.moe.grouped_gemm import down_combine, gate_up_swiglu
-    from zoe_kernels.moe.reference import fused_moe_reference
     from zoe_kernels.platform import device_name
 
     device = "cpu" if smoke else "cuda"
@@ -93,19 +86,8 @@ def main() -> None:
 
 
     def check(label, fmt, w, routes, xs, tiles):
-        w13, s13, w2, s2 = w
-        tw, ti = routes[0]
         setup(fmt, tiles)
-        try:
-            out = fused_moe(xs[0], w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2, alloc=_nan_alloc)
-            ref = fused_moe_reference(xs[0], w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2)
-            err = ((out.float() - ref).norm() / ref.norm()).item()
-            ok = bool(torch.isfinite(out).all()) and err < (2e-2 if fmt == "fp8" else 1.5e-2)
-        except Exception as exc:  # a variant that fails to compile or run is a result
-            err, ok = f"{type(exc).__name__}: {str(exc)[:300]}", False
-        res["checks"].append({"variant": label, "rel_err": err, "ok": ok})
-        print(f"[check] {label}: {err if isinstance(err, str) else f'{err:.2e}'} {'ok' if ok else 'FAIL'}", flush=True)
-        return ok
+        return mb.check_fused_moe(res, label, fmt, w, routes, xs)
 
     waited = [False]
 

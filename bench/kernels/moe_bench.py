@@ -139,6 +139,36 @@ def start_sweep() -> bool:
     return smoke
 
 
+def nan_alloc(shape, dtype, device):
+    """fused_moe's scratch allocator for checks: what the kernels do not write stays NaN."""
+    import torch
+
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def check_fused_moe(res: dict, label: str, fmt: str, w, routes, xs, *, path: str | None = None) -> bool:
+    """One variant's check before it is timed: fused_moe on the first routing over NaN-poisoned scratch against
+    the float32 reference (relative error < 1.5e-2, fp8 2e-2). Appends {"variant", "rel_err", "ok"} to
+    res["checks"] and prints it; a variant that fails to compile or run is a result (not ok)."""
+    import torch
+
+    from zoe_kernels.moe import fused_moe
+    from zoe_kernels.moe.reference import fused_moe_reference
+
+    w13, s13, w2, s2 = w
+    tw, ti = routes[0]
+    try:
+        out = fused_moe(xs[0], w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2, alloc=nan_alloc, path=path)
+        ref = fused_moe_reference(xs[0], w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2)
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        ok = bool(torch.isfinite(out).all()) and err < (2e-2 if fmt == "fp8" else 1.5e-2)
+    except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is a result
+        err, ok = f"{type(exc).__name__}: {str(exc)[:300]}", False
+    res["checks"].append({"variant": label, "rel_err": err, "ok": ok})
+    print(f"[check] {label}: {err if isinstance(err, str) else f'{err:.2e}'} {'ok' if ok else 'FAIL'}", flush=True)
+    return ok
+
+
 def time_calls(calls, smoke: bool) -> float:
     """Microseconds per call: `time_graph` on the GPU, the host clock over one pass in the smoke run."""
     if not smoke:
