@@ -186,7 +186,7 @@ def main() -> None:
             del w
             torch.cuda.empty_cache()
         if (m > 1 or (shape_name, m) in dispatched_only) and time.time() < deadline:  # the baseline to beat
-            wb = mb.make_weights(shape, "bf16", device)
+            wb = [t.to(act) if t is not None and t.is_floating_point() else t for t in mb.make_weights(shape, "bf16", device)]
             if args.with_bf16_dot:
                 timed("bf16 dot", shape_name, shape, "bf16", m, wb, routes, xs, ("dot", None, False), unique, 0)
             calls = [lambda r=r: grouped_mm_moe(xs[r], wb[0], wb[2], routes[r][0], routes[r][1]) for r in range(reps)]
