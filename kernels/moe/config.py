@@ -136,8 +136,8 @@ def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] |
 # below this, per format. Measured on the H200 (bench/kernels/moe_README.md): bf16 and fp8 lost at every point
 # but ZAYA1 M=8 (by 2-3 %, run4), so they never take it (0.0). With the cheaper 4-bit tl.dot path (run13,
 # DeepSeek-V3.2, GEMV / dot): w4a16 8: 702.1 / 530.8 us, 16: 1,378.5 / 932.6, 64: 5,306.9 / 1,999.5: the GEMV
-# keeps M=1 only (1.0 edges per expert; where I >= DOT_M1_MIN_I the M=1 mode of the dot path runs instead, see
-# `use_gemv`); mxfp4 8: 698.0 / 1,213.1, 16: 1,367.3 / 2,177.8, 64: 5,288.1 / 4,716.6: the GEMV up to M=16
+# kept M=1 only then (1.0 edges per expert; and not where the dot path's M=1 mode ran w4a16, until run21-m1);
+# mxfp4 8: 698.0 / 1,213.1, 16: 1,367.3 / 2,177.8, 64: 5,288.1 / 4,716.6: the GEMV up to M=16
 # (1.26 edges per expert), the dot path from M=64 (2.3); 1.75 lies between, M 17..63 not measured.
 # run22-m1 (after the load layout change, GEMV / dot, us): w4a16 DeepSeek-V3.2 M=8 457.9 / 580.6, M=16 895.6 / 982.5,
 # GLM-5 M=8 449.2 / 504.5, M=16 856.9 / 847.1: the GEMV now runs w4a16 up to M=16 (1.26 edges per expert there;
