@@ -94,25 +94,66 @@ def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap
     row = {"kernel": f"tl.dot M=1 {label} BN={bn} warps={warps} stages={stages} split={split}",
            "shared_bytes": kernel.metadata.shared, "cp_async": len(re.findall(r"cp\.async\.ca|cp\.async\.cg", ptx)),
            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "st_shared": len(re.findall(r"st\.shared", ptx))}
-    ptxas = _ptxas()
-    if ptxas:
-        with tempfile.TemporaryDirectory() as tmp:
-            Path(tmp, "k.ptx").write_text(ptx)
-            info = subprocess.run([ptxas, "-v", "-arch=sm_90a", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
-                                  capture_output=True, text=True).stderr
-            sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass", f"{tmp}/k.cubin"],
-                                  capture_output=True, text=True).stdout
-        if os.environ.get("MOE_AOT_DUMP"):  # the listings, for reading the K loop
-            stem = Path(os.environ["MOE_AOT_DUMP"]) / re.sub(r"\W+", "_", label)
-            for ext, text in (("ttgir", kernel.asm["ttgir"]), ("ptx", ptx), ("sass", sass)):
-                stem.with_suffix(f".{ext}").write_text(text)
-        regs = re.findall(r"Used (\d+) registers", info)
-        spills = re.findall(r"(\d+) bytes spill stores", info)
-        row.update(registers=int(regs[-1]) if regs else None, spill_store_bytes=int(spills[-1]) if spills else None)
-        row.update(_loop_counts(sass))
+    sass = _ptxas_row(row, kernel, label)
+    if sass is not None:
         weights_per_thread = 128 * bn * (2 if gated else 1) / (32 * warps)  # one K step of 128
         if row.get("loop_instructions"):
             row["loop_instructions_per_weight"] = round(row["loop_instructions"] / weights_per_thread, 2)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _ptxas_row(row: dict, kernel, label: str) -> str | None:
+    """Assemble the kernel's PTX for sm_90a with Triton's ptxas: registers, spills and the K loop's instruction
+    counts into `row`; the SASS listing, or None without ptxas. MOE_AOT_DUMP=DIR also writes TTGIR, PTX and SASS."""
+    ptxas = _ptxas()
+    if not ptxas:
+        return None
+    ptx = kernel.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "k.ptx").write_text(ptx)
+        info = subprocess.run([ptxas, "-v", "-arch=sm_90a", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
+                              capture_output=True, text=True).stderr
+        sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass", f"{tmp}/k.cubin"],
+                              capture_output=True, text=True).stdout
+    if os.environ.get("MOE_AOT_DUMP"):  # the listings, for reading the K loop
+        stem = Path(os.environ["MOE_AOT_DUMP"]) / re.sub(r"\W+", "_", label)
+        for ext, text in (("ttgir", kernel.asm["ttgir"]), ("ptx", ptx), ("sass", sass)):
+            stem.with_suffix(f".{ext}").write_text(text)
+    regs = re.findall(r"Used (\d+) registers", info)
+    spills = re.findall(r"(\d+) bytes spill stores", info)
+    row.update(registers=int(regs[-1]) if regs else None, spill_store_bytes=int(spills[-1]) if spills else None)
+    row.update(_loop_counts(sass))
+    return sass
+
+
+def compile_words(fmt: str, gated: bool, wc: dict) -> dict:
+    """The word-wise 4-bit GEMV stage (`gemv_4bit.py`, PTX decode) with the JIT's specialisations (sizes divisible
+    by 16): registers, spills, and the K loop's SASS instructions per weight. ptxas may unroll the loop: the
+    steps in its body are counted by its FFMAs (one per weight in either format's products)."""
+    words = importlib.import_module("zoe_kernels.moe.gemv_4bit")
+    code = words.FMT_CODE[fmt]
+    fn = words._gemv_4bit_kernel
+    ptrs = {"a_ptr": "*bf16", "w_ptr": "*i32", "ws_ptr": FORMATS[fmt][2], "out_ptr": "*bf16" if gated else "*fp32",
+            "ids_ptr": "*i32", "topk_w_ptr": "*fp32", "zero_ptr": "*fp32"}
+    const = dict(GATED=gated, ATOMIC=not gated, FMT=code, PTX=True, BLOCK_N=wc["BLOCK_N"], NS=wc["NS"],
+                 ZBLOCK=0, EVEN_N=True, EVEN_K=True, PREFETCH=wc["PREFETCH"],
+                 STAGES=1 if wc["PREFETCH"] else wc["num_stages"], PDL=wc.get("PDL", False))
+    sig = _signature(fn, ptrs, const)
+    attrs = _aligned(fn, sig)
+    for i, name in enumerate(fn.arg_names):
+        if name in ("N", "K", "KW", "zero_numel"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    label = (f"gemv_4bit {fmt} {'stage1' if gated else 'stage2'} BN={wc['BLOCK_N']} NS={wc['NS']} "
+             f"prefetch={wc['PREFETCH']} stages={wc['num_stages']} pdl={wc.get('PDL', False)}")
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs), target=TARGET,
+                            options={"num_warps": wc["num_warps"], "num_stages": wc["num_stages"]})
+    row = {"kernel": label, "num_warps": wc["num_warps"], "shared_bytes": kernel.metadata.shared,
+           "cp_async": len(re.findall(r"cp\.async\.ca|cp\.async\.cg", kernel.asm["ptx"]))}
+    if _ptxas_row(row, kernel, label) is not None and row.get("loop_instructions"):
+        per_step = wc["BLOCK_N"] * wc["NS"] * 32 * (2 if gated else 1) / (32 * wc["num_warps"])  # weights/thread
+        steps = max(1, round(row["loop_ops"].get("FFMA", 0) / per_step))
+        row.update(loop_steps=steps, loop_instructions_per_weight=round(row["loop_instructions"] / (per_step * steps), 2))
     print(json.dumps(row), flush=True)
     return row
 
@@ -146,21 +187,9 @@ def main() -> None:
         row = compile_one(f"gemv {fmt} {'stage1' if gated else 'stage2'} BN={cfg['BLOCK_N']} GPI={cfg['GPI']}",
                           gemv._gemv_kernel, ptrs, const, cfg["num_warps"])
         rows.append(row)
-    words = importlib.import_module("zoe_kernels.moe.gemv_4bit")
     for fmt, gated, cfg in configs:  # the word-wise kernel of the 4-bit formats (gemv_4bit.py), PTX decode
-        if "WORDS" not in cfg:
-            continue
-        wc = cfg["WORDS"]
-        code = words.FMT_CODE[fmt]
-        ptrs = {"a_ptr": "*bf16", "w_ptr": "*i32", "ws_ptr": FORMATS[fmt][2], "out_ptr": "*bf16" if gated else "*fp32",
-                "ids_ptr": "*i32", "topk_w_ptr": "*fp32", "zero_ptr": "*fp32"}
-        const = dict(GATED=gated, ATOMIC=not gated, FMT=code, PTX=True, BLOCK_N=wc["BLOCK_N"], NS=wc["NS"],
-                     ZBLOCK=0, EVEN_N=True, EVEN_K=True, PREFETCH=wc["PREFETCH"],
-                     STAGES=1 if wc["PREFETCH"] else wc["num_stages"], PDL=wc.get("PDL", False))
-        label = (f"gemv_4bit {fmt} {'stage1' if gated else 'stage2'} BN={wc['BLOCK_N']} NS={wc['NS']} "
-                 f"prefetch={wc['PREFETCH']} stages={wc['num_stages']} pdl={wc.get('PDL', False)}")
-        rows.append(compile_one(label, words._gemv_4bit_kernel, ptrs, const, wc["num_warps"],
-                                num_stages=wc["num_stages"]))
+        if "WORDS" in cfg:
+            rows.append(compile_words(fmt, gated, cfg["WORDS"]))
     if args.dot:
         rows += [compile_dot(*k) for k in DOT_KERNELS if not args.only or args.only in k[0]]
     meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
