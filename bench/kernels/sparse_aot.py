@@ -122,45 +122,58 @@ def main() -> None:
         if k == 512:
             # PAIRS: the search over each group's two largest keys first (2: two bits per count); SPEC: the sample
             # loaded before the length
-            for pairs, spec in ((False, False), (True, False), (False, True), (True, True), (2, True)):
-                rows.append(compile_one(f"topk_split_threshold pairs={pairs} spec={spec}", topk._split_threshold_kernel,
-                                        ptrs, dict(HAS_LO=False, **sampling, SLOTS=slots, HIST=True, FLT=False,
-                                                   PDL=False, PAIRS=pairs, SPEC=spec, PTX=True),
+            # fused: one row's launch (FUSED_FINISH_MAX_ROWS, pdl) as run 23 launched it and, with wait, as launched
+            # now (PDL_THRESHOLD_MAX_ROWS: a dependent of the kernel before)
+            for pairs, spec, fused, wait in ((False, False, False, False), (True, False, False, False),
+                                             (False, True, False, False), (True, True, False, False),
+                                             (2, True, False, False), (2, True, True, False), (2, True, True, True)):
+                rows.append(compile_one(f"topk_split_threshold pairs={pairs} spec={spec}"
+                                        + (f" pdl=True fused=True wait={wait}" if fused else ""),
+                                        topk._split_threshold_kernel, ptrs,
+                                        dict(HAS_LO=False, **sampling, SLOTS=slots, HIST=True, FLT=False,
+                                             PDL=fused, PAIRS=pairs, SPEC=spec, PTX=True, FUSED=fused, WAIT=wait),
                                         topk.THRESHOLD_WARPS))
             # (tile, warps, one tile per program, 16-byte loads + inline-PTX stores, pdl, rows): 1024-entry tiles
             # from MANY_ROWS rows; VEC is the CUDA default for one tile per program; FLT (float compare, 8-byte
             # candidate stores) both ways on the CUDA defaults; one-tile programs take HALF_SCAN (the halves'
             # packed scan) as the launcher does; fused: the last program runs the finish (FUSED_FINISH_MAX_ROWS, at
             # the finish's 8 warps on 4096-entry tiles)
+            # fused=2: with round 7's finish options (PTX_OUT, PACKED, THRESH_EARLY)
             for tile, warps, one, vec, pdl, b, flt, fused in (
                     (2048, 4, True, True, True, 1, False, False), (2048, 4, True, True, True, 1, True, False),
                     (2048, 4, True, False, True, 1, False, False), (2048, 4, False, False, False, 1, False, False),
-                    (4096, 8, True, True, True, 1, False, True), (4096, 8, True, True, True, 1, False, False),
+                    (4096, 8, True, True, True, 1, False, True), (4096, 8, True, True, True, 1, False, 2),
+                    (4096, 8, True, True, True, 1, False, False),
                     (1024, 4, True, True, False, 32, False, False), (1024, 4, True, True, False, 32, True, False),
                     (1024, 4, True, False, False, 32, False, False)):
                 fptrs = {**ptrs, "cand_key_ptr": "*i64", "cand_pos_ptr": "*i64"} if flt else ptrs
                 halves = topk.HALF_SCAN and one
+                new = dict(PTX_OUT=fused == 2, PACKED=fused == 2, THRESH_EARLY=fused == 2)
                 rows.append(compile_one(f"topk_split_filter tile={tile} one_tile={one} vec={vec} pdl={pdl} "
-                                        f"hist={b == 1} flt={flt} halves={halves}" + (" fused=True" if fused else ""),
+                                        f"hist={b == 1} flt={flt} halves={halves}" + (" fused=True" if fused else "")
+                                        + (" ptx_out=True packed=True thresh_early=True" if fused == 2 else ""),
                                         topk._split_filter_kernel, fptrs,
                                         dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.max_tiles(b),
                                              TILE=tile, HIST=b == 1, ONE_TILE=one, VEC=vec, FLT=flt, PDL=pdl,
-                                             HALVES=halves, FUSED=fused, EARLY=topk.FINISH_EARLY_LOADS),
+                                             HALVES=halves, FUSED=bool(fused), EARLY=topk.FINISH_EARLY_LOADS,
+                                             ONE_GATHER=bool(fused), **new),
                                         warps, num_stages=1))
         # (pdl, rows, float filter, early loads: FINISH_EARLY_LOADS, the default, and without it; one gather:
-        # FINISH_ONE_GATHER)
+        # FINISH_ONE_GATHER; one = 2: also round 7's PTX_OUT, PACKED, THRESH_EARLY)
         finishes = ((False, 1, False, True, False), (True, 1, False, True, False), (True, 1, False, False, False),
                     (True, 1, True, True, False), (True, 1, False, True, True), (False, 32, False, True, False),
                     (False, 32, True, True, False), (True, 32, True, True, False), (True, 32, True, False, False),
-                    (True, 32, True, True, True))
+                    (True, 32, True, True, True), (True, 32, True, True, 2))
         for pdl, b, flt, early, one in finishes if k == 512 else ((False, 1, False, True, False),):
             fptrs = {**ptrs, "cand_key_ptr": "*i64", "cand_pos_ptr": "*i64"} if flt else ptrs
+            new = dict(PTX_OUT=one == 2, PACKED=one == 2, THRESH_EARLY=one == 2)
             rows.append(compile_one(f"topk_split_finish k={k} pdl={pdl} maxt={topk.max_tiles(b)} flt={flt} "
-                                    f"early={early}" + (" one_gather=True" if one else ""),
+                                    f"early={early}" + (" one_gather=True" if one else "")
+                                    + (" ptx_out=True packed=True thresh_early=True" if one == 2 else ""),
                                     topk._split_finish_kernel, fptrs,
                                     dict(HAS_LO=False, S=topk.SAMPLE, SLOTS=slots, MAXT=topk.max_tiles(b),
                                          TILE=topk.split_tile(1 << 20, rows=b), HIST=b == 1, FLT=flt, PDL=pdl,
-                                         EARLY=early, ONE_GATHER=one),
+                                         EARLY=early, ONE_GATHER=bool(one), **new),
                                     min(16, topk.FINISH_WARPS * slots // 4096)))
     iptrs = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "k_ptr": "*fp8e4nv", "k_scale_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}

@@ -79,11 +79,20 @@ def _save() -> None:
 # FUSED_FINISH_MAX_ROWS = 1: 8-warp filter programs on 4096-entry tiles; "tile 4096 8 warps": those programs without
 # the finish), the three together ("all"), and the B=1 finish at 16 warps, against the default (run 22's), the 1M
 # shapes twice (B=1 first); the cut calls for the default and all three. All three are the defaults since (each alone
-# was no slower; raw/sparse_sweep_run23-topk.json). Listed now: the default against run 22's, the 1M shapes twice.
-RUN22_DEFAULT = dict(_pair_bits=1, _one_gather=False, _fused_rows=0)
-TOPK_VARIANTS = {shape: [("default", {}), ("run 22 default", RUN22_DEFAULT)] * 2
-                 for shape in ((1, 1 << 20), (32, 1 << 20))}
-DEFAULT_AND_BEFORE = [("default", {}), ("run 22 default", RUN22_DEFAULT)]  # the other shapes
+# was no slower; raw/sparse_sweep_run23-topk.json). Run 24-topk (raw/sparse_sweep_run24-topk.json): the finish's taken
+# positions stored as inline PTX ("ptx store", FINISH_PTX_STORE), its histogram start as one int32 maximum ("packed",
+# PACKED_HIST_START), its threshold loaded with its slot count ("early thresh", FINISH_EARLY_THRESH), the threshold
+# launch's resets before its search ("reset first": slower, removed since) and, with pdl, the threshold launch a
+# dependent of the kernel before it at every row count ("pdl threshold": one row only since, PDL_THRESHOLD_MAX_ROWS),
+# all five on ("default" there) against run 23's default and each one off alone, B=1 x 1M three times, B=32 twice; and
+# at B=1 both defaults after a plain torch kernel. Listed now: the default against run 23's (B=1 x 1M three times, B=32
+# twice), and at B=1 both after a plain torch kernel (a one-entry fill_, which lets no dependent launch early, as a
+# kernel before topk in a model may not): what the dependent threshold launch leaves there.
+RUN23_DEFAULT = dict(_ptx_store=False, _packed=False, _early_thresh=False, _pdl_threshold_rows=0)
+DEFAULT_AND_BEFORE = [("default", {}), ("run 23 default", RUN23_DEFAULT)]  # the other shapes
+AFTER_PLAIN = [("default after plain kernel", dict(_after_plain=True)),
+               ("run 23 default after plain kernel", dict(RUN23_DEFAULT, _after_plain=True))]
+TOPK_VARIANTS = {(1, 1 << 20): DEFAULT_AND_BEFORE * 3 + AFTER_PLAIN, (32, 1 << 20): DEFAULT_AND_BEFORE * 2}
 # B=1 x 1M first (the tighter target), then B=32: a run cut by its time limit keeps what it measured
 TOPK_SHAPES = [(1, 1 << 20, "randn"), (32, 1 << 20, "randn"), (8, 262144, "randn"), (1, 4096, "randn"),
                (1, 65536, "randn"), (1, 262144, "randn"), (1, 1 << 20, "recent")]
@@ -92,7 +101,10 @@ LAUNCH_CONSTANTS = {"_threshold_warps": "THRESHOLD_WARPS", "_finish_warps": "FIN
                     "_filter_programs": "FILTER_PROGRAMS", "_flt_min_rows": "FLOAT_FILTER_MIN_ROWS",
                     "_half_scan": "HALF_SCAN", "_pairs": "PAIR_SEARCH", "_early": "FINISH_EARLY_LOADS",
                     "_spec": "SPECULATIVE_SAMPLE", "_pair_bits": "PAIR_BITS", "_one_gather": "FINISH_ONE_GATHER",
-                    "_fused_rows": "FUSED_FINISH_MAX_ROWS"}
+                    "_fused_rows": "FUSED_FINISH_MAX_ROWS", "_ptx_store": "FINISH_PTX_STORE",
+                    "_packed": "PACKED_HIST_START", "_early_thresh": "FINISH_EARLY_THRESH",
+                    "_pdl_threshold_rows": "PDL_THRESHOLD_MAX_ROWS"}
+PLAIN: dict = {}  # a one-entry tensor whose fill_ is the plain kernel of "_after_plain"
 
 
 class _Skipped:
@@ -128,13 +140,18 @@ def _time_launch_prefixes(scores, lengths, k, shape, label: str = "", cfg: dict 
 
 
 def _call(scores, lengths, k, cfg):
-    """topk with cfg; keys of LAUNCH_CONSTANTS set the module's launch constants for this call only."""
+    """topk with cfg; keys of LAUNCH_CONSTANTS set the module's launch constants for this call only; _after_plain:
+    a plain torch kernel (a one-entry fill_) launched right before, so the call follows a kernel that does not let
+    its dependents launch early."""
     saved = {name: getattr(tk, name) for name in LAUNCH_CONSTANTS.values()}
     try:
         for key, name in LAUNCH_CONSTANTS.items():
             if key in cfg:
                 setattr(tk, name, cfg[key])
-        return topk(scores, lengths, k, **{a: v for a, v in cfg.items() if a not in LAUNCH_CONSTANTS})
+        if cfg.get("_after_plain"):
+            PLAIN.setdefault("t", torch.zeros(1, device=scores.device)).fill_(1.0)
+        return topk(scores, lengths, k, **{a: v for a, v in cfg.items()
+                                           if a not in LAUNCH_CONSTANTS and a != "_after_plain"})
     finally:
         for name, value in saved.items():
             setattr(tk, name, value)
@@ -178,7 +195,7 @@ def sweep_topk() -> None:
         sb.log(f"topk {shape:22s} {'torch.topk':24s} {base:8.1f} us")
         if (b, n) in ((1, 1 << 20), (32, 1 << 20)) and kind == "randn":
             _time_threshold_alone(scores, lengths, k, shape, tk.THRESHOLD_WARPS)  # run 18 also timed 32 warps
-            for label, cfg in (("", {}), (" (run 22 default)", RUN22_DEFAULT)):
+            for label, cfg in (("", {}), (" (run 23 default)", RUN23_DEFAULT)):
                 try:
                     _time_launch_prefixes(scores, lengths, k, shape, label, cfg)
                 except Exception as exc:  # noqa: BLE001 - report and go on

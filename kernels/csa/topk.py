@@ -45,7 +45,8 @@ against 21.4 us and B=32 245.6 against 104.2: its registers halved the resident 
 With pdl (default for one row and from 32 rows on CUDA sm_90+) the filter and finish are programmatic dependent
 launches: they start while the launch before still runs (the filter issues its tile's load first), then wait for
 it (`gdc_wait`) before reading what it wrote; H200 run 9: B=1 x 1M 19.8 against 21.4 us; run18-topk: B=32 x 1M
-62.1 against 64.4 us.
+62.1 against 64.4 us. At one row the threshold launch is a dependent too (`PDL_THRESHOLD_MAX_ROWS`): it waits for
+the kernel before it (which may write the scores) before its first read, and only then lets the filter launch.
 Measured on the H200 and removed (runs 10-12-topk, bench/kernels/sparse_README.md): tiles writing their
 candidates to their own slots with a plain count instead of the atomic (slower at B=1, no faster at B=32), an
 interpolated finish search, register caps on the filter, tile loads that do not wait for the row's length,
@@ -158,6 +159,29 @@ FUSED_TILE = 4096
 # Run23-topk alone: B=1 x 1M 15.8/15.9 against 16.0/16.0 us, B=32 x 1M 58.8 against 59.3; the threshold launch (the
 # call cut after it, with the other two) 5.7 against 6.0 at B=1, 5.6 against 6.0 at B=32
 PAIR_BITS = 2
+# H200 run24-topk timed the next four options with one more (RESET_FIRST, below), all five on and each one off alone,
+# against run 23's default (all off), B=1 x 1M three times, B=32 x 1M twice; all five on: B=1 x 1M 14.4/14.5/14.5
+# against 15.0/15.1/15.1 us. The finish stores its taken positions as inline PTX in the candidates' layout (CUDA): a
+# tl.store through the scattered output slots converted pointers, positions and mask through shared memory first, 14
+# block barriers in the sm_90a SASS of the fused program (130 -> 116). Off alone: B=1 x 1M 15.0/15.0/15.1, B=32
+# 60.6/60.5 against 59.8/59.9
+FINISH_PTX_STORE = True
+# its histogram start takes one int32 maximum (one `redux` per warp) instead of an int64 one; off alone: B=1 x 1M
+# 15.0/15.0/15.0 (not additive: off alone, either of these two costs all five's gain; not profiled why)
+PACKED_HIST_START = True
+# it loads the threshold and bin width with its slot count, not after the branch on that count; off alone: B=1 x 1M
+# 14.6/14.6/14.7, B=32 59.7/59.8
+FINISH_EARLY_THRESH = True
+# up to this many rows (with pdl) the threshold launch is a programmatic dependent of the kernel before it: it waits for
+# that grid before its first read or write, then lets the filter launch, so its own launch's latency passes while that
+# kernel ends (where that kernel lets its dependents launch early, as topk's own filter does; else it launches at that
+# kernel's end, as before). Off alone: B=1 x 1M 14.8/14.8/14.8; but at B=32 on (with a finish that let the next
+# launch start once the filter grid was done) 59.8/59.9 against 58.2/58.2 off, so one row only. After a plain torch
+# kernel (which lets nothing launch early) B=1 x 1M 16.4 against 16.9 for run 23's default, one fill kernel included
+PDL_THRESHOLD_MAX_ROWS = 1
+# Not kept (run24-topk): the threshold launch zeroing the counters and histogram before its search instead of after
+# (RESET_FIRST): B=1 x 1M with the other four 14.1/14.2/14.2 without it against 14.4/14.5/14.5 with it, B=32 (with the
+# dependent threshold launch) 59.6/59.6 against 59.8/59.9
 PAIR_MAX_RANK = tl.constexpr(48)
 PAIR_GROUPS = tl.constexpr(512)
 
@@ -309,15 +333,19 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_
                             HAS_LO: tl.constexpr, S: tl.constexpr, SB: tl.constexpr, MARGIN_: tl.constexpr,
                             SLOTS: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr,
                             PAIRS: tl.constexpr = False, SPEC: tl.constexpr = False, PTX: tl.constexpr = False,
-                            FUSED: tl.constexpr = False):
+                            FUSED: tl.constexpr = False, WAIT: tl.constexpr = False):
     """Program per row: the threshold (thresh[row, 0]), and the row's count of filled slots reset for the filter
     launch (FUSED: also its filter programs' ticket, fill[rows + row]). FLT (the float filter): a threshold of +0.0
     (key 0, which no float compare matches) becomes -0.0 (key -1): a lower threshold only adds candidates (the -0.0
     entries), and the finish then skips the exact-row shortcut. HIST: also the histogram's bin width 2^shift (thresh[row, 1]: the sampled keys from the threshold to
     their maximum span under SLOTS / 2 bins) and its SLOTS bins zeroed.
     PDL: the filter launch may start at once (it waits for this grid before reading what it writes). PAIRS, SPEC,
-    PTX: see `_sample_threshold`."""
+    PTX: see `_sample_threshold`. WAIT: this launch is itself a programmatic dependent of the kernel before it (whatever
+    that is: it may write the scores), so it waits for that grid before reading or writing anything, and lets the
+    filter launch only then (the filter loads its tile before its own wait)."""
     row = tl.program_id(0)
+    if WAIT:
+        gdc_wait()
     if PDL:
         gdc_launch_dependents()
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
@@ -342,7 +370,8 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_
 def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr,
                 out_ptr, n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
                 MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr,
-                EARLY: tl.constexpr = False, ONE_GATHER: tl.constexpr = False):
+                EARLY: tl.constexpr = False, ONE_GATHER: tl.constexpr = False, PTX_OUT: tl.constexpr = False,
+                PACKED: tl.constexpr = False, THRESH_EARLY: tl.constexpr = False):
     """Step 3 for one row: selects among the row's candidate segments (one per tile) and writes the top k in
     position order. Reads what other programs wrote (after the launch boundary), through L2 (`.cg`).
 
@@ -353,7 +382,11 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
     global stores and loads: three round trips through L2). FLT: the slots hold (float bits, position) pairs,
     int64 in cand_key_ptr. HIST: the search starts from the filter's histogram in hist_ptr. EARLY: the candidates,
     segments and histogram are loaded with the slot count (not after it), so their latencies overlap. ONE_GATHER:
-    the segments' first and last taken counts come from one `tl.gather` of the inclusive sums (not two)."""
+    the segments' first and last taken counts come from one `tl.gather` of the inclusive sums (not two). PTX_OUT
+    (CUDA): the taken positions are stored as inline PTX in the candidates' layout (`_store_scattered`): a tl.store
+    through the scattered output slots converts the pointers, positions and mask to a layout of its own through
+    shared memory first (sm_90a SASS: 14 block barriers). PACKED: see `_histogram_start`. THRESH_EARLY: the
+    threshold and bin width are loaded with the slot count, not after the branch on it (one round trip less)."""
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
     out_row = out_ptr + row.to(tl.int64) * K
@@ -367,6 +400,9 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
     if EARLY:  # unmasked (16-byte) loads of all SLOTS: the slots past `total` hold garbage, never used
         bits, pos, first, cnt, hist = _load_candidates(cand_key_ptr + base_row, cand_pos_ptr + base_row, seg,
                                                        hist_ptr + base_row, c < n_tiles, SLOTS, HIST, FLT)
+    if THRESH_EARLY:
+        thresh = tl.load(thresh_ptr + row * 2)
+        shift = tl.load(thresh_ptr + row * 2 + 1)
     total = tl.load(fill_ptr + row, cache_modifier=".cg")
     kk = tl.minimum(K, hi - lo)
     if (total > SLOTS) | (total < kk):  # threshold missed: exact radix select
@@ -377,12 +413,13 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
                                                            hist_ptr + base_row, c < n_tiles, SLOTS, HIST, FLT)
         ok = r < total
         key = tl.where(ok, bits, MIN32)
-        thresh = tl.load(thresh_ptr + row * 2)
-        shift = tl.load(thresh_ptr + row * 2 + 1)
+        if not THRESH_EARLY:
+            thresh = tl.load(thresh_ptr + row * 2)
+            shift = tl.load(thresh_ptr + row * 2 + 1)
         exact = hi - lo <= S
         if FLT:
             exact = exact & (thresh != -1)  # -1 may be a lowered +0.0 (see _split_threshold_kernel)
-        take = _select(key, pos, total, kk, thresh, exact, hist, shift, False, HIST)
+        take = _select(key, pos, total, kk, thresh, exact, hist, shift, False, HIST, PACKED)
         take_i = take.to(tl.int32)
         incl = tl.cumsum(take_i, axis=0)
         excl = incl - take_i
@@ -397,7 +434,10 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
             taken = tl.where(has, tl.gather(incl, tl.where(has, first + cnt - 1, 0), 0), 0) - e_first
         delta = tl.cumsum(taken, axis=0) - taken - e_first
         slot = tl.gather(delta, tl.where(take, pos // TILE, 0), 0) + excl
-        tl.store(out_row + slot, pos, mask=take)
+        if PTX_OUT:
+            _store_scattered(out_row + slot, pos, take)
+        else:
+            tl.store(out_row + slot, pos, mask=take)
         _pad(out_row, kk, K, SLOTS)
 
 
@@ -551,7 +591,8 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr,
                          ONE_TILE: tl.constexpr, VEC: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr,
                          HALVES: tl.constexpr = False, FUSED: tl.constexpr = False, EARLY: tl.constexpr = False,
-                         ONE_GATHER: tl.constexpr = False):
+                         ONE_GATHER: tl.constexpr = False, PTX_OUT: tl.constexpr = False,
+                         PACKED: tl.constexpr = False, THRESH_EARLY: tl.constexpr = False):
     """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: count its candidates, reserve that
     many consecutive slots with one atomic add (each tile is one segment, in position order inside), write
     them, record the segment (first slot, count) in seg[row, tile]. The next tile's load is issued before the
@@ -603,7 +644,7 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
         if tl.atomic_add(fill_ptr + tl.num_programs(0) + row, 1, sem="acq_rel", scope="gpu") == P - 1:
             _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr,
                         out_ptr, n_cols, stride_row, K, row, HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, False, EARLY,
-                        ONE_GATHER)
+                        ONE_GATHER, PTX_OUT, PACKED, THRESH_EARLY)
 
 
 @triton.jit
@@ -611,11 +652,12 @@ def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
                          seg_ptr, out_ptr, n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr,
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr,
                          FLT: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr = False,
-                         ONE_GATHER: tl.constexpr = False):
-    """Program per row: the finish (step 3; EARLY, ONE_GATHER: see `_finish_row`)."""
+                         ONE_GATHER: tl.constexpr = False, PTX_OUT: tl.constexpr = False,
+                         PACKED: tl.constexpr = False, THRESH_EARLY: tl.constexpr = False):
+    """Program per row: the finish (step 3; EARLY, ONE_GATHER, PTX_OUT, PACKED, THRESH_EARLY: see `_finish_row`)."""
     _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
                 n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, PDL, EARLY,
-                ONE_GATHER)
+                ONE_GATHER, PTX_OUT, PACKED, THRESH_EARLY)
 
 
 def max_tiles(rows: int) -> int:
@@ -676,7 +718,8 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     run the finish, up to FUSED_FINISH_MAX_ROWS rows, take the finish's); row_chunk: rows per launch in one-program-per-row mode (bounds the candidate workspace to row_chunk * 8k * 8 bytes); sample:
     entries read to pick the threshold (a power of two >= 512; smaller only to test the sampled path on
     short rows); pdl: the split filter and finish launches start before
-    the launch they depend on has ended (programmatic dependent launch; default: `pdl_default`);
+    the launch they depend on has ended (programmatic dependent launch; default: `pdl_default`; up to
+    PDL_THRESHOLD_MAX_ROWS rows the threshold launch too, after the kernel before it);
     out: optional preallocated int32 [R, k].
     """
     if scores.dim() != 2 or scores.dtype != torch.float32:
@@ -755,17 +798,20 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     bufs = (thresh, fill, hist, cand_key, cand_pos, seg, out, n, scores.stride(0), k)
     shapes = dict(**common, S=sample, SLOTS=slots, MAXT=maxt, TILE=tile, HIST=with_hist, FLT=flt, PDL=pdl)
     dependent = dict(launch_pdl=True) if pdl else {}  # the interpreter knows no such option
+    wait = pdl and rows <= PDL_THRESHOLD_MAX_ROWS  # the threshold launch a dependent of the kernel before it
     ptx = scores.is_cuda and has_ptx()  # inline PTX: NVIDIA only
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, hist, n, scores.stride(0), k, **common,
                                      **sampling, SLOTS=slots, HIST=with_hist, FLT=flt, PDL=pdl,
                                      PAIRS=PAIR_BITS if PAIR_SEARCH and sample >= 4 * PAIR_GROUPS else 0,
                                      SPEC=SPECULATIVE_SAMPLE and not has_lo and n > sample, PTX=ptx,
-                                     FUSED=fused, num_warps=THRESHOLD_WARPS)
+                                     FUSED=fused, WAIT=wait, num_warps=THRESHOLD_WARPS,
+                                     **(dependent if wait else {}))
     one_tile = splits >= triton.cdiv(n, tile)
     # inline PTX: CUDA only; the programs taking several tiles were not timed with it
     vec = VECTOR_LOADS and one_tile and ptx
     finish_warps = min(16, FINISH_WARPS * slots // 4096)
-    finish = dict(EARLY=FINISH_EARLY_LOADS, ONE_GATHER=FINISH_ONE_GATHER)
+    finish = dict(EARLY=FINISH_EARLY_LOADS, ONE_GATHER=FINISH_ONE_GATHER, PTX_OUT=FINISH_PTX_STORE and ptx,
+                  PACKED=PACKED_HIST_START, THRESH_EARLY=FINISH_EARLY_THRESH)
     _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, ONE_TILE=one_tile, VEC=vec,
                                          HALVES=HALF_SCAN and one_tile, FUSED=fused, **finish,
                                          num_warps=finish_warps if fused else num_warps, num_stages=1, **dependent)

@@ -165,26 +165,35 @@ def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack, PAIRS: tl.constexpr = False):
 
 
 @triton.jit
-def _histogram_start(hist, total, kk, thresh, shift, key):
+def _histogram_start(hist, total, kk, thresh, shift, key, PACKED: tl.constexpr = False):
     """Where the finish's search starts, from the candidates' histogram: hist[b] counts the candidates whose
     key >> shift is (thresh >> shift) + b (the last bin: or more). Returns (lo_u, cnt_lo, hi_u) for
     `_rank_bound`: the lower bound of the highest bin that at least kk candidates reach (a multiple of
     2^shift), that count, and the largest key under the next bin (every bound above it is reached by fewer than
     kk), so the search pays only for the bits under `shift`: one scan and one reduction instead of the bits
-    from the threshold down to the bin's width."""
+    from the threshold down to the bin's width. PACKED: that reduction is an int32 maximum of b * 2NB + count (NB
+    bins, total <= NB: under 2^31 for NB <= 2^15), one `redux` per warp instead of five rounds of int64 shuffles."""
     b = tl.arange(0, hist.shape[0])
+    span = 2 * hist.shape[0]  # b * span + count: count <= total <= NB < span
     ge = total - tl.cumsum(hist, axis=0) + hist  # candidates in bins >= b (non-increasing)
-    best = tl.max(tl.where(ge >= kk, (b.to(tl.int64) << 32) | ge.to(tl.int64), -1), axis=0)
-    top = best >> 32
+    if PACKED:
+        best = tl.max(tl.where(ge >= kk, b * span + ge, -1), axis=0)
+        top = best // span
+        cnt_lo = best % span
+    else:
+        best = tl.max(tl.where(ge >= kk, (b.to(tl.int64) << 32) | ge.to(tl.int64), -1), axis=0)
+        top = best >> 32
+        cnt_lo = (best & 0xFFFFFFFF).to(tl.int32)
     lo_u = ((_unsigned(thresh) >> shift) + top) << shift
     hi_u = lo_u + (tl.full([], 1, tl.int64) << shift) - 1
     if top == hist.shape[0] - 1:  # the last bin is open above
         hi_u = _unsigned(tl.max(key, axis=0))
-    return lo_u, (best & 0xFFFFFFFF).to(tl.int32), hi_u
+    return lo_u, cnt_lo, hi_u
 
 
 @triton.jit
-def _select(key, pos, total, kk, thresh, exact, hist, shift, IN_ORDER: tl.constexpr, HIST: tl.constexpr):
+def _select(key, pos, total, kk, thresh, exact, hist, shift, IN_ORDER: tl.constexpr, HIST: tl.constexpr,
+            PACKED: tl.constexpr = False):
     """Step 3: which of `total` candidates (invalid slots: key MIN32; every valid one >= thresh) are the top
     kk. A bound that exactly kk candidates reach takes them; otherwise (ties at the kk-th place) everything
     above the kk-th largest value v* is taken, and among entries equal to v* the lowest positions. The search
@@ -193,7 +202,7 @@ def _select(key, pos, total, kk, thresh, exact, hist, shift, IN_ORDER: tl.conste
     hold the candidates in position order (the first ties are the lowest positions); otherwise the last
     position to take is found by a second binary search (only when ties straddle the k-th place). HIST: the
     search starts from the candidates' histogram `hist` (bins of 2^shift keys from the threshold's,
-    `_histogram_start`)."""
+    `_histogram_start`; PACKED there)."""
     valid = key != MIN32
     if total <= kk:
         take = valid
@@ -202,7 +211,7 @@ def _select(key, pos, total, kk, thresh, exact, hist, shift, IN_ORDER: tl.conste
         cnt_c = total
         if not exact:
             if HIST:
-                lo_u, cnt_lo, hi_u = _histogram_start(hist, total, kk, thresh, shift, key)
+                lo_u, cnt_lo, hi_u = _histogram_start(hist, total, kk, thresh, shift, key, PACKED)
             else:
                 lo_u = c
                 cnt_lo = total

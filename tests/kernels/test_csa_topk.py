@@ -89,18 +89,31 @@ def test_split_programs_and_finish_launch(kind, splits):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch needs a CUDA device")
+@pytest.mark.parametrize("round7", [True, False])
 @pytest.mark.parametrize("b,n,kind", [(1, 1 << 20, "normal"), (1, 1 << 20, "recent"), (8, 262144, "normal"),
                                       (32, 65536, "rounded"), (2, 7000, "ties")])
-def test_dependent_launches_on_gpu(b, n, kind):
+def test_dependent_launches_on_gpu(b, n, kind, round7, monkeypatch):
     """pdl=True: the filter and finish launches start before the launch they depend on has ended; repeated calls
-    on fresh data (a missing wait would show as a race)."""
+    on fresh data (a missing wait would show as a race), then calls back to back on one tensor that a kernel
+    negates in place between them. round7: the defaults (PDL_THRESHOLD_MAX_ROWS = 1: at one row the threshold launch a
+    dependent of the kernel before it; the finish's inline-PTX output stores, FINISH_PTX_STORE), or both off; on, the
+    threshold launch is a dependent at every row count here (also where the finish has its own launch)."""
+    monkeypatch.setattr(topk_module, "PDL_THRESHOLD_MAX_ROWS", 1 << 20 if round7 else 0)
+    monkeypatch.setattr(topk_module, "FINISH_PTX_STORE", round7)
     gen = torch.Generator().manual_seed(n + b)
     for _ in range(3):
         scores = _scores(kind, b, n, gen)
         lengths = torch.randint(n // 2, n + 1, (b,), generator=gen)
         lengths[0] = n
-        out = topk(scores.cuda(), lengths.cuda(), 512, pdl=True).cpu()
+        poisoned = torch.full((b, 512), 12345, dtype=torch.int32, device=DEVICE)
+        out = topk(scores.cuda(), lengths.cuda(), 512, pdl=True, out=poisoned).cpu()
         assert torch.equal(out, topk_reference(scores, lengths, 512))
+    on_gpu, ends = scores.cuda(), lengths.cuda()
+    first = topk(on_gpu, ends, 512, pdl=True)
+    on_gpu.neg_()  # written between two calls: the second threshold launch must wait for this kernel
+    second = topk(on_gpu, ends, 512, pdl=True)
+    assert torch.equal(first.cpu(), topk_reference(scores, lengths, 512))
+    assert torch.equal(second.cpu(), topk_reference(-scores, lengths, 512))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="inline PTX stores need a CUDA device")
@@ -154,18 +167,22 @@ def _sampled_positions(n: int, sample: int) -> torch.Tensor:
     return (i // SAMPLE_BLOCK) * step + i % SAMPLE_BLOCK
 
 
-@pytest.mark.parametrize("early,one_gather", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize("early,one_gather,round7", [(True, False, False), (False, False, False),
+                                                     (True, True, False), (True, True, True), (False, True, True)])
 @pytest.mark.parametrize("hist", [True, False])
 @pytest.mark.parametrize("case", ["unsampled_spikes", "rounded", "normal"])
-def test_finish_histogram_start(case, hist, early, one_gather, monkeypatch):
+def test_finish_histogram_start(case, hist, early, one_gather, round7, monkeypatch):
     """The finish's search started from the candidates' histogram (the default up to HISTOGRAM_MAX_ENTRIES
     entries) and from the threshold; FINISH_EARLY_LOADS (the default) on and off; FINISH_ONE_GATHER (the segments'
-    ends read with one gather) on and off. unsampled_spikes: 200 large
-    entries where the sample never reads, so the k-th largest lies in the histogram's last bin (open above: keys
-    past the sample's maximum); rounded: ties at the k-th place."""
+    ends read with one gather) on and off; round7: the histogram start's packed int32 maximum (PACKED_HIST_START)
+    and the threshold loaded with the slot count (FINISH_EARLY_THRESH), both defaults, on or off. unsampled_spikes:
+    200 large entries where the sample never reads, so the k-th largest lies in the histogram's last bin (open above:
+    keys past the sample's maximum); rounded: ties at the k-th place."""
     monkeypatch.setattr(topk_module, "HISTOGRAM_MAX_ENTRIES", 1 << 30 if hist else 0)
     monkeypatch.setattr(topk_module, "FINISH_EARLY_LOADS", early)
     monkeypatch.setattr(topk_module, "FINISH_ONE_GATHER", one_gather)
+    monkeypatch.setattr(topk_module, "PACKED_HIST_START", round7)
+    monkeypatch.setattr(topk_module, "FINISH_EARLY_THRESH", round7)
     gen = torch.Generator().manual_seed(hash((case, hist)) % 2**31)
     n, k = 9000, 100
     scores = _scores("normal" if case == "unsampled_spikes" else case, 2, n, gen)
