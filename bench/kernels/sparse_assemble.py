@@ -1,10 +1,13 @@
 """Builds bench/kernels/results/sparse_results.json from the H200 runs whose code is what the repository runs now.
 
 Each op's rows come from the last run that measured its current code (every row keeps its run and commit):
-- CSA top-K: every shape from run23-topk (commit 33d33e0's three options together, "all" there: PAIR_BITS = 2,
-  FINISH_ONE_GATHER, the fused finish at one row; the first of two timings at the 1M shapes), with run 22's default
-  (those three off) timed beside it; from run22-topk (commit e26660f: PAIR_SEARCH, FINISH_EARLY_LOADS and
-  SPECULATIVE_SAMPLE) run 20's default (those three off) and, at the 1M shapes, the pair search alone; what HALF_SCAN and pdl from 32 rows replaced as timed in run19-topk;
+- CSA top-K: every shape from run24-topk (round 7: FINISH_PTX_STORE, PACKED_HIST_START, FINISH_EARLY_THRESH and the
+  dependent threshold launch at one row; the first timing at the 1M shapes), with run 23's default (those off) timed
+  beside it. The exact default was timed at B=1 x 1M only ("no reset first" there: the run's "default" also had
+  RESET_FIRST, removed since as slower); the other shapes' rows are that "default" (at B=32 "no pdl threshold", as
+  the dependent threshold launch is one row only now), so with RESET_FIRST, which their provider names say. From
+  run23-topk run 22's default (PAIR_BITS = 1, two gathers, the finish launched); from run22-topk (commit e26660f:
+  PAIR_SEARCH, FINISH_EARLY_LOADS and SPECULATIVE_SAMPLE) run 20's default (those three off) and, at the 1M shapes, the pair search alone; what HALF_SCAN and pdl from 32 rows replaced as timed in run19-topk;
   run 17-topk's "int keys" (run 16's default) at B=8 and B=32; run 14's default (16-byte loads, the search from
   the threshold, placement through L2) as timed in run15-topk beside run 16's default's first version; run
   14-topk's 4-byte loads (run 12's default) and run 12-topk's 2048-entry tiles at 8 and 32 rows; run 9's rows of
@@ -48,6 +51,7 @@ PREVIOUS_DECODE = "zoe previous default (runs 11-13: no fp16 score dots, lazy re
 ALL_TOPK = ("B=1 N=4096", "B=1 N=65536", "B=1 N=262144", "B=1 N=1048576", "B=1 N=1048576 recent", "B=8 N=262144",
             "B=32 N=1048576")
 RUN14 = ("B=1 N=1048576", "B=8 N=262144", "B=32 N=1048576")
+RUN24_NEAR_DEFAULT = "zoe auto (default, timed with RESET_FIRST: removed since, 0.3 us slower at B=1 x 1M)"
 TOPK_RUNS = [("12-topk", "raw/sparse_results_run12-topk.json", "ccd2ed4", RUN14[1:],
               {"zoe default": "zoe run 9 default (2048-entry tiles)"}),
              ("14-topk", "raw/sparse_results_run14-topk.json", "63e0627", RUN14,
@@ -63,9 +67,17 @@ TOPK_RUNS = [("12-topk", "raw/sparse_results_run12-topk.json", "ccd2ed4", RUN14[
              ("22-topk", "raw/sparse_results_run22-topk.json", "e26660f", ALL_TOPK[1:],
               {"zoe run 20 default": "zoe run 20 default (one-key threshold search, late finish loads)",
                "zoe pairs only": "zoe pair search alone (run 20 default + PAIR_SEARCH)"}),
-             ("23-topk", "raw/sparse_results_run23-topk.json", "33d33e0 (its options on, as committed there)", ALL_TOPK,
-              {"torch.topk": "torch.topk", "zoe all": "zoe auto (default)",
-               "zoe default": "zoe run 22 default (one bit per pair count, two gathers, finish launched)"})]
+             ("23-topk", "raw/sparse_results_run23-topk.json", "33d33e0 (its options on, as committed there)",
+              ALL_TOPK[1:],
+              {"zoe default": "zoe run 22 default (one bit per pair count, two gathers, finish launched)"}),
+             ("24-topk", "raw/sparse_results_run24-topk.json", "b4c8f01 + round-7 top-K edits (with RESET_FIRST; "
+              "committed as 861bc00 without it)", ALL_TOPK,
+              {"torch.topk": "torch.topk", "zoe default": RUN24_NEAR_DEFAULT,
+               "zoe run 23 default": "zoe run 23 default (finish stores through shared memory, int64 histogram start, "
+                                     "late threshold load, threshold launch not a dependent)"})]
+# run 24's exact default (B=1 x 1M) and nearest (B=32: the dependent threshold launch is one row only now)
+RUN24_SHAPE_PROVIDERS = {"B=1 N=1048576": {"zoe no reset first": "zoe auto (default)", "zoe default": None},
+                         "B=32 N=1048576": {"zoe no pdl threshold": RUN24_NEAR_DEFAULT, "zoe default": None}}
 RENAME = {"zoe BH=32 DV=512 BKV=32": "zoe BH=32 DV=512 BKV=32 (default from B=8)",  # run 4's labels
           "zoe default BH=64 DV=256 BKV=64": "zoe BH=64 DV=256 BKV=64",
           "zoe run 1 defaults": "zoe run 1 config, current kernel (default below B=8)",
@@ -86,8 +98,9 @@ def _topk_rows() -> list[dict]:
     taken = set()
     for run, name, commit, shapes, providers in TOPK_RUNS:
         for row in json.loads((RESULTS / name).read_text())["rows"]:
-            if row.get("op") == "csa_topk" and row["shape"] in shapes and row["provider"] in providers:
-                provider = providers[row["provider"]]
+            names = {**providers, **RUN24_SHAPE_PROVIDERS.get(row.get("shape"), {})} if run == "24-topk" else providers
+            if row.get("op") == "csa_topk" and row["shape"] in shapes and names.get(row["provider"]):
+                provider = names[row["provider"]]
                 if row["shape"] == "B=1 N=4096" and provider != "torch.topk":
                     provider = "zoe auto (default: radix)"
                 if (run, row["shape"], provider) not in taken:
@@ -126,7 +139,7 @@ def main() -> None:
             rows.append(dict(row, provider="zoe run 1 radix split + merge", run=1, commit=RUNS[1][1]))
     meta = dict(loaded[4]["meta"])
     meta.update(command="python bench/kernels/sparse_bench.py --out $OUT --skip-tests (runs 1, 3, 4; run 5: "
-                        "--sections topk; run 8: --sections topk,decode; runs 9, 12- and 14- to 23-topk: "
+                        "--sections topk; run 8: --sections topk,decode; runs 9, 12- and 14- to 24-topk: "
                         "python bench/kernels/sparse_sweep.py --sections topk; runs 11-decode and 16-decode: "
                         "python bench/kernels/sparse_decode_sweep.py --set run11 / --set run15 --batches 128,1,64), "
                         "assembled by "
