@@ -75,6 +75,14 @@ def has_pdl(device_index: int = 0) -> bool:
             and torch.cuda.get_device_capability(device_index)[0] >= 9)
 
 
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int = 0) -> int:
+    """Streaming multiprocessors (CUDA) or compute units (ROCm) of the device; 0 without a GPU."""
+    if interpreting() or not torch.cuda.is_available():
+        return 0
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def has_native_mx(device_index: int = 0) -> bool:
     """True where the matrix units take e8m0-scaled e2m1 operands natively (gfx950, i.e. MI355X)."""
     return not interpreting() and gcn_arch(device_index) == "gfx950"

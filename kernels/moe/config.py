@@ -8,7 +8,7 @@ needs one scale per row or column.
 
 from __future__ import annotations
 
-from zoe_kernels.platform import has_native_mx, interpreting
+from zoe_kernels.platform import has_native_mx, has_ptx, interpreting, sm_count
 
 TARGET_PROGRAMS = 264  # about two programs per SM on a 132-SM H200 (and 256-CU MI355X gets about one)
 
@@ -168,10 +168,31 @@ GEMV_TILES = {
 # element is num_stages: the K loop pipelined through shared memory (cp.async), which won only for mxfp4's stage 2.
 # run24-m1 (13 more tiles, K steps up to a whole row): w4a16 stage 2 (8, 64, 2, False) 24.1 us against 25.0 for
 # (16, 8, 1, False) on DeepSeek-V3.2, but 8.8 against 6.4 on the TP8 slice (run25-m1): not taken.
+# runs 27-32-m1 (the packed-half products below): no single tile led DeepSeek-V3.2, its TP8 slice and GLM-5, so each
+# stage holds a list in order of preference (`_pick_4bit_tile`): the first whose grid has TARGET_PROGRAMS
+# programs, whose K takes two K steps and (stage 1, on CUDA) whose last wave of programs is at least
+# GEMV_4BIT_MIN_WAVE_FILL full, else the last. Stage alone, us, w4a16 / mxfp4 (run29-m1):
+# stage 1 (16, 16, 2, False): DeepSeek-V3.2 35.8 / 41.1 (1024 programs, one wave of 8 per SM at 128
+#   registers), GLM-5 43.7 / 50.6 (1152 programs: a second wave of 96); (16, 32, 4, False): 37.1 / 42.6, GLM-5
+#   40.3 / 39.4, TP8 slice (128 programs) 12.4 / 14.8 (run28-m1);
+# stage 2 (16, 16, 2, False) mxfp4 23.7 DeepSeek-V3.2, 23.2 GLM-5; (16, 8, 1, False) mxfp4 24.8 / 24.4, TP8 5.7
+#   (K = 256: one K step of 8 slices), w4a16 23.3 DeepSeek-V3.2, 22.8 GLM-5, 5.5 TP8.
+# Measured and not kept: K loops pipelined through shared memory (num_stages 2-3: 1.2-2.8x slower), 4 warps on
+# 16 rows (52.5 us mxfp4 stage 1), fewer stage-2 slot chunks (GEMV_MIN_PROGRAMS 512-1024: no gain), and 8-row
+# one-warp prefetching tiles capped at 128 registers (Triton's maxnreg: 41.4 against 41.1 us, run32-m1).
 GEMV_4BIT_TILES = {
-    "w4a16": {1: (16, 16, 2, True), 2: (16, 8, 1, False)},
-    "mxfp4": {1: (8, 8, 1, True), 2: (32, 8, 2, False, 3)},
+    "w4a16": {1: [(16, 16, 2, False), (16, 32, 4, False)], 2: [(16, 8, 1, False)]},
+    "mxfp4": {1: [(16, 16, 2, False), (16, 32, 4, False)], 2: [(16, 16, 2, False), (16, 8, 1, False)]},
 }
+# The wave estimate assumes 128 registers per thread, what ptxas gave these tiles on sm_90a (run29-m1: 96-128).
+GEMV_4BIT_REGISTERS = 128
+GEMV_4BIT_MIN_WAVE_FILL = 0.8
+# The word-wise kernel's products in packed halves (`gemv_4bit._slice_dot_h2`: f16x2 decode, products and sums per
+# 32-weight slice, then float32) per format and stage, where it has PTX and the activations are 16-bit; else the
+# float32 products. run27-m1 (moe_gemv4_sweep.py, 10 tiles each way, stage alone, best tile of each, us,
+# DeepSeek-V3.2 / TP8): w4a16 stage 1 35.2 / 13.1 against 42.8 / 13.3, stage 2 23.0 / 5.6 against 25.0 / 6.2;
+# mxfp4 stage 1 40.8 / 16.0 against 52.3 / 18.1, stage 2 23.6 / 5.7 against 26.7 / 6.3.
+GEMV_4BIT_H2 = {"w4a16": {1: True, 2: True}, "mxfp4": {1: True, 2: True}}
 # The word-wise GEMV's stage 2 is launched as a programmatic dependent of stage 1 (`gemv_4bit.launch_4bit`, where
 # `platform.has_pdl`): it starts while stage 1's last programs run and fetches its first weights before it waits.
 GEMV_4BIT_PDL = True
@@ -206,13 +227,37 @@ def gemv_warps(block_n: int, fmt: str) -> int:
     return max(1, min(8, block_n * GROUP_ROW_BYTES[fmt] // 16 // 32))
 
 
+def _wave_fill(programs: int, num_warps: int) -> float:
+    """Share of the last wave that holds programs, at GEMV_4BIT_REGISTERS registers per thread and 64K registers
+    per multiprocessor (CUDA); 1.0 where the multiprocessor count is unknown (no GPU) or on ROCm."""
+    sms = sm_count() if has_ptx() else 0
+    if not sms:
+        return 1.0
+    resident = sms * max(1, min(65536 // (GEMV_4BIT_REGISTERS * 32 * num_warps), 64 // num_warps))
+    return programs / (-(-programs // resident) * resident)
+
+
+def _pick_4bit_tile(tiles: list, rows: int, n: int, k: int | None, gated: bool) -> tuple:
+    """The first word-wise tile (BLOCK_N, NS, warps, ...) with a grid of TARGET_PROGRAMS programs
+    (rows x n / BLOCK_N), at least two K steps of NS 32-k slices (when the reduction size k is known) and, for
+    stage 1 (gated; stage 2's grid grows by its slot chunks), a last wave at least GEMV_4BIT_MIN_WAVE_FILL full;
+    else the last."""
+    for t in tiles:
+        programs = rows * -(-n // t[0])
+        if programs >= TARGET_PROGRAMS and (k is None or k >= 2 * 32 * t[1]) and (
+                not gated or _wave_fill(programs, t[2]) >= GEMV_4BIT_MIN_WAVE_FILL):
+            return t
+    return tiles[-1]
+
+
 def gemv_config(rows: int, n: int, fmt: str, *, gated: bool, tile: tuple[int, int] | None = None,
-                top_k: int = 1, words_tile: tuple | None = None) -> dict:
+                top_k: int = 1, words_tile: tuple | None = None, k: int | None = None) -> dict:
     """Launch parameters of one GEMV stage (`rows` edges or tokens, n output rows): BLOCK_N rows of weights
     per program, GPI scale groups per K step (independent loads in flight), 16-byte loads per thread, and
     for stage 2 the number of chunks the top-k slots are split into: more than one only while the grid
     would have fewer than GEMV_MIN_PROGRAMS programs (then they add with atomics). The 4-bit formats add
-    "WORDS", the tile of the word-wise kernel (`gemv_4bit.py`) that runs where the weight rows are whole words."""
+    "WORDS", the tile of the word-wise kernel (`gemv_4bit.py`) that runs where the weight rows are whole words,
+    from GEMV_4BIT_TILES by the grid and the reduction size k (`_pick_4bit_tile`), or `words_tile`."""
     if interpreting():
         # few programs, and both stage-2 modes covered at small M (one token: slots split; more: not)
         cfg = {"BLOCK_N": 16, "GPI": 1, "num_warps": 4, "CHUNKS": 1 if rows > 1 else top_k,
@@ -224,9 +269,10 @@ def gemv_config(rows: int, n: int, fmt: str, *, gated: bool, tile: tuple[int, in
     programs = rows * -(-n // bn)
     words = None
     if fmt in GEMV_4BIT_TILES:
-        wbn, ns, wwarps, prefetch, *stages = words_tile or GEMV_4BIT_TILES[fmt][1 if gated else 2]
+        wbn, ns, wwarps, prefetch, *stages = words_tile or _pick_4bit_tile(GEMV_4BIT_TILES[fmt][1 if gated else 2],
+                                                                          rows, n, k, gated)
         words = {"BLOCK_N": wbn, "NS": ns, "num_warps": wwarps, "PREFETCH": prefetch, "num_stages": (stages or [1])[0],
-                 "PDL": GEMV_4BIT_PDL}
+                 "PDL": GEMV_4BIT_PDL, "H2": GEMV_4BIT_H2[fmt][1 if gated else 2] and has_ptx()}
         programs = rows * -(-n // wbn)
     chunks = 1
     while not gated and chunks < top_k and programs * chunks < GEMV_MIN_PROGRAMS:

@@ -126,12 +126,12 @@ def fused_moe(
         path = "gemv" if block_m is None and not fp8_act_quant and use_gemv(m, top_k, e, fmt, i) else "dot"
     if path == "gemv":
         ids = topk_ids.contiguous()
-        cfg2 = gemv_config(m, h, fmt, gated=False, top_k=top_k)
+        cfg2 = gemv_config(m, h, fmt, gated=False, top_k=top_k, k=i)
         # slots split over several programs (few tokens): they add into a float32 buffer that stage 1 zeroes
         split = min(cfg2["CHUNKS"], top_k) > 1
         out = alloc((m, h), dtype=torch.float32 if split else dtype, device=dev)
         inter = alloc((m * top_k, i), dtype=dtype, device=dev)
-        gemv_gate_up(x, w13, w13_scale, inter, ids, fmt=fmt, cfg=gemv_config(m * top_k, i, fmt, gated=True),
+        gemv_gate_up(x, w13, w13_scale, inter, ids, fmt=fmt, cfg=gemv_config(m * top_k, i, fmt, gated=True, k=h),
                      zero=out if split else None)
         gemv_down_combine(inter, w2, w2_scale, out, topk_weights, ids, fmt=fmt, cfg=cfg2)
         return out.to(dtype) if out.dtype != dtype else out

@@ -24,6 +24,19 @@ program and shared by the BLOCK_N (x2 for gate and up) rows.
 
 `prmt` and the paired f16 conversion are PTX (`tl.inline_asm_elementwise`), used where `platform.has_ptx`
 (CUDA, not the interpreter); ROCm and the interpreter run the portable decode of the same bits.
+
+Packed halves (H2, `config.GEMV_4BIT_H2`, 16-bit activations): the products are f16x2 fmas. A nibble pair
+(j, j + 4) of a word lies 16 bits apart, so one register holds both decoded values:
+- int4: (w & 0x000F000F) | 0x6400 6400 is the f16 pair 1024 + u (Marlin's magic number); a subtraction of 1032
+  (or, for the nibbles 4 bits up, an fma by 1/16 and -72) leaves u - 8: two operations per pair;
+- e2m1: the shifts and masks above, now without the two conversions to float32.
+The activations of a K step are scaled per 32-value slice by a power of two (2^-E from the slice's largest
+magnitude, times 2^14 for e2m1) so that a slice's 16 products per half and their sums stay inside float16, packed
+as f16 pairs, and one asm block per (row, slice) chains its 16 f16x2 fmas and converts the sum to float32 once,
+which then takes the scale and 2^E back. Against float32 products on the same (16, 16, 2) tile, the sm_90a K loop
+of stage 1 spends 2.26 against 2.92 (w4a16) and 3.12 against 4.48 (mxfp4) instructions per weight (moe_aot.py,
+Triton 3.9); stage 1 at M=1 on DeepSeek-V3.2, best tile each way: 35.2 against 42.8 us and 40.8 against 52.3 us
+(H200 run27-m1). Rounding: about 6e-4 of the norm (float16 partial sums of 16 products).
 """
 
 from __future__ import annotations
@@ -36,6 +49,10 @@ from zoe_kernels.platform import gdc_launch_dependents, gdc_wait, has_pdl, has_p
 
 FMT_CODE = {"w4a16": 2, "mxfp4": 3}
 SLICES_PER_GROUP = {2: 4, 3: 1}  # 32-k slices per scale group: int4 groups of 128, e8m0 groups of 32
+
+
+# The last launch's grid and registers per thread (benchmarks read it to relate a tile's time to its occupancy).
+LAST_LAUNCH: dict = {}
 
 
 def rows_are_words(w: torch.Tensor) -> bool:
@@ -148,6 +165,156 @@ def _slice_dot(p, a0, a1, a2, a3, a4, a5, a6, a7, FMT: tl.constexpr, PTX: tl.con
     return tl.sum(acc, axis=2)
 
 
+# The packed-half (H2) slice dot: fp16x2 products and sums of a slice's 32 weights, per pair of nibbles (j, j + 4)
+# of a word, which sit 16 bits apart (one f16x2 register holds both). Constants as f16x2 bit patterns.
+_H2_INT4_ASM = """{
+.reg .b32 d, s, acc, sub, sc, off;
+.reg .b16 l, h;
+.reg .f32 fl, fh;
+mov.b32 sub, 0x64086408;
+mov.b32 sc, 0x2C002C00;
+mov.b32 off, 0xD480D480;
+mov.b32 acc, 0;
+""" + "".join(f"""lop3.b32 d, ${1 + w}, 0x000F000F, 0x64006400, 0xEA;
+sub.rn.f16x2 d, d, sub;
+fma.rn.f16x2 acc, d, ${5 + 4 * w}, acc;
+lop3.b32 d, ${1 + w}, 0x00F000F0, 0x64006400, 0xEA;
+fma.rn.f16x2 d, d, sc, off;
+fma.rn.f16x2 acc, d, ${6 + 4 * w}, acc;
+shr.u32 s, ${1 + w}, 8;
+lop3.b32 d, s, 0x000F000F, 0x64006400, 0xEA;
+sub.rn.f16x2 d, d, sub;
+fma.rn.f16x2 acc, d, ${7 + 4 * w}, acc;
+lop3.b32 d, s, 0x00F000F0, 0x64006400, 0xEA;
+fma.rn.f16x2 d, d, sc, off;
+fma.rn.f16x2 acc, d, ${8 + 4 * w}, acc;
+""" for w in range(4)) + """mov.b32 {l, h}, acc;
+cvt.f32.f16 fl, l;
+cvt.f32.f16 fh, h;
+add.f32 $0, fl, fh;
+}"""
+
+_H2_E2M1_ASM = """{
+.reg .b32 d, m, s, acc;
+.reg .b16 l, h;
+.reg .f32 fl, fh;
+mov.b32 acc, 0;
+""" + "".join(f"""mul.lo.u32 m, ${1 + w}, {1 << (9 - 4 * j)};
+mul.lo.u32 s, ${1 + w}, {1 << (12 - 4 * j)};
+and.b32 s, s, 0x80008000;
+and.b32 m, m, 0x0E000E00;
+or.b32 d, m, s;
+fma.rn.f16x2 acc, d, ${5 + 4 * w + j}, acc;
+""" if j < 3 else f"""shr.u32 m, ${1 + w}, 3;
+and.b32 s, ${1 + w}, 0x80008000;
+and.b32 m, m, 0x0E000E00;
+or.b32 d, m, s;
+fma.rn.f16x2 acc, d, ${5 + 4 * w + j}, acc;
+""" for w in range(4) for j in range(4)) + """mov.b32 {l, h}, acc;
+cvt.f32.f16 fl, l;
+cvt.f32.f16 fh, h;
+add.f32 $0, fl, fh;
+}"""
+_H2_INT4 = tl.constexpr(_H2_INT4_ASM)
+_H2_E2M1 = tl.constexpr(_H2_E2M1_ASM)
+_H2_OPERANDS = tl.constexpr("=r" + ",r" * 20)  # the slice's sum; its 4 words, then its 16 activation pairs
+
+
+@triton.jit
+def _h2_bits(v):
+    """float32 -> the 16 bits of its float16, in the low half of an int32."""
+    return v.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def _acts_h2(x, NS: tl.constexpr, FMT: tl.constexpr):
+    """The activations of one K step ([NS, 4, 8], `_load_acts`) for the packed-half slice dot: each slice scaled
+    by a power of two 2^-E (E: the exponent of its largest magnitude; e2m1 also 2^14, the decode's factor) so
+    that its products and sums stay within float16 (|a| < 2, or < 2^15), as float16 pairs (a[8 w + j],
+    a[8 w + j + 4]) in one int32 per (slice, word w): h_j [NS, 4] for j < 4. Returns 2^E [NS] (the factor the
+    slice's sum takes back) and h_0 .. h_3 (split by word only where they meet the weights, whose 4 words per
+    slice one thread holds: splitting them here cost layout conversions through shared memory)."""
+    xf = x.to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(xf), axis=2), axis=1)
+    eb = amax.to(tl.int32, bitcast=True) & 0x7F800000
+    eb = tl.minimum(tl.where(eb == 0, 127 << 23, eb), 254 << 23)  # all-zero (or subnormal) slice: 2^0
+    two_e = eb.to(tl.float32, bitcast=True)
+    inv = (16384.0 if FMT == 3 else 1.0) / two_e
+    a0, a1, a2, a3, a4, a5, a6, a7 = _split_acts(xf * inv[:, None, None], NS)
+    h0 = _h2_bits(a0) | (_h2_bits(a4) << 16)
+    h1 = _h2_bits(a1) | (_h2_bits(a5) << 16)
+    h2 = _h2_bits(a2) | (_h2_bits(a6) << 16)
+    h3 = _h2_bits(a3) | (_h2_bits(a7) << 16)
+    return two_e, h0, h1, h2, h3
+
+
+@triton.jit
+def _words(t, BLOCK_N: tl.constexpr, NS: tl.constexpr):
+    """[BLOCK_N, NS, 4] (or [1, NS, 4], broadcast) -> its 4 words as [BLOCK_N, NS] tensors, in-thread splits."""
+    q = tl.reshape(tl.broadcast_to(t, (BLOCK_N, NS, 4)), (BLOCK_N, NS, 2, 2))
+    e, o = tl.split(q)
+    w0, w2 = tl.split(e)
+    w1, w3 = tl.split(o)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _h2_pair(p, J: tl.constexpr, FMT: tl.constexpr):
+    """Portable decode of nibbles J and J + 4 of words p into two float16 tensors (int4: u - 8; e2m1: v 2^-14),
+    the values the PTX slice dot builds in one f16x2 register."""
+    if FMT == 2:
+        lo = ((p >> (4 * J)) & 0xF) - 8
+        hi = ((p >> (4 * J + 16)) & 0xF) - 8
+        return lo.to(tl.float16), hi.to(tl.float16)
+    t = (p >> (4 * J)) & 0x000F000F
+    h2 = ((t << 9) & 0x0E000E00) | ((t << 12) & -2147450880)  # f16 bits s|e1 e0|m of both nibbles
+    return (h2 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True), \
+        (h2 >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _h2_word(acc_lo, acc_hi, p, b0, b1, b2, b3, FMT: tl.constexpr):
+    """One word's 8 products added to float16 partials (low and high halves), portable."""
+    for J in tl.static_range(4):
+        if J == 0:
+            b = b0
+        elif J == 1:
+            b = b1
+        elif J == 2:
+            b = b2
+        else:
+            b = b3
+        lo, hi = _h2_pair(p, J, FMT)
+        acc_lo = acc_lo + lo * (b & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+        acc_hi = acc_hi + hi * (b >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    return acc_lo, acc_hi
+
+
+@triton.jit
+def _slice_dot_h2(p, h0, h1, h2, h3, FMT: tl.constexpr, PTX: tl.constexpr, BLOCK_N: tl.constexpr, NS: tl.constexpr):
+    """sum over each slice of its 32 products in float16 (two halves, then float32): float32 [BLOCK_N, NS] from
+    words [BLOCK_N, NS, 4] and the slice's float16 pairs h_j ([NS, 4], `_acts_h2`). With PTX one asm block
+    per slice: per pair a mask, an or and one f16x2 fma or subtraction (int4, Marlin's magic number 1024), or two
+    multiplies, three logic ops (e2m1), then one f16x2 fma of the products."""
+    p0, p1, p2, p3 = _words(p, BLOCK_N, NS)
+    h00, h10, h20, h30 = _words(h0[None, :, :], BLOCK_N, NS)  # h{word}{pair}
+    h01, h11, h21, h31 = _words(h1[None, :, :], BLOCK_N, NS)
+    h02, h12, h22, h32 = _words(h2[None, :, :], BLOCK_N, NS)
+    h03, h13, h23, h33 = _words(h3[None, :, :], BLOCK_N, NS)
+    if PTX:
+        args = [p0, p1, p2, p3, h00, h01, h02, h03, h10, h11, h12, h13, h20, h21, h22, h23, h30, h31, h32, h33]
+        if FMT == 2:
+            return tl.inline_asm_elementwise(_H2_INT4, _H2_OPERANDS, args, dtype=tl.float32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(_H2_E2M1, _H2_OPERANDS, args, dtype=tl.float32, is_pure=True, pack=1)
+    acc_lo = tl.zeros(p0.shape, dtype=tl.float16)
+    acc_hi = tl.zeros(p0.shape, dtype=tl.float16)
+    acc_lo, acc_hi = _h2_word(acc_lo, acc_hi, p0, h00, h01, h02, h03, FMT)
+    acc_lo, acc_hi = _h2_word(acc_lo, acc_hi, p1, h10, h11, h12, h13, FMT)
+    acc_lo, acc_hi = _h2_word(acc_lo, acc_hi, p2, h20, h21, h22, h23, FMT)
+    acc_lo, acc_hi = _h2_word(acc_lo, acc_hi, p3, h30, h31, h32, h33, FMT)
+    return acc_lo.to(tl.float32) + acc_hi.to(tl.float32)
+
+
 @triton.jit
 def _load_scales(ws_base, rows, row_mask, offs_s, stride_wsn, stride_wsk, FMT: tl.constexpr, EVEN_N: tl.constexpr):
     """The raw scale of each (row, slice) of one K step, [BLOCK_N, NS]."""
@@ -208,12 +375,20 @@ def _load_w_step(w_base, ws_base, offs_n, n_mask, N, KW, kw0, stride_wn, stride_
 
 
 @triton.jit
-def _step(acc, acc2, p, s, p2, s2, x, BOTH: tl.constexpr, FMT: tl.constexpr, PTX: tl.constexpr, NS: tl.constexpr):
-    """One K step's products added to the (row, slice) partials of the gate (acc) and, if BOTH, up (acc2) rows."""
-    a0, a1, a2, a3, a4, a5, a6, a7 = _split_acts(x, NS)
-    acc += _slice_dot(p, a0, a1, a2, a3, a4, a5, a6, a7, FMT, PTX) * _scale_f32(s, FMT)
-    if BOTH:
-        acc2 += _slice_dot(p2, a0, a1, a2, a3, a4, a5, a6, a7, FMT, PTX) * _scale_f32(s2, FMT)
+def _step(acc, acc2, p, s, p2, s2, x, BOTH: tl.constexpr, FMT: tl.constexpr, PTX: tl.constexpr, NS: tl.constexpr,
+          H2: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One K step's products added to the (row, slice) partials of the gate (acc) and, if BOTH, up (acc2) rows.
+    H2: in packed halves (`_slice_dot_h2`), each slice's sum scaled back by its activations' 2^E."""
+    if H2:
+        two_e, h0, h1, h2, h3 = _acts_h2(x, NS, FMT)
+        acc += _slice_dot_h2(p, h0, h1, h2, h3, FMT, PTX, BLOCK_N, NS) * (_scale_f32(s, FMT) * two_e[None, :])
+        if BOTH:
+            acc2 += _slice_dot_h2(p2, h0, h1, h2, h3, FMT, PTX, BLOCK_N, NS) * (_scale_f32(s2, FMT) * two_e[None, :])
+    else:
+        a0, a1, a2, a3, a4, a5, a6, a7 = _split_acts(x, NS)
+        acc += _slice_dot(p, a0, a1, a2, a3, a4, a5, a6, a7, FMT, PTX) * _scale_f32(s, FMT)
+        if BOTH:
+            acc2 += _slice_dot(p2, a0, a1, a2, a3, a4, a5, a6, a7, FMT, PTX) * _scale_f32(s2, FMT)
     return acc, acc2
 
 
@@ -221,7 +396,7 @@ def _step(acc, acc2, p, s, p2, s2, x, BOTH: tl.constexpr, FMT: tl.constexpr, PTX
 def _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, stride_wsn, stride_wsk,
               BOTH: tl.constexpr, FMT: tl.constexpr, PTX: tl.constexpr, BLOCK_N: tl.constexpr, NS: tl.constexpr,
               EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
-              WAIT: tl.constexpr = False):
+              H2: tl.constexpr, WAIT: tl.constexpr = False):
     """(a_row . W[offs_n], a_row . W[N + offs_n] if BOTH else zeros) over the whole K, float32 [BLOCK_N] each.
     PREFETCH: the loads of step i + 1 are issued before step i computes (two steps of registers), so each
     program keeps a step of weights in flight while it decodes. STAGES > 1 (without PREFETCH): the K loop is
@@ -239,7 +414,7 @@ def _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, strid
         gdc_wait()
         x = _load_acts(a_row, 0, K, NS, EVEN_K)
         if not PREFETCH:  # step 0 here, the loop from step 1
-            acc, acc2 = _step(acc, acc2, p, s, p2, s2, x, BOTH, FMT, PTX, NS)
+            acc, acc2 = _step(acc, acc2, p, s, p2, s2, x, BOTH, FMT, PTX, NS, H2, BLOCK_N)
             k_first = STEP
     elif PREFETCH:
         p, s, p2, s2, x = _load_step(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, 0, stride_wn, stride_wsn,
@@ -256,10 +431,10 @@ def _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, strid
         else:
             p, s, p2, s2, x = _load_step(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, kw0, stride_wn,
                                          stride_wsn, stride_wsk, BOTH, FMT, NS, EVEN_N, EVEN_K)
-        acc, acc2 = _step(acc, acc2, p, s, p2, s2, x, BOTH, FMT, PTX, NS)
+        acc, acc2 = _step(acc, acc2, p, s, p2, s2, x, BOTH, FMT, PTX, NS, H2, BLOCK_N)
         if PREFETCH:
             p, s, p2, s2, x = pn, sn, p2n, s2n, xn
-    post = 1.0 if FMT == 2 else 16384.0  # e2m1 decoded as v * 2^-14
+    post = 1.0 if FMT == 2 or H2 else 16384.0  # e2m1 decoded as v * 2^-14 (H2: the activations took 2^14)
     return tl.sum(acc, axis=1) * post, tl.sum(acc2, axis=1) * post
 
 
@@ -270,7 +445,7 @@ def _gemv_4bit_kernel(
     stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_om,
     GATED: tl.constexpr, ATOMIC: tl.constexpr, FMT: tl.constexpr, PTX: tl.constexpr,
     BLOCK_N: tl.constexpr, NS: tl.constexpr, ZBLOCK: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    PREFETCH: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr, H2: tl.constexpr,
 ):
     """As `gemv._gemv_kernel`, with w_ptr the int32 words of the packed weights (KW words per row).
     PDL: stage 1 lets the next launch (stage 2) start at once; stage 2, launched as its programmatic dependent,
@@ -297,7 +472,7 @@ def _gemv_4bit_kernel(
         ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
         a_row = a_ptr + token.to(tl.int64) * stride_am
         acc, acc_up = _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, stride_wsn,
-                                stride_wsk, True, FMT, PTX, BLOCK_N, NS, EVEN_N, EVEN_K, PREFETCH, STAGES)
+                                stride_wsk, True, FMT, PTX, BLOCK_N, NS, EVEN_N, EVEN_K, PREFETCH, STAGES, H2)
         h = acc / (1.0 + tl.exp(-acc)) * acc_up
         tl.store(out_ptr + r.to(tl.int64) * stride_om + offs_n, h.to(out_ptr.dtype.element_ty), mask=n_mask)
     else:
@@ -311,7 +486,8 @@ def _gemv_4bit_kernel(
                 ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
                 a_row = a_ptr + edge.to(tl.int64) * stride_am
                 part, _ = _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KW, stride_wn, stride_wsn,
-                                    stride_wsk, False, FMT, PTX, BLOCK_N, NS, EVEN_N, EVEN_K, PREFETCH, STAGES, PDL)
+                                    stride_wsk, False, FMT, PTX, BLOCK_N, NS, EVEN_N, EVEN_K, PREFETCH, STAGES, H2,
+                                    PDL)
                 acc += weight * part
         if PDL:  # a program whose slots were all elsewhere has not waited yet (stage 1 zeroes `out`)
             gdc_wait()
@@ -325,24 +501,29 @@ def _gemv_4bit_kernel(
 def launch_4bit(a, w, w_scale, out, ids, topk_w, *, num_rows, top_k, n, k, fmt, gated, cfg, chunks=1, zero=None):
     """`gemv._launch` for w4a16 / mxfp4 weights whose rows are whole words (`rows_are_words`); cfg holds
     BLOCK_N, NS (32-k slices per K step and row) and num_warps, and PDL: stage 1 triggers and stage 2 is launched
-    as a programmatic dependent (where `platform.has_pdl`; correct either way, each stage keeps its own launch)."""
+    as a programmatic dependent (where `platform.has_pdl`; correct either way, each stage keeps its own launch);
+    PTX (default: `platform.has_ptx`) and H2: the packed-half products (`_slice_dot_h2`), for 16-bit activations
+    only (float32 activations keep float32 products)."""
     pdl = bool(cfg.get("PDL", False)) and a.is_cuda and has_pdl(a.device.index or 0)
     code = FMT_CODE[fmt]
+    ptx = cfg.get("PTX", has_ptx())
+    h2 = cfg.get("H2", False) and a.dtype in (torch.float16, torch.bfloat16)  # float32 activations: float32 math
     bn, ns = cfg["BLOCK_N"], cfg["NS"]
     words = w.view(torch.int32)
     kw = words.shape[2]
     ns = min(ns, triton.next_power_of_2(triton.cdiv(kw, 4)))  # a K step no longer than the row (short K: TP slices)
     grid = (num_rows * chunks * triton.cdiv(n, bn),)
     zblock = 0 if zero is None else max(128, triton.next_power_of_2(triton.cdiv(zero.numel(), grid[0])))
-    _gemv_4bit_kernel[grid](
+    kernel = _gemv_4bit_kernel[grid](
         a, words, w_scale, out, ids, topk_w if topk_w is not None else a, zero if zero is not None else out,
         num_rows, chunks, triton.cdiv(top_k, chunks), top_k, w.shape[0], n, k, kw,
         0 if zero is None else zero.numel(),
         a.stride(0), words.stride(0), words.stride(1), w_scale.stride(0), w_scale.stride(1), w_scale.stride(2),
         out.stride(0),
-        GATED=gated, ATOMIC=chunks > 1, FMT=code, PTX=cfg.get("PTX", has_ptx()), BLOCK_N=bn, NS=ns, ZBLOCK=zblock,
+        GATED=gated, ATOMIC=chunks > 1, FMT=code, PTX=ptx, BLOCK_N=bn, NS=ns, ZBLOCK=zblock,
         EVEN_N=n % bn == 0, EVEN_K=k % (ns * 32) == 0 and kw % (ns * 4) == 0, PREFETCH=cfg.get("PREFETCH", False),
-        STAGES=1 if cfg.get("PREFETCH", False) else cfg.get("num_stages", 1), PDL=pdl,
+        STAGES=1 if cfg.get("PREFETCH", False) else cfg.get("num_stages", 1), PDL=pdl, H2=h2,
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1),
         **(dict(launch_pdl=True) if pdl and not gated else {}),
     )
+    LAST_LAUNCH.update(gated=gated, grid=grid[0], num_warps=cfg["num_warps"], n_regs=getattr(kernel, "n_regs", None))
