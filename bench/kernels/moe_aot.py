@@ -130,7 +130,8 @@ def _ptxas_row(row: dict, kernel, label: str) -> str | None:
 def compile_words(fmt: str, gated: bool, wc: dict) -> dict:
     """The word-wise 4-bit GEMV stage (`gemv_4bit.py`, PTX decode) with the JIT's specialisations (sizes divisible
     by 16): registers, spills, and the K loop's SASS instructions per weight. ptxas may unroll the loop: the
-    steps in its body are counted by its FFMAs (one per weight in either format's products)."""
+    steps in its body are counted by its FFMAs (one per weight in either format's float32 products) or, with the
+    packed-half products (H2), by its HFMA2s (int4: 6 per 8 weights, e2m1: 4 per 8)."""
     words = importlib.import_module("zoe_kernels.moe.gemv_4bit")
     code = words.FMT_CODE[fmt]
     fn = words._gemv_4bit_kernel
@@ -138,21 +139,24 @@ def compile_words(fmt: str, gated: bool, wc: dict) -> dict:
             "ids_ptr": "*i32", "topk_w_ptr": "*fp32", "zero_ptr": "*fp32"}
     const = dict(GATED=gated, ATOMIC=not gated, FMT=code, PTX=True, BLOCK_N=wc["BLOCK_N"], NS=wc["NS"],
                  ZBLOCK=0, EVEN_N=True, EVEN_K=True, PREFETCH=wc["PREFETCH"],
-                 STAGES=1 if wc["PREFETCH"] else wc["num_stages"], PDL=wc.get("PDL", False))
+                 STAGES=1 if wc["PREFETCH"] else wc["num_stages"], PDL=wc.get("PDL", False), H2=wc.get("H2", True))
     sig = _signature(fn, ptrs, const)
     attrs = _aligned(fn, sig)
     for i, name in enumerate(fn.arg_names):
         if name in ("N", "K", "KW", "zero_numel"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     label = (f"gemv_4bit {fmt} {'stage1' if gated else 'stage2'} BN={wc['BLOCK_N']} NS={wc['NS']} "
-             f"prefetch={wc['PREFETCH']} stages={wc['num_stages']} pdl={wc.get('PDL', False)}")
+             f"prefetch={wc['PREFETCH']} stages={wc['num_stages']} pdl={wc.get('PDL', False)} h2={wc.get('H2', True)}")
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs), target=TARGET,
                             options={"num_warps": wc["num_warps"], "num_stages": wc["num_stages"]})
     row = {"kernel": label, "num_warps": wc["num_warps"], "shared_bytes": kernel.metadata.shared,
            "cp_async": len(re.findall(r"cp\.async\.ca|cp\.async\.cg", kernel.asm["ptx"]))}
     if _ptxas_row(row, kernel, label) is not None and row.get("loop_instructions"):
         per_step = wc["BLOCK_N"] * wc["NS"] * 32 * (2 if gated else 1) / (32 * wc["num_warps"])  # weights/thread
-        steps = max(1, round(row["loop_ops"].get("FFMA", 0) / per_step))
+        if wc.get("H2", True):  # f16x2 fmas per weight: int4 4 products + 2 decodes per 8, e2m1 4 products per 8
+            steps = max(1, round(row["loop_ops"].get("HFMA2", 0) / (per_step * (0.75 if fmt == "w4a16" else 0.5))))
+        else:
+            steps = max(1, round(row["loop_ops"].get("FFMA", 0) / per_step))
         row.update(loop_steps=steps, loop_instructions_per_weight=round(row["loop_instructions"] / (per_step * steps), 2))
     print(json.dumps(row), flush=True)
     return row
@@ -175,8 +179,8 @@ def main() -> None:
             configs.append((fmt, gated == "1", {"BLOCK_N": int(bn), "GPI": int(gpi), "num_warps": int(warps)}))
     else:  # DeepSeek-V3.2 at M=1: stage 1 over 8 edges x I=2048, stage 2 over 1 token x H=7168
         for fmt in FORMATS:
-            configs.append((fmt, True, config.gemv_config(8, 2048, fmt, gated=True)))
-            configs.append((fmt, False, config.gemv_config(1, 7168, fmt, gated=False, top_k=8)))
+            configs.append((fmt, True, config.gemv_config(8, 2048, fmt, gated=True, k=7168)))
+            configs.append((fmt, False, config.gemv_config(1, 7168, fmt, gated=False, top_k=8, k=2048)))
     rows = []
     for fmt, gated, cfg in configs:
         code, wty, sty = FORMATS[fmt]
@@ -188,8 +192,8 @@ def main() -> None:
                           gemv._gemv_kernel, ptrs, const, cfg["num_warps"])
         rows.append(row)
     for fmt, gated, cfg in configs:  # the word-wise kernel of the 4-bit formats (gemv_4bit.py), PTX decode
-        if "WORDS" in cfg:
-            rows.append(compile_words(fmt, gated, cfg["WORDS"]))
+        if "WORDS" in cfg:  # H2 as on a GPU (gemv_config turns it off without PTX)
+            rows.append(compile_words(fmt, gated, cfg["WORDS"] | {"H2": config.GEMV_4BIT_H2[fmt][1 if gated else 2]}))
     if args.dot:
         rows += [compile_dot(*k) for k in DOT_KERNELS if not args.only or args.only in k[0]]
     meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
