@@ -191,7 +191,8 @@ GEMV_4BIT_MIN_WAVE_FILL = 0.8
 # 32-weight slice, then float32) per format and stage, where it has PTX and the activations are 16-bit; else the
 # float32 products. run27-m1 (moe_gemv4_sweep.py, 10 tiles each way, stage alone, best tile of each, us,
 # DeepSeek-V3.2 / TP8): w4a16 stage 1 35.2 / 13.1 against 42.8 / 13.3, stage 2 23.0 / 5.6 against 25.0 / 6.2;
-# mxfp4 stage 1 40.8 / 16.0 against 52.3 / 18.1, stage 2 23.6 / 5.7 against 26.7 / 6.3.
+# mxfp4 stage 1 40.8 / 16.0 against 52.3 / 18.1, stage 2 23.6 / 5.7 against 26.7 / 6.3. mxfp4 with the bytewise
+# e2m1 rearrangement (run34-m1, committed tiles): stage 1 37.2, stage 2 22.9 on DeepSeek-V3.2.
 GEMV_4BIT_H2 = {"w4a16": {1: True, 2: True}, "mxfp4": {1: True, 2: True}}
 # The word-wise GEMV's stage 2 is launched as a programmatic dependent of stage 1 (`gemv_4bit.launch_4bit`, where
 # `platform.has_pdl`): it starts while stage 1's last programs run and fetches its first weights before it waits.

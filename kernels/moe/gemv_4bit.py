@@ -29,14 +29,20 @@ Packed halves (H2, `config.GEMV_4BIT_H2`, 16-bit activations): the products are 
 (j, j + 4) of a word lies 16 bits apart, so one register holds both decoded values:
 - int4: (w & 0x000F000F) | 0x6400 6400 is the f16 pair 1024 + u (Marlin's magic number); a subtraction of 1032
   (or, for the nibbles 4 bits up, an fma by 1/16 and -72) leaves u - 8: two operations per pair;
-- e2m1: the shifts and masks above, now without the two conversions to float32.
+- e2m1: the f16 bits need each nibble's sign 6 bits above its magnitude (s at 15, e1 e0 m at 11..9), and
+  nibbles sit 4 bits apart, so one shift cannot place them. A word is first rearranged so that every byte holds
+  one nibble in that pattern: te = lop3 select of w (magnitudes, mask 0x07070707) and w * 8 (the sign into bit
+  6) holds the even nibbles, to = the same select of w >> 4 and w >> 1 the odd ones; the other bits of each
+  byte are junk the final mask drops. Then a pair is (te or to, shifted by 9 or 1) & 0x8E008E00: 13 integer
+  operations per word against 15 for per-pair shifts and masks (17 and 19 with the 4 f16x2 fmas).
 The activations of a K step are scaled per 32-value slice by a power of two (2^-E from the slice's largest
 magnitude, times 2^14 for e2m1) so that a slice's 16 products per half and their sums stay inside float16, packed
 as f16 pairs, and one asm block per (row, slice) chains its 16 f16x2 fmas and converts the sum to float32 once,
 which then takes the scale and 2^E back. Against float32 products on the same (16, 16, 2) tile, the sm_90a K loop
-of stage 1 spends 2.26 against 2.92 (w4a16) and 3.12 against 4.48 (mxfp4) instructions per weight (moe_aot.py,
-Triton 3.9); stage 1 at M=1 on DeepSeek-V3.2, best tile each way: 35.2 against 42.8 us and 40.8 against 52.3 us
-(H200 run27-m1). Rounding: about 6e-4 of the norm (float16 partial sums of 16 products).
+of stage 1 spends 2.26 against 2.92 (w4a16) and 2.88 against 4.48 (mxfp4) instructions per weight (moe_aot.py,
+Triton 3.9; mxfp4 3.12 with per-pair shifts). Stage 1 at M=1 on DeepSeek-V3.2 (H200): w4a16 35.2 against 42.8 us
+(best tile each way, run27-m1), mxfp4 37.2 (run34-m1) against 40.8 with per-pair shifts (run31-m1) and 52.3 with
+float32 products (run27-m1). Rounding: about 6e-4 of the norm (float16 partial sums of 16 products).
 """
 
 from __future__ import annotations
@@ -195,22 +201,28 @@ add.f32 $0, fl, fh;
 }"""
 
 _H2_E2M1_ASM = """{
-.reg .b32 d, m, s, acc;
+.reg .b32 d, t, u, te, to, acc;
 .reg .b16 l, h;
 .reg .f32 fl, fh;
 mov.b32 acc, 0;
-""" + "".join(f"""mul.lo.u32 m, ${1 + w}, {1 << (9 - 4 * j)};
-mul.lo.u32 s, ${1 + w}, {1 << (12 - 4 * j)};
-and.b32 s, s, 0x80008000;
-and.b32 m, m, 0x0E000E00;
-or.b32 d, m, s;
-fma.rn.f16x2 acc, d, ${5 + 4 * w + j}, acc;
-""" if j < 3 else f"""shr.u32 m, ${1 + w}, 3;
-and.b32 s, ${1 + w}, 0x80008000;
-and.b32 m, m, 0x0E000E00;
-or.b32 d, m, s;
-fma.rn.f16x2 acc, d, ${5 + 4 * w + j}, acc;
-""" for w in range(4) for j in range(4)) + """mov.b32 {l, h}, acc;
+""" + "".join(f"""mul.lo.u32 t, ${1 + w}, 8;
+lop3.b32 te, ${1 + w}, t, 0x07070707, 0xE4;
+shr.u32 t, ${1 + w}, 4;
+shr.u32 u, ${1 + w}, 1;
+lop3.b32 to, t, u, 0x07070707, 0xE4;
+mul.lo.u32 d, te, 512;
+and.b32 d, d, 0x8E008E00;
+fma.rn.f16x2 acc, d, ${5 + 4 * w}, acc;
+mul.lo.u32 d, to, 512;
+and.b32 d, d, 0x8E008E00;
+fma.rn.f16x2 acc, d, ${6 + 4 * w}, acc;
+shl.b32 d, te, 1;
+and.b32 d, d, 0x8E008E00;
+fma.rn.f16x2 acc, d, ${7 + 4 * w}, acc;
+shl.b32 d, to, 1;
+and.b32 d, d, 0x8E008E00;
+fma.rn.f16x2 acc, d, ${8 + 4 * w}, acc;
+""" for w in range(4)) + """mov.b32 {l, h}, acc;
 cvt.f32.f16 fl, l;
 cvt.f32.f16 fh, h;
 add.f32 $0, fl, fh;
