@@ -37,6 +37,8 @@ The "zoe" rows (fused_moe as dispatched) are derived from zoe_gemv / zoe_dot by 
   (an earlier tree of the same work, slower) is in raw/ only.
 - run15, run16 (the same script): every shape's 4-bit rows at M 1..256 as dispatched against torch._grouped_mm,
   and mxfp4's swapped 16-row tiles (see main()).
+- run25-m1 (session 6) and run34-m1 (session 7, bench/kernels/moe_gemv4_sweep.py): the word-wise GEMV's 4-bit rows
+  at M 1..16 and fp8 at M=1 beside them (see main()).
 run5 (commit 12a6225, stage-2 sweep), run6 (commit f950d4a, the GPU tests of the GEMV path, 12 passed), run7
 (the byte-wise GEMV end to end) and run8 (the first word-wise sweep) are in raw/ only; run5 re-timed the dot
 path within 1-3 % of run4.
@@ -235,6 +237,23 @@ def main() -> None:
         if r["fmt"] in ("w4a16", "mxfp4") and r["provider"] == "zoe_gemv" and r["run"] != "run25-m1":
             r.setdefault("committed_differs", "word-wise GEMV before run21-m1's load layout (the committed kernel is "
                                               "faster: w4a16 M=1 DeepSeek-V3.2 66.8 against 101.3 us)")
+    # run34-m1 (session 7, fa676ad: the word-wise GEMV with packed-half products, per-shape tile lists and the
+    # bytewise e2m1 decode; bench/kernels/moe_gemv4_sweep.py --keep-tiles): w4a16 and mxfp4 zoe_gemv at M 1, 8, 16,
+    # w4a16 zoe_dot and fp8 zoe_dot at M=1, on DeepSeek-V3.2, GLM-5, Kimi-K2 and the TP8 slice. They replace the
+    # earlier rows; the other 4-bit GEMV rows (ZAYA1, M 64..256) timed the kernel before it.
+    data = json.loads((RAW / "run34-m1_bench.json").read_text())
+    runs.append({"run": "run34-m1", "code_commit": "fa676ad", "file": "raw/run34-m1_bench.json",
+                 **{k: data[k] for k in ("command", "date_utc", "torch", "triton")}})
+    for r in data["rows"]:
+        if r["provider"] == "zoe" or "median_us" not in r:
+            continue
+        key = (r["shape"], r["M"], r["fmt"], r["provider"])
+        rows = [x for x in rows if (x["shape"], x["M"], x["fmt"], x["provider"]) != key]
+        rows.append(r | {"run": "run34-m1"})
+    for r in rows:
+        if r["fmt"] in ("w4a16", "mxfp4") and r["provider"] == "zoe_gemv" and r["run"] != "run34-m1":
+            r.setdefault("committed_differs", "word-wise GEMV before run34-m1's packed-half products (the committed "
+                                              "kernel is faster: mxfp4 M=1 DeepSeek-V3.2 58.9 against 80.8 us)")
     rows += moe_bench.dispatched_rows(rows)
     result = {
         "device": "NVIDIA H200",
