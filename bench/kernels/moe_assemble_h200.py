@@ -78,6 +78,28 @@ def keep(run: str, row: dict) -> bool:
     return zoe and row["fmt"] in ("w4a16", "mxfp4")
 
 
+def _take_gemv_run(rows: list, runs: list, stem: str, run: str, commit: str) -> list:
+    """The rows of raw/STEM.json (a moe_gemv4_sweep or moe_bench output) in place of the rows with the same shape, M,
+    format and provider; the run's command and versions go into `runs`."""
+    data = json.loads((RAW / f"{stem}.json").read_text())
+    runs.append({"run": run, "code_commit": commit, "file": f"raw/{stem}.json",
+                 **{k: data[k] for k in ("command", "date_utc", "torch", "triton")}})
+    for r in data["rows"]:
+        if r["provider"] == "zoe" or "median_us" not in r:
+            continue
+        key = (r["shape"], r["M"], r["fmt"], r["provider"])
+        rows = [x for x in rows if (x["shape"], x["M"], x["fmt"], x["provider"]) != key]
+        rows.append(r | {"run": run})
+    return rows
+
+
+def _mark_older_gemv(rows: list, run: str, why: str) -> None:
+    """4-bit GEMV rows not from `run` timed an older kernel: they carry committed_differs (the first reason kept)."""
+    for r in rows:
+        if r["fmt"] in ("w4a16", "mxfp4") and r["provider"] == "zoe_gemv" and r["run"] != run:
+            r.setdefault("committed_differs", why)
+
+
 def main() -> None:
     import moe_bench
 
@@ -224,36 +246,16 @@ def main() -> None:
     # at M=1 on those four shapes. They replace the earlier rows; the 4-bit GEMV rows of earlier runs timed the kernel
     # before the layout change and carry committed_differs.
     for stem in ("run25-m1_gemv4_sweep", "run25-m1_fp8_mxfp4_m1"):
-        data = json.loads((RAW / f"{stem}.json").read_text())
-        runs.append({"run": "run25-m1", "code_commit": "13fab96", "file": f"raw/{stem}.json",
-                     **{k: data[k] for k in ("command", "date_utc", "torch", "triton")}})
-        for r in data["rows"]:
-            if r["provider"] == "zoe" or "median_us" not in r:
-                continue
-            key = (r["shape"], r["M"], r["fmt"], r["provider"])
-            rows = [x for x in rows if (x["shape"], x["M"], x["fmt"], x["provider"]) != key]
-            rows.append(r | {"run": "run25-m1"})
-    for r in rows:
-        if r["fmt"] in ("w4a16", "mxfp4") and r["provider"] == "zoe_gemv" and r["run"] != "run25-m1":
-            r.setdefault("committed_differs", "word-wise GEMV before run21-m1's load layout (the committed kernel is "
-                                              "faster: w4a16 M=1 DeepSeek-V3.2 66.8 against 101.3 us)")
+        rows = _take_gemv_run(rows, runs, stem, "run25-m1", "13fab96")
+    _mark_older_gemv(rows, "run25-m1", "word-wise GEMV before run21-m1's load layout (the committed kernel is faster: "
+                                       "w4a16 M=1 DeepSeek-V3.2 66.8 against 101.3 us)")
     # run34-m1 (session 7, fa676ad: the word-wise GEMV with packed-half products, per-shape tile lists and the
     # bytewise e2m1 decode; bench/kernels/moe_gemv4_sweep.py --keep-tiles): w4a16 and mxfp4 zoe_gemv at M 1, 8, 16,
     # w4a16 zoe_dot and fp8 zoe_dot at M=1, on DeepSeek-V3.2, GLM-5, Kimi-K2 and the TP8 slice. They replace the
     # earlier rows; the other 4-bit GEMV rows (ZAYA1, M 64..256) timed the kernel before it.
-    data = json.loads((RAW / "run34-m1_bench.json").read_text())
-    runs.append({"run": "run34-m1", "code_commit": "fa676ad", "file": "raw/run34-m1_bench.json",
-                 **{k: data[k] for k in ("command", "date_utc", "torch", "triton")}})
-    for r in data["rows"]:
-        if r["provider"] == "zoe" or "median_us" not in r:
-            continue
-        key = (r["shape"], r["M"], r["fmt"], r["provider"])
-        rows = [x for x in rows if (x["shape"], x["M"], x["fmt"], x["provider"]) != key]
-        rows.append(r | {"run": "run34-m1"})
-    for r in rows:
-        if r["fmt"] in ("w4a16", "mxfp4") and r["provider"] == "zoe_gemv" and r["run"] != "run34-m1":
-            r.setdefault("committed_differs", "word-wise GEMV before run34-m1's packed-half products (the committed "
-                                              "kernel is faster: mxfp4 M=1 DeepSeek-V3.2 58.9 against 80.8 us)")
+    rows = _take_gemv_run(rows, runs, "run34-m1_bench", "run34-m1", "fa676ad")
+    _mark_older_gemv(rows, "run34-m1", "word-wise GEMV before run34-m1's packed-half products (the committed kernel is "
+                                       "faster: mxfp4 M=1 DeepSeek-V3.2 58.9 against 80.8 us)")
     rows += moe_bench.dispatched_rows(rows)
     result = {
         "device": "NVIDIA H200",
