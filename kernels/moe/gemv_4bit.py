@@ -172,7 +172,8 @@ def _slice_dot(p, a0, a1, a2, a3, a4, a5, a6, a7, FMT: tl.constexpr, PTX: tl.con
 
 
 # The packed-half (H2) slice dot: fp16x2 products and sums of a slice's 32 weights, per pair of nibbles (j, j + 4)
-# of a word, which sit 16 bits apart (one f16x2 register holds both). Constants as f16x2 bit patterns.
+# of a word, which sit 16 bits apart (one f16x2 register holds both). Constants as f16x2 bit patterns: 0x6400 1024,
+# 0x6408 1032, 0x2C00 1/16, 0xD480 -72. lop3 tables: 0xEA (a & b) | c, 0xE4 c ? a : b.
 _H2_INT4_ASM = """{
 .reg .b32 d, s, acc, sub, sc, off;
 .reg .b16 l, h;
