@@ -215,10 +215,9 @@ def main() -> None:
     save()
     ms = [int(m) for m in args.bench_ms.split(",")]
     for name in [s for s in args.bench_shapes.split(",") if s]:
-        if name in ("dsv32", "dsv32-tp8", "glm5", "kimi-k2"):  # the issue's reference: fp8 at M=1 in this run
-            # fp8 and w4a16 as dispatched at M=1 (w4a16: the tl.dot path's M=1 mode where I allows it)
-            mb.bench_shape(name, mb.SHAPES[name], [1], deadline, dev, rows,
-                           ["fp8"] + [f for f in formats if f == "w4a16"], {"zoe_dot"})
+        # the issue's reference at every bench shape: fp8 at M=1 in this run, and w4a16's tl.dot path there
+        mb.bench_shape(name, mb.SHAPES[name], [1], deadline, dev, rows,
+                       ["fp8"] + [f for f in formats if f == "w4a16"], {"zoe_dot"})
         mb.bench_shape(name, mb.SHAPES[name], ms, deadline, dev, rows, formats, {"zoe_gemv"})
         save()
         if args.pdl_compare:  # M=1 again with stage 2 not a dependent launch, then with it (interleaved)

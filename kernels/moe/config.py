@@ -180,10 +180,17 @@ GEMV_TILES = {
 # Measured and not kept: K loops pipelined through shared memory (num_stages 2-3: 1.2-2.8x slower), 4 warps on
 # 16 rows (52.5 us mxfp4 stage 1), fewer stage-2 slot chunks (GEMV_MIN_PROGRAMS 512-1024: no gain), and 8-row
 # one-warp prefetching tiles capped at 128 registers (Triton's maxnreg: 41.4 against 41.1 us, run32-m1).
+# ZAYA1 (top-1: one edge at M=1, grids of 128 programs at 16 rows; runs 35-37-m1): mxfp4 at M=1 took 20.1-20.2 us
+# end to end with (16, 32, 4) and (16, 8, 1) (11.2 with stage 2 not a dependent launch; not profiled why) and 8.2
+# with (8, 64, 2) for its one edge (GEMV_4BIT_ONE_EDGE) and (4, 64, 1) for stage 2, fp8 23.1-23.2 in the same runs.
+# Stage alone, mxfp4: stage 1 (16, 32, 4) 5.5, (8, 64, 2) 4.4 us; stage 2 (16, 8, 1) 7.4, (4, 64, 1) 4.3.
+# w4a16 keeps its tiles there (9.7-9.8 us end to end, 2.4x fp8).
 GEMV_4BIT_TILES = {
     "w4a16": {1: [(16, 16, 2, False), (16, 32, 4, False)], 2: [(16, 8, 1, False)]},
-    "mxfp4": {1: [(16, 16, 2, False), (16, 32, 4, False)], 2: [(16, 16, 2, False), (16, 8, 1, False)]},
+    "mxfp4": {1: [(16, 16, 2, False), (16, 32, 4, False)],
+              2: [(16, 16, 2, False), (16, 8, 1, False), (4, 64, 1, False)]},
 }
+GEMV_4BIT_ONE_EDGE = {"mxfp4": (8, 64, 2, False)}  # stage 1 of a single edge (top-1 at M=1)
 # The wave estimate assumes 128 registers per thread, what ptxas gave these tiles on sm_90a (run29-m1: 96-128).
 GEMV_4BIT_REGISTERS = 128
 GEMV_4BIT_MIN_WAVE_FILL = 0.8
@@ -242,12 +249,13 @@ def _pick_4bit_tile(tiles: list, rows: int, n: int, k: int | None, gated: bool) 
     """The first word-wise tile (BLOCK_N, NS, warps, ...) with a grid of TARGET_PROGRAMS programs
     (rows x n / BLOCK_N), at least two K steps of NS 32-k slices (when the reduction size k is known) and, for
     stage 1 (gated; stage 2's grid grows by its slot chunks), a last wave at least GEMV_4BIT_MIN_WAVE_FILL full;
-    else the last."""
-    for t in tiles:
-        programs = rows * -(-n // t[0])
-        if programs >= TARGET_PROGRAMS and (k is None or k >= 2 * 32 * t[1]) and (
-                not gated or _wave_fill(programs, t[2]) >= GEMV_4BIT_MIN_WAVE_FILL):
-            return t
+    else the first of those with one K step (a short K: the TP8 slice's stage 2); else the last (small grids)."""
+    for min_steps in (2, 1):
+        for t in tiles:
+            programs = rows * -(-n // t[0])
+            if programs >= TARGET_PROGRAMS and (k is None or k >= min_steps * 32 * t[1]) and (
+                    not gated or _wave_fill(programs, t[2]) >= GEMV_4BIT_MIN_WAVE_FILL):
+                return t
     return tiles[-1]
 
 
@@ -270,8 +278,9 @@ def gemv_config(rows: int, n: int, fmt: str, *, gated: bool, tile: tuple[int, in
     programs = rows * -(-n // bn)
     words = None
     if fmt in GEMV_4BIT_TILES:
-        wbn, ns, wwarps, prefetch, *stages = words_tile or _pick_4bit_tile(GEMV_4BIT_TILES[fmt][1 if gated else 2],
-                                                                          rows, n, k, gated)
+        one_edge = GEMV_4BIT_ONE_EDGE.get(fmt) if gated and rows == 1 else None
+        wbn, ns, wwarps, prefetch, *stages = words_tile or one_edge or _pick_4bit_tile(
+            GEMV_4BIT_TILES[fmt][1 if gated else 2], rows, n, k, gated)
         words = {"BLOCK_N": wbn, "NS": ns, "num_warps": wwarps, "PREFETCH": prefetch, "num_stages": (stages or [1])[0],
                  "PDL": GEMV_4BIT_PDL, "H2": GEMV_4BIT_H2[fmt][1 if gated else 2] and has_ptx()}
         programs = rows * -(-n // wbn)

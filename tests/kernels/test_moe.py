@@ -228,13 +228,16 @@ def test_gemv_production_config(monkeypatch):
 
 def test_gemv_4bit_tile_follows_grid_and_k(monkeypatch):
     """The word-wise 4-bit tile comes from a preference list per stage: the first whose grid fills the GPU
-    (TARGET_PROGRAMS), whose K takes two K steps and (stage 1) whose last wave is mostly full, else the last
-    (DeepSeek-V3.2, its TP8 slice and GLM-5 differ)."""
+    (TARGET_PROGRAMS), whose K takes two K steps (else one) and (stage 1) whose last wave is mostly full, else the
+    last; a single edge (top-1 at M=1) has its own stage-1 tile (DeepSeek-V3.2, its TP8 slice, GLM-5 and ZAYA1
+    differ)."""
     from zoe_kernels.moe import config
 
     monkeypatch.setattr(config, "interpreting", lambda: False)
     tiles = [(16, 16, 2, False), (8, 32, 2, False)]
-    monkeypatch.setitem(config.GEMV_4BIT_TILES, "mxfp4", {1: tiles, 2: [(16, 16, 2, False), (16, 8, 1, False)]})
+    monkeypatch.setitem(config.GEMV_4BIT_TILES, "mxfp4", {1: tiles, 2: [(16, 16, 2, False), (16, 8, 1, False),
+                                                                        (4, 64, 1, False)]})
+    monkeypatch.setitem(config.GEMV_4BIT_ONE_EDGE, "mxfp4", (8, 64, 2, False))
 
     def words(rows, n, gated, k):
         w = config.gemv_config(rows, n, "mxfp4", gated=gated, top_k=8, k=k)["WORDS"]
@@ -243,9 +246,11 @@ def test_gemv_4bit_tile_follows_grid_and_k(monkeypatch):
     assert words(8, 2048, True, 7168) == (16, 16)  # 1024 programs
     assert words(8, 256, True, 7168) == (8, 32)  # 128 programs: the last tile
     assert words(1, 7168, False, 2048) == (16, 16)  # K = 2048: four K steps of 512
-    assert words(1, 7168, False, 256) == (16, 8)  # K = 256: under two K steps of either: the last
-    assert words(1, 7168, False, 768) == (16, 8)
     assert words(1, 7168, False, 1024) == (16, 16)
+    assert words(1, 7168, False, 768) == (16, 8)  # one K step of 512, not two
+    assert words(1, 7168, False, 256) == (16, 8)  # K = 256: one step of 8 slices
+    assert words(1, 2048, False, 2048) == (4, 64)  # ZAYA1's one token: 128 programs at 16 rows, the last tile
+    assert words(1, 2048, True, 2048) == (8, 64)  # ZAYA1's one edge: GEMV_4BIT_ONE_EDGE
     # stage 1 on a 132-multiprocessor GPU: 8 programs of 2 warps at 128 registers per multiprocessor, 1056 at
     # once: DeepSeek-V3.2's 1024 programs fill one wave; GLM-5's 9 edges (1152) would leave a second wave of 96
     monkeypatch.setattr(config, "has_ptx", lambda: True)
