@@ -93,10 +93,11 @@ def _take_gemv_run(rows: list, runs: list, stem: str, run: str, commit: str) -> 
     return rows
 
 
-def _mark_older_gemv(rows: list, run: str, why: str) -> None:
-    """4-bit GEMV rows not from `run` timed an older kernel: they carry committed_differs (the first reason kept)."""
+def _mark_older_gemv(rows: list, current: tuple, why: str) -> None:
+    """4-bit GEMV rows not from the `current` runs timed an older kernel: they carry committed_differs (the first
+    reason kept)."""
     for r in rows:
-        if r["fmt"] in ("w4a16", "mxfp4") and r["provider"] == "zoe_gemv" and r["run"] != run:
+        if r["fmt"] in ("w4a16", "mxfp4") and r["provider"] == "zoe_gemv" and r["run"] not in current:
             r.setdefault("committed_differs", why)
 
 
@@ -247,15 +248,19 @@ def main() -> None:
     # before the layout change and carry committed_differs.
     for stem in ("run25-m1_gemv4_sweep", "run25-m1_fp8_mxfp4_m1"):
         rows = _take_gemv_run(rows, runs, stem, "run25-m1", "13fab96")
-    _mark_older_gemv(rows, "run25-m1", "word-wise GEMV before run21-m1's load layout (the committed kernel is faster: "
-                                       "w4a16 M=1 DeepSeek-V3.2 66.8 against 101.3 us)")
+    _mark_older_gemv(rows, ("run25-m1",), "word-wise GEMV before run21-m1's load layout (the committed kernel is "
+                     "faster: w4a16 M=1 DeepSeek-V3.2 66.8 against 101.3 us)")
     # run34-m1 (session 7, fa676ad: the word-wise GEMV with packed-half products, per-shape tile lists and the
     # bytewise e2m1 decode; bench/kernels/moe_gemv4_sweep.py --keep-tiles): w4a16 and mxfp4 zoe_gemv at M 1, 8, 16,
     # w4a16 zoe_dot and fp8 zoe_dot at M=1, on DeepSeek-V3.2, GLM-5, Kimi-K2 and the TP8 slice. They replace the
     # earlier rows; the other 4-bit GEMV rows (ZAYA1, M 64..256) timed the kernel before it.
     rows = _take_gemv_run(rows, runs, "run34-m1_bench", "run34-m1", "fa676ad")
-    _mark_older_gemv(rows, "run34-m1", "word-wise GEMV before run34-m1's packed-half products (the committed kernel is "
-                                       "faster: mxfp4 M=1 DeepSeek-V3.2 58.9 against 80.8 us)")
+    # ZAYA1 (runs 35 and 37-m1): w4a16 at M 1, 8, 16 and mxfp4 at M 8, 16 as committed (run35-m1); mxfp4 at M=1 with
+    # the one-edge tiles committed in caf6420 (run37-m1, --bench-tiles), fp8 at M=1 from that run.
+    rows = _take_gemv_run(rows, runs, "run35-m1_zaya1_bench", "run35-m1", "fa676ad + fp8 at every bench shape")
+    rows = _take_gemv_run(rows, runs, "run37-m1_zaya1_one_edge_tiles", "run37-m1", "caf6420's tiles via --bench-tiles")
+    _mark_older_gemv(rows, ("run34-m1", "run35-m1", "run37-m1"), "word-wise GEMV before run34-m1's packed-half "
+                     "products (the committed kernel is faster: mxfp4 M=1 DeepSeek-V3.2 58.9 against 80.8 us)")
     rows += moe_bench.dispatched_rows(rows)
     result = {
         "device": "NVIDIA H200",
