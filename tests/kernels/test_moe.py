@@ -312,6 +312,40 @@ def test_gemv_word_and_byte_kernels_agree(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
+def test_h2_asm_decodes_every_nibble(fmt):
+    """The committed PTX of the packed-half slice dot (`gemv_4bit._H2_INT4_ASM` / `_H2_E2M1_ASM`), run on the CPU by
+    an interpreter of its instructions (tests/support/ptx_subset.py: the Triton interpreter takes the portable
+    path, and CI has no GPU): one-hot activations read back every nibble of fresh random words exactly (int4 u - 8,
+    e2m1 v with its 2^-14 undone by the activation), and random activations give the float64 slice sum within
+    float16 rounding."""
+    from tests.support import ptx_subset
+
+    from zoe_kernels.moe import gemv_4bit
+
+    asm = gemv_4bit._H2_INT4_ASM if fmt == "w4a16" else gemv_4bit._H2_E2M1_ASM
+    e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+    def value(nib):
+        return nib - 8 if fmt == "w4a16" else (-1.0 if nib & 8 else 1.0) * e2m1[nib & 7]
+
+    gen = torch.Generator().manual_seed(time.time_ns() % (1 << 62))
+    unit = 2.0**14 if fmt == "mxfp4" else 1.0
+    for _ in range(3):
+        words = [int(v) for v in torch.randint(0, 1 << 32, (4,), generator=gen, dtype=torch.int64)]
+        for w in range(4):
+            for j in range(8):  # pair j % 4 of word w; the low half holds nibble j < 4, the high half j + 4
+                acts = [0] * 16
+                acts[4 * w + j % 4] = ptx_subset.f16_pair(unit if j < 4 else 0.0, unit if j >= 4 else 0.0)
+                assert ptx_subset.run(asm, words + acts) == value((words[w] >> (4 * j)) & 0xF), (hex(words[w]), j)
+        a = (torch.rand((4, 8), generator=gen, dtype=torch.float64) * 4 - 2) * (2.0**14 if fmt == "mxfp4" else 1.0)
+        a = a.to(torch.float16).double()
+        acts = [ptx_subset.f16_pair(float(a[w, j]), float(a[w, j + 4])) for w in range(4) for j in range(4)]
+        products = [value((words[w] >> (4 * j)) & 0xF) * float(a[w, j]) / unit for w in range(4) for j in range(8)]
+        got = ptx_subset.run(asm, words + acts)
+        assert abs(got - sum(products)) <= 4e-3 * sum(abs(x) for x in products) + 1e-6, (got, sum(products))
+
+
+@pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
 def test_gemv_packed_halves_scale_each_slice(fmt):
     """The packed-half products (`gemv_4bit._slice_dot_h2`) scale each 32-activation slice by its own power of
     two: in one row, slices near the 16-bit maximum (their products overflow float16 unscaled: stage 2, whose
