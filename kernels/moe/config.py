@@ -170,7 +170,7 @@ GEMV_TILES = {
 # (16, 8, 1, False) on DeepSeek-V3.2, but 8.8 against 6.4 on the TP8 slice (run25-m1): not taken.
 # runs 27-32-m1 (the packed-half products below): no single tile led DeepSeek-V3.2, its TP8 slice and GLM-5, so each
 # stage holds a list in order of preference (`_pick_4bit_tile`): the first whose grid has TARGET_PROGRAMS
-# programs, whose K takes two K steps and (stage 1, on CUDA) whose last wave of programs is at least
+# programs, whose K takes two K steps (else one) and (stage 1, on CUDA) whose last wave of programs is at least
 # GEMV_4BIT_MIN_WAVE_FILL full, else the last. Stage alone, us, w4a16 / mxfp4 (run29-m1):
 # stage 1 (16, 16, 2, False): DeepSeek-V3.2 35.8 / 41.1 (1024 programs, one wave of 8 per SM at 128
 #   registers), GLM-5 43.7 / 50.6 (1152 programs: a second wave of 96); (16, 32, 4, False): 37.1 / 42.6, GLM-5
