@@ -68,6 +68,8 @@ def sweep(formats, shapes, device_name, checks, timings, deadline):
     from zoe_kernels.moe import gemv_4bit
     from zoe_kernels.moe.gemv import gemv_down_combine, gemv_gate_up
 
+    gemv_4bit.RECORD_LAUNCHES = True  # grid and registers of each timed variant
+
     reps = 4
     best = {}
     for fmt in formats:

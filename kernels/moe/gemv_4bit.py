@@ -57,7 +57,9 @@ FMT_CODE = {"w4a16": 2, "mxfp4": 3}
 SLICES_PER_GROUP = {2: 4, 3: 1}  # 32-k slices per scale group: int4 groups of 128, e8m0 groups of 32
 
 
-# The last launch's grid and registers per thread (benchmarks read it to relate a tile's time to its occupancy).
+# Benchmarks set RECORD_LAUNCHES to read the last launch's grid and registers per thread from LAST_LAUNCH (to
+# relate a tile's time to its occupancy); off, the launch path does no bookkeeping.
+RECORD_LAUNCHES = False
 LAST_LAUNCH: dict = {}
 
 
@@ -539,4 +541,5 @@ def launch_4bit(a, w, w_scale, out, ids, topk_w, *, num_rows, top_k, n, k, fmt, 
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1),
         **(dict(launch_pdl=True) if pdl and not gated else {}),
     )
-    LAST_LAUNCH.update(gated=gated, grid=grid[0], num_warps=cfg["num_warps"], n_regs=getattr(kernel, "n_regs", None))
+    if RECORD_LAUNCHES:
+        LAST_LAUNCH.update(gated=gated, grid=grid[0], num_warps=cfg["num_warps"], n_regs=getattr(kernel, "n_regs", None))
