@@ -102,22 +102,36 @@ def _int4(p, J: tl.constexpr, PTX: tl.constexpr):
 
 
 @triton.jit
-def _e2m1_pair(p, J: tl.constexpr, PTX: tl.constexpr):
-    """e2m1 nibbles J and J + 4 (J < 4) of int32 words p as float32 v * 2^-14."""
+def _e2m1_bits(p, J: tl.constexpr):
+    """e2m1 nibbles J and J + 4 (J < 4) of int32 words p placed as the f16 bits s|e1 e0|m of the two halves of one
+    int32 (v * 2^-14, subnormal for e = 0, exact)."""
     if J < 3:
         sg = p << (12 - 4 * J)
         mg = p << (9 - 4 * J)
     else:
         sg = p
         mg = p >> 3
-    h2 = (mg & 0x0E000E00) | (sg & -2147450880)  # masks 0x0e000e00 (e1 e0 m), 0x80008000 (s)
+    return (mg & 0x0E000E00) | (sg & -2147450880)  # masks 0x0e000e00 (e1 e0 m), 0x80008000 (s)
+
+
+@triton.jit
+def _f16_halves(h2):
+    """The two float16 values in the halves of int32 h2 (low, high)."""
+    return h2.to(tl.int16).to(tl.float16, bitcast=True), (h2 >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _e2m1_pair(p, J: tl.constexpr, PTX: tl.constexpr):
+    """e2m1 nibbles J and J + 4 (J < 4) of int32 words p as float32 v * 2^-14."""
+    h2 = _e2m1_bits(p, J)
     if PTX:
         lo, hi = tl.inline_asm_elementwise(
             "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }",
             "=r,=r,r", [h2], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
     else:
-        lo = h2.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        hi = (h2 >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        lo, hi = _f16_halves(h2)
+        lo = lo.to(tl.float32)
+        hi = hi.to(tl.float32)
     return lo, hi
 
 
@@ -281,10 +295,7 @@ def _h2_pair(p, J: tl.constexpr, FMT: tl.constexpr):
         lo = ((p >> (4 * J)) & 0xF) - 8
         hi = ((p >> (4 * J + 16)) & 0xF) - 8
         return lo.to(tl.float16), hi.to(tl.float16)
-    t = (p >> (4 * J)) & 0x000F000F
-    h2 = ((t << 9) & 0x0E000E00) | ((t << 12) & -2147450880)  # f16 bits s|e1 e0|m of both nibbles
-    return (h2 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True), \
-        (h2 >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    return _f16_halves(_e2m1_bits(p, J))
 
 
 @triton.jit
