@@ -102,9 +102,24 @@ RUN15_64 = [("default", {}),
 RUN15_SMALL = [("default", {}), ("fp16", dict(F16)), ("lazy", dict(LAZY)),
                ("fp16 lazy defer", dict(F16, **LAZY, **DEFER))]
 RUN15_128 = [("default", {}), ("fp16", dict(F16)), ("lazy", dict(LAZY)), ("defer", dict(DEFER))]
+# run17-decode: the two-pass schedule (schedule=3, dual_scope_two_pass.py: scores and probabilities of every
+# tile by all 64 heads, then the values by 128-column blocks; no online softmax, no accumulator of all 512
+# columns); splits = scores programs per sequence, num_warps/num_stages the scores pass, values_* the values pass
+TP = dict(schedule=3)
+TPF = dict(schedule=3, qk_fp16=True)
+RUN17_LARGE = [("default", {}), ("2P", TP), ("2P fp16", TPF),
+               ("2P fp16 s10", dict(TPF, splits=10)), ("2P fp16 s3", dict(TPF, splits=3)),
+               ("2P fp16 w8", dict(TPF, num_warps=8)), ("2P fp16 vw8 vst4", dict(TPF, values_warps=8, values_stages=4)),
+               ("2P fp16 dv64", dict(TPF, block_dv=64)), ("2P fp16 dv256 vw8", dict(TPF, block_dv=256, values_warps=8)),
+               ("2P fp16 BKV=32 vst4", dict(TPF, block_kv=32, values_stages=4)),
+               ("2P fp16 st2", dict(TPF, num_stages=2, values_stages=2))]
+RUN17_SMALL = [("default", {}), ("2P", TP), ("2P fp16", TPF), ("2P fp16 dv64", dict(TPF, block_dv=64)),
+               ("2P fp16 w8 vw8", dict(TPF, num_warps=8, values_warps=8))]
+RUN17_128 = [("default", {}), ("2P", TP), ("2P fp16", TPF), ("2P fp16 vw8 vst4", dict(TPF, values_warps=8, values_stages=4)),
+             ("2P fp16 dv64", dict(TPF, block_dv=64)), ("2P fp16 s2", dict(TPF, splits=2))]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
 SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
-        "run15": (RUN15_64, RUN15_SMALL, RUN15_128)}
+        "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128)}
 VARIANT_SET = "run15"
 
 

@@ -38,7 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
-_LOG2E = 1.4426950408889634
+from zoe_kernels.csa.dual_scope_tiles import LOG2E, score_q, tile_rows
+from zoe_kernels.csa.dual_scope_two_pass import two_pass_decode
+
 # LAZY_RESCALE's threshold in log2 units: probabilities up to 2^8 against a stale row maximum (bf16/fp16/fp32 P)
 RESCALE_LOG2: tl.constexpr = tl.constexpr(8.0)
 
@@ -117,27 +119,6 @@ def _attend_tile(q, m_i, l_i, acc, k_rows, v_rows, ks_rows, vs_rows, ok, dd, dv,
 
 
 @triton.jit
-def _tile_rows(t, sel, t1, win_tiles, win_len, bq, e, win_k_ptr, win_v_ptr, win_ks_ptr, win_vs_ptr, comp_k_ptr,
-               comp_v_ptr, comp_ks_ptr, comp_vs_ptr, stride_wkb, stride_wkn, stride_wvb, stride_wvn, stride_ckb,
-               stride_ckn, stride_cvb, stride_cvn, stride_wksb, stride_wvsb, stride_cksb, stride_cvsb,
-               BKV: tl.constexpr):
-    """Row pointers (K, V, key scale, value scale) and valid mask of tile t: a window tile below win_tiles, else
-    the compressed entries `sel` (-1: none). Tiles at or past t1 have no valid row."""
-    pos = t * BKV + e
-    is_win = t < win_tiles
-    ok = tl.where(is_win, pos < win_len, sel >= 0) & (e < tl.where(t < t1, BKV, 0))
-    wrow = pos.to(tl.int64)
-    crow = tl.maximum(sel, 0).to(tl.int64)
-    k_rows = tl.where(is_win, win_k_ptr + bq * stride_wkb + wrow * stride_wkn,
-                      comp_k_ptr + bq * stride_ckb + crow * stride_ckn)
-    v_rows = tl.where(is_win, win_v_ptr + bq * stride_wvb + wrow * stride_wvn,
-                      comp_v_ptr + bq * stride_cvb + crow * stride_cvn)
-    ks_rows = tl.where(is_win, win_ks_ptr + bq * stride_wksb + wrow, comp_ks_ptr + bq * stride_cksb + crow)
-    vs_rows = tl.where(is_win, win_vs_ptr + bq * stride_wvsb + wrow, comp_vs_ptr + bq * stride_cvsb + crow)
-    return k_rows, v_rows, ks_rows, vs_rows, ok
-
-
-@triton.jit
 def _load_rows(k_rows, v_rows, ks_rows, vs_rows, ok, dd, dv, K_SCALED: tl.constexpr, V_SCALED: tl.constexpr):
     """The loads of one tile's rows: (K rows, V rows, key scales, value scales)."""
     kt = tl.load(k_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0)
@@ -180,16 +161,7 @@ def _dual_scope_partial_kernel(
     dv = dv0 + tl.arange(0, DV)
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads * stride_qh
     q = tl.load(q_rows[:, None] + dd[None, :], mask=h_ok[:, None], other=0.0).to(tl.float32).to(DOT_DTYPE)
-    if QK_F16:
-        # fp8 keys with bf16 (or fp16) q: the score dots run in fp16 on q scaled by a power of two (largest |q| in
-        # [2^14, 2^15]), exact for every bf16 value down to 2^-24 of the largest (fp16 has 3 more mantissa bits),
-        # and an fp8 pair converts to fp16 in one instruction instead of three (fp8 -> fp16 -> bf16)
-        qf = q.to(tl.float32)
-        amax = tl.max(tl.abs(qf))
-        q_exp = tl.where(amax > 0, tl.floor(tl.log2(tl.where(amax > 0, amax, 1.0))), 0.0)
-        q_mult = tl.exp2(14.0 - q_exp)
-        q = (qf * q_mult).to(tl.float16)
-        qk_scale_log2 = qk_scale_log2 / q_mult
+    q, qk_scale_log2 = score_q(q, qk_scale_log2, QK_F16)
     win_len = tl.minimum(tl.load(win_len_ptr + b), W)
     win_tiles = tl.cdiv(W, BKV)
 
@@ -214,7 +186,7 @@ def _dual_scope_partial_kernel(
         all_sel = tl.load(comp_idx_ptr + bq * stride_ib + jj, mask=jj < KSEL, other=-1)  # [SEL_TILES, BKV]
         for t in range(t0, t1):
             sel = tl.sum(tl.where(ti[:, None] == t - win_tiles, all_sel, 0), axis=0)
-            k_rows, v_rows, ks_rows, vs_rows, ok = _tile_rows(
+            k_rows, v_rows, ks_rows, vs_rows, ok = tile_rows(
                 t, sel, t1, win_tiles, win_len, bq, e, win_k_ptr, win_v_ptr, win_ks_ptr, win_vs_ptr,
                 comp_k_ptr, comp_v_ptr, comp_ks_ptr, comp_vs_ptr, stride_wkb, stride_wkn, stride_wvb, stride_wvn,
                 stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_wksb, stride_wvsb, stride_cksb, stride_cvsb, BKV)
@@ -314,11 +286,12 @@ _TARGET_PROGRAMS = 132  # about one program per multiprocessor of an H200 (132 S
 # against 49.0 with five, at B=64 56.2 against 66.8 with two (H200 run 7, 64-entry tiles)
 _MIN_UNSPLIT_PROGRAMS = 64
 # the entry loop's schedule (SCHEDULE in the kernel): 0 two loops (window, compressed) pipelined by the compiler
-# with the index load inside, 2 one loop pipelined by the compiler with all indices loaded up front. H200 run 10
+# with the index load inside, 2 one loop pipelined by the compiler with all indices loaded up front; 3 is not
+# this kernel: two passes, scores then values (dual_scope_two_pass.py). H200 run 10
 # also measured 1 (the next tile's rows loaded into registers by hand: 97.4 us at B=64) and the dots swapped to
 # K q^T and V^T P^T (84.4-93.7 us), both slower than the 59.3 us default and removed after run 13 (commit d43a03d
 # has them). The softmax options qk_fp16, lazy_rescale and defer_sum are on per batch regime (launch_config)
-_SCHEDULE_STAGES = {0: 2, 2: 3}
+_SCHEDULE_STAGES = {0: 2, 2: 3, 3: 3}
 # batch regimes for 2-byte q (H200 runs 10-13, H=64, D=512; see launch_config)
 _SMALL_BELOW_BATCH = 8
 _TWO_PER_SM_FROM_BATCH = 64
@@ -329,7 +302,8 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
                   block_dv: int | None = None, block_kv: int | None = None, splits: int | None = None,
                   num_warps: int | None = None, schedule: int | None = None, num_stages: int | None = None,
                   q_bytes: int = 2, one_loop: bool = True, qk_fp16: bool | None = None,
-                  lazy_rescale: bool | None = None, defer_sum: bool | None = None) -> dict:
+                  lazy_rescale: bool | None = None, defer_sum: bool | None = None,
+                  values_warps: int | None = None, values_stages: int | None = None) -> dict:
     """Default launch parameters, the fastest configurations measured on an H200 (H=64, D=512, W=128, k=512;
     runs 4, 7, 10-13 and 15-16; sparse_README.md), for 2-byte q:
     - B < 8: 16 heads, 4 warps, entry splits to fill the GPU, one pipelined loop over 64-entry tiles at two
@@ -358,7 +332,11 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
     if schedule not in _SCHEDULE_STAGES:
         raise ValueError(f"schedule must be one of {sorted(_SCHEDULE_STAGES)}, got {schedule}")
     if not one_loop:
-        schedule = 0  # the one-loop schedule selects between the scopes' row pointers: one dtype per tensor kind
+        schedule = 0  # schedules 2 and 3 select between the scopes' row pointers: one dtype per tensor kind
+    if schedule == 3:
+        return _two_pass_config(bsz, heads, d, entries, block_h=block_h, block_dv=block_dv, block_kv=block_kv,
+                                splits=splits, num_warps=num_warps, num_stages=num_stages, qk_fp16=qk_fp16,
+                                values_warps=values_warps, values_stages=values_stages)
     if block_kv is None:
         block_kv = 32 if (all_heads or two_per_sm or not two_byte) else 64
     if num_stages is None:
@@ -389,6 +367,26 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
             "lazy_rescale": lazy_rescale, "defer_sum": defer_sum}
 
 
+def _two_pass_config(bsz: int, heads: int, d: int, entries: int, *, block_h, block_dv, block_kv, splits,
+                     num_warps, num_stages, qk_fp16, values_warps, values_stages) -> dict:
+    """Launch parameters of the two-pass schedule (dual_scope_two_pass.py): block_h heads per program in both
+    passes (all of them up to 64), block_kv entries per tile, splits scores programs per (sequence, head block),
+    block_dv value columns per values program; num_warps / num_stages for the scores pass, values_warps /
+    values_stages for the values pass."""
+    block_h = max(16, min(block_h or 64, triton.next_power_of_2(heads)))
+    block_kv = block_kv or 64
+    block_dv = min(block_dv or 128, d)
+    tiles = max(1, triton.cdiv(entries, block_kv))
+    programs = bsz * triton.cdiv(heads, block_h)
+    if splits is None:
+        splits = triton.cdiv(2 * _TARGET_PROGRAMS, programs)
+    splits = max(1, min(splits, tiles))
+    return {"block_h": block_h, "block_dv": block_dv, "block_kv": block_kv, "splits": splits,
+            "num_warps": num_warps or 4, "schedule": 3, "num_stages": num_stages or 3,
+            "qk_fp16": bool(qk_fp16), "lazy_rescale": False, "defer_sum": False,
+            "values_warps": values_warps or num_warps or 4, "values_stages": values_stages or num_stages or 3}
+
+
 def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor, win_len: torch.Tensor,
                       comp_k: torch.Tensor, comp_v: torch.Tensor, comp_idx: torch.Tensor, *,
                       win_k_scale: torch.Tensor | None = None, win_v_scale: torch.Tensor | None = None,
@@ -398,7 +396,8 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                       block_dv: int | None = None, num_warps: int | None = None,
                       num_stages: int | None = None, schedule: int | None = None,
                       qk_fp16: bool | None = None, lazy_rescale: bool | None = None,
-                      defer_sum: bool | None = None) -> torch.Tensor:
+                      defer_sum: bool | None = None, values_warps: int | None = None,
+                      values_stages: int | None = None) -> torch.Tensor:
     """Decode attention of one query token per sequence over its window plus its selected entries.
 
     q: [B, H, D] (bf16, fp16 or fp32; D a power of two); win_k/win_v: [B, W, D]; win_len: [B];
@@ -412,7 +411,9 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     front) with num_stages, qk_fp16 (fp8 keys: score dots in fp16 on a power-of-two scaled q), lazy_rescale (the
     accumulator rescaled only when a row maximum grows by more than 2^8; not with fp16 q and value scales, where
     P times a scale could pass fp16's range) and defer_sum (the softmax denominators summed per tile column,
-    reduced over columns once at the end).
+    reduced over columns once at the end). Schedule 3 is the two-pass form (dual_scope_two_pass.py: the scores
+    and probabilities of every tile, then the values by column block, with no online softmax), where splits is
+    the scores programs per sequence and head block and values_warps / values_stages launch the values pass.
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")
@@ -462,27 +463,35 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     cfg = launch_config(bsz, heads, d, w_entries + k_sel, block_h=block_h, block_dv=block_dv, block_kv=block_kv,
                         splits=splits, num_warps=num_warps, schedule=schedule, num_stages=num_stages,
                         q_bytes=q.element_size(), one_loop=one_loop, qk_fp16=qk_fp16, lazy_rescale=lazy_rescale,
-                        defer_sum=defer_sum)
+                        defer_sum=defer_sum, values_warps=values_warps, values_stages=values_stages)
     block_h, block_dv, splits, block_kv = cfg["block_h"], cfg["block_dv"], cfg["splits"], cfg["block_kv"]
     schedule, num_stages = cfg["schedule"], cfg["num_stages"]
     qk_fp16 = (cfg["qk_fp16"] and q.dtype in (torch.bfloat16, torch.float16) and win_k.element_size() == 1
                and comp_k.element_size() == 1)
     lazy_rescale = cfg["lazy_rescale"] and not (q.dtype == torch.float16 and v_scaled)
-    head_blocks = triton.cdiv(heads, block_h)
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+    sink_f32 = sink.to(device=dev, dtype=torch.float32).contiguous() if sink is not None else None
     tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
+    out = torch.empty((bsz, heads, d), dtype=q.dtype, device=dev)
+    if bsz == 0:
+        return out
+    if schedule == 3:
+        return two_pass_decode(
+            q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, sink_f32, scale * LOG2E, out,
+            k_scaled=k_scaled, v_scaled=v_scaled, qk_fp16=qk_fp16, block_h=block_h, block_kv=block_kv,
+            block_dv=block_dv, tiles_per_prog=triton.cdiv(tiles, splits), num_warps=cfg["num_warps"],
+            values_warps=cfg["values_warps"], num_stages=num_stages, values_stages=cfg["values_stages"],
+            dot_dtype=_DOT_DTYPES[q.dtype], precision="ieee" if q.dtype == torch.float32 else "tf32")
+    head_blocks = triton.cdiv(heads, block_h)
     tiles_per_split = triton.cdiv(tiles, splits)
     splits = triton.cdiv(tiles, tiles_per_split)
     final = splits == 1
     part_out = torch.empty((bsz, splits, heads, d) if not final else (1,), dtype=torch.float32, device=dev)
     part_lse = torch.empty((bsz, splits, heads) if not final else (1,), dtype=torch.float32, device=dev)
-    out = torch.empty((bsz, heads, d), dtype=q.dtype, device=dev)
-    if bsz == 0:
-        return out
-    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
-    sink_t = sink.to(device=dev, dtype=torch.float32).contiguous() if sink is not None else part_lse
+    sink_t = sink_f32 if sink is not None else part_lse
     _dual_scope_partial_kernel[(bsz, head_blocks * (d // block_dv), splits)](
         q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, part_out, part_lse, sink_t, out,
-        heads, w_entries, k_sel, scale * _LOG2E,
+        heads, w_entries, k_sel, scale * LOG2E,
         q.stride(0), q.stride(1), win_k.stride(0), win_k.stride(1), win_v.stride(0), win_v.stride(1),
         comp_k.stride(0), comp_k.stride(1), comp_v.stride(0), comp_v.stride(1), comp_idx.stride(0),
         wks.stride(0), wvs.stride(0), cks.stride(0), cvs.stride(0), out.stride(0), out.stride(1),

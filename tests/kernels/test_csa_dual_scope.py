@@ -77,10 +77,10 @@ def test_dual_scope_decode_matches_reference(dtype, with_sink, splits):
 
 
 # the entry loop's schedules (dual_scope_decode.py): 0 two loops, 2 one compiler-pipelined loop with the
-# indices loaded up front
+# indices loaded up front, 3 two passes (dual_scope_two_pass.py: scores, then values by column block)
 
 
-@pytest.mark.parametrize("schedule", [0, 2])
+@pytest.mark.parametrize("schedule", [0, 2, 3])
 @pytest.mark.parametrize("splits,qk_fp16", [(1, False), (3, True)])
 def test_entry_loop_schedules_match_reference(schedule, splits, qk_fp16):
     # odd sizes: a window of 21 (not a tile multiple), 37 selected entries with -1 holes, 12 heads, a row
@@ -136,6 +136,19 @@ def test_one_loop_schedule_with_fp8_values_and_fp32():
     args = _case(3, 20, 32, 33, 70, 25, torch.float32, fp8_kv=True, gen=gen)
     out = _run(args, splits=2, block_kv=16, block_h=16, sm_scale=0.3, schedule=2)
     _check(out, _reference(args, sm_scale=0.3), torch.float32)
+
+
+@pytest.mark.parametrize("block_h,block_dv,splits", [(16, 16, 1), (32, 64, 4)])
+def test_two_pass_head_and_column_blocks(block_h, block_dv, splits):
+    # two passes over 20 heads in blocks of 16 or 32 (the last one part-masked), value columns in blocks,
+    # fp8 values (their scales folded into the stored probabilities), fp32 operands (ieee dots), the sink, a
+    # window of 33 (not a tile multiple)
+    gen = torch.Generator().manual_seed(80 + block_h + splits)
+    args = _case(3, 20, 64, 33, 70, 25, torch.float32, fp8_kv=True, gen=gen)
+    sink = torch.randn(20, generator=gen)
+    out = _run(args, schedule=3, block_h=block_h, block_dv=block_dv, block_kv=16, splits=splits, sm_scale=0.3,
+               sink=sink)
+    _check(out, _reference(args, sm_scale=0.3, sink=sink), torch.float32)
 
 
 @pytest.mark.parametrize("block_kv,splits", [(16, 1), (32, 2)])
@@ -223,11 +236,18 @@ def test_launch_config_batch_regimes():
     assert flags[1] == (True, False, False) and flags[8] == flags[32] == (False, False, False)
     assert flags[64] == (True, True, True) and flags[128] == (False, False, True)
     assert not launch_config(64, 64, 512, 640, qk_fp16=False)["qk_fp16"]
+    # the two-pass schedule: all 64 heads per program, 128-column value blocks, scores programs to fill the GPU
+    two = launch_config(8, 64, 512, 640, schedule=3)
+    assert (two["block_h"], two["block_dv"], two["block_kv"], two["splits"]) == (64, 128, 64, 10)
+    assert launch_config(64, 64, 512, 640, schedule=3)["splits"] == 5
+    assert launch_config(64, 64, 512, 640, schedule=3, one_loop=False)["schedule"] == 0
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the production shape needs a GPU")
-def test_production_shape_on_gpu():
+@pytest.mark.parametrize("schedule,qk_fp16", [(None, None), (3, False), (3, True)])
+def test_production_shape_on_gpu(schedule, qk_fp16):
     gen = torch.Generator().manual_seed(17)
     args = _case(8, 64, 512, 128, 4096, 512, torch.bfloat16, fp8_kv=False, gen=gen)
     sink = torch.randn(64, generator=gen)
-    _check(_run(args, sink=sink), _reference(args, sink=sink), torch.bfloat16)
+    out = _run(args, sink=sink, schedule=schedule, qk_fp16=qk_fp16)
+    _check(out, _reference(args, sink=sink), torch.bfloat16)

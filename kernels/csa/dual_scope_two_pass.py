@@ -1,0 +1,167 @@
+"""CSA dual-scope decode in two passes (`dual_scope_decode(..., schedule=3)`): scores first, then values.
+
+The same attention as `dual_scope_decode` (its docstring has the math, shapes and index conventions), split
+so that neither pass carries an online softmax across tiles:
+
+1. scores, programs (sequence b, head block, run of entry tiles): for each tile of BKV entries,
+   s = qk_scale * q . K_e (fp8 keys dequantized by their per-entry scale on the scores), the tile's row
+   maximum m_t, p = 2^(s - m_t), l_t = sum_e p; it stores p (times the entry's value scale, if any) in the
+   dot dtype, and m_t, l_t in float32. Tiles are independent, so nothing serializes them but the loads.
+2. values, programs (sequence b, head block x value-column block): the exact softmax statistics from every
+   tile's (m_t, l_t) (and the sink), then out = sum_t 2^(m_t - m) / denom * (P_t @ V_t[:, columns]): one
+   accumulating dot per tile, with no row maximum or cross-warp sum in the loop.
+
+Why: at one query token per sequence the [heads, D] accumulator of D=512 value columns and the score
+tiles of all 64 heads do not fit one program with loads in flight; a one-pass program of 32 heads waits
+on its own dots, reductions and barriers (sparse_README.md, runs 10-16). Here the scores pass holds no
+accumulator and the values pass holds [heads, DV] with DV < D, and the scores are computed once, not per
+value block. Cost: P, [B, tiles, H, BKV] in the dot dtype (5.2 MB at B=64, H=64, 640 entries in bf16),
+written once and read once per value block, mostly from L2.
+
+Rounding matches the one-pass kernel's: p is rounded to the dot dtype before the value dot, against its
+tile's maximum instead of a running one (both <= 1).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from zoe_kernels.csa.dual_scope_tiles import score_q, tile_rows
+from zoe_kernels.platform import gdc_launch_dependents, gdc_wait, has_pdl
+
+
+@triton.jit
+def _scores_kernel(
+    q_ptr, win_k_ptr, win_len_ptr, comp_k_ptr, comp_idx_ptr, win_ks_ptr, win_vs_ptr, comp_ks_ptr, comp_vs_ptr,
+    p_ptr, m_ptr, l_ptr, H, W, KSEL, T, qk_scale_log2,
+    stride_qb, stride_qh, stride_wkb, stride_wkn, stride_ckb, stride_ckn, stride_ib,
+    stride_wksb, stride_wvsb, stride_cksb, stride_cvsb,
+    D: tl.constexpr, BH: tl.constexpr, BKV: tl.constexpr, TILES_PER_PROG: tl.constexpr,
+    K_SCALED: tl.constexpr, V_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    QK_F16: tl.constexpr, PDL: tl.constexpr,
+):
+    """Program (b, head block, tile run): p, m_t and l_t of TILES_PER_PROG consecutive tiles (see the module
+    docstring). p_ptr: [B, T, H, BKV]; m_ptr, l_ptr: [B, T, H]."""
+    if PDL:
+        gdc_launch_dependents()  # the values pass may start its setup; it waits before reading p, m and l
+    b = tl.program_id(0)
+    heads = tl.program_id(1) * BH + tl.arange(0, BH)
+    h_ok = heads < H
+    dd = tl.arange(0, D)
+    bq = b.to(tl.int64)
+    q = tl.load(q_ptr + bq * stride_qb + heads[:, None] * stride_qh + dd[None, :], mask=h_ok[:, None], other=0.0)
+    q, qk_scale_log2 = score_q(q.to(tl.float32).to(DOT_DTYPE), qk_scale_log2, QK_F16)
+    win_len = tl.minimum(tl.load(win_len_ptr + b), W)
+    win_tiles = tl.cdiv(W, BKV)
+    e = tl.arange(0, BKV)
+    t0 = tl.program_id(2) * TILES_PER_PROG
+    for t in range(t0, tl.minimum(t0 + TILES_PER_PROG, T)):
+        j = (t - win_tiles) * BKV + e
+        sel = tl.load(comp_idx_ptr + bq * stride_ib + j, mask=(j >= 0) & (j < KSEL), other=-1)
+        # the value pointers are not needed here: the key pointers stand in for them
+        k_rows, _, ks_rows, vs_rows, ok = tile_rows(
+            t, sel, T, win_tiles, win_len, bq, e, win_k_ptr, win_k_ptr, win_ks_ptr, win_vs_ptr, comp_k_ptr,
+            comp_k_ptr, comp_ks_ptr, comp_vs_ptr, stride_wkb, stride_wkn, stride_wkb, stride_wkn, stride_ckb,
+            stride_ckn, stride_ckb, stride_ckn, stride_wksb, stride_wvsb, stride_cksb, stride_cvsb, BKV)
+        kt = tl.load(k_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(kt.to(q.dtype)), input_precision=PRECISION) * qk_scale_log2  # [BH, BKV], log2
+        if K_SCALED:
+            s = s * tl.load(ks_rows, mask=ok, other=0.0)[None, :]
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_t = tl.max(s, axis=1)
+        p = tl.exp2(s - tl.where(m_t == float("-inf"), 0.0, m_t)[:, None])
+        l_t = tl.sum(p, axis=1)
+        if V_SCALED:
+            p = p * tl.load(vs_rows, mask=ok, other=0.0)[None, :]
+        row = (bq * T + t) * H + heads
+        tl.store(p_ptr + row[:, None] * BKV + e[None, :], p.to(p_ptr.dtype.element_ty), mask=h_ok[:, None])
+        tl.store(m_ptr + row, m_t, mask=h_ok)
+        tl.store(l_ptr + row, l_t, mask=h_ok)
+
+
+@triton.jit
+def _values_kernel(
+    win_v_ptr, win_len_ptr, comp_v_ptr, comp_idx_ptr, p_ptr, m_ptr, l_ptr, sink_ptr, out_ptr, H, W, KSEL, T,
+    stride_wvb, stride_wvn, stride_cvb, stride_cvn, stride_ib, stride_ob, stride_oh,
+    D: tl.constexpr, DV: tl.constexpr, BH: tl.constexpr, BKV: tl.constexpr, T_P2: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, HAS_SINK: tl.constexpr, PDL: tl.constexpr,
+):
+    """Program (b, head block x value-column block): out[b, heads, columns] from the scores pass's p, m_t, l_t
+    and the values. A head with no entry (and no sink) gets zeros."""
+    b = tl.program_id(0)
+    n_vblk: tl.constexpr = D // DV
+    heads = (tl.program_id(1) // n_vblk) * BH + tl.arange(0, BH)
+    h_ok = heads < H
+    dv = (tl.program_id(1) % n_vblk) * DV + tl.arange(0, DV)
+    bq = b.to(tl.int64)
+    win_len = tl.minimum(tl.load(win_len_ptr + b), W)
+    win_tiles = tl.cdiv(W, BKV)
+    e = tl.arange(0, BKV)
+    if PDL:
+        gdc_wait()  # the scores pass's p, m and l are complete from here on
+    # the softmax statistics over all tiles: max m, denominator sum_t l_t 2^(m_t - m) (+ the sink's term)
+    tt = tl.arange(0, T_P2)
+    stat = (bq * T + tt[:, None]) * H + heads[None, :]
+    stat_ok = (tt[:, None] < T) & h_ok[None, :]
+    m_all = tl.load(m_ptr + stat, mask=stat_ok, other=float("-inf"))  # [T_P2, BH]
+    l_all = tl.load(l_ptr + stat, mask=stat_ok, other=0.0)
+    top = tl.max(m_all, axis=0)
+    if HAS_SINK:
+        top = tl.maximum(top, tl.load(sink_ptr + heads, mask=h_ok, other=float("-inf")) * 1.4426950408889634)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    denom = tl.sum(l_all * tl.exp2(m_all - top[None, :]), axis=0)
+    if HAS_SINK:
+        denom += tl.exp2(tl.load(sink_ptr + heads, mask=h_ok, other=float("-inf")) * 1.4426950408889634 - top)
+    inv = tl.where(denom > 0, 1.0 / tl.where(denom > 0, denom, 1.0), 0.0)
+
+    acc = tl.zeros([BH, DV], tl.float32)
+    for t in range(0, T):
+        j = (t - win_tiles) * BKV + e
+        sel = tl.load(comp_idx_ptr + bq * stride_ib + j, mask=(j >= 0) & (j < KSEL), other=-1)
+        # only the value pointers are used: the value pointers stand in for the others
+        _, v_rows, _, _, ok = tile_rows(
+            t, sel, T, win_tiles, win_len, bq, e, win_v_ptr, win_v_ptr, win_len_ptr, win_len_ptr, comp_v_ptr,
+            comp_v_ptr, comp_idx_ptr, comp_idx_ptr, stride_wvb, stride_wvn, stride_wvb, stride_wvn, stride_cvb,
+            stride_cvn, stride_cvb, stride_cvn, 0, 0, 0, 0, BKV)
+        vt = tl.load(v_rows[:, None] + dv[None, :], mask=ok[:, None], other=0.0)
+        row = (bq * T + t) * H + heads
+        pt = tl.load(p_ptr + row[:, None] * BKV + e[None, :], mask=h_ok[:, None], other=0.0)
+        f = tl.exp2(tl.load(m_ptr + row, mask=h_ok, other=float("-inf")) - top) * inv
+        acc += f[:, None] * tl.dot(pt, vt.to(DOT_DTYPE), input_precision=PRECISION)
+    tl.store(out_ptr + bq * stride_ob + heads[:, None] * stride_oh + dv[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=h_ok[:, None])
+
+
+def two_pass_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, sink, scale_log2,
+                    out, *, k_scaled: bool, v_scaled: bool, qk_fp16: bool, block_h: int, block_kv: int,
+                    block_dv: int, tiles_per_prog: int, num_warps: int, values_warps: int, num_stages: int,
+                    values_stages: int, dot_dtype, precision: str) -> torch.Tensor:
+    """The two launches on tensors `dual_scope_decode` has checked and prepared (scales as float32 [B, n] or
+    [B, 1] placeholders, comp_idx and win_len int32); writes and returns `out` [B, H, D]."""
+    bsz, heads, d = q.shape
+    w_entries, k_sel = win_k.shape[1], comp_idx.shape[1]
+    tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
+    head_blocks = triton.cdiv(heads, block_h)
+    p_dtype = q.dtype
+    p = torch.empty((bsz, tiles, heads, block_kv), dtype=p_dtype, device=q.device)
+    m = torch.empty((bsz, tiles, heads), dtype=torch.float32, device=q.device)
+    l_sum = torch.empty_like(m)
+    pdl = has_pdl(q.device.index or 0)
+    launch = {"launch_pdl": True} if pdl else {}
+    sink_t = sink if sink is not None else m
+    _scores_kernel[(bsz, head_blocks, triton.cdiv(tiles, tiles_per_prog))](
+        q, win_k, win_len, comp_k, comp_idx, wks, wvs, cks, cvs, p, m, l_sum, heads, w_entries, k_sel, tiles,
+        scale_log2, q.stride(0), q.stride(1), win_k.stride(0), win_k.stride(1), comp_k.stride(0), comp_k.stride(1),
+        comp_idx.stride(0), wks.stride(0), wvs.stride(0), cks.stride(0), cvs.stride(0),
+        D=d, BH=block_h, BKV=block_kv, TILES_PER_PROG=tiles_per_prog, K_SCALED=k_scaled, V_SCALED=v_scaled,
+        DOT_DTYPE=dot_dtype, PRECISION=precision, QK_F16=qk_fp16, PDL=pdl, num_warps=num_warps,
+        num_stages=num_stages)
+    _values_kernel[(bsz, head_blocks * (d // block_dv))](
+        win_v, win_len, comp_v, comp_idx, p, m, l_sum, sink_t, out, heads, w_entries, k_sel, tiles,
+        win_v.stride(0), win_v.stride(1), comp_v.stride(0), comp_v.stride(1), comp_idx.stride(0), out.stride(0),
+        out.stride(1), D=d, DV=block_dv, BH=block_h, BKV=block_kv, T_P2=triton.next_power_of_2(tiles),
+        DOT_DTYPE=dot_dtype, PRECISION=precision, HAS_SINK=sink is not None, PDL=pdl, num_warps=values_warps,
+        num_stages=values_stages, **launch)
+    return out
