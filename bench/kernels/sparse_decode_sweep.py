@@ -117,10 +117,25 @@ RUN17_SMALL = [("default", {}), ("2P", TP), ("2P fp16", TPF), ("2P fp16 dv64", d
                ("2P fp16 w8 vw8", dict(TPF, num_warps=8, values_warps=8))]
 RUN17_128 = [("default", {}), ("2P", TP), ("2P fp16", TPF), ("2P fp16 vw8 vst4", dict(TPF, values_warps=8, values_stages=4)),
              ("2P fp16 dv64", dict(TPF, block_dv=64)), ("2P fp16 s2", dict(TPF, splits=2))]
+# run18-decode: the two-pass schedule after runs 17 (per-launch times: `sparse_decode_profile.py`): indices
+# loaded before the entry loops (an index load inside made each tile wait for every copy), and the score dots
+# as two fp8 MMAs on q split into e4m3 parts (`qk_fp8`, the default with bf16 q: no conversion of K)
+NO8 = dict(schedule=3, qk_fp8=False, qk_fp16=True)
+RUN18_LARGE = [("default", {}), ("2P", TP), ("2P st2", dict(TP, num_stages=2)),
+               ("2P BKV=32", dict(TP, block_kv=32)), ("2P BKV=32 st2", dict(TP, block_kv=32, num_stages=2)),
+               ("2P s2", dict(TP, splits=2)), ("2P s3", dict(TP, splits=3)),
+               ("2P BKV=32 st2 s3", dict(TP, block_kv=32, num_stages=2, splits=3)),
+               ("2P vw8", dict(TP, values_warps=8)), ("2P dv256 vw8", dict(TP, block_dv=256, values_warps=8)),
+               ("2P vst4", dict(TP, values_stages=4)), ("2P no-fp8 fp16", NO8)]
+RUN18_SMALL = [("default", {}), ("2P", TP), ("2P BKV=32 st2", dict(TP, block_kv=32, num_stages=2)),
+               ("2P dv64", dict(TP, block_dv=64)), ("2P no-fp8 fp16", NO8)]
+RUN18_128 = [("default", {}), ("2P", TP), ("2P BKV=32 st2", dict(TP, block_kv=32, num_stages=2)),
+             ("2P s2", dict(TP, splits=2)), ("2P vw8", dict(TP, values_warps=8)), ("2P no-fp8 fp16", NO8)]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
 SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
-        "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128)}
-VARIANT_SET = "run15"
+        "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128),
+        "run18": (RUN18_LARGE, RUN18_SMALL, RUN18_128)}
+VARIANT_SET = "run18"
 
 
 def variants(b: int) -> list[tuple[str, dict]]:

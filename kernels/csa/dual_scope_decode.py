@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from zoe_kernels.csa.dual_scope_tiles import LOG2E, score_q, tile_rows
+from zoe_kernels.csa.dual_scope_tiles import LOG2E, preload_sel, score_q, tile_rows, tile_sel
 from zoe_kernels.csa.dual_scope_two_pass import two_pass_decode
 
 # LAZY_RESCALE's threshold in log2 units: probabilities up to 2^8 against a stale row maximum (bf16/fp16/fp32 P)
@@ -181,11 +181,9 @@ def _dual_scope_partial_kernel(
         # are arithmetic only and the compiler's pipeline keeps the next tiles in flight (a dependent index load
         # in the loop makes it wait for every copy before each tile: wait_group 0 in the PTX)
         t1 = tl.minimum(t1, win_tiles + tl.cdiv(KSEL, BKV))
-        ti = tl.arange(0, SEL_TILES)
-        jj = ti[:, None] * BKV + e[None, :]
-        all_sel = tl.load(comp_idx_ptr + bq * stride_ib + jj, mask=jj < KSEL, other=-1)  # [SEL_TILES, BKV]
+        all_sel = preload_sel(comp_idx_ptr, bq, stride_ib, win_tiles, win_tiles, KSEL, e, SEL_TILES, BKV)
         for t in range(t0, t1):
-            sel = tl.sum(tl.where(ti[:, None] == t - win_tiles, all_sel, 0), axis=0)
+            sel = tile_sel(all_sel, t - win_tiles, SEL_TILES)
             k_rows, v_rows, ks_rows, vs_rows, ok = tile_rows(
                 t, sel, t1, win_tiles, win_len, bq, e, win_k_ptr, win_v_ptr, win_ks_ptr, win_vs_ptr,
                 comp_k_ptr, comp_v_ptr, comp_ks_ptr, comp_vs_ptr, stride_wkb, stride_wkn, stride_wvb, stride_wvn,
@@ -397,7 +395,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                       num_stages: int | None = None, schedule: int | None = None,
                       qk_fp16: bool | None = None, lazy_rescale: bool | None = None,
                       defer_sum: bool | None = None, values_warps: int | None = None,
-                      values_stages: int | None = None) -> torch.Tensor:
+                      values_stages: int | None = None, qk_fp8: bool | None = None) -> torch.Tensor:
     """Decode attention of one query token per sequence over its window plus its selected entries.
 
     q: [B, H, D] (bf16, fp16 or fp32; D a power of two); win_k/win_v: [B, W, D]; win_len: [B];
@@ -413,7 +411,9 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     P times a scale could pass fp16's range) and defer_sum (the softmax denominators summed per tile column,
     reduced over columns once at the end). Schedule 3 is the two-pass form (dual_scope_two_pass.py: the scores
     and probabilities of every tile, then the values by column block, with no online softmax), where splits is
-    the scores programs per sequence and head block and values_warps / values_stages launch the values pass.
+    the scores programs per sequence and head block and values_warps / values_stages launch the values pass;
+    its score dots run as fp8 MMAs on q split into two e4m3 parts (`qk_fp8`: by default with bf16 q and fp8
+    keys, where the split is exact; True also takes fp16 q, exact for bf16-representable values).
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")
@@ -469,6 +469,9 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     qk_fp16 = (cfg["qk_fp16"] and q.dtype in (torch.bfloat16, torch.float16) and win_k.element_size() == 1
                and comp_k.element_size() == 1)
     lazy_rescale = cfg["lazy_rescale"] and not (q.dtype == torch.float16 and v_scaled)
+    fp8_keys = win_k.dtype == comp_k.dtype == torch.float8_e4m3fn
+    qk_fp8 = schedule == 3 and fp8_keys and (q.dtype == torch.bfloat16 if qk_fp8 is None else
+                                             bool(qk_fp8) and q.element_size() == 2)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
     sink_f32 = sink.to(device=dev, dtype=torch.float32).contiguous() if sink is not None else None
     tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
@@ -478,7 +481,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     if schedule == 3:
         return two_pass_decode(
             q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, sink_f32, scale * LOG2E, out,
-            k_scaled=k_scaled, v_scaled=v_scaled, qk_fp16=qk_fp16, block_h=block_h, block_kv=block_kv,
+            k_scaled=k_scaled, v_scaled=v_scaled, qk_fp16=qk_fp16, qk_fp8=qk_fp8, block_h=block_h, block_kv=block_kv,
             block_dv=block_dv, tiles_per_prog=triton.cdiv(tiles, splits), num_warps=cfg["num_warps"],
             values_warps=cfg["values_warps"], num_stages=num_stages, values_stages=cfg["values_stages"],
             dot_dtype=_DOT_DTYPES[q.dtype], precision="ieee" if q.dtype == torch.float32 else "tf32")

@@ -47,3 +47,38 @@ def score_q(q, qk_scale_log2, QK_F16: tl.constexpr):
         q = (qf * q_mult).to(tl.float16)
         qk_scale_log2 = qk_scale_log2 / q_mult
     return q, qk_scale_log2
+
+
+@triton.jit
+def preload_sel(comp_idx_ptr, bq, stride_ib, first_tile, win_tiles, KSEL, e, N_TILES: tl.constexpr,
+                BKV: tl.constexpr):
+    """The selected indices of tiles first_tile .. first_tile + N_TILES - 1, loaded before the entry loop
+    ([N_TILES, BKV]; -1 outside the compressed scope). Inside a compiler-pipelined loop an index load that
+    feeds the next load's addresses is copied asynchronously like the rows, and reading it waits for every
+    copy in flight (cp.async.wait_group 0): the tiles' loads then run one after another."""
+    ti = tl.arange(0, N_TILES)
+    j = (first_tile + ti[:, None] - win_tiles) * BKV + e[None, :]
+    return tl.load(comp_idx_ptr + bq * stride_ib + j, mask=(j >= 0) & (j < KSEL), other=-1)
+
+
+@triton.jit
+def tile_sel(all_sel, i, N_TILES: tl.constexpr):
+    """Row i of preloaded [N_TILES, BKV] indices (a masked sum: register tensors take no dynamic index)."""
+    ti = tl.arange(0, N_TILES)
+    return tl.sum(tl.where(ti[:, None] == i, all_sel, 0), axis=0)
+
+
+@triton.jit
+def split_q_fp8(q):
+    """q [BH, D] as two e4m3 parts per head: q = (hi + lo) / c, c a power of two per head putting the head's
+    largest |q c| in (224, 448]. A bf16 value carries 8 significant bits, hi takes the top 4 and lo the rest, so
+    the split is exact for every bf16 value down to about 2^-9 of its head's largest (smaller ones keep an
+    absolute error under 2^-18 of it): the score dots then run as two fp8 MMAs straight on the fp8 keys, with no
+    conversion of K. Returns (hi, lo, 1 / c)."""
+    qf = q.to(tl.float32)
+    amax = tl.max(tl.abs(qf), axis=1)
+    c = tl.exp2(tl.minimum(tl.floor(tl.log2(448.0 / tl.where(amax > 0, amax, 448.0))), 126.0))
+    qs = qf * c[:, None]
+    hi = qs.to(tl.float8e4nv)
+    lo = (qs - hi.to(tl.float32)).to(tl.float8e4nv)
+    return hi, lo, 1.0 / c

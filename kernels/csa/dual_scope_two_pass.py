@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from zoe_kernels.csa.dual_scope_tiles import score_q, tile_rows
+from zoe_kernels.csa.dual_scope_tiles import preload_sel, score_q, split_q_fp8, tile_rows, tile_sel
 from zoe_kernels.platform import gdc_launch_dependents, gdc_wait, has_pdl
 
 
@@ -38,9 +38,9 @@ def _scores_kernel(
     p_ptr, m_ptr, l_ptr, H, W, KSEL, T, qk_scale_log2,
     stride_qb, stride_qh, stride_wkb, stride_wkn, stride_ckb, stride_ckn, stride_ib,
     stride_wksb, stride_wvsb, stride_cksb, stride_cvsb,
-    D: tl.constexpr, BH: tl.constexpr, BKV: tl.constexpr, TILES_PER_PROG: tl.constexpr,
+    D: tl.constexpr, BH: tl.constexpr, BKV: tl.constexpr, TILES_PER_PROG: tl.constexpr, RUN_P2: tl.constexpr,
     K_SCALED: tl.constexpr, V_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    QK_F16: tl.constexpr, PDL: tl.constexpr,
+    QK_F16: tl.constexpr, QK_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (b, head block, tile run): p, m_t and l_t of TILES_PER_PROG consecutive tiles (see the module
     docstring). p_ptr: [B, T, H, BKV]; m_ptr, l_ptr: [B, T, H]."""
@@ -52,21 +52,28 @@ def _scores_kernel(
     dd = tl.arange(0, D)
     bq = b.to(tl.int64)
     q = tl.load(q_ptr + bq * stride_qb + heads[:, None] * stride_qh + dd[None, :], mask=h_ok[:, None], other=0.0)
-    q, qk_scale_log2 = score_q(q.to(tl.float32).to(DOT_DTYPE), qk_scale_log2, QK_F16)
+    if QK_FP8:
+        q_hi, q_lo, inv_c = split_q_fp8(q)
+        row_scale = qk_scale_log2 * inv_c  # [BH]
+    else:
+        q, qk_scale_log2 = score_q(q.to(tl.float32).to(DOT_DTYPE), qk_scale_log2, QK_F16)
     win_len = tl.minimum(tl.load(win_len_ptr + b), W)
     win_tiles = tl.cdiv(W, BKV)
     e = tl.arange(0, BKV)
     t0 = tl.program_id(2) * TILES_PER_PROG
+    all_sel = preload_sel(comp_idx_ptr, bq, stride_ib, t0, win_tiles, KSEL, e, RUN_P2, BKV)
     for t in range(t0, tl.minimum(t0 + TILES_PER_PROG, T)):
-        j = (t - win_tiles) * BKV + e
-        sel = tl.load(comp_idx_ptr + bq * stride_ib + j, mask=(j >= 0) & (j < KSEL), other=-1)
+        sel = tile_sel(all_sel, t - t0, RUN_P2)
         # the value pointers are not needed here: the key pointers stand in for them
         k_rows, _, ks_rows, vs_rows, ok = tile_rows(
             t, sel, T, win_tiles, win_len, bq, e, win_k_ptr, win_k_ptr, win_ks_ptr, win_vs_ptr, comp_k_ptr,
             comp_k_ptr, comp_ks_ptr, comp_vs_ptr, stride_wkb, stride_wkn, stride_wkb, stride_wkn, stride_ckb,
             stride_ckn, stride_ckb, stride_ckn, stride_wksb, stride_wvsb, stride_cksb, stride_cvsb, BKV)
         kt = tl.load(k_rows[:, None] + dd[None, :], mask=ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(kt.to(q.dtype)), input_precision=PRECISION) * qk_scale_log2  # [BH, BKV], log2
+        if QK_FP8:  # two fp8 MMAs on the keys as loaded
+            s = tl.dot(q_lo, tl.trans(kt), tl.dot(q_hi, tl.trans(kt))) * row_scale[:, None]  # [BH, BKV], log2
+        else:
+            s = tl.dot(q, tl.trans(kt.to(q.dtype)), input_precision=PRECISION) * qk_scale_log2
         if K_SCALED:
             s = s * tl.load(ks_rows, mask=ok, other=0.0)[None, :]
         s = tl.where(ok[None, :], s, float("-inf"))
@@ -86,7 +93,7 @@ def _values_kernel(
     win_v_ptr, win_len_ptr, comp_v_ptr, comp_idx_ptr, p_ptr, m_ptr, l_ptr, sink_ptr, out_ptr, H, W, KSEL, T,
     stride_wvb, stride_wvn, stride_cvb, stride_cvn, stride_ib, stride_ob, stride_oh,
     D: tl.constexpr, DV: tl.constexpr, BH: tl.constexpr, BKV: tl.constexpr, T_P2: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, HAS_SINK: tl.constexpr, PDL: tl.constexpr,
+    SEL_TILES: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, HAS_SINK: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (b, head block x value-column block): out[b, heads, columns] from the scores pass's p, m_t, l_t
     and the values. A head with no entry (and no sink) gets zeros."""
@@ -117,9 +124,9 @@ def _values_kernel(
     inv = tl.where(denom > 0, 1.0 / tl.where(denom > 0, denom, 1.0), 0.0)
 
     acc = tl.zeros([BH, DV], tl.float32)
+    all_sel = preload_sel(comp_idx_ptr, bq, stride_ib, win_tiles, win_tiles, KSEL, e, SEL_TILES, BKV)
     for t in range(0, T):
-        j = (t - win_tiles) * BKV + e
-        sel = tl.load(comp_idx_ptr + bq * stride_ib + j, mask=(j >= 0) & (j < KSEL), other=-1)
+        sel = tile_sel(all_sel, t - win_tiles, SEL_TILES)
         # only the value pointers are used: the value pointers stand in for the others
         _, v_rows, _, _, ok = tile_rows(
             t, sel, T, win_tiles, win_len, bq, e, win_v_ptr, win_v_ptr, win_len_ptr, win_len_ptr, comp_v_ptr,
@@ -135,7 +142,7 @@ def _values_kernel(
 
 
 def two_pass_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, sink, scale_log2,
-                    out, *, k_scaled: bool, v_scaled: bool, qk_fp16: bool, block_h: int, block_kv: int,
+                    out, *, k_scaled: bool, v_scaled: bool, qk_fp16: bool, qk_fp8: bool, block_h: int, block_kv: int,
                     block_dv: int, tiles_per_prog: int, num_warps: int, values_warps: int, num_stages: int,
                     values_stages: int, dot_dtype, precision: str) -> torch.Tensor:
     """The two launches on tensors `dual_scope_decode` has checked and prepared (scales as float32 [B, n] or
@@ -155,13 +162,15 @@ def two_pass_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs
         q, win_k, win_len, comp_k, comp_idx, wks, wvs, cks, cvs, p, m, l_sum, heads, w_entries, k_sel, tiles,
         scale_log2, q.stride(0), q.stride(1), win_k.stride(0), win_k.stride(1), comp_k.stride(0), comp_k.stride(1),
         comp_idx.stride(0), wks.stride(0), wvs.stride(0), cks.stride(0), cvs.stride(0),
-        D=d, BH=block_h, BKV=block_kv, TILES_PER_PROG=tiles_per_prog, K_SCALED=k_scaled, V_SCALED=v_scaled,
-        DOT_DTYPE=dot_dtype, PRECISION=precision, QK_F16=qk_fp16, PDL=pdl, num_warps=num_warps,
+        D=d, BH=block_h, BKV=block_kv, TILES_PER_PROG=tiles_per_prog,
+        RUN_P2=triton.next_power_of_2(tiles_per_prog), K_SCALED=k_scaled, V_SCALED=v_scaled,
+        DOT_DTYPE=dot_dtype, PRECISION=precision, QK_F16=qk_fp16, QK_FP8=qk_fp8, PDL=pdl, num_warps=num_warps,
         num_stages=num_stages)
     _values_kernel[(bsz, head_blocks * (d // block_dv))](
         win_v, win_len, comp_v, comp_idx, p, m, l_sum, sink_t, out, heads, w_entries, k_sel, tiles,
         win_v.stride(0), win_v.stride(1), comp_v.stride(0), comp_v.stride(1), comp_idx.stride(0), out.stride(0),
         out.stride(1), D=d, DV=block_dv, BH=block_h, BKV=block_kv, T_P2=triton.next_power_of_2(tiles),
+        SEL_TILES=triton.next_power_of_2(max(1, triton.cdiv(k_sel, block_kv))),
         DOT_DTYPE=dot_dtype, PRECISION=precision, HAS_SINK=sink is not None, PDL=pdl, num_warps=values_warps,
         num_stages=values_stages, **launch)
     return out
