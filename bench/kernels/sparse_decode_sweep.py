@@ -131,11 +131,18 @@ RUN18_SMALL = [("default", {}), ("2P", TP), ("2P BKV=32 st2", dict(TP, block_kv=
                ("2P dv64", dict(TP, block_dv=64)), ("2P no-fp8 fp16", NO8)]
 RUN18_128 = [("default", {}), ("2P", TP), ("2P BKV=32 st2", dict(TP, block_kv=32, num_stages=2)),
              ("2P s2", dict(TP, splits=2)), ("2P vw8", dict(TP, values_warps=8)), ("2P no-fp8 fp16", NO8)]
+# run19-decode: run 18's two-pass with the entry scales and the values pass's per-tile factors loaded before
+# the loops as well (each tile waited on those loads: a load that feeds no dot is not pipelined)
+RUN19_LARGE = [("default", {}), ("2P", TP), ("2P s2", dict(TP, splits=2)), ("2P s3", dict(TP, splits=3)),
+               ("2P s2 st2", dict(TP, splits=2, num_stages=2)), ("2P BKV=32 st2 s2", dict(TP, block_kv=32, num_stages=2, splits=2)),
+               ("2P s2 dv256 vw8", dict(TP, splits=2, block_dv=256, values_warps=8)),
+               ("2P s2 vst4", dict(TP, splits=2, values_stages=4)), ("2P s2 vst2", dict(TP, splits=2, values_stages=2))]
+RUN19_SMALL = [("default", {}), ("2P", TP), ("2P s2", dict(TP, splits=2))]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
 SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
         "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128),
-        "run18": (RUN18_LARGE, RUN18_SMALL, RUN18_128)}
-VARIANT_SET = "run18"
+        "run18": (RUN18_LARGE, RUN18_SMALL, RUN18_128), "run19": (RUN19_LARGE, RUN19_SMALL, RUN19_LARGE)}
+VARIANT_SET = "run19"
 
 
 def variants(b: int) -> list[tuple[str, dict]]:

@@ -63,7 +63,8 @@ def preload_sel(comp_idx_ptr, bq, stride_ib, first_tile, win_tiles, KSEL, e, N_T
 
 @triton.jit
 def tile_sel(all_sel, i, N_TILES: tl.constexpr):
-    """Row i of preloaded [N_TILES, BKV] indices (a masked sum: register tensors take no dynamic index)."""
+    """Row i of a tensor of per-tile rows loaded before the loop ([N_TILES, n]: indices, scales, factors), by a
+    masked sum: register tensors take no dynamic index."""
     ti = tl.arange(0, N_TILES)
     return tl.sum(tl.where(ti[:, None] == i, all_sel, 0), axis=0)
 

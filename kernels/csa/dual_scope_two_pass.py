@@ -62,10 +62,21 @@ def _scores_kernel(
     e = tl.arange(0, BKV)
     t0 = tl.program_id(2) * TILES_PER_PROG
     all_sel = preload_sel(comp_idx_ptr, bq, stride_ib, t0, win_tiles, KSEL, e, RUN_P2, BKV)
+    # the run's entry scales, loaded before the loop too: a load in the loop that feeds no dot is not
+    # pipelined, and each tile would wait on its scattered scale loads (the value pointers are not needed
+    # here: the key pointers stand in for them)
+    k_rows_all, _v_rows_all, ks_rows, vs_rows, ok_all = tile_rows(
+        t0 + tl.arange(0, RUN_P2)[:, None], all_sel, tl.minimum(t0 + TILES_PER_PROG, T), win_tiles, win_len, bq,
+        e[None, :], win_k_ptr, win_k_ptr, win_ks_ptr, win_vs_ptr, comp_k_ptr, comp_k_ptr, comp_ks_ptr,
+        comp_vs_ptr, stride_wkb, stride_wkn, stride_wkb, stride_wkn, stride_ckb, stride_ckn, stride_ckb, stride_ckn,
+        stride_wksb, stride_wvsb, stride_cksb, stride_cvsb, BKV)
+    if K_SCALED:
+        ks_all = tl.load(ks_rows, mask=ok_all, other=0.0)  # [RUN_P2, BKV]
+    if V_SCALED:
+        vs_all = tl.load(vs_rows, mask=ok_all, other=0.0)
     for t in range(t0, tl.minimum(t0 + TILES_PER_PROG, T)):
         sel = tile_sel(all_sel, t - t0, RUN_P2)
-        # the value pointers are not needed here: the key pointers stand in for them
-        k_rows, _, ks_rows, vs_rows, ok = tile_rows(
+        k_rows, _v_rows, _ks_rows, _vs_rows, ok = tile_rows(
             t, sel, T, win_tiles, win_len, bq, e, win_k_ptr, win_k_ptr, win_ks_ptr, win_vs_ptr, comp_k_ptr,
             comp_k_ptr, comp_ks_ptr, comp_vs_ptr, stride_wkb, stride_wkn, stride_wkb, stride_wkn, stride_ckb,
             stride_ckn, stride_ckb, stride_ckn, stride_wksb, stride_wvsb, stride_cksb, stride_cvsb, BKV)
@@ -75,13 +86,13 @@ def _scores_kernel(
         else:
             s = tl.dot(q, tl.trans(kt.to(q.dtype)), input_precision=PRECISION) * qk_scale_log2
         if K_SCALED:
-            s = s * tl.load(ks_rows, mask=ok, other=0.0)[None, :]
+            s = s * tile_sel(ks_all, t - t0, RUN_P2)[None, :]
         s = tl.where(ok[None, :], s, float("-inf"))
         m_t = tl.max(s, axis=1)
         p = tl.exp2(s - tl.where(m_t == float("-inf"), 0.0, m_t)[:, None])
         l_t = tl.sum(p, axis=1)
         if V_SCALED:
-            p = p * tl.load(vs_rows, mask=ok, other=0.0)[None, :]
+            p = p * tile_sel(vs_all, t - t0, RUN_P2)[None, :]
         row = (bq * T + t) * H + heads
         tl.store(p_ptr + row[:, None] * BKV + e[None, :], p.to(p_ptr.dtype.element_ty), mask=h_ok[:, None])
         tl.store(m_ptr + row, m_t, mask=h_ok)
@@ -122,21 +133,22 @@ def _values_kernel(
     if HAS_SINK:
         denom += tl.exp2(tl.load(sink_ptr + heads, mask=h_ok, other=float("-inf")) * 1.4426950408889634 - top)
     inv = tl.where(denom > 0, 1.0 / tl.where(denom > 0, denom, 1.0), 0.0)
+    # every tile's factor 2^(m_t - m) / denom up front (a load in the loop that feeds no dot is not pipelined)
+    f_all = tl.exp2(m_all - top[None, :]) * inv[None, :]  # [T_P2, BH]
 
     acc = tl.zeros([BH, DV], tl.float32)
     all_sel = preload_sel(comp_idx_ptr, bq, stride_ib, win_tiles, win_tiles, KSEL, e, SEL_TILES, BKV)
     for t in range(0, T):
         sel = tile_sel(all_sel, t - win_tiles, SEL_TILES)
         # only the value pointers are used: the value pointers stand in for the others
-        _, v_rows, _, _, ok = tile_rows(
+        _k_rows, v_rows, _ks_rows, _vs_rows, ok = tile_rows(
             t, sel, T, win_tiles, win_len, bq, e, win_v_ptr, win_v_ptr, win_len_ptr, win_len_ptr, comp_v_ptr,
             comp_v_ptr, comp_idx_ptr, comp_idx_ptr, stride_wvb, stride_wvn, stride_wvb, stride_wvn, stride_cvb,
             stride_cvn, stride_cvb, stride_cvn, 0, 0, 0, 0, BKV)
         vt = tl.load(v_rows[:, None] + dv[None, :], mask=ok[:, None], other=0.0)
         row = (bq * T + t) * H + heads
         pt = tl.load(p_ptr + row[:, None] * BKV + e[None, :], mask=h_ok[:, None], other=0.0)
-        f = tl.exp2(tl.load(m_ptr + row, mask=h_ok, other=float("-inf")) - top) * inv
-        acc += f[:, None] * tl.dot(pt, vt.to(DOT_DTYPE), input_precision=PRECISION)
+        acc += tile_sel(f_all, t, T_P2)[:, None] * tl.dot(pt, vt.to(DOT_DTYPE), input_precision=PRECISION)
     tl.store(out_ptr + bq * stride_ob + heads[:, None] * stride_oh + dv[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=h_ok[:, None])
 
