@@ -138,11 +138,16 @@ RUN19_LARGE = [("default", {}), ("2P", TP), ("2P s2", dict(TP, splits=2)), ("2P 
                ("2P s2 dv256 vw8", dict(TP, splits=2, block_dv=256, values_warps=8)),
                ("2P s2 vst4", dict(TP, splits=2, values_stages=4)), ("2P s2 vst2", dict(TP, splits=2, values_stages=2))]
 RUN19_SMALL = [("default", {}), ("2P", TP), ("2P s2", dict(TP, splits=2))]
+# run20-decode: the scores programs per sequence for one wave (B x splits <= 132), 8 warps on the scores
+RUN20_LARGE = [("default", {}), ("2P s1", dict(TP, splits=1)), ("2P s2", dict(TP, splits=2)),
+               ("2P s3", dict(TP, splits=3)), ("2P s4", dict(TP, splits=4)), ("2P s2 w8", dict(TP, splits=2, num_warps=8)),
+               ("2P s2 vst4", dict(TP, splits=2, values_stages=4))]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
 SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
         "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128),
-        "run18": (RUN18_LARGE, RUN18_SMALL, RUN18_128), "run19": (RUN19_LARGE, RUN19_SMALL, RUN19_LARGE)}
-VARIANT_SET = "run19"
+        "run18": (RUN18_LARGE, RUN18_SMALL, RUN18_128), "run19": (RUN19_LARGE, RUN19_SMALL, RUN19_LARGE),
+        "run20": (RUN20_LARGE, RUN20_LARGE, RUN20_LARGE)}
+VARIANT_SET = "run20"
 
 
 def variants(b: int) -> list[tuple[str, dict]]:
