@@ -294,6 +294,9 @@ _SCHEDULE_STAGES = {0: 2, 2: 3, 3: 3}
 _SMALL_BELOW_BATCH = 8
 _TWO_PER_SM_FROM_BATCH = 64
 _ALL_HEADS_FROM_BATCH = 128
+# bf16 q over fp8 keys from this batch on: the two-pass schedule (H200 run 20-decode: B=32 39.3 us against 44.7,
+# B=48 46.5 / 53.3, B=64 46.5 / 51.5, B=96 82.0 / 94.8, B=128 82.7 / 90.1; B=16 33.5 against 31.6)
+_TWO_PASS_FROM_BATCH = 32
 
 
 def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | None = None,
@@ -301,7 +304,8 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
                   num_warps: int | None = None, schedule: int | None = None, num_stages: int | None = None,
                   q_bytes: int = 2, one_loop: bool = True, qk_fp16: bool | None = None,
                   lazy_rescale: bool | None = None, defer_sum: bool | None = None,
-                  values_warps: int | None = None, values_stages: int | None = None) -> dict:
+                  values_warps: int | None = None, values_stages: int | None = None,
+                  fp8_scores: bool = False) -> dict:
     """Default launch parameters, the fastest configurations measured on an H200 (H=64, D=512, W=128, k=512;
     runs 4, 7, 10-13 and 15-16; sparse_README.md), for 2-byte q:
     - B < 8: 16 heads, 4 warps, entry splits to fill the GPU, one pipelined loop over 64-entry tiles at two
@@ -318,6 +322,9 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
       stages, entry splits up to 128 programs (B=128: 1 split, 91.1-91.7 us against 108.0-108.7, runs 11 and 13),
       deferred sums (89.7-89.9 against 91.5-92.6 us, run 16; fp16 score dots and lazy rescale spill there:
       169.6 and 206.3 us).
+    With fp8_scores (bf16 q over fp8 keys, where the two-pass schedule's score dots run as fp8 MMAs) B >= 32
+    takes the two-pass schedule instead (schedule 3, `_two_pass_config`; run 20-decode: 1.09-1.16x the one-pass
+    defaults from B=32 to 128).
     fp32 q keeps the B < 128 regimes with 32-entry tiles. one_loop=False (the scopes' K or V dtypes differ) keeps
     the two loops at every batch. An explicit block_h other than the regime's keeps the 8-warp default."""
     two_byte = q_bytes <= 2
@@ -325,6 +332,8 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
     two_per_sm = (two_byte and not all_heads and _TWO_PER_SM_FROM_BATCH <= bsz and block_h in (None, 32)
                   and num_warps in (None, 4))
     small = one_loop and two_byte and bsz < _SMALL_BELOW_BATCH
+    if schedule is None and fp8_scores and one_loop and bsz >= _TWO_PASS_FROM_BATCH and block_h in (None, 64):
+        schedule = 3
     if schedule is None:
         schedule = 2 if (all_heads or small) else 0
     if schedule not in _SCHEDULE_STAGES:
@@ -376,8 +385,8 @@ def _two_pass_config(bsz: int, heads: int, d: int, entries: int, *, block_h, blo
     block_dv = min(block_dv or 128, d)
     tiles = max(1, triton.cdiv(entries, block_kv))
     programs = bsz * triton.cdiv(heads, block_h)
-    if splits is None:
-        splits = triton.cdiv(2 * _TARGET_PROGRAMS, programs)
+    if splits is None:  # as many scores programs per sequence as one wave holds (run 20-decode)
+        splits = _TARGET_PROGRAMS // programs
     splits = max(1, min(splits, tiles))
     return {"block_h": block_h, "block_dv": block_dv, "block_kv": block_kv, "splits": splits,
             "num_warps": num_warps or 4, "schedule": 3, "num_stages": num_stages or 3,
@@ -460,16 +469,17 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     win_len = win_len.to(device=dev, dtype=torch.int32).contiguous()
     w_entries, k_sel = win_k.shape[1], comp_idx.shape[1]
     one_loop = win_k.dtype == comp_k.dtype and win_v.dtype == comp_v.dtype
+    fp8_keys = win_k.dtype == comp_k.dtype == torch.float8_e4m3fn
     cfg = launch_config(bsz, heads, d, w_entries + k_sel, block_h=block_h, block_dv=block_dv, block_kv=block_kv,
                         splits=splits, num_warps=num_warps, schedule=schedule, num_stages=num_stages,
                         q_bytes=q.element_size(), one_loop=one_loop, qk_fp16=qk_fp16, lazy_rescale=lazy_rescale,
-                        defer_sum=defer_sum, values_warps=values_warps, values_stages=values_stages)
+                        defer_sum=defer_sum, values_warps=values_warps, values_stages=values_stages,
+                        fp8_scores=fp8_keys and q.dtype == torch.bfloat16 and qk_fp8 is not False)
     block_h, block_dv, splits, block_kv = cfg["block_h"], cfg["block_dv"], cfg["splits"], cfg["block_kv"]
     schedule, num_stages = cfg["schedule"], cfg["num_stages"]
     qk_fp16 = (cfg["qk_fp16"] and q.dtype in (torch.bfloat16, torch.float16) and win_k.element_size() == 1
                and comp_k.element_size() == 1)
     lazy_rescale = cfg["lazy_rescale"] and not (q.dtype == torch.float16 and v_scaled)
-    fp8_keys = win_k.dtype == comp_k.dtype == torch.float8_e4m3fn
     qk_fp8 = schedule == 3 and fp8_keys and (q.dtype == torch.bfloat16 if qk_fp8 is None else
                                              bool(qk_fp8) and q.element_size() == 2)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)

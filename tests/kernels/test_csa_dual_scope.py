@@ -262,8 +262,12 @@ def test_launch_config_batch_regimes():
     # the two-pass schedule: all 64 heads per program, 128-column value blocks, scores programs to fill the GPU
     two = launch_config(8, 64, 512, 640, schedule=3)
     assert (two["block_h"], two["block_dv"], two["block_kv"], two["splits"]) == (64, 128, 64, 10)
-    assert launch_config(64, 64, 512, 640, schedule=3)["splits"] == 5
+    assert launch_config(64, 64, 512, 640, schedule=3)["splits"] == 2  # 128 scores programs: one wave
     assert launch_config(64, 64, 512, 640, schedule=3, one_loop=False)["schedule"] == 0
+    # bf16 q over fp8 keys (fp8 score dots): the two-pass schedule from B=32 on (H200 run 20-decode)
+    two_pass = {b: launch_config(b, 64, 512, 640, fp8_scores=True) for b in (16, 32, 64, 128)}
+    assert two_pass[16]["schedule"] == 0
+    assert [(two_pass[b]["schedule"], two_pass[b]["splits"]) for b in (32, 64, 128)] == [(3, 4), (3, 2), (3, 1)]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the production shape needs a GPU")
