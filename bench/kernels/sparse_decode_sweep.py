@@ -142,7 +142,7 @@ RUN19_SMALL = [("default", {}), ("2P", TP), ("2P s2", dict(TP, splits=2))]
 RUN20_LARGE = [("default", {}), ("2P s1", dict(TP, splits=1)), ("2P s2", dict(TP, splits=2)),
                ("2P s3", dict(TP, splits=3)), ("2P s4", dict(TP, splits=4)), ("2P s2 w8", dict(TP, splits=2, num_warps=8)),
                ("2P s2 vst4", dict(TP, splits=2, values_stages=4))]
-# run21-decode: the defaults since commit after dc41684 (two passes from B=32 with bf16 q over fp8 keys) beside
+# run21-decode: the defaults since commit 4d35802 (two passes from B=32 with bf16 q over fp8 keys) beside
 # the one-pass defaults they replaced (qk_fp8=False: no fp8 score dots, so launch_config keeps the one pass)
 RUN21 = [("default", {}), ("one-pass default", dict(qk_fp8=False))]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
