@@ -5,6 +5,7 @@ Kernels ask this module for the fp8 flavour of the device and for extra launch o
 - fp8: `float8_e4m3fn` on NVIDIA and gfx950 (MI355X); `float8_e4m3fnuz` on gfx942 (MI300X/MI325X).
 - launch options: `waves_per_eu` and `matrix_instr_nonkdim` exist only on ROCm and raise on NVIDIA.
 - inline PTX (`tl.inline_asm_elementwise`): only on NVIDIA GPUs (`has_ptx`); kernels keep a portable path.
+- Gluon kernels written for Hopper (`has_gluon_hopper`): sm_90 only; the Triton kernel stays the portable path.
 """
 
 from __future__ import annotations
@@ -81,6 +82,21 @@ def sm_count(device_index: int = 0) -> int:
     if interpreting() or not torch.cuda.is_available():
         return 0
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def has_gluon_hopper(device_index: int = 0) -> bool:
+    """Gluon kernels written for Hopper (cp.async, warpgroup MMA) can run: an sm_90 CUDA device (not the
+    interpreter, not ROCm) and a Triton whose Gluon has those ops."""
+    if interpreting() or is_rocm() or not torch.cuda.is_available():
+        return False
+    if torch.cuda.get_device_capability(device_index) != (9, 0):
+        return False
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import async_copy, warpgroup_mma  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def has_native_mx(device_index: int = 0) -> bool:

@@ -29,7 +29,12 @@ import triton
 import triton.language as tl
 
 from zoe_kernels.csa.dual_scope_tiles import preload_sel, score_q, split_q_fp8, tile_rows, tile_sel
-from zoe_kernels.platform import gdc_launch_dependents, gdc_wait, has_pdl
+from zoe_kernels.platform import gdc_launch_dependents, gdc_wait, has_gluon_hopper, has_pdl
+
+try:  # the Hopper (Gluon) values pass; a Triton without Gluon keeps the portable one
+    from zoe_kernels.csa import dual_scope_values_gluon
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    dual_scope_values_gluon = None
 
 
 @triton.jit
@@ -156,9 +161,10 @@ def _values_kernel(
 def two_pass_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, sink, scale_log2,
                     out, *, k_scaled: bool, v_scaled: bool, qk_fp16: bool, qk_fp8: bool, block_h: int, block_kv: int,
                     block_dv: int, tiles_per_prog: int, num_warps: int, values_warps: int, num_stages: int,
-                    values_stages: int, dot_dtype, precision: str) -> torch.Tensor:
+                    values_stages: int, dot_dtype, precision: str, gluon_values: bool | None = None) -> torch.Tensor:
     """The two launches on tensors `dual_scope_decode` has checked and prepared (scales as float32 [B, n] or
-    [B, 1] placeholders, comp_idx and win_len int32); writes and returns `out` [B, H, D]."""
+    [B, 1] placeholders, comp_idx and win_len int32); writes and returns `out` [B, H, D]. gluon_values: the
+    values pass in Gluon (`dual_scope_values_gluon`, Hopper only; None: where it can run)."""
     bsz, heads, d = q.shape
     w_entries, k_sel = win_k.shape[1], comp_idx.shape[1]
     tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
@@ -178,6 +184,17 @@ def two_pass_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs
         RUN_P2=triton.next_power_of_2(tiles_per_prog), K_SCALED=k_scaled, V_SCALED=v_scaled,
         DOT_DTYPE=dot_dtype, PRECISION=precision, QK_F16=qk_fp16, QK_FP8=qk_fp8, PDL=pdl, num_warps=num_warps,
         num_stages=num_stages)
+    gluon_ok = gluon_values_supported(q, win_v, comp_v, block_h, block_dv, block_kv)
+    if gluon_values and not gluon_ok:
+        raise ValueError("gluon_values needs an sm_90 GPU with Gluon, 2-byte values of q's dtype, block_h=64, "
+                         "block_dv in (64, 128, 256) and block_kv a multiple of 16")
+    if gluon_ok and gluon_values is not False:
+        dual_scope_values_gluon.values_kernel[(bsz, head_blocks * (d // block_dv))](
+            win_v, win_len, comp_v, comp_idx, p, m, l_sum, sink_t, out, heads, w_entries, k_sel, tiles,
+            win_v.stride(0), win_v.stride(1), comp_v.stride(0), comp_v.stride(1), comp_idx.stride(0),
+            out.stride(0), out.stride(1), D=d, DV=block_dv, BH=block_h, BKV=block_kv,
+            T_P2=triton.next_power_of_2(tiles), HAS_SINK=sink is not None, NUM_BUF=values_stages, num_warps=4)
+        return out
     _values_kernel[(bsz, head_blocks * (d // block_dv))](
         win_v, win_len, comp_v, comp_idx, p, m, l_sum, sink_t, out, heads, w_entries, k_sel, tiles,
         win_v.stride(0), win_v.stride(1), comp_v.stride(0), comp_v.stride(1), comp_idx.stride(0), out.stride(0),
@@ -186,3 +203,11 @@ def two_pass_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs
         DOT_DTYPE=dot_dtype, PRECISION=precision, HAS_SINK=sink is not None, PDL=pdl, num_warps=values_warps,
         num_stages=values_stages, **launch)
     return out
+
+
+def gluon_values_supported(q, win_v, comp_v, block_h: int, block_dv: int, block_kv: int) -> bool:
+    """Whether the Gluon values pass can take this call: Hopper with Gluon, values of q's 2-byte dtype (the
+    MMA reads them as copied), 64 heads per program, 64-256 value columns, 16-entry multiples per tile."""
+    return (dual_scope_values_gluon is not None and has_gluon_hopper(q.device.index or 0)
+            and win_v.dtype == comp_v.dtype == q.dtype and q.dtype in (torch.bfloat16, torch.float16)
+            and block_h == 64 and block_dv in (64, 128, 256) and block_kv % 16 == 0 and 16 <= block_kv <= 128)

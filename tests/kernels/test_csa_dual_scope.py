@@ -161,6 +161,30 @@ def test_two_pass_fp8_score_dots(splits):
         assert (out[2].cpu() == 0).all()
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the Gluon values pass needs a Hopper GPU")
+@pytest.mark.parametrize("block_dv,values_stages,with_sink", [(128, 3, False), (64, 4, True), (256, 2, True)])
+def test_two_pass_gluon_values_on_gpu(block_dv, values_stages, with_sink):
+    # the Hopper values pass (dual_scope_values_gluon.py) against the reference and against the Triton values
+    # pass on the same scores: 70 heads (a second, part-masked head block), a ragged window, -1 holes, a
+    # sequence with no entry, tiles past the selection's end
+    from zoe_kernels.csa.dual_scope_two_pass import gluon_values_supported
+
+    gen = torch.Generator().manual_seed(70 + block_dv + values_stages)
+    args = _case(5, 70, 512, 100, 600, 300, torch.bfloat16, fp8_kv=False, gen=gen)
+    args["comp_idx"][3, ::7] = -1
+    kw = {"sink": torch.randn(70, generator=gen)} if with_sink else {}
+    cfg = dict(schedule=3, block_dv=block_dv, values_stages=values_stages, **kw)
+    probe = torch.empty(1, dtype=torch.bfloat16, device=DEVICE)
+    if not gluon_values_supported(probe, probe, probe, 64, block_dv, 64):
+        pytest.skip("no sm_90 GPU with Gluon")
+    out = _run(args, gluon_values=True, **cfg)
+    _check(out, _reference(args, **kw), torch.bfloat16)
+    plain = _run(args, gluon_values=False, **cfg)
+    assert ((out.float() - plain.float()).norm() / plain.float().norm()) < 1e-3
+    if not with_sink:
+        assert (out[2].cpu() == 0).all()
+
+
 @pytest.mark.parametrize("block_h,block_dv,splits", [(16, 16, 1), (32, 64, 4)])
 def test_two_pass_head_and_column_blocks(block_h, block_dv, splits):
     # two passes over 20 heads in blocks of 16 or 32 (the last one part-masked), value columns in blocks,
