@@ -145,19 +145,26 @@ RUN20_LARGE = [("default", {}), ("2P s1", dict(TP, splits=1)), ("2P s2", dict(TP
 # run21-decode: the defaults since commit 4d35802 (two passes from B=32 with bf16 q over fp8 keys) beside
 # the one-pass defaults they replaced (qk_fp8=False: no fp8 score dots, so launch_config keeps the one pass)
 RUN21 = [("default", {}), ("one-pass default", dict(qk_fp8=False))]
-# run22-decode: the values pass in Gluon on Hopper (dual_scope_values_gluon.py: hand-written cp.async ring, the
+# run22-decode: the values pass in Gluon on Hopper (dual_scope_two_pass_gluon.py: hand-written cp.async ring, the
 # indices of each thread's rows loaded one tile ahead in their own layout, one warpgroup MMA per tile)
 GV = dict(gluon_values=True)
 RUN22 = [("default", {}), ("2P triton values", dict(gluon_values=False)), ("2P gluon vst2", dict(GV, values_stages=2)),
          ("2P gluon vst4", dict(GV, values_stages=4)), ("2P gluon dv64 vst4", dict(GV, block_dv=64, values_stages=4)),
          ("2P gluon dv256", dict(GV, block_dv=256)), ("one-pass default", dict(qk_fp8=False))]
+# run23-decode: both passes in Gluon on Hopper (the scores pass too: q split into e4m3 parts in shared memory
+# once, fp8 key rows gathered by cp.async into a ring, two fp8 warpgroup MMAs per tile)
+TRI = dict(gluon_values=False, gluon_scores=False)
+RUN23 = [("default", {}), ("triton both", TRI), ("gluon values only", dict(gluon_scores=False)),
+         ("gluon w8", dict(num_warps=8)), ("gluon st2", dict(num_stages=2)), ("gluon s1", dict(splits=1)),
+         ("gluon s2", dict(splits=2)), ("gluon s4", dict(splits=4)), ("gluon dv256 vw8", dict(block_dv=256, values_warps=8)),
+         ("gluon w8 dv256 vw8", dict(num_warps=8, block_dv=256, values_warps=8)), ("one-pass default", dict(qk_fp8=False))]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
 SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
         "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128),
         "run18": (RUN18_LARGE, RUN18_SMALL, RUN18_128), "run19": (RUN19_LARGE, RUN19_SMALL, RUN19_LARGE),
         "run20": (RUN20_LARGE, RUN20_LARGE, RUN20_LARGE), "run21": (RUN21, RUN21, RUN21),
-        "run22": (RUN22, RUN21, RUN22)}
-VARIANT_SET = "run22"
+        "run22": (RUN22, RUN21, RUN22), "run23": (RUN23, RUN23, RUN23)}
+VARIANT_SET = "run23"
 
 
 def variants(b: int) -> list[tuple[str, dict]]:

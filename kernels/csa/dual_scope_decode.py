@@ -405,7 +405,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                       qk_fp16: bool | None = None, lazy_rescale: bool | None = None,
                       defer_sum: bool | None = None, values_warps: int | None = None,
                       values_stages: int | None = None, qk_fp8: bool | None = None,
-                      gluon_values: bool | None = None) -> torch.Tensor:
+                      gluon_values: bool | None = None, gluon_scores: bool | None = None) -> torch.Tensor:
     """Decode attention of one query token per sequence over its window plus its selected entries.
 
     q: [B, H, D] (bf16, fp16 or fp32; D a power of two); win_k/win_v: [B, W, D]; win_len: [B];
@@ -423,8 +423,8 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     and probabilities of every tile, then the values by column block, with no online softmax), where splits is
     the scores programs per sequence and head block and values_warps / values_stages launch the values pass;
     its score dots run as fp8 MMAs on q split into two e4m3 parts (`qk_fp8`: by default with bf16 q and fp8
-    keys, where the split is exact; True also takes fp16 q, exact for bf16-representable values). gluon_values
-    (schedule 3): the values pass in Gluon on Hopper (`dual_scope_values_gluon`; False: the Triton pass).
+    keys, where the split is exact; True also takes fp16 q, exact for bf16-representable values). gluon_scores,
+    gluon_values (schedule 3): that pass in Gluon on Hopper (`dual_scope_two_pass_gluon`; False: the Triton pass).
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")
@@ -497,7 +497,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
             block_dv=block_dv, tiles_per_prog=triton.cdiv(tiles, splits), num_warps=cfg["num_warps"],
             values_warps=cfg["values_warps"], num_stages=num_stages, values_stages=cfg["values_stages"],
             dot_dtype=_DOT_DTYPES[q.dtype], precision="ieee" if q.dtype == torch.float32 else "tf32",
-            gluon_values=gluon_values)
+            gluon_values=gluon_values, gluon_scores=gluon_scores)
     head_blocks = triton.cdiv(heads, block_h)
     tiles_per_split = triton.cdiv(tiles, splits)
     splits = triton.cdiv(tiles, tiles_per_split)

@@ -31,10 +31,10 @@ import triton.language as tl
 from zoe_kernels.csa.dual_scope_tiles import preload_sel, score_q, split_q_fp8, tile_rows, tile_sel
 from zoe_kernels.platform import gdc_launch_dependents, gdc_wait, has_gluon_hopper, has_pdl
 
-try:  # the Hopper (Gluon) values pass; a Triton without Gluon keeps the portable one
-    from zoe_kernels.csa import dual_scope_values_gluon
+try:  # the Hopper (Gluon) passes; a Triton without Gluon keeps the portable ones
+    from zoe_kernels.csa import dual_scope_two_pass_gluon
 except ImportError:  # pragma: no cover - depends on the installed Triton
-    dual_scope_values_gluon = None
+    dual_scope_two_pass_gluon = None
 
 
 @triton.jit
@@ -161,10 +161,11 @@ def _values_kernel(
 def two_pass_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, sink, scale_log2,
                     out, *, k_scaled: bool, v_scaled: bool, qk_fp16: bool, qk_fp8: bool, block_h: int, block_kv: int,
                     block_dv: int, tiles_per_prog: int, num_warps: int, values_warps: int, num_stages: int,
-                    values_stages: int, dot_dtype, precision: str, gluon_values: bool | None = None) -> torch.Tensor:
+                    values_stages: int, dot_dtype, precision: str, gluon_values: bool | None = None,
+                    gluon_scores: bool | None = None) -> torch.Tensor:
     """The two launches on tensors `dual_scope_decode` has checked and prepared (scales as float32 [B, n] or
-    [B, 1] placeholders, comp_idx and win_len int32); writes and returns `out` [B, H, D]. gluon_values: the
-    values pass in Gluon (`dual_scope_values_gluon`, Hopper only; None: where it can run)."""
+    [B, 1] placeholders, comp_idx and win_len int32); writes and returns `out` [B, H, D]. gluon_scores /
+    gluon_values: that pass in Gluon (`dual_scope_two_pass_gluon`, Hopper only; None: where it can run)."""
     bsz, heads, d = q.shape
     w_entries, k_sel = win_k.shape[1], comp_idx.shape[1]
     tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
@@ -176,24 +177,37 @@ def two_pass_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs
     pdl = has_pdl(q.device.index or 0)
     launch = {"launch_pdl": True} if pdl else {}
     sink_t = sink if sink is not None else m
-    _scores_kernel[(bsz, head_blocks, triton.cdiv(tiles, tiles_per_prog))](
-        q, win_k, win_len, comp_k, comp_idx, wks, wvs, cks, cvs, p, m, l_sum, heads, w_entries, k_sel, tiles,
-        scale_log2, q.stride(0), q.stride(1), win_k.stride(0), win_k.stride(1), comp_k.stride(0), comp_k.stride(1),
-        comp_idx.stride(0), wks.stride(0), wvs.stride(0), cks.stride(0), cvs.stride(0),
-        D=d, BH=block_h, BKV=block_kv, TILES_PER_PROG=tiles_per_prog,
-        RUN_P2=triton.next_power_of_2(tiles_per_prog), K_SCALED=k_scaled, V_SCALED=v_scaled,
-        DOT_DTYPE=dot_dtype, PRECISION=precision, QK_F16=qk_fp16, QK_FP8=qk_fp8, PDL=pdl, num_warps=num_warps,
-        num_stages=num_stages)
+    scores_grid = (bsz, head_blocks, triton.cdiv(tiles, tiles_per_prog))
+    gluon_s = qk_fp8 and k_scaled and not v_scaled and gluon_scores_supported(q, d, block_h, block_kv)
+    if gluon_scores and not gluon_s:
+        raise ValueError("gluon_scores needs an sm_90 GPU with Gluon, 2-byte q split into fp8 parts over fp8 keys "
+                         "(qk_fp8), no value scales, block_h=64, D a multiple of 128 and block_kv a multiple of 16")
+    if gluon_s and gluon_scores is not False:
+        dual_scope_two_pass_gluon.scores_kernel[scores_grid](
+            q, win_k, win_len, comp_k, comp_idx, wks, cks, p, m, l_sum, heads, w_entries, k_sel, tiles, scale_log2,
+            q.stride(0), q.stride(1), win_k.stride(0), win_k.stride(1), comp_k.stride(0), comp_k.stride(1),
+            comp_idx.stride(0), wks.stride(0), cks.stride(0), D=d, BH=block_h, BKV=block_kv,
+            TILES_PER_PROG=tiles_per_prog, NUM_BUF=num_stages, num_warps=8 if num_warps >= 8 else 4)
+    else:
+        _scores_kernel[scores_grid](
+            q, win_k, win_len, comp_k, comp_idx, wks, wvs, cks, cvs, p, m, l_sum, heads, w_entries, k_sel, tiles,
+            scale_log2, q.stride(0), q.stride(1), win_k.stride(0), win_k.stride(1), comp_k.stride(0),
+            comp_k.stride(1), comp_idx.stride(0), wks.stride(0), wvs.stride(0), cks.stride(0), cvs.stride(0),
+            D=d, BH=block_h, BKV=block_kv, TILES_PER_PROG=tiles_per_prog,
+            RUN_P2=triton.next_power_of_2(tiles_per_prog), K_SCALED=k_scaled, V_SCALED=v_scaled,
+            DOT_DTYPE=dot_dtype, PRECISION=precision, QK_F16=qk_fp16, QK_FP8=qk_fp8, PDL=pdl, num_warps=num_warps,
+            num_stages=num_stages)
     gluon_ok = gluon_values_supported(q, win_v, comp_v, block_h, block_dv, block_kv)
     if gluon_values and not gluon_ok:
         raise ValueError("gluon_values needs an sm_90 GPU with Gluon, 2-byte values of q's dtype, block_h=64, "
                          "block_dv in (64, 128, 256) and block_kv a multiple of 16")
     if gluon_ok and gluon_values is not False:
-        dual_scope_values_gluon.values_kernel[(bsz, head_blocks * (d // block_dv))](
+        dual_scope_two_pass_gluon.values_kernel[(bsz, head_blocks * (d // block_dv))](
             win_v, win_len, comp_v, comp_idx, p, m, l_sum, sink_t, out, heads, w_entries, k_sel, tiles,
             win_v.stride(0), win_v.stride(1), comp_v.stride(0), comp_v.stride(1), comp_idx.stride(0),
             out.stride(0), out.stride(1), D=d, DV=block_dv, BH=block_h, BKV=block_kv,
-            T_P2=triton.next_power_of_2(tiles), HAS_SINK=sink is not None, NUM_BUF=values_stages, num_warps=4)
+            T_P2=triton.next_power_of_2(tiles), HAS_SINK=sink is not None, NUM_BUF=values_stages,
+            num_warps=8 if values_warps >= 8 else 4)
         return out
     _values_kernel[(bsz, head_blocks * (d // block_dv))](
         win_v, win_len, comp_v, comp_idx, p, m, l_sum, sink_t, out, heads, w_entries, k_sel, tiles,
@@ -208,6 +222,15 @@ def two_pass_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs
 def gluon_values_supported(q, win_v, comp_v, block_h: int, block_dv: int, block_kv: int) -> bool:
     """Whether the Gluon values pass can take this call: Hopper with Gluon, values of q's 2-byte dtype (the
     MMA reads them as copied), 64 heads per program, 64-256 value columns, 16-entry multiples per tile."""
-    return (dual_scope_values_gluon is not None and has_gluon_hopper(q.device.index or 0)
+    return (dual_scope_two_pass_gluon is not None and has_gluon_hopper(q.device.index or 0)
             and win_v.dtype == comp_v.dtype == q.dtype and q.dtype in (torch.bfloat16, torch.float16)
             and block_h == 64 and block_dv in (64, 128, 256) and block_kv % 16 == 0 and 16 <= block_kv <= 128)
+
+
+def gluon_scores_supported(q, d: int, block_h: int, block_kv: int) -> bool:
+    """Whether the Gluon scores pass can take this call (besides fp8 score dots, key scales and no value scales,
+    which the caller checks): Hopper with Gluon, 2-byte q, 64 heads per program, D in 128-column steps,
+    16-entry multiples per tile."""
+    return (dual_scope_two_pass_gluon is not None and has_gluon_hopper(q.device.index or 0)
+            and q.dtype in (torch.bfloat16, torch.float16) and block_h == 64 and d % 128 == 0
+            and block_kv % 16 == 0 and 16 <= block_kv <= 128)
