@@ -240,8 +240,8 @@ def scores_kernel(
         t_in = t + NUM_BUF - 1
         row_ptrs, ok = _tile_row_ptrs(t_in, win_tiles, win_len, t_end, k_rows, sel_next, win_base, comp_base,
                                       stride_wkn, stride_ckn, BKV)
-        async_copy.async_copy_global_to_shared(k_smem.index(t_in % NUM_BUF), row_ptrs[:, None] + k_cols[None, :],
-                                               mask=ok[:, None])
+        async_copy.async_copy_global_to_shared(k_smem.index((j + NUM_BUF - 1) % NUM_BUF),
+                                               row_ptrs[:, None] + k_cols[None, :], mask=ok[:, None])
         async_copy.commit_group()
         sel_next = _tile_sel(idx_row, t_in + 1, win_tiles, KSEL, k_rows, BKV)
         ks = ks_next
@@ -251,7 +251,7 @@ def scores_kernel(
                                           win_ks_ptr + bq * stride_wksb, comp_ks_ptr + bq * stride_cksb, 1, 1, BKV)
         ks_next = gl.load(ks_ptrs, mask=ok_next, other=0.0)
 
-        k_t = k_smem.index(t % NUM_BUF).permute((1, 0))  # [D, BKV]: the keys' D contiguous (K-major)
+        k_t = k_smem.index(j % NUM_BUF).permute((1, 0))  # [D, BKV]: the keys' D contiguous (K-major)
         s = warpgroup_mma(q_hi_smem, k_t, zero, use_acc=False, is_async=True)
         s = warpgroup_mma(q_lo_smem, k_t, s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
