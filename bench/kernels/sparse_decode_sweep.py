@@ -158,18 +158,13 @@ RUN23 = [("default", {}), ("triton both", TRI), ("gluon values only", dict(gluon
          ("gluon w8", dict(num_warps=8)), ("gluon st2", dict(num_stages=2)), ("gluon s1", dict(splits=1)),
          ("gluon s2", dict(splits=2)), ("gluon s4", dict(splits=4)), ("gluon dv256 vw8", dict(block_dv=256, values_warps=8)),
          ("gluon w8 dv256 vw8", dict(num_warps=8, block_dv=256, values_warps=8)), ("one-pass default", dict(qk_fp8=False))]
-# run24-decode: the Gluon scores pass on q split beforehand (one small launch per call, not per program)
-RUN24 = [("default", {}), ("triton both", TRI), ("gluon w8", dict(num_warps=8)), ("gluon st2", dict(num_stages=2)),
-         ("gluon BKV=32 st2", dict(block_kv=32, num_stages=2)), ("gluon BKV=32 st2 vst3", dict(block_kv=32, num_stages=2, values_stages=3)),
-         ("gluon w8 st2", dict(num_warps=8, num_stages=2)), ("gluon s3", dict(splits=3)), ("one-pass default", dict(qk_fp8=False))]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
 SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
         "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128),
         "run18": (RUN18_LARGE, RUN18_SMALL, RUN18_128), "run19": (RUN19_LARGE, RUN19_SMALL, RUN19_LARGE),
         "run20": (RUN20_LARGE, RUN20_LARGE, RUN20_LARGE), "run21": (RUN21, RUN21, RUN21),
-        "run22": (RUN22, RUN21, RUN22), "run23": (RUN23, RUN23, RUN23),
-        "run24": (RUN24, RUN24, RUN24)}
-VARIANT_SET = "run24"
+        "run22": (RUN22, RUN21, RUN22), "run23": (RUN23, RUN23, RUN23)}
+VARIANT_SET = "run23"
 
 
 def variants(b: int) -> list[tuple[str, dict]]:

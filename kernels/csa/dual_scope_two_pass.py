@@ -105,33 +105,6 @@ def _scores_kernel(
 
 
 @triton.jit
-def _split_q_kernel(q_ptr, q8_ptr, inv_c_ptr, H, stride_qb, stride_qh, D: tl.constexpr, BH: tl.constexpr):
-    """q [B, H, D] split per head into e4m3 parts (`split_q_fp8`): q8 [B, 2, H, D] (hi, lo), inv_c [B, H]."""
-    b = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BH + tl.arange(0, BH)
-    h_ok = heads < H
-    dd = tl.arange(0, D)
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dd[None, :], mask=h_ok[:, None], other=0.0)
-    hi, lo, inv_c = split_q_fp8(q)
-    out = q8_ptr + (b * 2 * H + heads[:, None]) * D + dd[None, :]
-    tl.store(out, hi, mask=h_ok[:, None])
-    tl.store(out + H * D, lo, mask=h_ok[:, None])
-    tl.store(inv_c_ptr + b * H + heads, inv_c, mask=h_ok)
-
-
-def split_q(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [B, H, D] (2-byte) as e4m3 parts per head for the Gluon scores pass: (q8 [B, 2, H, D], inv_c [B, H]),
-    q = (q8[:, 0] + q8[:, 1]) * inv_c[..., None] (exact for bf16 q; `dual_scope_tiles.split_q_fp8`)."""
-    bsz, heads, d = q.shape
-    q8 = torch.empty((bsz, 2, heads, d), dtype=torch.float8_e4m3fn, device=q.device)
-    inv_c = torch.empty((bsz, heads), dtype=torch.float32, device=q.device)
-    bh = 16
-    _split_q_kernel[(bsz, triton.cdiv(heads, bh))](q, q8, inv_c, heads, q.stride(0), q.stride(1), D=d, BH=bh,
-                                                   num_warps=4)
-    return q8, inv_c
-
-
-@triton.jit
 def _values_kernel(
     win_v_ptr, win_len_ptr, comp_v_ptr, comp_idx_ptr, p_ptr, m_ptr, l_ptr, sink_ptr, out_ptr, H, W, KSEL, T,
     stride_wvb, stride_wvn, stride_cvb, stride_cvn, stride_ib, stride_ob, stride_oh,
@@ -210,10 +183,9 @@ def two_pass_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs
         raise ValueError("gluon_scores needs an sm_90 GPU with Gluon, 2-byte q split into fp8 parts over fp8 keys "
                          "(qk_fp8), no value scales, block_h=64, D a multiple of 128 and block_kv a multiple of 16")
     if gluon_s and gluon_scores is not False:
-        q8, inv_c = split_q(q)
         dual_scope_two_pass_gluon.scores_kernel[scores_grid](
-            q8, inv_c, win_k, win_len, comp_k, comp_idx, wks, cks, p, m, l_sum, heads, w_entries, k_sel, tiles,
-            scale_log2, win_k.stride(0), win_k.stride(1), comp_k.stride(0), comp_k.stride(1),
+            q, win_k, win_len, comp_k, comp_idx, wks, cks, p, m, l_sum, heads, w_entries, k_sel, tiles, scale_log2,
+            q.stride(0), q.stride(1), win_k.stride(0), win_k.stride(1), comp_k.stride(0), comp_k.stride(1),
             comp_idx.stride(0), wks.stride(0), cks.stride(0), D=d, BH=block_h, BKV=block_kv,
             TILES_PER_PROG=tiles_per_prog, NUM_BUF=num_stages, num_warps=8 if num_warps >= 8 else 4)
     else:

@@ -11,9 +11,7 @@ NVMMA-swizzled shared memory by cp.async through a ring of NUM_BUF buffers (NUM_
 and warpgroup MMAs read them there. One block barrier per tile makes every thread's copies visible to them.
 
 - `scores_kernel`: bf16 (or fp16) q over fp8 keys with per-entry scales, no value scales: q split into two
-  e4m3 parts once per sequence beforehand (`dual_scope_two_pass.split_q`; splitting it inside, per program,
-  took about a third of the pass, run 24-decode's `ncu` samples), both in shared memory, two fp8 MMAs per
-  tile.
+  e4m3 parts (dual_scope_tiles.split_q_fp8's split) in shared memory once, two fp8 MMAs per tile.
 - `values_kernel`: 2-byte values of the probabilities' dtype, P_t and V_t copied into shared memory, one MMA
   per tile, acc += 2^(m_t - m) / denom * P_t V_t.
 Programs, index conventions, scopes and the stored p, m_t, l_t are the Triton passes'.
@@ -156,16 +154,15 @@ def values_kernel(
 
 @gluon.jit
 def scores_kernel(
-    q8_ptr, inv_c_ptr, win_k_ptr, win_len_ptr, comp_k_ptr, comp_idx_ptr, win_ks_ptr, comp_ks_ptr, p_ptr, m_ptr,
-    l_ptr, H, W, KSEL, T, qk_scale_log2,
-    stride_wkb, stride_wkn, stride_ckb, stride_ckn, stride_ib, stride_wksb, stride_cksb,
+    q_ptr, win_k_ptr, win_len_ptr, comp_k_ptr, comp_idx_ptr, win_ks_ptr, comp_ks_ptr, p_ptr, m_ptr, l_ptr,
+    H, W, KSEL, T, qk_scale_log2,
+    stride_qb, stride_qh, stride_wkb, stride_wkn, stride_ckb, stride_ckn, stride_ib, stride_wksb, stride_cksb,
     D: gl.constexpr, BH: gl.constexpr, BKV: gl.constexpr, TILES_PER_PROG: gl.constexpr, NUM_BUF: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    """The scores pass for q over fp8 keys with per-entry scales (`dual_scope_two_pass._scores_kernel` with
-    QK_FP8 and no value scales), on q split beforehand (`dual_scope_two_pass.split_q`: q8 [B, 2, H, D] e4m3
-    hi and lo parts, inv_c [B, H]): both parts copied into shared memory with the first key tile, the gathered
-    fp8 key rows in a ring of NUM_BUF buffers by cp.async (each thread loading the indices of its own rows,
+    """The scores pass for bf16 q over fp8 keys with per-entry scales (`dual_scope_two_pass._scores_kernel`
+    with QK_FP8 and no value scales): q split into two e4m3 parts in shared memory once, the gathered fp8 key
+    rows copied into a ring of NUM_BUF buffers by cp.async (each thread loading the indices of its own rows,
     one tile ahead), two fp8 warpgroup MMAs per tile on the rows as copied."""
     gl.static_assert(num_warps == 4 or num_warps == 8, "one or two warpgroups (two split the tile's entries)")
     gl.static_assert(BH == 64, "64 heads per program: the warpgroup MMA's M")
@@ -178,6 +175,8 @@ def scores_kernel(
     warps_n: gl.constexpr = num_warps // 4
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, warps_n],
                                                   instr_shape=[16, BKV // warps_n, 32])
+    QC: gl.constexpr = 128  # q columns per step of the split (keeps [BH, QC] float32 in registers)
+    q_load: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [num_warps, 1], [1, 0])
     k_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
     fp8: gl.constexpr = gl.float8e4nv
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BH, D], fp8)
@@ -185,20 +184,33 @@ def scores_kernel(
     q_lo_smem = gl.allocate_shared_memory(fp8, [BH, D], q_layout)
     k_smem = gl.allocate_shared_memory(fp8, [NUM_BUF, BKV, D], gl.NVMMASharedLayout.get_default_for([BKV, D], fp8))
 
-    # both parts of q join the first tile's copies (the loop's first wait covers them)
-    q_heads = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, k_copy))
-    q_cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_copy))
-    q_hi_ptrs = q8_ptr + ((bq * 2) * H + q_heads[:, None]) * D + q_cols[None, :]
-    async_copy.async_copy_global_to_shared(q_hi_smem, q_hi_ptrs, mask=(q_heads < H)[:, None])
-    async_copy.async_copy_global_to_shared(q_lo_smem, q_hi_ptrs + H * D, mask=(q_heads < H)[:, None])
-    r_heads = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, mma))
-    row_scale = gl.load(inv_c_ptr + bq * H + r_heads, mask=r_heads < H, other=0.0) * qk_scale_log2
+    # q = (hi + lo) / c per head (dual_scope_tiles.split_q_fp8's split), in shared memory for the MMAs: the
+    # heads' largest |q| first, then the split QC columns at a time
+    q_heads = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, q_load))
+    q_rows = q_ptr + bq * stride_qb + q_heads[:, None] * stride_qh
+    q_ok = (q_heads < H)[:, None]
+    amax = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, q_load))
+    for ci in gl.static_range(D // QC):
+        q_cols = ci * QC + gl.arange(0, QC, layout=gl.SliceLayout(0, q_load))
+        qf = gl.load(q_rows + q_cols[None, :], mask=q_ok, other=0.0).to(gl.float32)
+        amax = gl.maximum(amax, gl.max(gl.abs(qf), axis=1))
+    c = gl.exp2(gl.minimum(gl.floor(gl.log2(448.0 / gl.where(amax > 0, amax, 448.0))), 126.0))
+    for ci in gl.static_range(D // QC):
+        q_cols = ci * QC + gl.arange(0, QC, layout=gl.SliceLayout(0, q_load))
+        qs = gl.load(q_rows + q_cols[None, :], mask=q_ok, other=0.0).to(gl.float32) * c[:, None]
+        hi = qs.to(fp8)
+        q_hi_smem.slice(ci * QC, QC, dim=1).store(hi)
+        q_lo_smem.slice(ci * QC, QC, dim=1).store((qs - hi.to(gl.float32)).to(fp8))
+    row_scale = gl.convert_layout(qk_scale_log2 / c, gl.SliceLayout(1, mma))
+    fence_async_shared()
+    gl.thread_barrier()
 
     win_len = gl.minimum(gl.load(win_len_ptr + b), W)
     win_tiles = gl.cdiv(W, BKV)
     k_rows = gl.arange(0, BKV, layout=gl.SliceLayout(1, k_copy))
     k_cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_copy))
     s_cols = gl.arange(0, BKV, layout=gl.SliceLayout(0, mma))
+    r_heads = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, mma))
     win_base = win_k_ptr + bq * stride_wkb
     comp_base = comp_k_ptr + bq * stride_ckb
     idx_row = comp_idx_ptr + bq * stride_ib
