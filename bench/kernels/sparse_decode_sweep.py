@@ -163,7 +163,7 @@ RUN23 = [("default", {}), ("triton both", TRI), ("gluon values only", dict(gluon
 # 18.9 us at B=64 and the split 3.6 us; the in-program split (runs 23, 25) stays
 # run25-decode: today's defaults (both passes in Gluon on Hopper, its scores pass with 8 warps) against the
 # Triton passes and the one-pass defaults, at every batch
-RUN25 = [("default", {}), ("triton both", TRI), ("one-pass default", dict(qk_fp8=False))]
+RUN25 = [("default", {}), ("two passes", dict(schedule=3)), ("triton both", TRI), ("one-pass default", dict(qk_fp8=False))]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
 SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
         "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128),
