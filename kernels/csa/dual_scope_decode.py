@@ -40,6 +40,7 @@ import triton.language as tl
 
 from zoe_kernels.csa.dual_scope_tiles import LOG2E, preload_sel, score_q, tile_rows, tile_sel
 from zoe_kernels.csa.dual_scope_two_pass import two_pass_decode
+from zoe_kernels.platform import has_gluon_hopper
 
 # LAZY_RESCALE's threshold in log2 units: probabilities up to 2^8 against a stale row maximum (bf16/fp16/fp32 P)
 RESCALE_LOG2: tl.constexpr = tl.constexpr(8.0)
@@ -294,9 +295,12 @@ _SCHEDULE_STAGES = {0: 2, 2: 3, 3: 3}
 _SMALL_BELOW_BATCH = 8
 _TWO_PER_SM_FROM_BATCH = 64
 _ALL_HEADS_FROM_BATCH = 128
-# bf16 q over fp8 keys from this batch on: the two-pass schedule (H200 run 20-decode: B=32 39.3 us against 44.7,
-# B=48 46.5 / 53.3, B=64 46.5 / 51.5, B=96 82.0 / 94.8, B=128 82.7 / 90.1; B=16 33.5 against 31.6)
+# bf16 q over fp8 keys from this batch on: the two-pass schedule. Its Triton passes (H200 run 20-decode: B=32
+# 39.3 us against 44.7, B=48 46.5 / 53.3, B=64 46.5 / 51.5, B=96 82.0 / 94.8, B=128 82.7 / 90.1; B=16 33.5
+# against 31.6); its Gluon passes on Hopper from B=8 (run 25-decode: B=8 16.9 against 25.2, B=16 20.7 / 31.5,
+# B=32 26.9 / 46.1, B=64 43.5 / 51.4, B=128 78.2 / 89.1; B=1 16.3 against 15.1)
 _TWO_PASS_FROM_BATCH = 32
+_TWO_PASS_FROM_BATCH_GLUON = 8
 
 
 def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | None = None,
@@ -305,7 +309,7 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
                   q_bytes: int = 2, one_loop: bool = True, qk_fp16: bool | None = None,
                   lazy_rescale: bool | None = None, defer_sum: bool | None = None,
                   values_warps: int | None = None, values_stages: int | None = None,
-                  fp8_scores: bool = False) -> dict:
+                  fp8_scores: bool = False, gluon: bool = False) -> dict:
     """Default launch parameters, the fastest configurations measured on an H200 (H=64, D=512, W=128, k=512;
     runs 4, 7, 10-13 and 15-16; sparse_README.md), for 2-byte q:
     - B < 8: 16 heads, 4 warps, entry splits to fill the GPU, one pipelined loop over 64-entry tiles at two
@@ -324,7 +328,8 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
       169.6 and 206.3 us).
     With fp8_scores (bf16 q over fp8 keys, where the two-pass schedule's score dots run as fp8 MMAs) B >= 32
     takes the two-pass schedule instead (schedule 3, `_two_pass_config`; run 20-decode: 1.09-1.16x the one-pass
-    defaults from B=32 to 128).
+    defaults from B=32 to 128), and B >= 8 where its passes run in Gluon (`gluon`: Hopper; run 25-decode:
+    1.11-1.71x the one-pass defaults from B=8 to 128).
     fp32 q keeps the B < 128 regimes with 32-entry tiles. one_loop=False (the scopes' K or V dtypes differ) keeps
     the two loops at every batch. An explicit block_h other than the regime's keeps the 8-warp default."""
     two_byte = q_bytes <= 2
@@ -332,7 +337,8 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
     two_per_sm = (two_byte and not all_heads and _TWO_PER_SM_FROM_BATCH <= bsz and block_h in (None, 32)
                   and num_warps in (None, 4))
     small = one_loop and two_byte and bsz < _SMALL_BELOW_BATCH
-    if schedule is None and fp8_scores and one_loop and bsz >= _TWO_PASS_FROM_BATCH and block_h in (None, 64):
+    two_pass_from = _TWO_PASS_FROM_BATCH_GLUON if gluon else _TWO_PASS_FROM_BATCH
+    if schedule is None and fp8_scores and one_loop and bsz >= two_pass_from and block_h in (None, 64):
         schedule = 3
     if schedule is None:
         schedule = 2 if (all_heads or small) else 0
@@ -476,7 +482,9 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                         splits=splits, num_warps=num_warps, schedule=schedule, num_stages=num_stages,
                         q_bytes=q.element_size(), one_loop=one_loop, qk_fp16=qk_fp16, lazy_rescale=lazy_rescale,
                         defer_sum=defer_sum, values_warps=values_warps, values_stages=values_stages,
-                        fp8_scores=fp8_keys and q.dtype == torch.bfloat16 and qk_fp8 is not False)
+                        fp8_scores=fp8_keys and q.dtype == torch.bfloat16 and qk_fp8 is not False,
+                        gluon=(gluon_scores is not False and gluon_values is not False
+                               and has_gluon_hopper(q.device.index or 0)))
     block_h, block_dv, splits, block_kv = cfg["block_h"], cfg["block_dv"], cfg["splits"], cfg["block_kv"]
     schedule, num_stages = cfg["schedule"], cfg["num_stages"]
     qk_fp16 = (cfg["qk_fp16"] and q.dtype in (torch.bfloat16, torch.float16) and win_k.element_size() == 1

@@ -297,6 +297,9 @@ def test_launch_config_batch_regimes():
     two_pass = {b: launch_config(b, 64, 512, 640, fp8_scores=True) for b in (16, 32, 64, 128)}
     assert two_pass[16]["schedule"] == 0
     assert [(two_pass[b]["schedule"], two_pass[b]["splits"]) for b in (32, 64, 128)] == [(3, 4), (3, 2), (3, 1)]
+    # with the Gluon passes (Hopper) from B=8 (run 25-decode); B=1 keeps the one pass
+    gluon = {b: launch_config(b, 64, 512, 640, fp8_scores=True, gluon=True)["schedule"] for b in (1, 4, 8, 16)}
+    assert gluon == {1: 2, 4: 2, 8: 3, 16: 3}
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the production shape needs a GPU")
