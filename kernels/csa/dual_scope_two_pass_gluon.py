@@ -46,6 +46,28 @@ def _tile_sel(comp_idx_row, t, win_tiles, KSEL, rows, BKV: gl.constexpr):
 
 
 @gluon.jit
+def _issue_value_tile(t, buf, sel, v_smem, p_smem, p_ptr, bq, H, T, win_tiles, win_len, v_rows, v_cols, p_heads,
+                      p_cols, win_base, comp_base, stride_wvn, stride_cvn, BKV: gl.constexpr):
+    """The copies of tile t's value rows and probabilities into ring buffer `buf`, as one commit group."""
+    row_ptrs, ok = _tile_row_ptrs(t, win_tiles, win_len, T, v_rows, sel, win_base, comp_base, stride_wvn,
+                                  stride_cvn, BKV)
+    async_copy.async_copy_global_to_shared(v_smem.index(buf), row_ptrs[:, None] + v_cols[None, :], mask=ok[:, None])
+    p_off = ((bq * T + t) * H + p_heads[:, None]) * BKV + p_cols[None, :]
+    async_copy.async_copy_global_to_shared(p_smem.index(buf), p_ptr + p_off, mask=(p_heads[:, None] < H) & (t < T))
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _issue_key_tile(t, buf, sel, k_smem, t_end, win_tiles, win_len, k_rows, k_cols, win_base, comp_base, stride_wkn,
+                    stride_ckn, BKV: gl.constexpr):
+    """The copies of tile t's key rows into ring buffer `buf`, as one commit group."""
+    row_ptrs, ok = _tile_row_ptrs(t, win_tiles, win_len, t_end, k_rows, sel, win_base, comp_base, stride_wkn,
+                                  stride_ckn, BKV)
+    async_copy.async_copy_global_to_shared(k_smem.index(buf), row_ptrs[:, None] + k_cols[None, :], mask=ok[:, None])
+    async_copy.commit_group()
+
+
+@gluon.jit
 def values_kernel(
     win_v_ptr, win_len_ptr, comp_v_ptr, comp_idx_ptr, p_ptr, m_ptr, l_ptr, sink_ptr, out_ptr, H, W, KSEL, T,
     stride_wvb, stride_wvn, stride_cvb, stride_cvn, stride_ib, stride_ob, stride_oh,
@@ -105,15 +127,9 @@ def values_kernel(
 
     # prologue: tiles 0 .. NUM_BUF - 2 in flight, the indices of tile NUM_BUF - 1 in registers
     for i in gl.static_range(NUM_BUF - 1):
-        sel = _tile_sel(idx_row, i, win_tiles, KSEL, v_rows, BKV)
-        row_ptrs, ok = _tile_row_ptrs(i, win_tiles, win_len, T, v_rows, sel, win_base, comp_base, stride_wvn,
-                                      stride_cvn, BKV)
-        async_copy.async_copy_global_to_shared(v_smem.index(i), row_ptrs[:, None] + v_cols[None, :],
-                                               mask=ok[:, None])
-        p_off = ((bq * T + i) * H + p_heads[:, None]) * BKV + p_cols[None, :]
-        async_copy.async_copy_global_to_shared(p_smem.index(i), p_ptr + p_off,
-                                               mask=(p_heads[:, None] < H) & (i < T))
-        async_copy.commit_group()
+        _issue_value_tile(i, i, _tile_sel(idx_row, i, win_tiles, KSEL, v_rows, BKV), v_smem, p_smem, p_ptr, bq,
+                          H, T, win_tiles, win_len, v_rows, v_cols, p_heads, p_cols, win_base, comp_base,
+                          stride_wvn, stride_cvn, BKV)
     sel_next = _tile_sel(idx_row, NUM_BUF - 1, win_tiles, KSEL, v_rows, BKV)
     m_next = gl.load(m_ptr + (bq * T + 0) * H + r_heads, mask=r_heads < H, other=float("-inf"))
 
@@ -127,15 +143,8 @@ def values_kernel(
         gl.thread_barrier()
         # issue tile t + NUM_BUF - 1 into the buffer tile t - 1 used; fetch the indices of the tile after it
         t_in = t + NUM_BUF - 1
-        buf_in = t_in % NUM_BUF
-        row_ptrs, ok = _tile_row_ptrs(t_in, win_tiles, win_len, T, v_rows, sel_next, win_base, comp_base,
-                                      stride_wvn, stride_cvn, BKV)
-        async_copy.async_copy_global_to_shared(v_smem.index(buf_in), row_ptrs[:, None] + v_cols[None, :],
-                                               mask=ok[:, None])
-        p_off = ((bq * T + t_in) * H + p_heads[:, None]) * BKV + p_cols[None, :]
-        async_copy.async_copy_global_to_shared(p_smem.index(buf_in), p_ptr + p_off,
-                                               mask=(p_heads[:, None] < H) & (t_in < T))
-        async_copy.commit_group()
+        _issue_value_tile(t_in, t_in % NUM_BUF, sel_next, v_smem, p_smem, p_ptr, bq, H, T, win_tiles, win_len,
+                          v_rows, v_cols, p_heads, p_cols, win_base, comp_base, stride_wvn, stride_cvn, BKV)
         sel_next = _tile_sel(idx_row, t_in + 1, win_tiles, KSEL, v_rows, BKV)
         # tile t: P_t V_t, scaled per head by 2^(m_t - m) / denom
         m_t = m_next
@@ -217,12 +226,8 @@ def scores_kernel(
     t_end = t0 + n_tiles
 
     for i in gl.static_range(NUM_BUF - 1):
-        sel = _tile_sel(idx_row, t0 + i, win_tiles, KSEL, k_rows, BKV)
-        row_ptrs, ok = _tile_row_ptrs(t0 + i, win_tiles, win_len, t_end, k_rows, sel, win_base, comp_base,
-                                      stride_wkn, stride_ckn, BKV)
-        async_copy.async_copy_global_to_shared(k_smem.index(i), row_ptrs[:, None] + k_cols[None, :],
-                                               mask=ok[:, None])
-        async_copy.commit_group()
+        _issue_key_tile(t0 + i, i, _tile_sel(idx_row, t0 + i, win_tiles, KSEL, k_rows, BKV), k_smem, t_end,
+                        win_tiles, win_len, k_rows, k_cols, win_base, comp_base, stride_wkn, stride_ckn, BKV)
     sel_next = _tile_sel(idx_row, t0 + NUM_BUF - 1, win_tiles, KSEL, k_rows, BKV)
     # the key scales and valid mask of the next tile to score, in the layout of the score columns
     c_sel = _tile_sel(idx_row, t0, win_tiles, KSEL, s_cols, BKV)
@@ -238,11 +243,8 @@ def scores_kernel(
         fence_async_shared()
         gl.thread_barrier()
         t_in = t + NUM_BUF - 1
-        row_ptrs, ok = _tile_row_ptrs(t_in, win_tiles, win_len, t_end, k_rows, sel_next, win_base, comp_base,
-                                      stride_wkn, stride_ckn, BKV)
-        async_copy.async_copy_global_to_shared(k_smem.index((j + NUM_BUF - 1) % NUM_BUF),
-                                               row_ptrs[:, None] + k_cols[None, :], mask=ok[:, None])
-        async_copy.commit_group()
+        _issue_key_tile(t_in, (j + NUM_BUF - 1) % NUM_BUF, sel_next, k_smem, t_end, win_tiles, win_len, k_rows,
+                        k_cols, win_base, comp_base, stride_wkn, stride_ckn, BKV)
         sel_next = _tile_sel(idx_row, t_in + 1, win_tiles, KSEL, k_rows, BKV)
         ks = ks_next
         s_ok = ok_next
