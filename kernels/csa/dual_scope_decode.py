@@ -483,8 +483,8 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                         q_bytes=q.element_size(), one_loop=one_loop, qk_fp16=qk_fp16, lazy_rescale=lazy_rescale,
                         defer_sum=defer_sum, values_warps=values_warps, values_stages=values_stages,
                         fp8_scores=fp8_keys and q.dtype == torch.bfloat16 and qk_fp8 is not False,
-                        gluon=(gluon_scores is not False and gluon_values is not False
-                               and has_gluon_hopper(q.device.index or 0)))
+                        gluon=(gluon_scores is not False and gluon_values is not False and not v_scaled
+                               and win_v.dtype == comp_v.dtype == q.dtype and has_gluon_hopper(q.device.index or 0)))
     block_h, block_dv, splits, block_kv = cfg["block_h"], cfg["block_dv"], cfg["splits"], cfg["block_kv"]
     schedule, num_stages = cfg["schedule"], cfg["num_stages"]
     qk_fp16 = (cfg["qk_fp16"] and q.dtype in (torch.bfloat16, torch.float16) and win_k.element_size() == 1
