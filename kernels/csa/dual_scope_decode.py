@@ -39,8 +39,7 @@ import triton
 import triton.language as tl
 
 from zoe_kernels.csa.dual_scope_tiles import LOG2E, preload_sel, score_q, tile_rows, tile_sel
-from zoe_kernels.csa.dual_scope_two_pass import two_pass_decode
-from zoe_kernels.platform import has_gluon_hopper
+from zoe_kernels.csa.dual_scope_two_pass import gluon_ready, two_pass_decode
 
 # LAZY_RESCALE's threshold in log2 units: probabilities up to 2^8 against a stale row maximum (bf16/fp16/fp32 P)
 RESCALE_LOG2: tl.constexpr = tl.constexpr(8.0)
@@ -484,7 +483,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                         defer_sum=defer_sum, values_warps=values_warps, values_stages=values_stages,
                         fp8_scores=fp8_keys and q.dtype == torch.bfloat16 and qk_fp8 is not False,
                         gluon=(gluon_scores is not False and gluon_values is not False and not v_scaled
-                               and win_v.dtype == comp_v.dtype == q.dtype and has_gluon_hopper(q.device.index or 0)))
+                               and gluon_ready(q, win_v, comp_v)))
     block_h, block_dv, splits, block_kv = cfg["block_h"], cfg["block_dv"], cfg["splits"], cfg["block_kv"]
     schedule, num_stages = cfg["schedule"], cfg["num_stages"]
     qk_fp16 = (cfg["qk_fp16"] and q.dtype in (torch.bfloat16, torch.float16) and win_k.element_size() == 1

@@ -132,11 +132,12 @@ def _values_kernel(
     l_all = tl.load(l_ptr + stat, mask=stat_ok, other=0.0)
     top = tl.max(m_all, axis=0)
     if HAS_SINK:
-        top = tl.maximum(top, tl.load(sink_ptr + heads, mask=h_ok, other=float("-inf")) * 1.4426950408889634)
+        sink = tl.load(sink_ptr + heads, mask=h_ok, other=float("-inf")) * 1.4426950408889634
+        top = tl.maximum(top, sink)
     top = tl.where(top == float("-inf"), 0.0, top)
     denom = tl.sum(l_all * tl.exp2(m_all - top[None, :]), axis=0)
     if HAS_SINK:
-        denom += tl.exp2(tl.load(sink_ptr + heads, mask=h_ok, other=float("-inf")) * 1.4426950408889634 - top)
+        denom += tl.exp2(sink - top)
     inv = tl.where(denom > 0, 1.0 / tl.where(denom > 0, denom, 1.0), 0.0)
     # every tile's factor 2^(m_t - m) / denom up front (a load in the loop that feeds no dot is not pipelined)
     f_all = tl.exp2(m_all - top[None, :]) * inv[None, :]  # [T_P2, BH]
@@ -178,7 +179,7 @@ def two_pass_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs
     launch = {"launch_pdl": True} if pdl else {}
     sink_t = sink if sink is not None else m
     scores_grid = (bsz, head_blocks, triton.cdiv(tiles, tiles_per_prog))
-    gluon_s = qk_fp8 and k_scaled and not v_scaled and gluon_scores_supported(q, d, block_h, block_kv)
+    gluon_s = qk_fp8 and k_scaled and not v_scaled and gluon_scores_supported(q, win_v, comp_v, d, block_h, block_kv)
     if gluon_scores and not gluon_s:
         raise ValueError("gluon_scores needs an sm_90 GPU with Gluon, 2-byte q split into fp8 parts over fp8 keys "
                          "(qk_fp8), no value scales, block_h=64, D a multiple of 128 and block_kv a multiple of 16")
@@ -219,18 +220,23 @@ def two_pass_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs
     return out
 
 
+def gluon_ready(q, win_v, comp_v) -> bool:
+    """Both Gluon passes can take calls like this one at some block sizes: an sm_90 GPU whose Triton has Gluon
+    (and this module's Gluon kernels imported), 2-byte q, and values of q's dtype (the MMA reads them as copied)."""
+    return (dual_scope_two_pass_gluon is not None and has_gluon_hopper(q.device.index or 0)
+            and q.dtype in (torch.bfloat16, torch.float16) and win_v.dtype == comp_v.dtype == q.dtype)
+
+
 def gluon_values_supported(q, win_v, comp_v, block_h: int, block_dv: int, block_kv: int) -> bool:
-    """Whether the Gluon values pass can take this call: Hopper with Gluon, values of q's 2-byte dtype (the
-    MMA reads them as copied), 64 heads per program, 64-256 value columns, 16-entry multiples per tile."""
-    return (dual_scope_two_pass_gluon is not None and has_gluon_hopper(q.device.index or 0)
-            and win_v.dtype == comp_v.dtype == q.dtype and q.dtype in (torch.bfloat16, torch.float16)
-            and block_h == 64 and block_dv in (64, 128, 256) and block_kv % 16 == 0 and 16 <= block_kv <= 128)
-
-
-def gluon_scores_supported(q, d: int, block_h: int, block_kv: int) -> bool:
-    """Whether the Gluon scores pass can take this call (besides fp8 score dots, key scales and no value scales,
-    which the caller checks): Hopper with Gluon, 2-byte q, 64 heads per program, D in 128-column steps,
-    16-entry multiples per tile."""
-    return (dual_scope_two_pass_gluon is not None and has_gluon_hopper(q.device.index or 0)
-            and q.dtype in (torch.bfloat16, torch.float16) and block_h == 64 and d % 128 == 0
+    """Whether the Gluon values pass can take this call: `gluon_ready`, 64 heads per program, 64-256 value
+    columns, 16-entry multiples per tile."""
+    return (gluon_ready(q, win_v, comp_v) and block_h == 64 and block_dv in (64, 128, 256)
             and block_kv % 16 == 0 and 16 <= block_kv <= 128)
+
+
+def gluon_scores_supported(q, win_v, comp_v, d: int, block_h: int, block_kv: int) -> bool:
+    """Whether the Gluon scores pass can take this call (besides fp8 score dots, key scales and no value scales,
+    which the caller checks): `gluon_ready`, 64 heads per program, D in 128-column steps, 16-entry multiples
+    per tile."""
+    return (gluon_ready(q, win_v, comp_v) and block_h == 64 and d % 128 == 0 and block_kv % 16 == 0
+            and 16 <= block_kv <= 128)
