@@ -10,8 +10,9 @@ exactly the rows it copies, one tile ahead, in the layout of its copies; the gat
 NVMMA-swizzled shared memory by cp.async through a ring of NUM_BUF buffers (NUM_BUF - 1 tiles in flight),
 and warpgroup MMAs read them there. One block barrier per tile makes every thread's copies visible to them.
 What it bought (H200 run 25-decode, the same run): at B=64 scores 23.1 against 24.6 us and values 20.4 against
-22.7 (44 against 47 us in all); at B=32 26.9 against 38.7 us in all. `_tile_row_ptrs` is the Gluon twin of
-`dual_scope_tiles.tile_rows` (Triton's helpers take no layouts).
+22.7 (44 against 47 us in all); at B=32 26.9 against 38.7 us in all. `_tile_row_ptrs` and the values
+pass's softmax statistics are Gluon twins of `dual_scope_tiles.tile_rows` and of the Triton values pass's
+(Triton's jit helpers take no layouts, so Gluon cannot call them); a change to one needs the other.
 
 - `scores_kernel`: bf16 (or fp16) q over fp8 keys with per-entry scales, no value scales: q split into two
   e4m3 parts (dual_scope_tiles.split_q_fp8's split) in shared memory once, two fp8 MMAs per tile.
