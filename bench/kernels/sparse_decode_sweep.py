@@ -164,13 +164,43 @@ RUN23 = [("default", {}), ("triton both", TRI), ("gluon values only", dict(gluon
 # run25-decode: today's defaults (both passes in Gluon on Hopper, its scores pass with 8 warps) against the
 # Triton passes and the one-pass defaults, at every batch
 RUN25 = [("default", {}), ("two passes", dict(schedule=3)), ("triton both", TRI), ("one-pass default", dict(qk_fp8=False))]
+# run26-decode: the one-pass Gluon kernel (schedule 4) at its tile sizes and rings, beside today's defaults
+RUN26 = [("default", {}), ("fused 64x2", dict(schedule=4, block_kv=64, num_stages=2)),
+         ("fused 32x4", dict(schedule=4, block_kv=32, num_stages=4)),
+         ("fused 32x3", dict(schedule=4, block_kv=32, num_stages=3)),
+         ("fused 64x2 dv128", dict(schedule=4, block_dv=128, block_kv=64, num_stages=2)),
+         ("fused 64x2 split2", dict(schedule=4, block_kv=64, num_stages=2, splits=2))]
+# run27-decode: the one-pass Gluon kernel with two warpgroups (warp specialization) or the scores a tile ahead
+RUN27 = [("default", {}), ("fused 32x3", dict(schedule=4, block_kv=32, num_stages=3)),
+         ("fused ws 32x2", dict(schedule=4, block_kv=32, num_stages=2, warp_specialize=True)),
+         ("fused ahead 32x4", dict(schedule=4, block_kv=32, num_stages=4, scores_ahead=True)),
+         ("fused ahead 32x3", dict(schedule=4, block_kv=32, num_stages=3, scores_ahead=True)),
+         ("fused ws 32x2 split2", dict(schedule=4, block_kv=32, num_stages=2, warp_specialize=True, splits=2))]
+# run28-decode: q split once per sequence by its own launch (split_q_kernel), copied in by the one-pass kernel
+RUN28 = [("default", {}), ("fused 32x3", dict(schedule=4, block_kv=32, num_stages=3)),
+         ("fused 32x4", dict(schedule=4, block_kv=32, num_stages=4)),
+         ("fused ws 32x2", dict(schedule=4, block_kv=32, num_stages=2, warp_specialize=True)),
+         ("fused ahead 32x4", dict(schedule=4, block_kv=32, num_stages=4, scores_ahead=True))]
+# run29-decode: the one-pass kernel with warp specialization (a producer warpgroup, two consumers) at its rings
+RUN29 = [("default", {}), ("fused 32x3", dict(schedule=4, block_kv=32, num_stages=3)),
+         ("fused ws 32x5", dict(schedule=4, block_kv=32, num_stages=5, warp_specialize=True)),
+         ("fused ws 32x4", dict(schedule=4, block_kv=32, num_stages=4, warp_specialize=True)),
+         ("fused ws 64x2", dict(schedule=4, block_kv=64, num_stages=2, warp_specialize=True))]
+# run30-decode: the one-pass kernel with the program's selected indices staged in shared memory
+RUN30 = [("default", {}), ("fused 32x3", dict(schedule=4, block_kv=32, num_stages=3)),
+         ("fused 32x4", dict(schedule=4, block_kv=32, num_stages=4)),
+         ("fused 64x2", dict(schedule=4, block_kv=64, num_stages=2)),
+         ("fused ws 32x4", dict(schedule=4, block_kv=32, num_stages=4, warp_specialize=True))]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
 SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
         "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128),
         "run18": (RUN18_LARGE, RUN18_SMALL, RUN18_128), "run19": (RUN19_LARGE, RUN19_SMALL, RUN19_LARGE),
         "run20": (RUN20_LARGE, RUN20_LARGE, RUN20_LARGE), "run21": (RUN21, RUN21, RUN21),
         "run22": (RUN22, RUN21, RUN22), "run23": (RUN23, RUN23, RUN23),
-        "run25": (RUN25, RUN25, RUN25)}
+        "run25": (RUN25, RUN25, RUN25), "run26": (RUN26, RUN26, RUN26),
+        "run27": (RUN27, RUN27, RUN27), "run28": (RUN28, RUN28, RUN28),
+        "run29": (RUN29, RUN29, RUN29),
+        "run30": (RUN30, RUN30, RUN30)}
 VARIANT_SET = "run25"
 
 

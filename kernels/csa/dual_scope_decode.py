@@ -38,8 +38,14 @@ import torch
 import triton
 import triton.language as tl
 
-from zoe_kernels.csa.dual_scope_tiles import LOG2E, preload_sel, score_q, tile_rows, tile_sel
+from zoe_kernels.csa.dual_scope_tiles import LOG2E, preload_sel, score_q, split_q_kernel, tile_rows, tile_sel
 from zoe_kernels.csa.dual_scope_two_pass import gluon_ready, two_pass_decode
+from zoe_kernels.platform import has_pdl
+
+try:  # the one-pass Hopper (Gluon) kernel; a Triton without Gluon keeps the others
+    from zoe_kernels.csa import dual_scope_fused_gluon
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    dual_scope_fused_gluon = None
 
 # LAZY_RESCALE's threshold in log2 units: probabilities up to 2^8 against a stale row maximum (bf16/fp16/fp32 P)
 RESCALE_LOG2: tl.constexpr = tl.constexpr(8.0)
@@ -289,7 +295,7 @@ _MIN_UNSPLIT_PROGRAMS = 64
 # also measured 1 (the next tile's rows loaded into registers by hand: 97.4 us at B=64) and the dots swapped to
 # K q^T and V^T P^T (84.4-93.7 us), both slower than the 59.3 us default and removed after run 13 (commit d43a03d
 # has them). The softmax options qk_fp16, lazy_rescale and defer_sum are on per batch regime (launch_config)
-_SCHEDULE_STAGES = {0: 2, 2: 3, 3: 3}
+_SCHEDULE_STAGES = {0: 2, 2: 3, 3: 3, 4: 2}
 # batch regimes for 2-byte q (H200 runs 10-13, H=64, D=512; see launch_config)
 _SMALL_BELOW_BATCH = 8
 _TWO_PER_SM_FROM_BATCH = 64
@@ -308,7 +314,7 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
                   q_bytes: int = 2, one_loop: bool = True, qk_fp16: bool | None = None,
                   lazy_rescale: bool | None = None, defer_sum: bool | None = None,
                   values_warps: int | None = None, values_stages: int | None = None,
-                  fp8_scores: bool = False, gluon: bool = False) -> dict:
+                  fp8_scores: bool = False, gluon: bool = False, warp_specialize: bool | None = None) -> dict:
     """Default launch parameters, the fastest configurations measured on an H200 (H=64, D=512, W=128, k=512;
     runs 4, 7, 10-13 and 15-16; sparse_README.md), for 2-byte q:
     - B < 8: 16 heads, 4 warps, entry splits to fill the GPU, one pipelined loop over 64-entry tiles at two
@@ -345,6 +351,9 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
         raise ValueError(f"schedule must be one of {sorted(_SCHEDULE_STAGES)}, got {schedule}")
     if not one_loop:
         schedule = 0  # schedules 2 and 3 select between the scopes' row pointers: one dtype per tensor kind
+    if schedule == 4:
+        return _fused_config(bsz, heads, d, entries, block_dv=block_dv, block_kv=block_kv, splits=splits,
+                             num_stages=num_stages, warp_specialize=warp_specialize)
     if schedule == 3:
         return _two_pass_config(bsz, heads, d, entries, block_h=block_h, block_dv=block_dv, block_kv=block_kv,
                                 splits=splits, num_warps=num_warps, num_stages=num_stages, qk_fp16=qk_fp16,
@@ -399,6 +408,84 @@ def _two_pass_config(bsz: int, heads: int, d: int, entries: int, *, block_h, blo
             "values_warps": values_warps or num_warps or 4, "values_stages": values_stages or num_stages or 3}
 
 
+def _fused_config(bsz: int, heads: int, d: int, entries: int, *, block_dv, block_kv, splits, num_stages,
+                  warp_specialize=None) -> dict:
+    """Launch parameters of the one-pass Gluon kernel (dual_scope_fused_gluon.py): 64 heads and block_dv value
+    columns per program, block_kv entries per tile through a ring of num_stages buffers, splits programs over a
+    sequence's entries (as many as fill one wave of 132)."""
+    block_dv = min(block_dv or 256, d)
+    block_kv = block_kv or 64
+    tiles = max(1, triton.cdiv(entries, block_kv))
+    programs = bsz * triton.cdiv(heads, 64) * (d // block_dv)
+    if splits is None:
+        splits = max(1, _TARGET_PROGRAMS // programs)
+    splits = max(1, min(splits, tiles))
+    return {"block_h": 64, "block_dv": block_dv, "block_kv": block_kv, "splits": splits, "num_warps": 4,
+            "schedule": 4, "num_stages": num_stages or _SCHEDULE_STAGES[4], "qk_fp16": False, "lazy_rescale": False,
+            "defer_sum": False, "warp_specialize": bool(warp_specialize)}
+
+
+def fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled: bool, d: int, block_dv: int, block_kv: int,
+                    num_stages: int, warp_specialize: bool = False) -> bool:
+    """Whether the one-pass Gluon kernel can take this call: an sm_90 GPU with Gluon, bf16 q over fp8 e4m3 keys
+    (with their scales) and bf16 values without scales, D in 128-column steps, 64-256 value columns per program,
+    32- or 64-entry tiles, and q's parts and the ring of tiles within 227 KB of shared memory (with warp
+    specialization a ring that can hold the consumers' accumulators for their merge)."""
+    smem = 2 * 64 * d + num_stages * block_kv * (d + 2 * block_dv + 8)
+    if warp_specialize and (64 * block_dv * 4 > num_stages * block_kv * min(d, 2 * block_dv)):
+        return False
+    return (dual_scope_fused_gluon is not None and gluon_ready(q, win_v, comp_v) and q.dtype == torch.bfloat16
+            and win_k.dtype == comp_k.dtype == torch.float8_e4m3fn and not v_scaled and d % 128 == 0
+            and block_dv in (64, 128, 256) and d % block_dv == 0 and block_kv in (32, 64) and num_stages >= 2
+            and smem <= 227 * 1024)
+
+
+_ONES: dict = {}
+
+
+def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink, scale_log2, out, *,
+                  block_dv: int, block_kv: int, splits: int, num_stages: int, warp_specialize: bool) -> torch.Tensor:
+    """q split once per sequence (`split_q_kernel`), then the one-pass Gluon launch (and the merge of its
+    splits) on tensors `dual_scope_decode` has checked and prepared; writes and returns `out`."""
+    bsz, heads, d = q.shape
+    w_entries, k_sel = win_k.shape[1], comp_idx.shape[1]
+    tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
+    tiles_per_split = triton.cdiv(tiles, splits)
+    splits = triton.cdiv(tiles, tiles_per_split)
+    final = splits == 1
+    dev = q.device
+    part_out = torch.empty((bsz, splits, heads, d) if not final else (1,), dtype=torch.float32, device=dev)
+    part_lse = torch.empty((bsz, splits, heads) if not final else (1,), dtype=torch.float32, device=dev)
+    sink_t = sink if sink is not None else part_lse
+    q8 = torch.empty((bsz, 2, heads, d), dtype=torch.float8_e4m3fn, device=dev)
+    q_scale = torch.empty((bsz, heads), dtype=torch.float32, device=dev)
+    ones = _ONES.get(dev)
+    if ones is None:  # the valid-entry flags' source (one per tile row), made once per device
+        ones = _ONES[dev] = torch.ones(128, dtype=torch.float32, device=dev)
+    pdl = has_pdl(dev.index or 0)
+    split_q_kernel[(bsz, triton.cdiv(heads, 16))](q, q8, q_scale, heads, scale_log2, q.stride(0), q.stride(1), D=d,
+                                                   BH=16, PDL=pdl, num_warps=4)
+    args = (q8, q_scale, ones, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink_t, out, part_out,
+            part_lse, heads, w_entries, k_sel, tiles, q8.stride(0), win_k.stride(0), win_k.stride(1), win_v.stride(0),
+            win_v.stride(1), comp_k.stride(0), comp_k.stride(1), comp_v.stride(0), comp_v.stride(1),
+            comp_idx.stride(0), wks.stride(0), cks.stride(0), out.stride(0), out.stride(1))
+    grid = (bsz, triton.cdiv(heads, 64) * (d // block_dv), splits)
+    meta = dict(D=d, DV=block_dv, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, NUM_BUF=num_stages, FINAL=final,
+                HAS_SINK=sink is not None, num_warps=4, **({"launch_pdl": True} if pdl else {}))
+    if warp_specialize:
+        import os  # TEMP(run 29): the register split under test
+        cr, pr = (int(x) for x in os.environ.get("ZOE_WS_REGS", "224,56").split(","))
+        dual_scope_fused_gluon.fused_ws_kernel[grid](*args, CONSUMER_REGS=cr, PRODUCER_REGS=pr, **meta)
+    else:
+        dual_scope_fused_gluon.fused_kernel[grid](*args, **meta)
+    if not final:
+        merge_partials_kernel[(bsz, triton.cdiv(heads, 16))](
+            part_out, part_lse, sink_t, out, part_lse, heads, splits, out.stride(0), out.stride(1),
+            D=d, BH=16, SPLITS_P2=triton.next_power_of_2(splits), HAS_SINK=sink is not None, WRITE_LSE=False,
+            num_warps=4)
+    return out
+
+
 def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor, win_len: torch.Tensor,
                       comp_k: torch.Tensor, comp_v: torch.Tensor, comp_idx: torch.Tensor, *,
                       win_k_scale: torch.Tensor | None = None, win_v_scale: torch.Tensor | None = None,
@@ -410,7 +497,8 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                       qk_fp16: bool | None = None, lazy_rescale: bool | None = None,
                       defer_sum: bool | None = None, values_warps: int | None = None,
                       values_stages: int | None = None, qk_fp8: bool | None = None,
-                      gluon_values: bool | None = None, gluon_scores: bool | None = None) -> torch.Tensor:
+                      gluon_values: bool | None = None, gluon_scores: bool | None = None,
+                      warp_specialize: bool | None = None) -> torch.Tensor:
     """Decode attention of one query token per sequence over its window plus its selected entries.
 
     q: [B, H, D] (bf16, fp16 or fp32; D a power of two); win_k/win_v: [B, W, D]; win_len: [B];
@@ -483,7 +571,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                         defer_sum=defer_sum, values_warps=values_warps, values_stages=values_stages,
                         fp8_scores=fp8_keys and q.dtype == torch.bfloat16 and qk_fp8 is not False,
                         gluon=(gluon_scores is not False and gluon_values is not False and not v_scaled
-                               and gluon_ready(q, win_v, comp_v)))
+                               and gluon_ready(q, win_v, comp_v)), warp_specialize=warp_specialize)
     block_h, block_dv, splits, block_kv = cfg["block_h"], cfg["block_dv"], cfg["splits"], cfg["block_kv"]
     schedule, num_stages = cfg["schedule"], cfg["num_stages"]
     qk_fp16 = (cfg["qk_fp16"] and q.dtype in (torch.bfloat16, torch.float16) and win_k.element_size() == 1
@@ -497,6 +585,15 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     out = torch.empty((bsz, heads, d), dtype=q.dtype, device=dev)
     if bsz == 0:
         return out
+    if schedule == 4:
+        ws = cfg["warp_specialize"]
+        if not fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled, d, block_dv, block_kv, num_stages, ws):
+            raise ValueError("schedule 4 (one pass in Gluon) needs an sm_90 GPU with Gluon, bf16 q over fp8 e4m3 keys "
+                             "and bf16 values without scales, D a multiple of 128, block_dv in (64, 128, 256) "
+                             "dividing D, block_kv 32 or 64 and at least 2 stages within 227 KB of shared memory")
+        return _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink_f32, scale * LOG2E,
+                             out, block_dv=block_dv, block_kv=block_kv, splits=splits, num_stages=num_stages,
+                             warp_specialize=ws)
     if schedule == 3:
         return two_pass_decode(
             q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, sink_f32, scale * LOG2E, out,

@@ -9,6 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from zoe_kernels.platform import gdc_launch_dependents
+
 LOG2E = 1.4426950408889634
 
 
@@ -80,6 +82,39 @@ def split_q_fp8(q):
     amax = tl.max(tl.abs(qf), axis=1)
     c = tl.exp2(tl.minimum(tl.floor(tl.log2(448.0 / tl.where(amax > 0, amax, 448.0))), 126.0))
     qs = qf * c[:, None]
-    hi = qs.to(tl.float8e4nv)
-    lo = (qs - hi.to(tl.float32)).to(tl.float8e4nv)
-    return hi, lo, 1.0 / c
+    hi_f = e4m3_round(qs)
+    return hi_f.to(tl.float8e4nv), (qs - hi_f).to(tl.float8e4nv), 1.0 / c
+
+
+@triton.jit
+def e4m3_round(x):
+    """x (float32, |x| <= 448) rounded to nearest-even at e4m3's 3 mantissa bits, in float32, by integer
+    arithmetic on its bits: representable in e4m3 wherever e4m3 is normal (|x| >= 2^-6), and x - e4m3_round(x) is
+    exact in float32 with at most 4 significant bits. Triton 3.6 converted such fp8 values back to float32 wrongly
+    for half of the elements in `split_q_kernel`'s layout on an H200 (run 28-decode: lo off by up to 448 while
+    hi was right), and a bitcast of them to integers went wrong the same way (run 29), so the split never reads
+    an fp8 value back."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000  # round at bit 20, ties to even; carries into e
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def split_q_kernel(q_ptr, q8_ptr, qs_ptr, H, qk_scale_log2, stride_qb, stride_qh, D: tl.constexpr, BH: tl.constexpr,
+                   PDL: tl.constexpr):
+    """Program (b, head block): q[b] [H, D] as `split_q_fp8`'s two e4m3 parts into q8 [B, 2, H, D] (hi, then lo)
+    and each head's score scale qk_scale_log2 / c into qs [B, H]: once per sequence, for the one-pass Gluon
+    kernel (dual_scope_fused_gluon), whose programs copy them in. With PDL the next launch may start at once (it
+    waits for this one's writes before reading them)."""
+    if PDL:
+        gdc_launch_dependents()
+    b = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BH + tl.arange(0, BH)
+    h_ok = heads < H
+    dd = tl.arange(0, D)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dd[None, :], mask=h_ok[:, None], other=0.0)
+    hi, lo, inv_c = split_q_fp8(q)
+    rows = (b * 2 * H + heads) * D
+    tl.store(q8_ptr + rows[:, None] + dd[None, :], hi, mask=h_ok[:, None])
+    tl.store(q8_ptr + (rows + H * D)[:, None] + dd[None, :], lo, mask=h_ok[:, None])
+    tl.store(qs_ptr + b * H + heads, qk_scale_log2 * inv_c, mask=h_ok)

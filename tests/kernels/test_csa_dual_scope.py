@@ -190,6 +190,65 @@ def test_two_pass_gluon_on_gpu(block_dv, values_warps, stages, splits, with_sink
         assert (out[2].cpu() == 0).all()
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the one-pass Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("block_dv,block_kv,stages,splits,with_sink,ws", [
+    (256, 32, 3, None, True, False), (128, 64, 2, 3, True, False), (256, 32, 3, 2, False, False),
+    (256, 32, 4, 1, True, True), (256, 32, 4, 3, False, True), (128, 64, 2, None, True, True),
+    (256, 64, 2, 2, False, True)])
+def test_fused_gluon_on_gpu(block_dv, block_kv, stages, splits, with_sink, ws):
+    # the one-pass Hopper kernel (dual_scope_fused_gluon.py, schedule 4) against the reference and against the
+    # two-pass schedule on the same inputs: 70 heads (a second, part-masked head block), a ragged window, -1
+    # holes, a sequence with no entry, tiles past the selection's end, one split (the output written by the
+    # program) and several (partials merged)
+    from zoe_kernels.csa.dual_scope_decode import fused_supported
+
+    gen = torch.Generator().manual_seed(60 + block_dv + block_kv + stages)
+    args = _case(5, 70, 512, 100, 600, 300, torch.bfloat16, fp8_kv=False, gen=gen)
+    args["comp_idx"][3, ::7] = -1
+    kw = {"sink": torch.randn(70, generator=gen)} if with_sink else {}
+    q = torch.empty(1, 1, 512, dtype=torch.bfloat16, device=DEVICE)
+    k8 = torch.empty(1, 1, 512, dtype=FP8, device=DEVICE)
+    if not fused_supported(q, k8, k8, q, q, False, 512, block_dv, block_kv, stages, ws):
+        pytest.skip("no sm_90 GPU with Gluon")
+    out = _run(args, schedule=4, block_dv=block_dv, block_kv=block_kv, num_stages=stages, splits=splits,
+               warp_specialize=ws, **kw)
+    _check(out, _reference(args, **kw), torch.bfloat16)
+    two = _run(args, schedule=3, **kw)
+    assert ((out.float() - two.float()).norm() / two.float().norm()) < 4e-3
+    if not with_sink:
+        assert (out[2].cpu() == 0).all()
+
+
+def test_split_q_kernel():
+    # q's two e4m3 parts for the one-pass Gluon kernel, heads of magnitudes 1e-3 to 1e2 and a masked head block:
+    # (hi + lo) / c is q (on the GPU to 2^-16 of each head's largest; the CPU interpreter misrounds float32 ->
+    # e4m3, so there within 1e-2), and the stored score scale is qk_scale_log2 / c with c a power of two
+    import triton
+
+    from zoe_kernels.csa.dual_scope_tiles import split_q_kernel
+
+    gen = torch.Generator().manual_seed(31)
+    b, h, d = 3, 20, 128
+    q = (torch.randn(b, h, d, generator=gen) * torch.logspace(-3, 2, h)[None, :, None]).to(torch.bfloat16)
+    qd = q.to(DEVICE) if ON_GPU else q.to(torch.float16)  # the interpreter's numpy has no bfloat16
+    q8 = torch.full((b, 2, h, d), float("nan"), device=DEVICE).to(FP8)
+    qs = torch.full((b, h), float("nan"), device=DEVICE)
+    split_q_kernel[(b, triton.cdiv(h, 16))](qd, q8, qs, h, 0.5, qd.stride(0), qd.stride(1), D=d, BH=16, PDL=False)
+    c = 0.5 / qs.cpu().double()
+    assert torch.isfinite(c).all() and (torch.log2(c) == torch.log2(c).round()).all()
+    back = (q8[:, 0].cpu().double() + q8[:, 1].cpu().double()) / c[..., None]
+    err = (back - q.double()).abs().amax(dim=-1) / q.double().abs().amax(dim=-1)
+    assert err.max() <= (2**-16 if ON_GPU else 1e-2)  # values under ~2^-11 of their head's largest: 2^-18 absolute
+
+
+def test_fused_schedule_rejected_where_it_cannot_run():
+    # schedule 4 on inputs it cannot take (fp16 q here; on the CPU nothing): a clear error, not a wrong answer
+    gen = torch.Generator().manual_seed(5)
+    args = _case(2, 4, 128, 8, 20, 6, torch.float16, fp8_kv=False, gen=gen)
+    with pytest.raises(ValueError, match="schedule 4"):
+        _run(args, schedule=4)
+
+
 @pytest.mark.parametrize("block_h,block_dv,splits", [(16, 16, 1), (32, 64, 4)])
 def test_two_pass_head_and_column_blocks(block_h, block_dv, splits):
     # two passes over 20 heads in blocks of 16 or 32 (the last one part-masked), value columns in blocks,

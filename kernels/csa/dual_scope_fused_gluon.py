@@ -1,0 +1,437 @@
+"""CSA dual-scope decode in one pass, written in Gluon for Hopper (sm_90): `dual_scope_decode(..., schedule=4)`.
+
+The same attention as `dual_scope_decode` (its docstring has the math, shapes and index conventions) for bf16
+q over fp8 e4m3 keys with per-entry scales and bf16 values without scales (the DeepSeek-V4 cache), with no
+intermediate in global memory: programs (sequence b, head block of 64 x value-column block of DV, entry split),
+one warpgroup each, run an online softmax over the entry tiles:
+
+- per tile, the gathered key rows (all D columns, fp8), value rows (the program's DV columns) and key scales are
+  copied into shared memory by cp.async, NUM_BUF - 1 tiles ahead, each thread loading the indices of exactly
+  the rows it copies one tile ahead (as in `dual_scope_two_pass_gluon`);
+- S = q K^T as two fp8 warpgroup MMAs on q split into two e4m3 parts per head (`split_q_fp8`'s split, in
+  shared memory once per program), scaled per head and per entry in registers;
+- m, l and the [64, DV] float32 accumulator stay in the warpgroup's registers; P goes to the value MMA from
+  registers (no shared-memory round trip), acc = alpha * acc + P V.
+
+Why: the two-pass schedule (`dual_scope_two_pass`) reads the keys in one launch and the values in another and
+moves P through L2 between them; at B=64 its passes took 23.1 and 20.4 us against a 16.9 us byte floor for
+the whole attention (H200 run 25-decode). Here each program reads its keys and values once, in one launch.
+The value columns are split into D / DV blocks (DV <= 256: the MMA's N and the accumulator's 128 registers per
+thread), so the scores are computed once per block: the sibling blocks of a sequence run at the same time and
+read its key rows from L2. With one split the program normalizes, adds the sink and writes the output; with
+several it writes a normalized partial with its log-sum-exp and `merge_partials_kernel` merges them.
+`_tile_row_ptrs` and `_tile_sel` are `dual_scope_two_pass_gluon`'s.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, mbarrier, \
+    warpgroup_mma, warpgroup_mma_wait
+
+from zoe_kernels.csa.dual_scope_two_pass_gluon import _tile_row_ptrs, _tile_sel
+
+
+@gluon.jit
+def _issue_tile(t, slot, k_sel, v_sel, c_sel, k_ring, v_ring, ks_ring, vld_ring, ones_ptr, t_end, win_tiles, win_len,
+                k_rows, k_cols, v_rows, v_cols, c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base,
+                comp_ks_base, stride_wkn, stride_ckn, stride_wvn, stride_cvn, BKV: gl.constexpr):
+    """The cp.async copies of tile t into ring `slot`: its key rows, value rows, key scales, and 1.0 for each valid
+    entry (masked copies write zeros: a masked entry's row, scale and flag are 0)."""
+    k_ptrs, k_ok = _tile_row_ptrs(t, win_tiles, win_len, t_end, k_rows, k_sel, win_k_base, comp_k_base, stride_wkn,
+                                  stride_ckn, BKV)
+    async_copy.async_copy_global_to_shared(k_ring.index(slot), k_ptrs[:, None] + k_cols[None, :], mask=k_ok[:, None])
+    v_ptrs, v_ok = _tile_row_ptrs(t, win_tiles, win_len, t_end, v_rows, v_sel, win_v_base, comp_v_base, stride_wvn,
+                                  stride_cvn, BKV)
+    async_copy.async_copy_global_to_shared(v_ring.index(slot), v_ptrs[:, None] + v_cols[None, :], mask=v_ok[:, None])
+    s_ptrs, s_ok = _tile_row_ptrs(t, win_tiles, win_len, t_end, c_rows, c_sel, win_ks_base, comp_ks_base, 1, 1, BKV)
+    async_copy.async_copy_global_to_shared(ks_ring.index(slot), s_ptrs, mask=s_ok)
+    async_copy.async_copy_global_to_shared(vld_ring.index(slot), ones_ptr + c_rows, mask=s_ok)
+
+
+@gluon.jit
+def _stage_sel(idx_smem, idx_row, t0, t_end, win_tiles, KSEL, TP2: gl.constexpr, BKV: gl.constexpr):
+    """The selected indices of tiles t0 .. t_end - 1 into idx_smem [TP2, BKV] (row i: tile t0 + i; -1 outside the
+    selection and for window tiles), by plain loads whose latency overlaps the copies already in flight; the
+    caller's next barrier makes them visible. Each tile's row pointers then come from shared memory: an index
+    load from global memory right before the copies it feeds waited on it every tile (H200 run 27 `ncu`: a third
+    of the loop's stall samples on the address arithmetic)."""
+    lay: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])
+    ti = gl.arange(0, TP2, layout=gl.SliceLayout(1, lay))
+    rr = gl.arange(0, BKV, layout=gl.SliceLayout(0, lay))
+    pos = (t0 + ti[:, None] - win_tiles) * BKV + rr[None, :]
+    ok = (pos >= 0) & (pos < KSEL) & ((t0 + ti[:, None]) < t_end)
+    flat2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    idx_smem._reinterpret(gl.int32, [TP2, BKV], flat2).store(gl.load(idx_row + pos, mask=ok, other=-1))
+
+
+@gluon.jit
+def _score_mma(q_hi_smem, q_lo_smem, k_buf, s_zero):
+    """The score MMAs of one key tile, asynchronous: (q_hi + q_lo) K^T, two fp8 MMAs on the rows as copied."""
+    k_t = k_buf.permute((1, 0))  # [D, BKV]: the keys' D contiguous (K-major)
+    s = warpgroup_mma(q_hi_smem, k_t, s_zero, use_acc=False, is_async=True)
+    return warpgroup_mma(q_lo_smem, k_t, s, is_async=True)
+
+
+@gluon.jit
+def _attend_tile(s, ks_buf, vld_buf, v_buf, row_scale, m_i, l_i, acc, mma_s: gl.constexpr, mma_o: gl.constexpr):
+    """One tile's step of the online softmax in base 2 from its scores s: scaled per head and per entry, -inf for
+    a masked entry; acc = alpha acc + P V, P from registers. Returns the new m, l and acc."""
+    ks = ks_buf.load(gl.SliceLayout(0, mma_s))
+    vld = vld_buf.load(gl.SliceLayout(0, mma_s))
+    s = gl.where(vld[None, :] > 0, s * row_scale[:, None] * ks[None, :], float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
+    p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
+    pv = warpgroup_mma(gl.convert_layout(p.to(v_buf.dtype), p_op), v_buf, acc, is_async=True)
+    return m_new, l_i, pv
+
+
+@gluon.jit
+def _finish(acc, m, l, r_heads, o_cols, H, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, bq, split, n_splits,
+            stride_ob, stride_oh, dv0, D: gl.constexpr, FINAL: gl.constexpr, HAS_SINK: gl.constexpr):
+    """Columns o_cols of the program's output from acc (relative to its rows' m) and the denominators l: with
+    FINAL normalized (the sink in the denominator) into `out`, else a normalized partial and its log-sum-exp."""
+    h_ok = r_heads < H
+    if FINAL:
+        denom = l
+        if HAS_SINK:
+            sink = gl.load(sink_ptr + r_heads, mask=h_ok, other=float("-inf")) * 1.4426950408889634
+            top = gl.maximum(m, sink)
+            top = gl.where(top == float("-inf"), 0.0, top)
+            f = gl.exp2(gl.where(m == float("-inf"), top, m) - top)
+            denom = l * f + gl.exp2(sink - top)
+            acc = acc * f[:, None]
+        inv = gl.where(denom > 0, 1.0 / gl.where(denom > 0, denom, 1.0), 0.0)
+        o_ptrs = out_ptr + bq * stride_ob + r_heads[:, None] * stride_oh + o_cols[None, :]
+        gl.store(o_ptrs, (acc * inv[:, None]).to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
+    else:
+        inv = gl.where(l > 0, 1.0 / gl.where(l > 0, l, 1.0), 0.0)
+        row = (bq * n_splits + split) * H + r_heads
+        gl.store(part_out_ptr + row[:, None] * D + o_cols[None, :], acc * inv[:, None], mask=h_ok[:, None])
+        lse = gl.where(l > 0, m + gl.log2(gl.where(l > 0, l, 1.0)), float("-inf"))
+        gl.store(part_lse_ptr + row, lse, mask=h_ok & (dv0 == 0))
+
+
+@gluon.jit
+def _copy_q(q_hi_smem, q_lo_smem, scale_smem, q8_ptr, qs_ptr, b, bq, h0, H, stride_q8b, D: gl.constexpr,
+            WARPS: gl.constexpr):
+    """q's two e4m3 parts and the per-head score scale (split_q_kernel, the launch before this one) into shared
+    memory by cp.async, after the previous launch's writes are visible (programmatic dependent launch lets this
+    program start before that launch ends)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    q_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [WARPS, 1], [1, 0])
+    q_heads = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, q_copy))
+    q_cols = gl.arange(0, D, layout=gl.SliceLayout(0, q_copy))
+    q_rows = q8_ptr + bq * stride_q8b + q_heads[:, None].to(gl.int64) * D + q_cols[None, :]
+    q_ok = (q_heads < H)[:, None]
+    async_copy.async_copy_global_to_shared(q_hi_smem, q_rows, mask=q_ok)
+    async_copy.async_copy_global_to_shared(q_lo_smem, q_rows + H * D, mask=q_ok)
+    s_heads = h0 + gl.arange(0, 64, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    async_copy.async_copy_global_to_shared(scale_smem, qs_ptr + b * H + s_heads, mask=s_heads < H)
+
+
+@gluon.jit
+def fused_kernel(
+    q8_ptr, qs_ptr, ones_ptr, win_k_ptr, win_v_ptr, win_len_ptr, comp_k_ptr, comp_v_ptr, comp_idx_ptr, win_ks_ptr,
+    comp_ks_ptr, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, H, W, KSEL, T, stride_q8b, stride_wkb, stride_wkn,
+    stride_wvb, stride_wvn, stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_ib, stride_wksb, stride_cksb,
+    stride_ob, stride_oh,
+    D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr, TILES_PER_SPLIT: gl.constexpr, NUM_BUF: gl.constexpr,
+    FINAL: gl.constexpr, HAS_SINK: gl.constexpr, num_warps: gl.constexpr,
+):
+    """Program (b, head block x value-column block, split), one warpgroup: see the module docstring. part_out:
+    [B, splits, H, D] float32, part_lse: [B, splits, H] (log2 units), written only without FINAL."""
+    gl.static_assert(num_warps == 4, "one warpgroup: m, l and the accumulator's rows stay in its warps")
+    BH: gl.constexpr = 64  # heads per program: the warpgroup MMA's M
+    b = gl.program_id(0)
+    n_vblk: gl.constexpr = D // DV
+    h0 = (gl.program_id(1) // n_vblk) * BH
+    dv0 = (gl.program_id(1) % n_vblk) * DV
+    split = gl.program_id(2)
+    t0 = split * TILES_PER_SPLIT
+    t_end = gl.minimum(t0 + TILES_PER_SPLIT, T)
+    n_tiles = t_end - t0
+    bq = b.to(gl.int64)
+
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BKV, 32])
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV, 16])
+    k_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    v_copy: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    c_copy: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    fp8: gl.constexpr = gl.float8e4nv
+    vdt: gl.constexpr = win_v_ptr.dtype.element_ty
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rank 1: the ring index drops the leading dim
+    q_hi_smem = gl.allocate_shared_memory(fp8, [BH, D], gl.NVMMASharedLayout.get_default_for([BH, D], fp8))
+    q_lo_smem = gl.allocate_shared_memory(fp8, [BH, D], gl.NVMMASharedLayout.get_default_for([BH, D], fp8))
+    scale_smem = gl.allocate_shared_memory(gl.float32, [BH], flat)
+    k_ring = gl.allocate_shared_memory(fp8, [NUM_BUF, BKV, D], gl.NVMMASharedLayout.get_default_for([BKV, D], fp8))
+    v_ring = gl.allocate_shared_memory(vdt, [NUM_BUF, BKV, DV], gl.NVMMASharedLayout.get_default_for([BKV, DV], vdt))
+    ks_ring = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BKV], flat)
+    vld_ring = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BKV], flat)
+    TP2: gl.constexpr = triton.next_power_of_2(TILES_PER_SPLIT)
+    idx_smem = gl.allocate_shared_memory(gl.int32, [TP2, BKV], flat)
+
+    win_len = gl.minimum(gl.load(win_len_ptr + b), W)
+    win_tiles = gl.cdiv(W, BKV)
+    k_rows = gl.arange(0, BKV, layout=gl.SliceLayout(1, k_copy))
+    k_cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_copy))
+    v_rows = gl.arange(0, BKV, layout=gl.SliceLayout(1, v_copy))
+    v_cols = dv0 + gl.arange(0, DV, layout=gl.SliceLayout(0, v_copy))
+    c_rows = gl.arange(0, BKV, layout=c_copy)
+    win_k_base = win_k_ptr + bq * stride_wkb
+    comp_k_base = comp_k_ptr + bq * stride_ckb
+    win_v_base = win_v_ptr + bq * stride_wvb
+    comp_v_base = comp_v_ptr + bq * stride_cvb
+    win_ks_base = win_ks_ptr + bq * stride_wksb
+    comp_ks_base = comp_ks_ptr + bq * stride_cksb
+    idx_row = comp_idx_ptr + bq * stride_ib
+
+    # prologue: tiles 0 .. NUM_BUF - 2 in flight (one commit group each), then q (its own group), then the
+    # program's selected indices into shared memory
+    for i in gl.static_range(NUM_BUF - 1):
+        t = t0 + i
+        _issue_tile(t, i, _tile_sel(idx_row, t, win_tiles, KSEL, k_rows, BKV),
+                    _tile_sel(idx_row, t, win_tiles, KSEL, v_rows, BKV), _tile_sel(idx_row, t, win_tiles, KSEL, c_rows,
+                    BKV), k_ring, v_ring, ks_ring, vld_ring, ones_ptr, t_end, win_tiles, win_len, k_rows, k_cols,
+                    v_rows, v_cols, c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base,
+                    comp_ks_base, stride_wkn, stride_ckn, stride_wvn, stride_cvn, BKV)
+        async_copy.commit_group()
+    _copy_q(q_hi_smem, q_lo_smem, scale_smem, q8_ptr, qs_ptr, b, bq, h0, H, stride_q8b, D, 4)
+    async_copy.commit_group()
+    _stage_sel(idx_smem, idx_row, t0, t_end, win_tiles, KSEL, TP2, BKV)
+    async_copy.wait_group(0)
+    fence_async_shared()
+    gl.thread_barrier()
+
+    row_scale = scale_smem.load(gl.SliceLayout(1, mma_s))
+    m_i = gl.full([BH], float("-inf"), gl.float32, layout=gl.SliceLayout(1, mma_s))
+    l_i = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, mma_s))
+    acc = gl.zeros([BH, DV], gl.float32, layout=mma_o)
+    s_zero = gl.zeros([BH, BKV], gl.float32, layout=mma_s)
+    for j in range(0, n_tiles):
+        # tile j landed (each thread's own copies), visible to the MMAs' async proxy and to every thread (the
+        # barrier, which also orders tile j - 1's MMA and shared-memory reads before the copies into its slot)
+        async_copy.wait_group(NUM_BUF - 2)
+        fence_async_shared()
+        gl.thread_barrier()
+        slot = j % NUM_BUF
+        s = _score_mma(q_hi_smem, q_lo_smem, k_ring.index(slot), s_zero)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        m_i, l_i, pv = _attend_tile(s, ks_ring.index(slot), vld_ring.index(slot), v_ring.index(slot), row_scale, m_i,
+                                    l_i, acc, mma_s, mma_o)
+        # while the value MMA runs: tile j + NUM_BUF - 1 into the slot tile j - 1 used
+        jn = gl.minimum(j + NUM_BUF - 1, TP2 - 1)  # past the program's tiles: masked copies, any indices
+        _issue_tile(t0 + j + NUM_BUF - 1, (j + NUM_BUF - 1) % NUM_BUF, idx_smem.index(jn).load(gl.SliceLayout(1, k_copy)),
+                    idx_smem.index(jn).load(gl.SliceLayout(1, v_copy)), idx_smem.index(jn).load(c_copy), k_ring,
+                    v_ring, ks_ring, vld_ring, ones_ptr, t_end, win_tiles, win_len, k_rows, k_cols, v_rows, v_cols,
+                    c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base, comp_ks_base, stride_wkn,
+                    stride_ckn, stride_wvn, stride_cvn, BKV)
+        async_copy.commit_group()
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv, ))
+    async_copy.wait_group(0)
+
+    r_heads = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, mma_o))
+    o_cols = dv0 + gl.arange(0, DV, layout=gl.SliceLayout(0, mma_o))
+    _finish(acc, gl.convert_layout(m_i, gl.SliceLayout(1, mma_o)), gl.convert_layout(l_i, gl.SliceLayout(1, mma_o)),
+            r_heads, o_cols, H, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, bq, split, gl.num_programs(2), stride_ob,
+            stride_oh, dv0, D, FINAL, HAS_SINK)
+
+
+@gluon.jit
+def _ws_produce(j, t0, t_end, idx_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty, ones_ptr, win_tiles, win_len,
+                k_rows, k_cols, v_rows, v_cols, c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base,
+                comp_ks_base, stride_wkn, stride_ckn, stride_wvn, stride_cvn, BKV: gl.constexpr, NUM_BUF: gl.constexpr):
+    """Tile t0 + j into slot j % NUM_BUF once its previous tile there was consumed; its full barrier completes
+    when every producer thread's copies have landed."""
+    slot = j % NUM_BUF
+    mbarrier.wait(empty.index(slot), ((j // NUM_BUF) + 1) & 1, pred=j >= NUM_BUF)
+    k_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    v_copy: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    c_copy: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    sel = idx_smem.index(j)
+    _issue_tile(t0 + j, slot, sel.load(gl.SliceLayout(1, k_copy)), sel.load(gl.SliceLayout(1, v_copy)),
+                sel.load(c_copy), k_ring, v_ring, ks_ring, vld_ring, ones_ptr, t_end, win_tiles, win_len, k_rows, k_cols,
+                v_rows, v_cols, c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base, comp_ks_base,
+                stride_wkn, stride_ckn, stride_wvn, stride_cvn, BKV)
+    async_copy.mbarrier_arrive(full.index(slot), increment_count=False)
+
+
+@gluon.jit
+def _ws_producer(k_ring, v_ring, ks_ring, vld_ring, idx_smem, q_hi_smem, q_lo_smem, scale_smem, full, empty, q_bar,
+                 q8_ptr, qs_ptr, ones_ptr, b, h0, H, stride_q8b, t0, t_end, win_tiles, win_len, KSEL, idx_row, dv0,
+                 win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base, comp_ks_base, stride_wkn, stride_ckn,
+                 stride_wvn, stride_cvn, D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr, NUM_BUF: gl.constexpr,
+                 TP2: gl.constexpr):
+    """The producer warpgroup: the program's selected indices into shared memory, then every tile into the ring,
+    in order, NUM_BUF ahead of the consumers; q's parts after the first NUM_BUF tiles (they wait for the split
+    launch, the tiles do not)."""
+    k_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    v_copy: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    c_copy: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    k_rows = gl.arange(0, BKV, layout=gl.SliceLayout(1, k_copy))
+    k_cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_copy))
+    v_rows = gl.arange(0, BKV, layout=gl.SliceLayout(1, v_copy))
+    v_cols = dv0 + gl.arange(0, DV, layout=gl.SliceLayout(0, v_copy))
+    c_rows = gl.arange(0, BKV, layout=c_copy)
+    n_tiles = t_end - t0
+    _stage_sel(idx_smem, idx_row, t0, t_end, win_tiles, KSEL, TP2, BKV)
+    gl.thread_barrier()
+    for j in range(0, gl.minimum(n_tiles, NUM_BUF)):
+        _ws_produce(j, t0, t_end, idx_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty, ones_ptr, win_tiles, win_len,
+                    k_rows, k_cols, v_rows, v_cols, c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base,
+                    win_ks_base, comp_ks_base, stride_wkn, stride_ckn, stride_wvn, stride_cvn, BKV, NUM_BUF)
+    _copy_q(q_hi_smem, q_lo_smem, scale_smem, q8_ptr, qs_ptr, b, b.to(gl.int64), h0, H, stride_q8b, D, 4)
+    async_copy.mbarrier_arrive(q_bar, increment_count=False)
+    for j in range(NUM_BUF, n_tiles):
+        _ws_produce(j, t0, t_end, idx_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty, ones_ptr, win_tiles, win_len,
+                    k_rows, k_cols, v_rows, v_cols, c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base,
+                    win_ks_base, comp_ks_base, stride_wkn, stride_ckn, stride_wvn, stride_cvn, BKV, NUM_BUF)
+
+
+@gluon.jit
+def _ws_consume(WG: gl.constexpr, q_hi_smem, q_lo_smem, scale_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty,
+                q_bar, n_tiles, DV: gl.constexpr, BKV: gl.constexpr, NUM_BUF: gl.constexpr):
+    """Consumer warpgroup WG's online softmax over the tiles j = WG, WG + 2, ... of the ring: wait for the tile's
+    copies, score MMAs, softmax, value MMA, release the slot. Returns m, l ([64]) and acc ([64, DV])."""
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BKV, 32])
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV, 16])
+    mbarrier.wait(q_bar, 0)
+    row_scale = scale_smem.load(gl.SliceLayout(1, mma_s))
+    m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, mma_s))
+    l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, mma_s))
+    acc = gl.zeros([64, DV], gl.float32, layout=mma_o)
+    s_zero = gl.zeros([64, BKV], gl.float32, layout=mma_s)
+    for i in range(0, (n_tiles - WG + 1) // 2):
+        j = WG + 2 * i
+        slot = j % NUM_BUF
+        mbarrier.wait(full.index(slot), (j // NUM_BUF) & 1)
+        fence_async_shared()  # the copies (generic proxy) before the MMAs' reads (async proxy)
+        s = _score_mma(q_hi_smem, q_lo_smem, k_ring.index(slot), s_zero)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        m_i, l_i, pv = _attend_tile(s, ks_ring.index(slot), vld_ring.index(slot), v_ring.index(slot), row_scale, m_i,
+                                    l_i, acc, mma_s, mma_o)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv, ))
+        mbarrier.arrive(empty.index(slot))
+    return m_i, l_i, acc
+
+
+@gluon.jit
+def _ws_consumer0(q_hi_smem, q_lo_smem, scale_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty, q_bar, done0,
+                  n_tiles, DV: gl.constexpr, BKV: gl.constexpr, NUM_BUF: gl.constexpr):
+    """The default partition: consumer 0 (the even tiles); tells consumer 1 when it no longer reads the ring."""
+    m_i, l_i, acc = _ws_consume(0, q_hi_smem, q_lo_smem, scale_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty,
+                                q_bar, n_tiles, DV, BKV, NUM_BUF)
+    mbarrier.arrive(done0)
+    return m_i, l_i, acc
+
+
+@gluon.jit
+def _ws_consumer1(q_hi_smem, q_lo_smem, scale_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty, q_bar, done0,
+                  acc1_smem, ml_smem, n_tiles, DV: gl.constexpr, BKV: gl.constexpr, NUM_BUF: gl.constexpr):
+    """Consumer 1 (the odd tiles): its state into shared memory (acc over the key ring, free once consumer 0 is
+    done) for the default partition's merge."""
+    m_i, l_i, acc = _ws_consume(1, q_hi_smem, q_lo_smem, scale_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty,
+                                q_bar, n_tiles, DV, BKV, NUM_BUF)
+    mbarrier.wait(done0, 0)
+    acc1_smem.store(acc)
+    ml_smem.index(0).store(m_i)
+    ml_smem.index(1).store(l_i)
+
+
+@gluon.jit
+def fused_ws_kernel(
+    q8_ptr, qs_ptr, ones_ptr, win_k_ptr, win_v_ptr, win_len_ptr, comp_k_ptr, comp_v_ptr, comp_idx_ptr, win_ks_ptr,
+    comp_ks_ptr, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, H, W, KSEL, T, stride_q8b, stride_wkb, stride_wkn,
+    stride_wvb, stride_wvn, stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_ib, stride_wksb, stride_cksb,
+    stride_ob, stride_oh,
+    D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr, TILES_PER_SPLIT: gl.constexpr, NUM_BUF: gl.constexpr,
+    FINAL: gl.constexpr, HAS_SINK: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """`fused_kernel`'s program with warp specialization: a producer warpgroup copies every tile into a ring of
+    NUM_BUF slots (mbarriers: a slot's copies landed / its tile was consumed), two consumer warpgroups take the
+    even and the odd tiles with an online softmax each, and the default partition (consumer 0) merges the two
+    states at the end."""
+    gl.static_assert(num_warps == 4, "the default partition is consumer 0, one warpgroup")
+    gl.static_assert(64 * DV * 4 <= NUM_BUF * BKV * D, "consumer 1's accumulator is handed over in the key ring")
+    gl.static_assert(64 * 4 <= NUM_BUF * BKV * 2, "consumer 0's accumulator is merged from the value ring")
+    BH: gl.constexpr = 64
+    b = gl.program_id(0)
+    n_vblk: gl.constexpr = D // DV
+    h0 = (gl.program_id(1) // n_vblk) * BH
+    dv0 = (gl.program_id(1) % n_vblk) * DV
+    split = gl.program_id(2)
+    t0 = split * TILES_PER_SPLIT
+    t_end = gl.minimum(t0 + TILES_PER_SPLIT, T)
+    bq = b.to(gl.int64)
+
+    fp8: gl.constexpr = gl.float8e4nv
+    vdt: gl.constexpr = win_v_ptr.dtype.element_ty
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    flat2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    q_hi_smem = gl.allocate_shared_memory(fp8, [BH, D], gl.NVMMASharedLayout.get_default_for([BH, D], fp8))
+    q_lo_smem = gl.allocate_shared_memory(fp8, [BH, D], gl.NVMMASharedLayout.get_default_for([BH, D], fp8))
+    scale_smem = gl.allocate_shared_memory(gl.float32, [BH], flat)
+    k_ring = gl.allocate_shared_memory(fp8, [NUM_BUF, BKV, D], gl.NVMMASharedLayout.get_default_for([BKV, D], fp8))
+    v_ring = gl.allocate_shared_memory(vdt, [NUM_BUF, BKV, DV], gl.NVMMASharedLayout.get_default_for([BKV, DV], vdt))
+    ks_ring = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BKV], flat)
+    vld_ring = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BKV], flat)
+    ml_smem = gl.allocate_shared_memory(gl.float32, [2, BH], flat)
+    TP2: gl.constexpr = triton.next_power_of_2(TILES_PER_SPLIT)
+    idx_smem = gl.allocate_shared_memory(gl.int32, [TP2, BKV], flat)
+    full = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    done0 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_BUF):
+        mbarrier.init(full.index(i), count=128)  # every producer thread's copies
+        mbarrier.init(empty.index(i), count=1)  # the consumer of the slot's tile
+    mbarrier.init(q_bar, count=128)
+    mbarrier.init(done0, count=1)
+
+    win_len = gl.minimum(gl.load(win_len_ptr + b), W)
+    win_tiles = gl.cdiv(W, BKV)
+    n_tiles = t_end - t0
+    acc1_smem = k_ring._reinterpret(gl.float32, [BH, DV], flat2)
+    m0, l0, acc0 = gl.warp_specialize([
+        (_ws_consumer0, (q_hi_smem, q_lo_smem, scale_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty, q_bar, done0,
+                         n_tiles, DV, BKV, NUM_BUF)),
+        (_ws_consumer1, (q_hi_smem, q_lo_smem, scale_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty, q_bar, done0,
+                         acc1_smem, ml_smem, n_tiles, DV, BKV, NUM_BUF)),
+        (_ws_producer, (k_ring, v_ring, ks_ring, vld_ring, idx_smem, q_hi_smem, q_lo_smem, scale_smem, full, empty,
+                        q_bar, q8_ptr,
+                        qs_ptr, ones_ptr, b, h0, H, stride_q8b, t0, t_end, win_tiles, win_len, KSEL,
+                        comp_idx_ptr + bq * stride_ib, dv0, win_k_ptr + bq * stride_wkb, comp_k_ptr + bq * stride_ckb,
+                        win_v_ptr + bq * stride_wvb, comp_v_ptr + bq * stride_cvb, win_ks_ptr + bq * stride_wksb,
+                        comp_ks_ptr + bq * stride_cksb, stride_wkn, stride_ckn, stride_wvn, stride_cvn, D, DV, BKV,
+                        NUM_BUF, TP2))], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+
+    # the merge: consumer 0's accumulator over the value ring, both states combined [BH, 64] columns at a time
+    acc0_smem = v_ring._reinterpret(gl.float32, [BH, DV], flat2)
+    acc0_smem.store(acc0)
+    gl.thread_barrier()
+    ep: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
+    m0 = gl.convert_layout(m0, gl.SliceLayout(1, ep))
+    l0 = gl.convert_layout(l0, gl.SliceLayout(1, ep))
+    m1 = ml_smem.index(0).load(gl.SliceLayout(1, ep))
+    l1 = ml_smem.index(1).load(gl.SliceLayout(1, ep))
+    m = gl.maximum(m0, m1)
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    f0 = gl.exp2(m0 - m_safe)
+    f1 = gl.exp2(m1 - m_safe)
+    l = l0 * f0 + l1 * f1
+    e_heads = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, ep))
+    EC: gl.constexpr = 64
+    for ci in gl.static_range(DV // EC):
+        a = (acc0_smem.slice(ci * EC, EC, dim=1).load(ep) * f0[:, None]
+             + acc1_smem.slice(ci * EC, EC, dim=1).load(ep) * f1[:, None])
+        e_cols = dv0 + ci * EC + gl.arange(0, EC, layout=gl.SliceLayout(0, ep))
+        _finish(a, m, l, e_heads, e_cols, H, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, bq, split,
+                gl.num_programs(2), stride_ob, stride_oh, dv0, D, FINAL, HAS_SINK)
