@@ -171,6 +171,7 @@ RUN26 = [("default", {}), ("fused 64x2", dict(schedule=4, block_kv=64, num_stage
          ("fused 64x2 dv128", dict(schedule=4, block_dv=128, block_kv=64, num_stages=2)),
          ("fused 64x2 split2", dict(schedule=4, block_kv=64, num_stages=2, splits=2))]
 # run27-decode: the one-pass Gluon kernel with two warpgroups (warp specialization) or the scores a tile ahead
+# (runs 27-30 ran options removed after them: warp_specialize, scores_ahead; their commits are in sparse_README.md)
 RUN27 = [("default", {}), ("fused 32x3", dict(schedule=4, block_kv=32, num_stages=3)),
          ("fused ws 32x2", dict(schedule=4, block_kv=32, num_stages=2, warp_specialize=True)),
          ("fused ahead 32x4", dict(schedule=4, block_kv=32, num_stages=4, scores_ahead=True)),
@@ -191,6 +192,17 @@ RUN30 = [("default", {}), ("fused 32x3", dict(schedule=4, block_kv=32, num_stage
          ("fused 32x4", dict(schedule=4, block_kv=32, num_stages=4)),
          ("fused 64x2", dict(schedule=4, block_kv=64, num_stages=2)),
          ("fused ws 32x4", dict(schedule=4, block_kv=32, num_stages=4, warp_specialize=True))]
+# run31-decode: the one-pass kernel with its indices loaded first and 16-byte output stores, at every batch
+RUN31 = [("default", {}), ("fused 32x3", dict(schedule=4, block_kv=32, num_stages=3)),
+         ("fused 32x4", dict(schedule=4, block_kv=32, num_stages=4)),
+         ("two passes", dict(schedule=3))]
+# run32-decode: the one-pass kernel's lazy rescale (the accumulator multiplied only when a maximum grows by > 2^8)
+RUN32 = [("default", {}), ("fused 32x3", dict(schedule=4, block_kv=32, num_stages=3)),
+         ("fused 32x3 eager", dict(schedule=4, block_kv=32, num_stages=3, lazy_rescale=False)),
+         ("fused 32x4", dict(schedule=4, block_kv=32, num_stages=4))]
+# run33-decode: today's defaults (the one-pass Gluon kernel from B=8 on Hopper) beside the Gluon two passes and
+# the one-pass Triton kernel they replaced, at every batch
+RUN33 = [("default", {}), ("two passes", dict(schedule=3)), ("one-pass triton", dict(qk_fp8=False))]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
 SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
         "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128),
@@ -200,8 +212,9 @@ SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12
         "run25": (RUN25, RUN25, RUN25), "run26": (RUN26, RUN26, RUN26),
         "run27": (RUN27, RUN27, RUN27), "run28": (RUN28, RUN28, RUN28),
         "run29": (RUN29, RUN29, RUN29),
-        "run30": (RUN30, RUN30, RUN30)}
-VARIANT_SET = "run25"
+        "run30": (RUN30, RUN30, RUN30), "run31": (RUN31, RUN31, RUN31),
+        "run32": (RUN32, RUN32, RUN32), "run33": (RUN33, RUN33, RUN33)}
+VARIANT_SET = "run33"
 
 
 def variants(b: int) -> list[tuple[str, dict]]:

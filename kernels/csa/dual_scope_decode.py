@@ -295,7 +295,7 @@ _MIN_UNSPLIT_PROGRAMS = 64
 # also measured 1 (the next tile's rows loaded into registers by hand: 97.4 us at B=64) and the dots swapped to
 # K q^T and V^T P^T (84.4-93.7 us), both slower than the 59.3 us default and removed after run 13 (commit d43a03d
 # has them). The softmax options qk_fp16, lazy_rescale and defer_sum are on per batch regime (launch_config)
-_SCHEDULE_STAGES = {0: 2, 2: 3, 3: 3, 4: 2}
+_SCHEDULE_STAGES = {0: 2, 2: 3, 3: 3, 4: 3}
 # batch regimes for 2-byte q (H200 runs 10-13, H=64, D=512; see launch_config)
 _SMALL_BELOW_BATCH = 8
 _TWO_PER_SM_FROM_BATCH = 64
@@ -314,7 +314,7 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
                   q_bytes: int = 2, one_loop: bool = True, qk_fp16: bool | None = None,
                   lazy_rescale: bool | None = None, defer_sum: bool | None = None,
                   values_warps: int | None = None, values_stages: int | None = None,
-                  fp8_scores: bool = False, gluon: bool = False, warp_specialize: bool | None = None) -> dict:
+                  fp8_scores: bool = False, gluon: bool = False) -> dict:
     """Default launch parameters, the fastest configurations measured on an H200 (H=64, D=512, W=128, k=512;
     runs 4, 7, 10-13 and 15-16; sparse_README.md), for 2-byte q:
     - B < 8: 16 heads, 4 warps, entry splits to fill the GPU, one pipelined loop over 64-entry tiles at two
@@ -331,10 +331,11 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
       stages, entry splits up to 128 programs (B=128: 1 split, 91.1-91.7 us against 108.0-108.7, runs 11 and 13),
       deferred sums (89.7-89.9 against 91.5-92.6 us, run 16; fp16 score dots and lazy rescale spill there:
       169.6 and 206.3 us).
-    With fp8_scores (bf16 q over fp8 keys, where the two-pass schedule's score dots run as fp8 MMAs) B >= 32
-    takes the two-pass schedule instead (schedule 3, `_two_pass_config`; run 20-decode: 1.09-1.16x the one-pass
-    defaults from B=32 to 128), and B >= 8 where its passes run in Gluon (`gluon`: Hopper; run 25-decode:
-    1.11-1.71x the one-pass defaults from B=8 to 128).
+    With fp8_scores (bf16 q over fp8 keys, where the score dots run as fp8 MMAs) B >= 32 takes the two-pass
+    schedule instead (schedule 3, `_two_pass_config`; run 20-decode: 1.09-1.16x the one-pass defaults from B=32 to
+    128), and B >= 8 where Gluon runs (`gluon`: Hopper) the one-pass Gluon kernel (schedule 4, `_fused_config`;
+    run 31-decode: B=8 16.8 us against 17.2 for the Gluon two passes, B=16 19.0 / 21.0, B=32 25.2 / 27.5, B=64
+    32.7 / 45.1, B=128 66.7 / 81.2), or the Gluon two passes where its shared memory does not fit (D > 512).
     fp32 q keeps the B < 128 regimes with 32-entry tiles. one_loop=False (the scopes' K or V dtypes differ) keeps
     the two loops at every batch. An explicit block_h other than the regime's keeps the 8-warp default."""
     two_byte = q_bytes <= 2
@@ -344,7 +345,8 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
     small = one_loop and two_byte and bsz < _SMALL_BELOW_BATCH
     two_pass_from = _TWO_PASS_FROM_BATCH_GLUON if gluon else _TWO_PASS_FROM_BATCH
     if schedule is None and fp8_scores and one_loop and bsz >= two_pass_from and block_h in (None, 64):
-        schedule = 3
+        schedule = 4 if gluon and _fused_shape_ok(d, _fused_block_dv(d, block_dv), block_kv or _FUSED_BLOCK_KV,
+                                                  num_stages or _SCHEDULE_STAGES[4]) else 3
     if schedule is None:
         schedule = 2 if (all_heads or small) else 0
     if schedule not in _SCHEDULE_STAGES:
@@ -353,7 +355,7 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
         schedule = 0  # schedules 2 and 3 select between the scopes' row pointers: one dtype per tensor kind
     if schedule == 4:
         return _fused_config(bsz, heads, d, entries, block_dv=block_dv, block_kv=block_kv, splits=splits,
-                             num_stages=num_stages, warp_specialize=warp_specialize)
+                             num_stages=num_stages)
     if schedule == 3:
         return _two_pass_config(bsz, heads, d, entries, block_h=block_h, block_dv=block_dv, block_kv=block_kv,
                                 splits=splits, num_warps=num_warps, num_stages=num_stages, qk_fp16=qk_fp16,
@@ -408,13 +410,30 @@ def _two_pass_config(bsz: int, heads: int, d: int, entries: int, *, block_h, blo
             "values_warps": values_warps or num_warps or 4, "values_stages": values_stages or num_stages or 3}
 
 
-def _fused_config(bsz: int, heads: int, d: int, entries: int, *, block_dv, block_kv, splits, num_stages,
-                  warp_specialize=None) -> dict:
+_FUSED_BLOCK_KV = 32  # schedule 4: 32-entry tiles, 3 ring slots (run 30-decode: B=64 35.6 us, 64-entry tiles 45.5)
+
+
+def _fused_block_dv(d: int, block_dv: int | None) -> int:
+    """Value columns per program of the one-pass Gluon kernel: 256 (the MMA's N, 128 accumulator registers per
+    thread) where they divide D, else 128."""
+    return block_dv or (min(256, d) if d % min(256, d) == 0 else 128)
+
+
+def _fused_shape_ok(d: int, block_dv: int, block_kv: int, num_stages: int) -> bool:
+    """The shapes the one-pass Gluon kernel takes: D in 128-column steps, 64-256 value columns per program
+    dividing D, 32- or 64-entry tiles, at least 2 ring slots, and q's two fp8 parts plus the ring (keys, values,
+    scales, flags) within 227 KB of shared memory."""
+    smem = 2 * 64 * d + num_stages * block_kv * (d + 2 * block_dv + 8)
+    return (d % 128 == 0 and block_dv in (64, 128, 256) and d % block_dv == 0 and block_kv in (32, 64)
+            and num_stages >= 2 and smem <= 227 * 1024)
+
+
+def _fused_config(bsz: int, heads: int, d: int, entries: int, *, block_dv, block_kv, splits, num_stages) -> dict:
     """Launch parameters of the one-pass Gluon kernel (dual_scope_fused_gluon.py): 64 heads and block_dv value
     columns per program, block_kv entries per tile through a ring of num_stages buffers, splits programs over a
     sequence's entries (as many as fill one wave of 132)."""
-    block_dv = min(block_dv or 256, d)
-    block_kv = block_kv or 64
+    block_dv = _fused_block_dv(d, block_dv)
+    block_kv = block_kv or _FUSED_BLOCK_KV
     tiles = max(1, triton.cdiv(entries, block_kv))
     programs = bsz * triton.cdiv(heads, 64) * (d // block_dv)
     if splits is None:
@@ -422,29 +441,24 @@ def _fused_config(bsz: int, heads: int, d: int, entries: int, *, block_dv, block
     splits = max(1, min(splits, tiles))
     return {"block_h": 64, "block_dv": block_dv, "block_kv": block_kv, "splits": splits, "num_warps": 4,
             "schedule": 4, "num_stages": num_stages or _SCHEDULE_STAGES[4], "qk_fp16": False, "lazy_rescale": False,
-            "defer_sum": False, "warp_specialize": bool(warp_specialize)}
+            "defer_sum": False}
 
 
 def fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled: bool, d: int, block_dv: int, block_kv: int,
-                    num_stages: int, warp_specialize: bool = False) -> bool:
+                    num_stages: int) -> bool:
     """Whether the one-pass Gluon kernel can take this call: an sm_90 GPU with Gluon, bf16 q over fp8 e4m3 keys
-    (with their scales) and bf16 values without scales, D in 128-column steps, 64-256 value columns per program,
-    32- or 64-entry tiles, and q's parts and the ring of tiles within 227 KB of shared memory (with warp
-    specialization a ring that can hold the consumers' accumulators for their merge)."""
-    smem = 2 * 64 * d + num_stages * block_kv * (d + 2 * block_dv + 8)
-    if warp_specialize and (64 * block_dv * 4 > num_stages * block_kv * min(d, 2 * block_dv)):
-        return False
+    (with their scales) and bf16 values without scales, at shapes `_fused_shape_ok` allows."""
     return (dual_scope_fused_gluon is not None and gluon_ready(q, win_v, comp_v) and q.dtype == torch.bfloat16
-            and win_k.dtype == comp_k.dtype == torch.float8_e4m3fn and not v_scaled and d % 128 == 0
-            and block_dv in (64, 128, 256) and d % block_dv == 0 and block_kv in (32, 64) and num_stages >= 2
-            and smem <= 227 * 1024)
+            and win_k.dtype == comp_k.dtype == torch.float8_e4m3fn and not v_scaled
+            and _fused_shape_ok(d, block_dv, block_kv, num_stages))
 
 
 _ONES: dict = {}
+_SPLIT_HEADS = 4  # heads per split_q_kernel program
 
 
 def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink, scale_log2, out, *,
-                  block_dv: int, block_kv: int, splits: int, num_stages: int, warp_specialize: bool) -> torch.Tensor:
+                  block_dv: int, block_kv: int, splits: int, num_stages: int) -> torch.Tensor:
     """q split once per sequence (`split_q_kernel`), then the one-pass Gluon launch (and the merge of its
     splits) on tensors `dual_scope_decode` has checked and prepared; writes and returns `out`."""
     bsz, heads, d = q.shape
@@ -463,8 +477,8 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
     if ones is None:  # the valid-entry flags' source (one per tile row), made once per device
         ones = _ONES[dev] = torch.ones(128, dtype=torch.float32, device=dev)
     pdl = has_pdl(dev.index or 0)
-    split_q_kernel[(bsz, triton.cdiv(heads, 16))](q, q8, q_scale, heads, scale_log2, q.stride(0), q.stride(1), D=d,
-                                                   BH=16, PDL=pdl, num_warps=4)
+    split_q_kernel[(bsz, triton.cdiv(heads, _SPLIT_HEADS))](q, q8, q_scale, heads, scale_log2, q.stride(0), q.stride(1),
+                                                            D=d, BH=_SPLIT_HEADS, PDL=pdl, num_warps=4)
     args = (q8, q_scale, ones, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink_t, out, part_out,
             part_lse, heads, w_entries, k_sel, tiles, q8.stride(0), win_k.stride(0), win_k.stride(1), win_v.stride(0),
             win_v.stride(1), comp_k.stride(0), comp_k.stride(1), comp_v.stride(0), comp_v.stride(1),
@@ -472,12 +486,7 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
     grid = (bsz, triton.cdiv(heads, 64) * (d // block_dv), splits)
     meta = dict(D=d, DV=block_dv, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, NUM_BUF=num_stages, FINAL=final,
                 HAS_SINK=sink is not None, num_warps=4, **({"launch_pdl": True} if pdl else {}))
-    if warp_specialize:
-        import os  # TEMP(run 29): the register split under test
-        cr, pr = (int(x) for x in os.environ.get("ZOE_WS_REGS", "224,56").split(","))
-        dual_scope_fused_gluon.fused_ws_kernel[grid](*args, CONSUMER_REGS=cr, PRODUCER_REGS=pr, **meta)
-    else:
-        dual_scope_fused_gluon.fused_kernel[grid](*args, **meta)
+    dual_scope_fused_gluon.fused_kernel[grid](*args, **meta)
     if not final:
         merge_partials_kernel[(bsz, triton.cdiv(heads, 16))](
             part_out, part_lse, sink_t, out, part_lse, heads, splits, out.stride(0), out.stride(1),
@@ -497,8 +506,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                       qk_fp16: bool | None = None, lazy_rescale: bool | None = None,
                       defer_sum: bool | None = None, values_warps: int | None = None,
                       values_stages: int | None = None, qk_fp8: bool | None = None,
-                      gluon_values: bool | None = None, gluon_scores: bool | None = None,
-                      warp_specialize: bool | None = None) -> torch.Tensor:
+                      gluon_values: bool | None = None, gluon_scores: bool | None = None) -> torch.Tensor:
     """Decode attention of one query token per sequence over its window plus its selected entries.
 
     q: [B, H, D] (bf16, fp16 or fp32; D a power of two); win_k/win_v: [B, W, D]; win_len: [B];
@@ -571,7 +579,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                         defer_sum=defer_sum, values_warps=values_warps, values_stages=values_stages,
                         fp8_scores=fp8_keys and q.dtype == torch.bfloat16 and qk_fp8 is not False,
                         gluon=(gluon_scores is not False and gluon_values is not False and not v_scaled
-                               and gluon_ready(q, win_v, comp_v)), warp_specialize=warp_specialize)
+                               and gluon_ready(q, win_v, comp_v)))
     block_h, block_dv, splits, block_kv = cfg["block_h"], cfg["block_dv"], cfg["splits"], cfg["block_kv"]
     schedule, num_stages = cfg["schedule"], cfg["num_stages"]
     qk_fp16 = (cfg["qk_fp16"] and q.dtype in (torch.bfloat16, torch.float16) and win_k.element_size() == 1
@@ -586,14 +594,12 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     if bsz == 0:
         return out
     if schedule == 4:
-        ws = cfg["warp_specialize"]
-        if not fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled, d, block_dv, block_kv, num_stages, ws):
+        if not fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled, d, block_dv, block_kv, num_stages):
             raise ValueError("schedule 4 (one pass in Gluon) needs an sm_90 GPU with Gluon, bf16 q over fp8 e4m3 keys "
                              "and bf16 values without scales, D a multiple of 128, block_dv in (64, 128, 256) "
                              "dividing D, block_kv 32 or 64 and at least 2 stages within 227 KB of shared memory")
         return _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink_f32, scale * LOG2E,
-                             out, block_dv=block_dv, block_kv=block_kv, splits=splits, num_stages=num_stages,
-                             warp_specialize=ws)
+                             out, block_dv=block_dv, block_kv=block_kv, splits=splits, num_stages=num_stages)
     if schedule == 3:
         return two_pass_decode(
             q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, sink_f32, scale * LOG2E, out,

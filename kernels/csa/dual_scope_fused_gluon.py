@@ -28,8 +28,8 @@ from __future__ import annotations
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, mbarrier, \
-    warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, warpgroup_mma, \
+    warpgroup_mma_wait
 
 from zoe_kernels.csa.dual_scope_two_pass_gluon import _tile_row_ptrs, _tile_sel
 
@@ -52,19 +52,18 @@ def _issue_tile(t, slot, k_sel, v_sel, c_sel, k_ring, v_ring, ks_ring, vld_ring,
 
 
 @gluon.jit
-def _stage_sel(idx_smem, idx_row, t0, t_end, win_tiles, KSEL, TP2: gl.constexpr, BKV: gl.constexpr):
-    """The selected indices of tiles t0 .. t_end - 1 into idx_smem [TP2, BKV] (row i: tile t0 + i; -1 outside the
-    selection and for window tiles), by plain loads whose latency overlaps the copies already in flight; the
-    caller's next barrier makes them visible. Each tile's row pointers then come from shared memory: an index
-    load from global memory right before the copies it feeds waited on it every tile (H200 run 27 `ncu`: a third
-    of the loop's stall samples on the address arithmetic)."""
+def _load_sel(idx_row, t0, t_end, win_tiles, KSEL, TP2: gl.constexpr, BKV: gl.constexpr):
+    """The selected indices of tiles t0 .. t_end - 1 as [TP2, BKV] (row i: tile t0 + i; -1 outside the selection
+    and for window tiles), loaded first thing so that their latency overlaps the first copies; `idx_smem` holds
+    them for the loop. Each tile's row pointers then come from shared memory: an index load from global memory
+    right before the copies it feeds waited on it every tile (H200 run 27 `ncu`: a third of the loop's stall
+    samples on the address arithmetic; run 30: 35.6 against 38.6-40.0 us at B=64)."""
     lay: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])
     ti = gl.arange(0, TP2, layout=gl.SliceLayout(1, lay))
     rr = gl.arange(0, BKV, layout=gl.SliceLayout(0, lay))
     pos = (t0 + ti[:, None] - win_tiles) * BKV + rr[None, :]
     ok = (pos >= 0) & (pos < KSEL) & ((t0 + ti[:, None]) < t_end)
-    flat2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    idx_smem._reinterpret(gl.int32, [TP2, BKV], flat2).store(gl.load(idx_row + pos, mask=ok, other=-1))
+    return gl.load(idx_row + pos, mask=ok, other=-1)
 
 
 @gluon.jit
@@ -78,7 +77,9 @@ def _score_mma(q_hi_smem, q_lo_smem, k_buf, s_zero):
 @gluon.jit
 def _attend_tile(s, ks_buf, vld_buf, v_buf, row_scale, m_i, l_i, acc, mma_s: gl.constexpr, mma_o: gl.constexpr):
     """One tile's step of the online softmax in base 2 from its scores s: scaled per head and per entry, -inf for
-    a masked entry; acc = alpha acc + P V, P from registers. Returns the new m, l and acc."""
+    a masked entry; acc = alpha acc + P V, P from registers. Returns the new m, l and the value MMA's token. (A
+    lazy rescale, the accumulator multiplied only when some row's maximum grows by more than 2^8, measured slower:
+    37.2 against 33.1 us at B=64 in run 32, its warpgroup-wide branch costing a cross-warp reduction per tile.)"""
     ks = ks_buf.load(gl.SliceLayout(0, mma_s))
     vld = vld_buf.load(gl.SliceLayout(0, mma_s))
     s = gl.where(vld[None, :] > 0, s * row_scale[:, None] * ks[None, :], float("-inf"))
@@ -95,7 +96,8 @@ def _attend_tile(s, ks_buf, vld_buf, v_buf, row_scale, m_i, l_i, acc, mma_s: gl.
 
 @gluon.jit
 def _finish(acc, m, l, r_heads, o_cols, H, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, bq, split, n_splits,
-            stride_ob, stride_oh, dv0, D: gl.constexpr, FINAL: gl.constexpr, HAS_SINK: gl.constexpr):
+            stride_ob, stride_oh, dv0, D: gl.constexpr, FINAL: gl.constexpr, HAS_SINK: gl.constexpr,
+            st_layout: gl.constexpr):
     """Columns o_cols of the program's output from acc (relative to its rows' m) and the denominators l: with
     FINAL normalized (the sink in the denominator) into `out`, else a normalized partial and its log-sum-exp."""
     h_ok = r_heads < H
@@ -109,8 +111,12 @@ def _finish(acc, m, l, r_heads, o_cols, H, sink_ptr, out_ptr, part_out_ptr, part
             denom = l * f + gl.exp2(sink - top)
             acc = acc * f[:, None]
         inv = gl.where(denom > 0, 1.0 / gl.where(denom > 0, denom, 1.0), 0.0)
-        o_ptrs = out_ptr + bq * stride_ob + r_heads[:, None] * stride_oh + o_cols[None, :]
-        gl.store(o_ptrs, (acc * inv[:, None]).to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
+        # 16 bytes a store: the accumulator's layout holds 2 adjacent columns per thread
+        o = gl.convert_layout((acc * inv[:, None]).to(out_ptr.dtype.element_ty), st_layout)
+        s_heads = gl.convert_layout(r_heads, gl.SliceLayout(1, st_layout))
+        s_cols = gl.convert_layout(o_cols, gl.SliceLayout(0, st_layout))
+        gl.store(out_ptr + bq * stride_ob + s_heads[:, None] * stride_oh + s_cols[None, :], o,
+                 mask=(s_heads < H)[:, None])
     else:
         inv = gl.where(l > 0, 1.0 / gl.where(l > 0, l, 1.0), 0.0)
         row = (bq * n_splits + split) * H + r_heads
@@ -193,8 +199,9 @@ def fused_kernel(
     comp_ks_base = comp_ks_ptr + bq * stride_cksb
     idx_row = comp_idx_ptr + bq * stride_ib
 
-    # prologue: tiles 0 .. NUM_BUF - 2 in flight (one commit group each), then q (its own group), then the
-    # program's selected indices into shared memory
+    # prologue: the program's selected indices on their way, tiles 0 .. NUM_BUF - 2 in flight (one commit group
+    # each), then q (its own group); the indices into shared memory
+    sel_all = _load_sel(idx_row, t0, t_end, win_tiles, KSEL, TP2, BKV)
     for i in gl.static_range(NUM_BUF - 1):
         t = t0 + i
         _issue_tile(t, i, _tile_sel(idx_row, t, win_tiles, KSEL, k_rows, BKV),
@@ -205,7 +212,7 @@ def fused_kernel(
         async_copy.commit_group()
     _copy_q(q_hi_smem, q_lo_smem, scale_smem, q8_ptr, qs_ptr, b, bq, h0, H, stride_q8b, D, 4)
     async_copy.commit_group()
-    _stage_sel(idx_smem, idx_row, t0, t_end, win_tiles, KSEL, TP2, BKV)
+    idx_smem._reinterpret(gl.int32, [TP2, BKV], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])).store(sel_all)
     async_copy.wait_group(0)
     fence_async_shared()
     gl.thread_barrier()
@@ -241,197 +248,4 @@ def fused_kernel(
     o_cols = dv0 + gl.arange(0, DV, layout=gl.SliceLayout(0, mma_o))
     _finish(acc, gl.convert_layout(m_i, gl.SliceLayout(1, mma_o)), gl.convert_layout(l_i, gl.SliceLayout(1, mma_o)),
             r_heads, o_cols, H, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, bq, split, gl.num_programs(2), stride_ob,
-            stride_oh, dv0, D, FINAL, HAS_SINK)
-
-
-@gluon.jit
-def _ws_produce(j, t0, t_end, idx_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty, ones_ptr, win_tiles, win_len,
-                k_rows, k_cols, v_rows, v_cols, c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base,
-                comp_ks_base, stride_wkn, stride_ckn, stride_wvn, stride_cvn, BKV: gl.constexpr, NUM_BUF: gl.constexpr):
-    """Tile t0 + j into slot j % NUM_BUF once its previous tile there was consumed; its full barrier completes
-    when every producer thread's copies have landed."""
-    slot = j % NUM_BUF
-    mbarrier.wait(empty.index(slot), ((j // NUM_BUF) + 1) & 1, pred=j >= NUM_BUF)
-    k_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-    v_copy: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    c_copy: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    sel = idx_smem.index(j)
-    _issue_tile(t0 + j, slot, sel.load(gl.SliceLayout(1, k_copy)), sel.load(gl.SliceLayout(1, v_copy)),
-                sel.load(c_copy), k_ring, v_ring, ks_ring, vld_ring, ones_ptr, t_end, win_tiles, win_len, k_rows, k_cols,
-                v_rows, v_cols, c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base, comp_ks_base,
-                stride_wkn, stride_ckn, stride_wvn, stride_cvn, BKV)
-    async_copy.mbarrier_arrive(full.index(slot), increment_count=False)
-
-
-@gluon.jit
-def _ws_producer(k_ring, v_ring, ks_ring, vld_ring, idx_smem, q_hi_smem, q_lo_smem, scale_smem, full, empty, q_bar,
-                 q8_ptr, qs_ptr, ones_ptr, b, h0, H, stride_q8b, t0, t_end, win_tiles, win_len, KSEL, idx_row, dv0,
-                 win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base, comp_ks_base, stride_wkn, stride_ckn,
-                 stride_wvn, stride_cvn, D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr, NUM_BUF: gl.constexpr,
-                 TP2: gl.constexpr):
-    """The producer warpgroup: the program's selected indices into shared memory, then every tile into the ring,
-    in order, NUM_BUF ahead of the consumers; q's parts after the first NUM_BUF tiles (they wait for the split
-    launch, the tiles do not)."""
-    k_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-    v_copy: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    c_copy: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    k_rows = gl.arange(0, BKV, layout=gl.SliceLayout(1, k_copy))
-    k_cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_copy))
-    v_rows = gl.arange(0, BKV, layout=gl.SliceLayout(1, v_copy))
-    v_cols = dv0 + gl.arange(0, DV, layout=gl.SliceLayout(0, v_copy))
-    c_rows = gl.arange(0, BKV, layout=c_copy)
-    n_tiles = t_end - t0
-    _stage_sel(idx_smem, idx_row, t0, t_end, win_tiles, KSEL, TP2, BKV)
-    gl.thread_barrier()
-    for j in range(0, gl.minimum(n_tiles, NUM_BUF)):
-        _ws_produce(j, t0, t_end, idx_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty, ones_ptr, win_tiles, win_len,
-                    k_rows, k_cols, v_rows, v_cols, c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base,
-                    win_ks_base, comp_ks_base, stride_wkn, stride_ckn, stride_wvn, stride_cvn, BKV, NUM_BUF)
-    _copy_q(q_hi_smem, q_lo_smem, scale_smem, q8_ptr, qs_ptr, b, b.to(gl.int64), h0, H, stride_q8b, D, 4)
-    async_copy.mbarrier_arrive(q_bar, increment_count=False)
-    for j in range(NUM_BUF, n_tiles):
-        _ws_produce(j, t0, t_end, idx_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty, ones_ptr, win_tiles, win_len,
-                    k_rows, k_cols, v_rows, v_cols, c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base,
-                    win_ks_base, comp_ks_base, stride_wkn, stride_ckn, stride_wvn, stride_cvn, BKV, NUM_BUF)
-
-
-@gluon.jit
-def _ws_consume(WG: gl.constexpr, q_hi_smem, q_lo_smem, scale_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty,
-                q_bar, n_tiles, DV: gl.constexpr, BKV: gl.constexpr, NUM_BUF: gl.constexpr):
-    """Consumer warpgroup WG's online softmax over the tiles j = WG, WG + 2, ... of the ring: wait for the tile's
-    copies, score MMAs, softmax, value MMA, release the slot. Returns m, l ([64]) and acc ([64, DV])."""
-    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BKV, 32])
-    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV, 16])
-    mbarrier.wait(q_bar, 0)
-    row_scale = scale_smem.load(gl.SliceLayout(1, mma_s))
-    m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, mma_s))
-    l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, mma_s))
-    acc = gl.zeros([64, DV], gl.float32, layout=mma_o)
-    s_zero = gl.zeros([64, BKV], gl.float32, layout=mma_s)
-    for i in range(0, (n_tiles - WG + 1) // 2):
-        j = WG + 2 * i
-        slot = j % NUM_BUF
-        mbarrier.wait(full.index(slot), (j // NUM_BUF) & 1)
-        fence_async_shared()  # the copies (generic proxy) before the MMAs' reads (async proxy)
-        s = _score_mma(q_hi_smem, q_lo_smem, k_ring.index(slot), s_zero)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        m_i, l_i, pv = _attend_tile(s, ks_ring.index(slot), vld_ring.index(slot), v_ring.index(slot), row_scale, m_i,
-                                    l_i, acc, mma_s, mma_o)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv, ))
-        mbarrier.arrive(empty.index(slot))
-    return m_i, l_i, acc
-
-
-@gluon.jit
-def _ws_consumer0(q_hi_smem, q_lo_smem, scale_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty, q_bar, done0,
-                  n_tiles, DV: gl.constexpr, BKV: gl.constexpr, NUM_BUF: gl.constexpr):
-    """The default partition: consumer 0 (the even tiles); tells consumer 1 when it no longer reads the ring."""
-    m_i, l_i, acc = _ws_consume(0, q_hi_smem, q_lo_smem, scale_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty,
-                                q_bar, n_tiles, DV, BKV, NUM_BUF)
-    mbarrier.arrive(done0)
-    return m_i, l_i, acc
-
-
-@gluon.jit
-def _ws_consumer1(q_hi_smem, q_lo_smem, scale_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty, q_bar, done0,
-                  acc1_smem, ml_smem, n_tiles, DV: gl.constexpr, BKV: gl.constexpr, NUM_BUF: gl.constexpr):
-    """Consumer 1 (the odd tiles): its state into shared memory (acc over the key ring, free once consumer 0 is
-    done) for the default partition's merge."""
-    m_i, l_i, acc = _ws_consume(1, q_hi_smem, q_lo_smem, scale_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty,
-                                q_bar, n_tiles, DV, BKV, NUM_BUF)
-    mbarrier.wait(done0, 0)
-    acc1_smem.store(acc)
-    ml_smem.index(0).store(m_i)
-    ml_smem.index(1).store(l_i)
-
-
-@gluon.jit
-def fused_ws_kernel(
-    q8_ptr, qs_ptr, ones_ptr, win_k_ptr, win_v_ptr, win_len_ptr, comp_k_ptr, comp_v_ptr, comp_idx_ptr, win_ks_ptr,
-    comp_ks_ptr, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, H, W, KSEL, T, stride_q8b, stride_wkb, stride_wkn,
-    stride_wvb, stride_wvn, stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_ib, stride_wksb, stride_cksb,
-    stride_ob, stride_oh,
-    D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr, TILES_PER_SPLIT: gl.constexpr, NUM_BUF: gl.constexpr,
-    FINAL: gl.constexpr, HAS_SINK: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    num_warps: gl.constexpr,
-):
-    """`fused_kernel`'s program with warp specialization: a producer warpgroup copies every tile into a ring of
-    NUM_BUF slots (mbarriers: a slot's copies landed / its tile was consumed), two consumer warpgroups take the
-    even and the odd tiles with an online softmax each, and the default partition (consumer 0) merges the two
-    states at the end."""
-    gl.static_assert(num_warps == 4, "the default partition is consumer 0, one warpgroup")
-    gl.static_assert(64 * DV * 4 <= NUM_BUF * BKV * D, "consumer 1's accumulator is handed over in the key ring")
-    gl.static_assert(64 * 4 <= NUM_BUF * BKV * 2, "consumer 0's accumulator is merged from the value ring")
-    BH: gl.constexpr = 64
-    b = gl.program_id(0)
-    n_vblk: gl.constexpr = D // DV
-    h0 = (gl.program_id(1) // n_vblk) * BH
-    dv0 = (gl.program_id(1) % n_vblk) * DV
-    split = gl.program_id(2)
-    t0 = split * TILES_PER_SPLIT
-    t_end = gl.minimum(t0 + TILES_PER_SPLIT, T)
-    bq = b.to(gl.int64)
-
-    fp8: gl.constexpr = gl.float8e4nv
-    vdt: gl.constexpr = win_v_ptr.dtype.element_ty
-    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    flat2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    q_hi_smem = gl.allocate_shared_memory(fp8, [BH, D], gl.NVMMASharedLayout.get_default_for([BH, D], fp8))
-    q_lo_smem = gl.allocate_shared_memory(fp8, [BH, D], gl.NVMMASharedLayout.get_default_for([BH, D], fp8))
-    scale_smem = gl.allocate_shared_memory(gl.float32, [BH], flat)
-    k_ring = gl.allocate_shared_memory(fp8, [NUM_BUF, BKV, D], gl.NVMMASharedLayout.get_default_for([BKV, D], fp8))
-    v_ring = gl.allocate_shared_memory(vdt, [NUM_BUF, BKV, DV], gl.NVMMASharedLayout.get_default_for([BKV, DV], vdt))
-    ks_ring = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BKV], flat)
-    vld_ring = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BKV], flat)
-    ml_smem = gl.allocate_shared_memory(gl.float32, [2, BH], flat)
-    TP2: gl.constexpr = triton.next_power_of_2(TILES_PER_SPLIT)
-    idx_smem = gl.allocate_shared_memory(gl.int32, [TP2, BKV], flat)
-    full = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    done0 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_BUF):
-        mbarrier.init(full.index(i), count=128)  # every producer thread's copies
-        mbarrier.init(empty.index(i), count=1)  # the consumer of the slot's tile
-    mbarrier.init(q_bar, count=128)
-    mbarrier.init(done0, count=1)
-
-    win_len = gl.minimum(gl.load(win_len_ptr + b), W)
-    win_tiles = gl.cdiv(W, BKV)
-    n_tiles = t_end - t0
-    acc1_smem = k_ring._reinterpret(gl.float32, [BH, DV], flat2)
-    m0, l0, acc0 = gl.warp_specialize([
-        (_ws_consumer0, (q_hi_smem, q_lo_smem, scale_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty, q_bar, done0,
-                         n_tiles, DV, BKV, NUM_BUF)),
-        (_ws_consumer1, (q_hi_smem, q_lo_smem, scale_smem, k_ring, v_ring, ks_ring, vld_ring, full, empty, q_bar, done0,
-                         acc1_smem, ml_smem, n_tiles, DV, BKV, NUM_BUF)),
-        (_ws_producer, (k_ring, v_ring, ks_ring, vld_ring, idx_smem, q_hi_smem, q_lo_smem, scale_smem, full, empty,
-                        q_bar, q8_ptr,
-                        qs_ptr, ones_ptr, b, h0, H, stride_q8b, t0, t_end, win_tiles, win_len, KSEL,
-                        comp_idx_ptr + bq * stride_ib, dv0, win_k_ptr + bq * stride_wkb, comp_k_ptr + bq * stride_ckb,
-                        win_v_ptr + bq * stride_wvb, comp_v_ptr + bq * stride_cvb, win_ks_ptr + bq * stride_wksb,
-                        comp_ks_ptr + bq * stride_cksb, stride_wkn, stride_ckn, stride_wvn, stride_cvn, D, DV, BKV,
-                        NUM_BUF, TP2))], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
-
-    # the merge: consumer 0's accumulator over the value ring, both states combined [BH, 64] columns at a time
-    acc0_smem = v_ring._reinterpret(gl.float32, [BH, DV], flat2)
-    acc0_smem.store(acc0)
-    gl.thread_barrier()
-    ep: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
-    m0 = gl.convert_layout(m0, gl.SliceLayout(1, ep))
-    l0 = gl.convert_layout(l0, gl.SliceLayout(1, ep))
-    m1 = ml_smem.index(0).load(gl.SliceLayout(1, ep))
-    l1 = ml_smem.index(1).load(gl.SliceLayout(1, ep))
-    m = gl.maximum(m0, m1)
-    m_safe = gl.where(m == float("-inf"), 0.0, m)
-    f0 = gl.exp2(m0 - m_safe)
-    f1 = gl.exp2(m1 - m_safe)
-    l = l0 * f0 + l1 * f1
-    e_heads = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, ep))
-    EC: gl.constexpr = 64
-    for ci in gl.static_range(DV // EC):
-        a = (acc0_smem.slice(ci * EC, EC, dim=1).load(ep) * f0[:, None]
-             + acc1_smem.slice(ci * EC, EC, dim=1).load(ep) * f1[:, None])
-        e_cols = dv0 + ci * EC + gl.arange(0, EC, layout=gl.SliceLayout(0, ep))
-        _finish(a, m, l, e_heads, e_cols, H, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, bq, split,
-                gl.num_programs(2), stride_ob, stride_oh, dv0, D, FINAL, HAS_SINK)
+            stride_oh, dv0, D, FINAL, HAS_SINK, gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
