@@ -13,10 +13,11 @@ Each op's rows come from the last run that measured its current code (every row 
   14-topk's 4-byte loads (run 12's default) and run 12-topk's 2048-entry tiles at 8 and 32 rows; run 9's rows of
   run 8's default without pdl at B=1, plus run 8's radix fallback (unchanged); runs 10-23-topk's other variants
   stay in their raw JSON;
-- dual-scope decode: per batch, the run that timed today's default (run16-decode for B = 1, run25-decode
-  for B = 8, 32, 64, 128: the two-pass schedule with its Gluon passes on the H200, and its Triton passes beside
-  them from B=32; sparse_decode_sweep.py, raw files in results/raw/), with the default it replaced timed beside
-  it in the same run (run 16: runs 11-13's defaults; run 25: the one-pass defaults of runs 15-16);
+- dual-scope decode: per batch, the run that timed today's default (run16-decode for B = 1, run33-decode
+  for B = 8, 16, 32, 64, 128: the one-pass Gluon kernel on the H200; sparse_decode_sweep.py, raw files in
+  results/raw/), with the default it replaced timed beside it in the same run (run 16: runs 11-13's defaults;
+  run 33: the Gluon two passes of run 25, and the one-pass Triton kernel of runs 15-16, the default off Hopper
+  below B=32);
   earlier kernels for comparison: run 5's top-K default (commit 6c9d14e, every search step paid), run 4's
   decode default (commit 8cef3bc, 32-entry tiles, 3 splits at B=64), run 3's decode kernel (one loop, a
   branch around the loads) at run 1's configuration, and run 1's top-K (commit de0a532, radix select over
@@ -42,18 +43,15 @@ RUNS = {1: ("sparse_results_run1.json", "de0a532"), 3: ("sparse_results_run3.jso
         13: ("raw/sparse_run13-decode_sparse_results.json", "5c77fb3"),
         16: ("raw/sparse_run16-decode_sparse_results.json", "ef71511 + 7681136's synchronize"),
         21: ("raw/sparse_run21-decode_sparse_results.json", "d371f3a"),
-        25: ("raw/sparse_run25-decode_sparse_results.json", "0507cc3")}
+        33: ("raw/sparse_run33-decode_sparse_results.json", "eb55551")}
 SOURCE = {"dsa_indexer": 4, "dsa_indexer_topk2048": 3}  # top-K: TOPK_RUNS, decode: DECODE
 # dual-scope decode per batch: (run, provider there that is today's default, provider there of the default it
 # replaced)
-ONE_PASS = "zoe one-pass default (runs 15-16), replaced by the two passes"
-DECODE = {1: (16, "zoe fp16", "zoe default"), 8: (25, "zoe two passes", "zoe one-pass default"),
-          32: (25, "zoe default", "zoe one-pass default"), 64: (25, "zoe default", "zoe one-pass default"),
-          128: (25, "zoe default", "zoe one-pass default")}
+DECODE = {1: (16, "zoe fp16", "zoe default"), **{b: (33, "zoe default", "zoe two passes") for b in (8, 16, 32, 64, 128)}}
 PREVIOUS_DECODE = {16: "zoe previous default (runs 11-13: no fp16 score dots, lazy rescale or deferred sums)",
-                   25: ONE_PASS}
-# the two passes' portable Triton kernels, timed beside their Gluon versions in run 25 (the default off Hopper)
-TRITON_TWO_PASS = "zoe two passes in Triton (the default where Gluon cannot run)"
+                   33: "zoe Gluon two passes (run 25's default), replaced by the one pass"}
+# the one-pass Triton kernel (runs 15-16's default), timed beside them in run 33: the default off Hopper below B=32
+TRITON_ONE_PASS = "zoe one-pass Triton (the default where Gluon cannot run, below B=32)"
 # CSA top-K rows of the sweeps (bench-format rows in results/raw/): (run, file, commit, shapes taken, provider
 # there -> provider here; rows of other providers are variants no longer in the code)
 ALL_TOPK = ("B=1 N=4096", "B=1 N=65536", "B=1 N=262144", "B=1 N=1048576", "B=1 N=1048576 recent", "B=8 N=262144",
@@ -134,8 +132,8 @@ def main() -> None:
                 continue
             names = {"torch gather+SDPA": "torch gather+SDPA", default: "zoe default",
                      previous: PREVIOUS_DECODE.get(run)}
-            if run == 25 and b >= 32:
-                names["zoe triton both"] = TRITON_TWO_PASS
+            if run == 33:
+                names["zoe one-pass triton"] = TRITON_ONE_PASS
             if row["provider"] in names:
                 rows.append(dict(row, provider=names[row["provider"]], run=run, commit=RUNS[run][1]))
     for run, op, old_name, new_name in PREVIOUS:
@@ -151,9 +149,9 @@ def main() -> None:
     meta = dict(loaded[4]["meta"])
     meta.update(command="python bench/kernels/sparse_bench.py --out $OUT --skip-tests (runs 1, 3, 4; run 5: "
                         "--sections topk; run 8: --sections topk,decode; runs 9, 12- and 14- to 24-topk: "
-                        "python bench/kernels/sparse_sweep.py --sections topk; runs 11-, 16- and 21-decode: "
+                        "python bench/kernels/sparse_sweep.py --sections topk; runs 11-, 16- and 33-decode: "
                         "python bench/kernels/sparse_decode_sweep.py --set run11 / --set run15 --batches 128,1,64 / "
-                        "--set run25 --batches 64,1,8,16,32,128), "
+                        "--set run33 --batches 64,1,8,16,32,128), "
                         "assembled by "
                         "python bench/kernels/sparse_assemble.py",
                 runs={run: {"file": name, "commit": commit, "started": loaded[run]["meta"].get("started"),

@@ -27,7 +27,9 @@ may also take fp16 score dots, rescale its accumulator only when a row maximum g
 sum its denominators per tile column until the end (fewer instructions and cross-warp reductions per tile).
 With one split (large batches) it normalizes, adds the sink and writes the output itself; with several (small
 batches, to fill the GPU) it writes a normalized partial output with its log-sum-exp and a second launch
-merges the splits exactly (and adds the sink).
+merges the splits exactly (and adds the sink). Two more schedules take bf16 q over fp8 keys (`launch_config`
+picks them): 3, two passes, the scores of every tile then the values by column block (dual_scope_two_pass.py);
+4, one pass in Gluon on Hopper (dual_scope_fused_gluon.py), the default there from batch 8.
 """
 
 from __future__ import annotations
@@ -526,6 +528,9 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     its score dots run as fp8 MMAs on q split into two e4m3 parts (`qk_fp8`: by default with bf16 q and fp8
     keys, where the split is exact; True also takes fp16 q, exact for bf16-representable values). gluon_scores,
     gluon_values (schedule 3): that pass in Gluon on Hopper (`dual_scope_two_pass_gluon`; False: the Triton pass).
+    Schedule 4 is one pass in Gluon on Hopper (`dual_scope_fused_gluon`: bf16 q, fp8 keys, bf16 values without
+    scales), with block_dv value columns per program, block_kv entries per tile, num_stages ring slots and splits
+    programs over a sequence's entries; where it cannot run it raises ValueError.
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")

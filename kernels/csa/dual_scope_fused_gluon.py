@@ -1,28 +1,32 @@
-"""CSA dual-scope decode in one pass, written in Gluon for Hopper (sm_90): `dual_scope_decode(..., schedule=4)`.
+"""CSA dual-scope decode in one pass, written in Gluon for Hopper (sm_90): `dual_scope_decode(..., schedule=4)`,
+the default there from batch 8.
 
 The same attention as `dual_scope_decode` (its docstring has the math, shapes and index conventions) for bf16
 q over fp8 e4m3 keys with per-entry scales and bf16 values without scales (the DeepSeek-V4 cache), with no
 intermediate in global memory: programs (sequence b, head block of 64 x value-column block of DV, entry split),
-one warpgroup each, run an online softmax over the entry tiles:
+one warpgroup each, run an online softmax over 32-entry tiles:
 
-- per tile, the gathered key rows (all D columns, fp8), value rows (the program's DV columns) and key scales are
-  copied into shared memory by cp.async, NUM_BUF - 1 tiles ahead, each thread loading the indices of exactly
-  the rows it copies one tile ahead (as in `dual_scope_two_pass_gluon`);
-- S = q K^T as two fp8 warpgroup MMAs on q split into two e4m3 parts per head (`split_q_fp8`'s split, in
-  shared memory once per program), scaled per head and per entry in registers;
+- q arrives split into two e4m3 parts per head with its score scale (`dual_scope_tiles.split_q_kernel`, a small
+  launch before this one, once per sequence; programmatic dependent launch overlaps the two);
+- the program's selected indices are loaded first and staged in shared memory; per tile the gathered key rows
+  (all D columns, fp8), value rows (the program's DV columns), key scales and valid flags land by cp.async in a
+  ring of NUM_BUF slots, NUM_BUF - 1 tiles ahead;
+- S = q K^T as two fp8 warpgroup MMAs (q's parts in shared memory), scaled per head and per entry in registers;
 - m, l and the [64, DV] float32 accumulator stay in the warpgroup's registers; P goes to the value MMA from
   registers (no shared-memory round trip), acc = alpha * acc + P V.
 
 Why: the two-pass schedule (`dual_scope_two_pass`) reads the keys in one launch and the values in another and
-moves P through L2 between them; at B=64 its passes took 23.1 and 20.4 us against a 16.9 us byte floor for
-the whole attention (H200 run 25-decode). Here each program reads its keys and values once, in one launch.
-The value columns are split into D / DV blocks (DV <= 256: the MMA's N and the accumulator's 128 registers per
-thread), so the scores are computed once per block: the sibling blocks of a sequence run at the same time and
-read its key rows from L2. With one split the program normalizes, adds the sink and writes the output; with
-several it writes a normalized partial with its log-sum-exp and `merge_partials_kernel` merges them.
+moves P through L2 between them (B=64: 43.6 us against a 17.1 us byte floor, H200 run 33-decode). Here each
+program reads its keys and values once, in one launch: 33 us at B=64, 1.04-1.32x the two passes from B=8 to 128
+(run 33). The value columns are split into D / DV blocks (DV <= 256: the MMA's N and the accumulator's 128
+registers per thread), so each block computes the scores: the sibling blocks of a sequence run at the same time
+and the second reads its key rows from L2. With one split the program normalizes, adds the sink and writes the
+output; with several it writes a normalized partial with its log-sum-exp and `merge_partials_kernel` merges them.
+Measured and removed (sparse_README.md, runs 26-32): 64-entry tiles (spills, one tile in flight), the split of q
+in every program (a quarter of the samples), two warpgroups by warp specialization (a ring each, or a producer
+warpgroup and two consumers), the score MMAs one tile ahead, a lazy rescale.
 `_tile_row_ptrs` and `_tile_sel` are `dual_scope_two_pass_gluon`'s.
 """
-
 from __future__ import annotations
 
 import triton
