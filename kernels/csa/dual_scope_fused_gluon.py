@@ -25,7 +25,7 @@ output; with several it writes a normalized partial with its log-sum-exp and `me
 Measured and removed (sparse_README.md, runs 26-32): 64-entry tiles (spills, one tile in flight), the split of q
 in every program (a quarter of the samples), two warpgroups by warp specialization (a ring each, or a producer
 warpgroup and two consumers), the score MMAs one tile ahead, a lazy rescale.
-`_tile_row_ptrs` and `_tile_sel` are `dual_scope_two_pass_gluon`'s.
+`_tile_row_ptrs`, `_tile_sel` and `ring_landed` are `dual_scope_two_pass_gluon`'s.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, warpgroup_mma, \
     warpgroup_mma_wait
 
-from zoe_kernels.csa.dual_scope_two_pass_gluon import _tile_row_ptrs, _tile_sel
+from zoe_kernels.csa.dual_scope_two_pass_gluon import _tile_row_ptrs, _tile_sel, ring_landed
 
 
 @gluon.jit
@@ -217,9 +217,7 @@ def fused_kernel(
     _copy_q(q_hi_smem, q_lo_smem, scale_smem, q8_ptr, qs_ptr, b, bq, h0, H, stride_q8b, D, 4)
     async_copy.commit_group()
     idx_smem._reinterpret(gl.int32, [TP2, BKV], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])).store(sel_all)
-    async_copy.wait_group(0)
-    fence_async_shared()
-    gl.thread_barrier()
+    ring_landed(0)  # every copy so far, the indices' store
 
     row_scale = scale_smem.load(gl.SliceLayout(1, mma_s))
     m_i = gl.full([BH], float("-inf"), gl.float32, layout=gl.SliceLayout(1, mma_s))
@@ -227,11 +225,7 @@ def fused_kernel(
     acc = gl.zeros([BH, DV], gl.float32, layout=mma_o)
     s_zero = gl.zeros([BH, BKV], gl.float32, layout=mma_s)
     for j in range(0, n_tiles):
-        # tile j landed (each thread's own copies), visible to the MMAs' async proxy and to every thread (the
-        # barrier, which also orders tile j - 1's MMA and shared-memory reads before the copies into its slot)
-        async_copy.wait_group(NUM_BUF - 2)
-        fence_async_shared()
-        gl.thread_barrier()
+        ring_landed(NUM_BUF - 2)  # tile j; tile j - 1's slot free for the copies below
         slot = j % NUM_BUF
         s = _score_mma(q_hi_smem, q_lo_smem, k_ring.index(slot), s_zero)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))

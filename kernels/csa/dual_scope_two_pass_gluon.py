@@ -43,6 +43,16 @@ def _tile_row_ptrs(t, win_tiles, win_len, T, rows, sel, win_base, comp_base, str
 
 
 @gluon.jit
+def ring_landed(PENDING: gl.constexpr):
+    """A ring's next tile is ready: this thread's copies of it landed (at most PENDING later commit groups still in
+    flight), made visible to the warpgroup MMAs' async proxy, and every thread's (the barrier, which also orders
+    the previous tile's reads of its slot before the copies the caller issues into it next)."""
+    async_copy.wait_group(PENDING)
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
 def _tile_sel(comp_idx_row, t, win_tiles, KSEL, rows, BKV: gl.constexpr):
     """The selected indices of tile t in the layout of `rows` (-1 for a window tile or past the selection)."""
     j = (t - win_tiles) * BKV + rows
@@ -140,11 +150,7 @@ def values_kernel(
     acc = gl.zeros([BH, DV], gl.float32, layout=mma)
     zero = gl.zeros([BH, DV], gl.float32, layout=mma)
     for t in range(0, T):
-        # tile t's copies landed (each thread's own), visible to the MMA's async proxy, and every thread's
-        # (the barrier; it also orders the previous tile's MMA reads before the copies into its buffer)
-        async_copy.wait_group(NUM_BUF - 2)
-        fence_async_shared()
-        gl.thread_barrier()
+        ring_landed(NUM_BUF - 2)  # tile t
         # issue tile t + NUM_BUF - 1 into the buffer tile t - 1 used; fetch the indices of the tile after it
         t_in = t + NUM_BUF - 1
         _issue_value_tile(t_in, t_in % NUM_BUF, sel_next, v_smem, p_smem, p_ptr, bq, H, T, win_tiles, win_len,
@@ -243,9 +249,7 @@ def scores_kernel(
     zero = gl.zeros([BH, BKV], gl.float32, layout=mma)
     for j in range(0, n_tiles):
         t = t0 + j
-        async_copy.wait_group(NUM_BUF - 2)
-        fence_async_shared()
-        gl.thread_barrier()
+        ring_landed(NUM_BUF - 2)  # tile t
         t_in = t + NUM_BUF - 1
         _issue_key_tile(t_in, (j + NUM_BUF - 1) % NUM_BUF, sel_next, k_smem, t_end, win_tiles, win_len, k_rows,
                         k_cols, win_base, comp_base, stride_wkn, stride_ckn, BKV)
