@@ -74,10 +74,10 @@ def tile_sel(all_sel, i, N_TILES: tl.constexpr):
 @triton.jit
 def split_q_fp8(q):
     """q [BH, D] as two e4m3 parts per head: q = (hi + lo) / c, c a power of two per head putting the head's
-    largest |q c| in (224, 448]. A bf16 value carries 8 significant bits, hi takes the top 4 and lo the rest, so
-    the split is exact for every bf16 value down to about 2^-9 of its head's largest (smaller ones keep an
-    absolute error under 2^-18 of it): the score dots then run as two fp8 MMAs straight on the fp8 keys, with no
-    conversion of K. Returns (hi, lo, 1 / c)."""
+    largest |q c| in (224, 448]. A bf16 value carries 8 significant bits, hi takes the top 4 (`e4m3_round`) and lo
+    the rest, so the split is exact for every bf16 value down to about 2^-10 of its head's largest (smaller ones
+    keep an absolute error of about 2^-18 of it): the score dots then run as two fp8 MMAs straight on the fp8 keys,
+    with no conversion of K. Returns (hi, lo, 1 / c)."""
     qf = q.to(tl.float32)
     amax = tl.max(tl.abs(qf), axis=1)
     c = tl.exp2(tl.minimum(tl.floor(tl.log2(448.0 / tl.where(amax > 0, amax, 448.0))), 126.0))
