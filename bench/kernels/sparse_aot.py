@@ -78,10 +78,11 @@ def _aligned(fn, signature: dict[str, str]) -> dict:
 
 
 def compile_one(label: str, fn, pointers: dict[str, str], constexprs: dict, num_warps: int,
-                floats: tuple[str, ...] = (), num_stages: int = 2) -> dict:
+                floats: tuple[str, ...] = (), num_stages: int = 2, source=ASTSource) -> dict:
+    """One specialisation compiled for sm_90a (source: ASTSource, or Gluon's GluonASTSource for Gluon kernels)."""
     t0 = time.time()
     sig = _signature(fn, pointers, constexprs, floats)
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=_aligned(fn, sig)),
+    kernel = triton.compile(source(fn=fn, signature=sig, constexprs=constexprs, attrs=_aligned(fn, sig)),
                             target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
     row = {"kernel": label, "num_warps": num_warps, "num_stages": num_stages, "compile_s": round(time.time() - t0, 1),
            "shared_bytes": kernel.metadata.shared, "sass_instructions": _sass_instructions(kernel.asm["cubin"]),
@@ -95,7 +96,9 @@ def compile_one(label: str, fn, pointers: dict[str, str], constexprs: dict, num_
         os.unlink(f.name)
         regs = re.findall(r"Used (\d+) registers", info)
         spills = re.findall(r"(\d+) bytes spill stores", info)
-        row.update(registers=int(regs[-1]) if regs else None, spill_store_bytes=int(spills[-1]) if spills else None)
+        spill_loads = re.findall(r"(\d+) bytes spill loads", info)
+        row.update(registers=int(regs[-1]) if regs else None, spill_store_bytes=int(spills[-1]) if spills else None,
+                   spill_load_bytes=int(spill_loads[-1]) if spill_loads else None)
     print(json.dumps(row), flush=True)
     return row
 
@@ -103,7 +106,8 @@ def compile_one(label: str, fn, pointers: dict[str, str], constexprs: dict, num_
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sparse_aot.json"))
-    ap.add_argument("--only", default="topk,indexer,decode", help="comma-separated ops to compile")
+    ap.add_argument("--only", default="topk,indexer,decode", help="comma-separated ops to compile (also: fused, the "
+                    "one-pass Gluon decode kernel, with a Triton that has Gluon)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     topk = importlib.import_module("zoe_kernels.csa.topk")
@@ -199,6 +203,20 @@ def main() -> None:
                                      SCHEDULE=0, SEL_TILES=512 // bkv, QK_F16=False, LAZY_RESCALE=False,
                                      DEFER_SUM=False),  # the two-loop schedule, run 1-13 softmax
                                 warps, floats=("qk_scale_log2",)))
+    if "fused" in only:  # the one-pass Gluon decode kernel (schedule 4) at the tiles, rings and value blocks tried
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        fused = importlib.import_module("zoe_kernels.csa.dual_scope_fused_gluon")
+        fptrs = {"q8_ptr": "*fp8e4nv", "qs_ptr": "*fp32", "ones_ptr": "*fp32", "win_k_ptr": "*fp8e4nv",
+                 "win_v_ptr": "*bf16", "win_len_ptr": "*i32", "comp_k_ptr": "*fp8e4nv", "comp_v_ptr": "*bf16",
+                 "comp_idx_ptr": "*i32", "win_ks_ptr": "*fp32", "comp_ks_ptr": "*fp32", "sink_ptr": "*fp32",
+                 "out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+        for dv, bkv, stages, final in ((256, 32, 3, True), (256, 32, 3, False), (256, 32, 4, True),
+                                       (256, 64, 2, True), (128, 64, 2, True)):
+            rows.append(compile_one(f"dual_scope_fused D=512 DV={dv} BKV={bkv} stages={stages} final={final}",
+                                    fused.fused_kernel, fptrs,
+                                    dict(D=512, DV=dv, BKV=bkv, TILES_PER_SPLIT=640 // bkv, NUM_BUF=stages,
+                                         FINAL=final, HAS_SINK=True, num_warps=4), 4, source=GluonASTSource))
     meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
             "command": "python bench/kernels/sparse_aot.py " + " ".join(sys.argv[1:])}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
