@@ -455,6 +455,26 @@ def fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled: bool, d: int, blo
             and _fused_shape_ok(d, block_dv, block_kv, num_stages))
 
 
+def _split_partials(bsz: int, heads: int, d: int, tiles: int, splits: int, dev):
+    """The splits over a sequence's tiles as launched (tiles per split, splits: no empty split) and their (out,
+    lse) partials' buffers, placeholders with one split (the program writes the output itself)."""
+    tiles_per_split = triton.cdiv(tiles, splits)
+    splits = triton.cdiv(tiles, tiles_per_split)
+    final = splits == 1
+    part_out = torch.empty((bsz, splits, heads, d) if not final else (1,), dtype=torch.float32, device=dev)
+    part_lse = torch.empty((bsz, splits, heads) if not final else (1,), dtype=torch.float32, device=dev)
+    return tiles_per_split, splits, part_out, part_lse
+
+
+def _merge_splits(part_out, part_lse, sink_t, out, has_sink: bool, merge_h: int) -> None:
+    """The exact merge of the splits' partials into `out` (merge_partials_kernel: [merge_h, D] float32 rows a
+    program), the sink in the denominator."""
+    bsz, splits, heads, d = part_out.shape
+    merge_partials_kernel[(bsz, triton.cdiv(heads, merge_h))](
+        part_out, part_lse, sink_t, out, part_lse, heads, splits, out.stride(0), out.stride(1),
+        D=d, BH=merge_h, SPLITS_P2=triton.next_power_of_2(splits), HAS_SINK=has_sink, WRITE_LSE=False, num_warps=4)
+
+
 _ONES: dict = {}
 _SPLIT_HEADS = 4  # heads per split_q_kernel program
 
@@ -466,12 +486,9 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
     bsz, heads, d = q.shape
     w_entries, k_sel = win_k.shape[1], comp_idx.shape[1]
     tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
-    tiles_per_split = triton.cdiv(tiles, splits)
-    splits = triton.cdiv(tiles, tiles_per_split)
-    final = splits == 1
     dev = q.device
-    part_out = torch.empty((bsz, splits, heads, d) if not final else (1,), dtype=torch.float32, device=dev)
-    part_lse = torch.empty((bsz, splits, heads) if not final else (1,), dtype=torch.float32, device=dev)
+    tiles_per_split, splits, part_out, part_lse = _split_partials(bsz, heads, d, tiles, splits, dev)
+    final = splits == 1
     sink_t = sink if sink is not None else part_lse
     q8 = torch.empty((bsz, 2, heads, d), dtype=torch.float8_e4m3fn, device=dev)
     q_scale = torch.empty((bsz, heads), dtype=torch.float32, device=dev)
@@ -490,10 +507,7 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
                 HAS_SINK=sink is not None, num_warps=4, **({"launch_pdl": True} if pdl else {}))
     dual_scope_fused_gluon.fused_kernel[grid](*args, **meta)
     if not final:
-        merge_partials_kernel[(bsz, triton.cdiv(heads, 16))](
-            part_out, part_lse, sink_t, out, part_lse, heads, splits, out.stride(0), out.stride(1),
-            D=d, BH=16, SPLITS_P2=triton.next_power_of_2(splits), HAS_SINK=sink is not None, WRITE_LSE=False,
-            num_warps=4)
+        _merge_splits(part_out, part_lse, sink_t, out, sink is not None, 16)
     return out
 
 
@@ -614,11 +628,8 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
             dot_dtype=_DOT_DTYPES[q.dtype], precision="ieee" if q.dtype == torch.float32 else "tf32",
             gluon_values=gluon_values, gluon_scores=gluon_scores)
     head_blocks = triton.cdiv(heads, block_h)
-    tiles_per_split = triton.cdiv(tiles, splits)
-    splits = triton.cdiv(tiles, tiles_per_split)
+    tiles_per_split, splits, part_out, part_lse = _split_partials(bsz, heads, d, tiles, splits, dev)
     final = splits == 1
-    part_out = torch.empty((bsz, splits, heads, d) if not final else (1,), dtype=torch.float32, device=dev)
-    part_lse = torch.empty((bsz, splits, heads) if not final else (1,), dtype=torch.float32, device=dev)
     sink_t = sink_f32 if sink is not None else part_lse
     _dual_scope_partial_kernel[(bsz, head_blocks * (d // block_dv), splits)](
         q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, part_out, part_lse, sink_t, out,
@@ -634,9 +645,5 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
         SEL_TILES=triton.next_power_of_2(max(1, triton.cdiv(k_sel, block_kv))),
         num_warps=cfg["num_warps"], num_stages=num_stages)
     if not final:
-        merge_h = min(block_h, 16)  # the merge holds [merge_h, D] float32 partial rows
-        merge_partials_kernel[(bsz, triton.cdiv(heads, merge_h))](
-            part_out, part_lse, sink_t, out, part_lse, heads, splits, out.stride(0), out.stride(1),
-            D=d, BH=merge_h, SPLITS_P2=triton.next_power_of_2(splits), HAS_SINK=sink is not None, WRITE_LSE=False,
-            num_warps=4)
+        _merge_splits(part_out, part_lse, sink_t, out, sink is not None, min(block_h, 16))
     return out

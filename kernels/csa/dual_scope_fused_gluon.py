@@ -61,7 +61,7 @@ def _load_sel(idx_row, t0, t_end, win_tiles, KSEL, TP2: gl.constexpr, BKV: gl.co
     and for window tiles), loaded first thing so that their latency overlaps the first copies; `idx_smem` holds
     them for the loop. Each tile's row pointers then come from shared memory: an index load from global memory
     right before the copies it feeds waited on it every tile (H200 run 27 `ncu`: a third of the loop's stall
-    samples on the address arithmetic; run 30: 35.6 against 38.6-40.0 us at B=64)."""
+    samples on the address arithmetic; run 30: 35.6 against 38.5-40.0 us at B=64 in runs 26-29)."""
     lay: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])
     ti = gl.arange(0, TP2, layout=gl.SliceLayout(1, lay))
     rr = gl.arange(0, BKV, layout=gl.SliceLayout(0, lay))
