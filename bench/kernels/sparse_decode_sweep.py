@@ -203,6 +203,13 @@ RUN32 = [("default", {}), ("fused 32x3", dict(schedule=4, block_kv=32, num_stage
 # run33-decode: today's defaults (the one-pass Gluon kernel from B=8 on Hopper) beside the Gluon two passes and
 # the one-pass Triton kernel they replaced, at every batch
 RUN33 = [("default", {}), ("two passes", dict(schedule=3)), ("one-pass triton", dict(qk_fp8=False))]
+# run34-decode: the one-pass kernel's q descriptors computed in the loop (OPAQUE_Q), copies issued right after the
+# score MMAs (EARLY_COPY), the softmax as fused multiply-adds (FMA_SOFTMAX), 64-entry tiles
+_K3 = dict(OPAQUE_Q=1, EARLY_COPY=1, FMA_SOFTMAX=1)
+RUN34 = [("default", {}), ("fused 32x3 opq", dict(schedule=4, block_kv=32, num_stages=3, knobs=dict(OPAQUE_Q=1))),
+         ("fused 32x3 opq+early+fma", dict(schedule=4, block_kv=32, num_stages=3, knobs=_K3)),
+         ("fused 64x2 opq+fma", dict(schedule=4, block_kv=64, num_stages=2, knobs=dict(OPAQUE_Q=1, FMA_SOFTMAX=1))),
+         ("fused 64x2 opq+early+fma", dict(schedule=4, block_kv=64, num_stages=2, knobs=_K3))]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
 SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
         "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128),
@@ -213,7 +220,8 @@ SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12
         "run27": (RUN27, RUN27, RUN27), "run28": (RUN28, RUN28, RUN28),
         "run29": (RUN29, RUN29, RUN29),
         "run30": (RUN30, RUN30, RUN30), "run31": (RUN31, RUN31, RUN31),
-        "run32": (RUN32, RUN32, RUN32), "run33": (RUN33, RUN33, RUN33)}
+        "run32": (RUN32, RUN32, RUN32), "run33": (RUN33, RUN33, RUN33),
+        "run34": (RUN34, RUN34, RUN34)}
 VARIANT_SET = "run33"
 
 
@@ -233,6 +241,7 @@ def _check(sb, draw, cfg) -> float:
     from zoe_kernels.csa import dual_scope_decode
 
     q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = draw
+    cfg = _knobs(cfg)
     ref = sb._torch_dual_scope(q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks).float()
     plain = torch.empty
 
@@ -251,6 +260,17 @@ def _check(sb, draw, cfg) -> float:
     if not bool(out.isfinite().all()):
         return float("nan")
     return float((out - ref).norm() / ref.norm())
+
+
+def _knobs(cfg: dict) -> dict:
+    """cfg without its `knobs` (extra constexprs of the one-pass Gluon kernel), which it sets for the calls that
+    follow."""
+    from zoe_kernels.csa import dual_scope_decode as dsd
+
+    mod = sys.modules[dsd.__module__]
+    mod._FUSED_KNOBS.clear()
+    mod._FUSED_KNOBS.update(cfg.get("knobs", {}))
+    return {k: v for k, v in cfg.items() if k != "knobs"}
 
 
 def worker(index: int, count: int, batches: list[int], log_path: Path) -> None:
@@ -314,8 +334,9 @@ def sweep(out: Path, batches: list[int]) -> None:
                 save()
                 continue
             ok = all(e < 2e-2 for e in errs)  # NaN compares False
-            us = sb.median_us(lambda: dual_scope_decode(*args, **kw, **cfg), graph=True, rep_ms=30)
-            us2 = sb.median_us(lambda: dual_scope_decode(*args, **kw, **cfg), graph=True, rep_ms=30)
+            call = _knobs(cfg)
+            us = sb.median_us(lambda: dual_scope_decode(*args, **kw, **call), graph=True, rep_ms=30)
+            us2 = sb.median_us(lambda: dual_scope_decode(*args, **kw, **call), graph=True, rep_ms=30)
             rows.append(dict(shape=f"B={b}", variant=name, config=json.dumps(cfg), median_us=us, repeat_us=us2,
                              pct_hbm=100 * floor_us / us, rel_err=errs, correct=ok, speedup_vs_torch=base / us))
             sb.add_row(op="csa_dual_scope_decode", shape=shape, provider=f"zoe {name}", config=json.dumps(cfg),

@@ -476,6 +476,7 @@ def _merge_splits(part_out, part_lse, sink_t, out, has_sink: bool, merge_h: int)
 
 
 _ONES: dict = {}
+_FUSED_KNOBS: dict = {}  # EXPERIMENT (run 34): extra constexprs of fused_kernel
 _SPLIT_HEADS = 4  # heads per split_q_kernel program
 
 
@@ -504,7 +505,7 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
             comp_idx.stride(0), wks.stride(0), cks.stride(0), out.stride(0), out.stride(1))
     grid = (bsz, triton.cdiv(heads, 64) * (d // block_dv), splits)
     meta = dict(D=d, DV=block_dv, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, NUM_BUF=num_stages, FINAL=final,
-                HAS_SINK=sink is not None, num_warps=4, **({"launch_pdl": True} if pdl else {}))
+                HAS_SINK=sink is not None, num_warps=4, **({"launch_pdl": True} if pdl else {}), **_FUSED_KNOBS)
     dual_scope_fused_gluon.fused_kernel[grid](*args, **meta)
     if not final:
         _merge_splits(part_out, part_lse, sink_t, out, sink is not None, 16)

@@ -79,18 +79,26 @@ def _score_mma(q_hi_smem, q_lo_smem, k_buf, s_zero):
 
 
 @gluon.jit
-def _attend_tile(s, ks_buf, vld_buf, v_buf, row_scale, m_i, l_i, acc, mma_s: gl.constexpr, mma_o: gl.constexpr):
+def _attend_tile(s, ks_buf, vld_buf, v_buf, row_scale, m_i, l_i, acc, mma_s: gl.constexpr, mma_o: gl.constexpr,
+                 FMA_SOFTMAX: gl.constexpr = 0):
     """One tile's step of the online softmax in base 2 from its scores s: scaled per head and per entry, -inf for
     a masked entry; acc = alpha acc + P V, P from registers. Returns the new m, l and the value MMA's token. (A
     lazy rescale, the accumulator multiplied only when some row's maximum grows by more than 2^8, measured slower:
     37.2 against 33.1 us at B=64 in run 32, its warpgroup-wide branch costing a cross-warp reduction per tile.)"""
     ks = ks_buf.load(gl.SliceLayout(0, mma_s))
     vld = vld_buf.load(gl.SliceLayout(0, mma_s))
-    s = gl.where(vld[None, :] > 0, s * row_scale[:, None] * ks[None, :], float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = gl.exp2(m_i - m_safe)
-    p = gl.exp2(s - m_safe[:, None])
+    if FMA_SOFTMAX:
+        s = s * ks[None, :] + gl.where(vld > 0, 0.0, float("-inf"))[None, :]
+        m_new = gl.maximum(m_i, row_scale * gl.max(s, axis=1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s * row_scale[:, None] - m_safe[:, None])
+    else:
+        s = gl.where(vld[None, :] > 0, s * row_scale[:, None] * ks[None, :], float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
     p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
@@ -154,7 +162,9 @@ def fused_kernel(
     stride_wvb, stride_wvn, stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_ib, stride_wksb, stride_cksb,
     stride_ob, stride_oh,
     D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr, TILES_PER_SPLIT: gl.constexpr, NUM_BUF: gl.constexpr,
-    FINAL: gl.constexpr, HAS_SINK: gl.constexpr, num_warps: gl.constexpr,
+    FINAL: gl.constexpr, HAS_SINK: gl.constexpr, num_warps: gl.constexpr, OPAQUE_Q: gl.constexpr = 0,
+    EARLY_COPY: gl.constexpr = 0,
+    FMA_SOFTMAX: gl.constexpr = 0,
 ):
     """Program (b, head block x value-column block, split), one warpgroup: see the module docstring. part_out:
     [B, splits, H, D] float32, part_lse: [B, splits, H] (log2 units), written only without FINAL."""
@@ -178,8 +188,9 @@ def fused_kernel(
     fp8: gl.constexpr = gl.float8e4nv
     vdt: gl.constexpr = win_v_ptr.dtype.element_ty
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rank 1: the ring index drops the leading dim
-    q_hi_smem = gl.allocate_shared_memory(fp8, [BH, D], gl.NVMMASharedLayout.get_default_for([BH, D], fp8))
-    q_lo_smem = gl.allocate_shared_memory(fp8, [BH, D], gl.NVMMASharedLayout.get_default_for([BH, D], fp8))
+    q_smem = gl.allocate_shared_memory(fp8, [2, BH, D], gl.NVMMASharedLayout.get_default_for([BH, D], fp8))
+    q_hi_smem = q_smem.index(0)
+    q_lo_smem = q_smem.index(1)
     scale_smem = gl.allocate_shared_memory(gl.float32, [BH], flat)
     k_ring = gl.allocate_shared_memory(fp8, [NUM_BUF, BKV, D], gl.NVMMASharedLayout.get_default_for([BKV, D], fp8))
     v_ring = gl.allocate_shared_memory(vdt, [NUM_BUF, BKV, DV], gl.NVMMASharedLayout.get_default_for([BKV, DV], vdt))
@@ -227,18 +238,32 @@ def fused_kernel(
     for j in range(0, n_tiles):
         ring_landed(NUM_BUF - 2)  # tile j; tile j - 1's slot free for the copies below
         slot = j % NUM_BUF
-        s = _score_mma(q_hi_smem, q_lo_smem, k_ring.index(slot), s_zero)
+        if OPAQUE_Q == 1:
+            z = j // (n_tiles + 1)
+            s = _score_mma(q_smem.index(z), q_smem.index(z + 1), k_ring.index(slot), s_zero)
+        else:
+            s = _score_mma(q_hi_smem, q_lo_smem, k_ring.index(slot), s_zero)
+        if EARLY_COPY:
+            # while the value MMA runs: tile j + NUM_BUF - 1 into the slot tile j - 1 used
+            jn = gl.minimum(j + NUM_BUF - 1, TP2 - 1)  # past the program's tiles: masked copies, any indices
+            _issue_tile(t0 + j + NUM_BUF - 1, (j + NUM_BUF - 1) % NUM_BUF, idx_smem.index(jn).load(gl.SliceLayout(1, k_copy)),
+                        idx_smem.index(jn).load(gl.SliceLayout(1, v_copy)), idx_smem.index(jn).load(c_copy), k_ring,
+                        v_ring, ks_ring, vld_ring, ones_ptr, t_end, win_tiles, win_len, k_rows, k_cols, v_rows, v_cols,
+                        c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base, comp_ks_base, stride_wkn,
+                        stride_ckn, stride_wvn, stride_cvn, BKV)
+            async_copy.commit_group()
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         m_i, l_i, pv = _attend_tile(s, ks_ring.index(slot), vld_ring.index(slot), v_ring.index(slot), row_scale, m_i,
-                                    l_i, acc, mma_s, mma_o)
-        # while the value MMA runs: tile j + NUM_BUF - 1 into the slot tile j - 1 used
-        jn = gl.minimum(j + NUM_BUF - 1, TP2 - 1)  # past the program's tiles: masked copies, any indices
-        _issue_tile(t0 + j + NUM_BUF - 1, (j + NUM_BUF - 1) % NUM_BUF, idx_smem.index(jn).load(gl.SliceLayout(1, k_copy)),
-                    idx_smem.index(jn).load(gl.SliceLayout(1, v_copy)), idx_smem.index(jn).load(c_copy), k_ring,
-                    v_ring, ks_ring, vld_ring, ones_ptr, t_end, win_tiles, win_len, k_rows, k_cols, v_rows, v_cols,
-                    c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base, comp_ks_base, stride_wkn,
-                    stride_ckn, stride_wvn, stride_cvn, BKV)
-        async_copy.commit_group()
+                                    l_i, acc, mma_s, mma_o, FMA_SOFTMAX)
+        if not EARLY_COPY:
+            # while the value MMA runs: tile j + NUM_BUF - 1 into the slot tile j - 1 used
+            jn = gl.minimum(j + NUM_BUF - 1, TP2 - 1)  # past the program's tiles: masked copies, any indices
+            _issue_tile(t0 + j + NUM_BUF - 1, (j + NUM_BUF - 1) % NUM_BUF, idx_smem.index(jn).load(gl.SliceLayout(1, k_copy)),
+                        idx_smem.index(jn).load(gl.SliceLayout(1, v_copy)), idx_smem.index(jn).load(c_copy), k_ring,
+                        v_ring, ks_ring, vld_ring, ones_ptr, t_end, win_tiles, win_len, k_rows, k_cols, v_rows, v_cols,
+                        c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base, comp_ks_base, stride_wkn,
+                        stride_ckn, stride_wvn, stride_cvn, BKV)
+            async_copy.commit_group()
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv, ))
     async_copy.wait_group(0)
 
