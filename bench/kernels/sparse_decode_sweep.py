@@ -210,6 +210,14 @@ RUN34 = [("default", {}), ("fused 32x3 opq", dict(schedule=4, block_kv=32, num_s
          ("fused 32x3 opq+early+fma", dict(schedule=4, block_kv=32, num_stages=3, knobs=_K3)),
          ("fused 64x2 opq+fma", dict(schedule=4, block_kv=64, num_stages=2, knobs=dict(OPAQUE_Q=1, FMA_SOFTMAX=1))),
          ("fused 64x2 opq+early+fma", dict(schedule=4, block_kv=64, num_stages=2, knobs=_K3))]
+# run35-decode: 32-entry tiles at 4 slots; the q split's heads per program and warps
+_64 = dict(schedule=4, block_kv=64, num_stages=2)
+RUN35 = [("default", {}), ("fused 64x2 opq+early+fma", dict(_64, knobs=_K3)),
+         ("fused 32x4 opq+early+fma", dict(schedule=4, block_kv=32, num_stages=4, knobs=_K3)),
+         ("64x2 split h1 w1", dict(_64, knobs=dict(_K3, split_heads=1, split_warps=1))),
+         ("64x2 split h2 w2", dict(_64, knobs=dict(_K3, split_heads=2, split_warps=2))),
+         ("64x2 split h16 w4", dict(_64, knobs=dict(_K3, split_heads=16, split_warps=4))),
+         ("64x2 split h16 w8", dict(_64, knobs=dict(_K3, split_heads=16, split_warps=8)))]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
 SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
         "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128),
@@ -221,7 +229,7 @@ SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12
         "run29": (RUN29, RUN29, RUN29),
         "run30": (RUN30, RUN30, RUN30), "run31": (RUN31, RUN31, RUN31),
         "run32": (RUN32, RUN32, RUN32), "run33": (RUN33, RUN33, RUN33),
-        "run34": (RUN34, RUN34, RUN34)}
+        "run34": (RUN34, RUN34, RUN34), "run35": (RUN35, RUN35, RUN35)}
 VARIANT_SET = "run33"
 
 

@@ -497,15 +497,18 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
     if ones is None:  # the valid-entry flags' source (one per tile row), made once per device
         ones = _ONES[dev] = torch.ones(128, dtype=torch.float32, device=dev)
     pdl = has_pdl(dev.index or 0)
-    split_q_kernel[(bsz, triton.cdiv(heads, _SPLIT_HEADS))](q, q8, q_scale, heads, scale_log2, q.stride(0), q.stride(1),
-                                                            D=d, BH=_SPLIT_HEADS, PDL=pdl, num_warps=4)
+    knobs = dict(_FUSED_KNOBS)
+    split_heads = knobs.pop("split_heads", _SPLIT_HEADS)
+    split_q_kernel[(bsz, triton.cdiv(heads, split_heads))](q, q8, q_scale, heads, scale_log2, q.stride(0), q.stride(1),
+                                                           D=d, BH=split_heads, PDL=pdl,
+                                                           num_warps=knobs.pop("split_warps", 4))
     args = (q8, q_scale, ones, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink_t, out, part_out,
             part_lse, heads, w_entries, k_sel, tiles, q8.stride(0), win_k.stride(0), win_k.stride(1), win_v.stride(0),
             win_v.stride(1), comp_k.stride(0), comp_k.stride(1), comp_v.stride(0), comp_v.stride(1),
             comp_idx.stride(0), wks.stride(0), cks.stride(0), out.stride(0), out.stride(1))
     grid = (bsz, triton.cdiv(heads, 64) * (d // block_dv), splits)
     meta = dict(D=d, DV=block_dv, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, NUM_BUF=num_stages, FINAL=final,
-                HAS_SINK=sink is not None, num_warps=4, **({"launch_pdl": True} if pdl else {}), **_FUSED_KNOBS)
+                HAS_SINK=sink is not None, num_warps=4, **({"launch_pdl": True} if pdl else {}), **knobs)
     dual_scope_fused_gluon.fused_kernel[grid](*args, **meta)
     if not final:
         _merge_splits(part_out, part_lse, sink_t, out, sink is not None, 16)

@@ -164,7 +164,7 @@ def fused_kernel(
     D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr, TILES_PER_SPLIT: gl.constexpr, NUM_BUF: gl.constexpr,
     FINAL: gl.constexpr, HAS_SINK: gl.constexpr, num_warps: gl.constexpr, OPAQUE_Q: gl.constexpr = 0,
     EARLY_COPY: gl.constexpr = 0,
-    FMA_SOFTMAX: gl.constexpr = 0,
+    FMA_SOFTMAX: gl.constexpr = 0, SCORES_AHEAD: gl.constexpr = 0, AHEAD_WAIT: gl.constexpr = 2,
 ):
     """Program (b, head block x value-column block, split), one warpgroup: see the module docstring. part_out:
     [B, splits, H, D] float32, part_lse: [B, splits, H] (log2 units), written only without FINAL."""
@@ -235,16 +235,21 @@ def fused_kernel(
     l_i = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, mma_s))
     acc = gl.zeros([BH, DV], gl.float32, layout=mma_o)
     s_zero = gl.zeros([BH, BKV], gl.float32, layout=mma_s)
-    for j in range(0, n_tiles):
-        ring_landed(NUM_BUF - 2)  # tile j; tile j - 1's slot free for the copies below
-        slot = j % NUM_BUF
-        if OPAQUE_Q == 1:
-            z = j // (n_tiles + 1)
-            s = _score_mma(q_smem.index(z), q_smem.index(z + 1), k_ring.index(slot), s_zero)
-        else:
-            s = _score_mma(q_hi_smem, q_lo_smem, k_ring.index(slot), s_zero)
-        if EARLY_COPY:
-            # while the value MMA runs: tile j + NUM_BUF - 1 into the slot tile j - 1 used
+    if SCORES_AHEAD:
+        # the score MMAs of tile j + 1 run while the softmax of tile j does; ring slots hold tiles j - 1 .. j + 2
+        p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
+        s_a = _score_mma(q_smem.index(0), q_smem.index(1), k_ring.index(0), s_zero)
+        acc = warpgroup_mma(gl.zeros([BH, BKV], vdt, layout=p_op), v_ring.index(0), acc, use_acc=False,
+                            is_async=True)  # the loop carries the value MMA in flight: a first one, of zeros
+        s_b = s_zero
+        # two tiles an iteration, so that each tile's scores keep their registers (a loop-carried copy of an
+        # accumulator in flight makes ptxas serialize every warpgroup MMA); past n_tiles a tile is all masked
+        for j in range(0, n_tiles, 2):
+            z = j // (n_tiles + 2)
+            ring_landed(NUM_BUF - 3)  # tile j + 1 landed
+            s_b = _score_mma(q_smem.index(z), q_smem.index(z + 1), k_ring.index((j + 1) % NUM_BUF), s_b)
+            s_a, acc = warpgroup_mma_wait(num_outstanding=AHEAD_WAIT, deps=(s_a, acc))  # S(j), P(j-1) V(j-1) done
+            gl.thread_barrier()  # in every warp: tile j - 1's slot free
             jn = gl.minimum(j + NUM_BUF - 1, TP2 - 1)  # past the program's tiles: masked copies, any indices
             _issue_tile(t0 + j + NUM_BUF - 1, (j + NUM_BUF - 1) % NUM_BUF, idx_smem.index(jn).load(gl.SliceLayout(1, k_copy)),
                         idx_smem.index(jn).load(gl.SliceLayout(1, v_copy)), idx_smem.index(jn).load(c_copy), k_ring,
@@ -252,19 +257,54 @@ def fused_kernel(
                         c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base, comp_ks_base, stride_wkn,
                         stride_ckn, stride_wvn, stride_cvn, BKV)
             async_copy.commit_group()
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        m_i, l_i, pv = _attend_tile(s, ks_ring.index(slot), vld_ring.index(slot), v_ring.index(slot), row_scale, m_i,
-                                    l_i, acc, mma_s, mma_o, FMA_SOFTMAX)
-        if not EARLY_COPY:
-            # while the value MMA runs: tile j + NUM_BUF - 1 into the slot tile j - 1 used
-            jn = gl.minimum(j + NUM_BUF - 1, TP2 - 1)  # past the program's tiles: masked copies, any indices
-            _issue_tile(t0 + j + NUM_BUF - 1, (j + NUM_BUF - 1) % NUM_BUF, idx_smem.index(jn).load(gl.SliceLayout(1, k_copy)),
+            m_i, l_i, acc = _attend_tile(s_a, ks_ring.index(j % NUM_BUF), vld_ring.index(j % NUM_BUF),
+                                         v_ring.index(j % NUM_BUF), row_scale, m_i, l_i, acc, mma_s, mma_o, FMA_SOFTMAX)
+            ring_landed(NUM_BUF - 3)  # tile j + 2 landed
+            s_a = _score_mma(q_smem.index(z), q_smem.index(z + 1), k_ring.index((j + 2) % NUM_BUF), s_a)
+            s_b, acc = warpgroup_mma_wait(num_outstanding=AHEAD_WAIT, deps=(s_b, acc))  # S(j+1), P(j) V(j) done
+            gl.thread_barrier()  # in every warp: tile j's slot free
+            jn = gl.minimum(j + NUM_BUF, TP2 - 1)  # past the program's tiles: masked copies, any indices
+            _issue_tile(t0 + j + NUM_BUF, (j + NUM_BUF) % NUM_BUF, idx_smem.index(jn).load(gl.SliceLayout(1, k_copy)),
                         idx_smem.index(jn).load(gl.SliceLayout(1, v_copy)), idx_smem.index(jn).load(c_copy), k_ring,
                         v_ring, ks_ring, vld_ring, ones_ptr, t_end, win_tiles, win_len, k_rows, k_cols, v_rows, v_cols,
                         c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base, comp_ks_base, stride_wkn,
                         stride_ckn, stride_wvn, stride_cvn, BKV)
             async_copy.commit_group()
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv, ))
+            m_i, l_i, acc = _attend_tile(s_b, ks_ring.index((j + 1) % NUM_BUF), vld_ring.index((j + 1) % NUM_BUF),
+                                         v_ring.index((j + 1) % NUM_BUF), row_scale, m_i, l_i, acc, mma_s, mma_o,
+                                         FMA_SOFTMAX)
+        acc, s_a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s_a))
+    else:
+        for j in range(0, n_tiles):
+            ring_landed(NUM_BUF - 2)  # tile j; tile j - 1's slot free for the copies below
+            slot = j % NUM_BUF
+            if OPAQUE_Q == 1:
+                z = j // (n_tiles + 1)
+                s = _score_mma(q_smem.index(z), q_smem.index(z + 1), k_ring.index(slot), s_zero)
+            else:
+                s = _score_mma(q_hi_smem, q_lo_smem, k_ring.index(slot), s_zero)
+            if EARLY_COPY:
+                # while the value MMA runs: tile j + NUM_BUF - 1 into the slot tile j - 1 used
+                jn = gl.minimum(j + NUM_BUF - 1, TP2 - 1)  # past the program's tiles: masked copies, any indices
+                _issue_tile(t0 + j + NUM_BUF - 1, (j + NUM_BUF - 1) % NUM_BUF, idx_smem.index(jn).load(gl.SliceLayout(1, k_copy)),
+                            idx_smem.index(jn).load(gl.SliceLayout(1, v_copy)), idx_smem.index(jn).load(c_copy), k_ring,
+                            v_ring, ks_ring, vld_ring, ones_ptr, t_end, win_tiles, win_len, k_rows, k_cols, v_rows, v_cols,
+                            c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base, comp_ks_base, stride_wkn,
+                            stride_ckn, stride_wvn, stride_cvn, BKV)
+                async_copy.commit_group()
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+            m_i, l_i, pv = _attend_tile(s, ks_ring.index(slot), vld_ring.index(slot), v_ring.index(slot), row_scale, m_i,
+                                        l_i, acc, mma_s, mma_o, FMA_SOFTMAX)
+            if not EARLY_COPY:
+                # while the value MMA runs: tile j + NUM_BUF - 1 into the slot tile j - 1 used
+                jn = gl.minimum(j + NUM_BUF - 1, TP2 - 1)  # past the program's tiles: masked copies, any indices
+                _issue_tile(t0 + j + NUM_BUF - 1, (j + NUM_BUF - 1) % NUM_BUF, idx_smem.index(jn).load(gl.SliceLayout(1, k_copy)),
+                            idx_smem.index(jn).load(gl.SliceLayout(1, v_copy)), idx_smem.index(jn).load(c_copy), k_ring,
+                            v_ring, ks_ring, vld_ring, ones_ptr, t_end, win_tiles, win_len, k_rows, k_cols, v_rows, v_cols,
+                            c_rows, win_k_base, comp_k_base, win_v_base, comp_v_base, win_ks_base, comp_ks_base, stride_wkn,
+                            stride_ckn, stride_wvn, stride_cvn, BKV)
+                async_copy.commit_group()
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv, ))
     async_copy.wait_group(0)
 
     r_heads = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, mma_o))
