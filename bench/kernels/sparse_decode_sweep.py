@@ -218,6 +218,11 @@ RUN35 = [("default", {}), ("fused 64x2 opq+early+fma", dict(_64, knobs=_K3)),
          ("64x2 split h2 w2", dict(_64, knobs=dict(_K3, split_heads=2, split_warps=2))),
          ("64x2 split h16 w4", dict(_64, knobs=dict(_K3, split_heads=16, split_warps=4))),
          ("64x2 split h16 w8", dict(_64, knobs=dict(_K3, split_heads=16, split_warps=8)))]
+# run36-decode: keys two tiles ahead in a ring of three and values one tile ahead (fused_kv_kernel)
+RUN36 = [("default", {}), ("fused 64x2 opq+early+fma", dict(_64, knobs=_K3)),
+         ("kv 64 K3V2", dict(_64, knobs=dict(kv=True))),
+         ("kv 64 K3V2 split h16 w8", dict(_64, knobs=dict(kv=True, split_heads=16, split_warps=8))),
+         ("64x2 split h16 w8", dict(_64, knobs=dict(_K3, split_heads=16, split_warps=8)))]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
 SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
         "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128),
@@ -229,7 +234,7 @@ SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12
         "run29": (RUN29, RUN29, RUN29),
         "run30": (RUN30, RUN30, RUN30), "run31": (RUN31, RUN31, RUN31),
         "run32": (RUN32, RUN32, RUN32), "run33": (RUN33, RUN33, RUN33),
-        "run34": (RUN34, RUN34, RUN34), "run35": (RUN35, RUN35, RUN35)}
+        "run34": (RUN34, RUN34, RUN34), "run35": (RUN35, RUN35, RUN35), "run36": (RUN36, RUN36, RUN36)}
 VARIANT_SET = "run33"
 
 

@@ -507,6 +507,15 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
             win_v.stride(1), comp_k.stride(0), comp_k.stride(1), comp_v.stride(0), comp_v.stride(1),
             comp_idx.stride(0), wks.stride(0), cks.stride(0), out.stride(0), out.stride(1))
     grid = (bsz, triton.cdiv(heads, 64) * (d // block_dv), splits)
+    if knobs.pop("kv", False):  # EXPERIMENT (run 36)
+        kv_args = tuple(a for i, a in enumerate(args) if i != 2)  # no ones buffer
+        dual_scope_fused_gluon.fused_kv_kernel[grid](
+            *kv_args, D=d, DV=block_dv, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, KBUF=knobs.pop("kbuf", 3),
+            VBUF=2, SEL_P2=triton.next_power_of_2(min(tiles_per_split, triton.cdiv(k_sel, block_kv))), FINAL=final,
+            HAS_SINK=sink is not None, num_warps=4, **({"launch_pdl": True} if pdl else {}))
+        if not final:
+            _merge_splits(part_out, part_lse, sink_t, out, sink is not None, 16)
+        return out
     meta = dict(D=d, DV=block_dv, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, NUM_BUF=num_stages, FINAL=final,
                 HAS_SINK=sink is not None, num_warps=4, **({"launch_pdl": True} if pdl else {}), **knobs)
     dual_scope_fused_gluon.fused_kernel[grid](*args, **meta)

@@ -312,3 +312,165 @@ def fused_kernel(
     _finish(acc, gl.convert_layout(m_i, gl.SliceLayout(1, mma_o)), gl.convert_layout(l_i, gl.SliceLayout(1, mma_o)),
             r_heads, o_cols, H, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, bq, split, gl.num_programs(2), stride_ob,
             stride_oh, dv0, D, FINAL, HAS_SINK, gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+
+
+@gluon.jit
+def _issue_keys(t, slot, sel_k, sel_c, k_ring, ks_ring, t_end, win_tiles, win_len, k_rows, k_cols, c_rows, win_k_base,
+                comp_k_base, win_ks_base, comp_ks_base, stride_wkn, stride_ckn, BKV: gl.constexpr):
+    """The cp.async copies of tile t's key rows and key scales into key slot `slot` (masked: zeros)."""
+    k_ptrs, k_ok = _tile_row_ptrs(t, win_tiles, win_len, t_end, k_rows, sel_k, win_k_base, comp_k_base, stride_wkn,
+                                  stride_ckn, BKV)
+    async_copy.async_copy_global_to_shared(k_ring.index(slot), k_ptrs[:, None] + k_cols[None, :], mask=k_ok[:, None])
+    s_ptrs, s_ok = _tile_row_ptrs(t, win_tiles, win_len, t_end, c_rows, sel_c, win_ks_base, comp_ks_base, 1, 1, BKV)
+    async_copy.async_copy_global_to_shared(ks_ring.index(slot), s_ptrs, mask=s_ok)
+
+
+@gluon.jit
+def _issue_values(t, slot, sel_v, v_ring, t_end, win_tiles, win_len, v_rows, v_cols, win_v_base, comp_v_base,
+                  stride_wvn, stride_cvn, BKV: gl.constexpr):
+    """The cp.async copies of tile t's value rows (the program's columns) into value slot `slot` (masked: zeros)."""
+    v_ptrs, v_ok = _tile_row_ptrs(t, win_tiles, win_len, t_end, v_rows, sel_v, win_v_base, comp_v_base, stride_wvn,
+                                  stride_cvn, BKV)
+    async_copy.async_copy_global_to_shared(v_ring.index(slot), v_ptrs[:, None] + v_cols[None, :], mask=v_ok[:, None])
+
+
+@gluon.jit
+def _sel_row(idx_smem, t, t_sel0, SEL_P2: gl.constexpr, layout: gl.constexpr):
+    """The selected indices of tile t (any values for a window tile or past the program's tiles: the copies and the
+    validity mask do not read them there) from shared memory, in `layout`."""
+    r = gl.minimum(gl.maximum(t - t_sel0, 0), SEL_P2 - 1)
+    return idx_smem.index(r).load(layout)
+
+
+@gluon.jit
+def fused_kv_kernel(
+    q8_ptr, qs_ptr, win_k_ptr, win_v_ptr, win_len_ptr, comp_k_ptr, comp_v_ptr, comp_idx_ptr, win_ks_ptr,
+    comp_ks_ptr, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, H, W, KSEL, T, stride_q8b, stride_wkb, stride_wkn,
+    stride_wvb, stride_wvn, stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_ib, stride_wksb, stride_cksb,
+    stride_ob, stride_oh,
+    D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr, TILES_PER_SPLIT: gl.constexpr, KBUF: gl.constexpr,
+    VBUF: gl.constexpr, SEL_P2: gl.constexpr, FINAL: gl.constexpr, HAS_SINK: gl.constexpr, num_warps: gl.constexpr,
+):
+    """EXPERIMENT (run 36): key rows KBUF - 1 tiles ahead and value rows VBUF - 1 tiles ahead in rings of their own,
+    validity from the staged indices, the row scales loaded from global memory."""
+    gl.static_assert(num_warps == 4, "one warpgroup: m, l and the accumulator's rows stay in its warps")
+    gl.static_assert(KBUF >= 3 and VBUF == 2, "keys two tiles ahead, values one")
+    BH: gl.constexpr = 64
+    b = gl.program_id(0)
+    n_vblk: gl.constexpr = D // DV
+    h0 = (gl.program_id(1) // n_vblk) * BH
+    dv0 = (gl.program_id(1) % n_vblk) * DV
+    split = gl.program_id(2)
+    t0 = split * TILES_PER_SPLIT
+    t_end = gl.minimum(t0 + TILES_PER_SPLIT, T)
+    n_tiles = t_end - t0
+    bq = b.to(gl.int64)
+
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BKV, 32])
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV, 16])
+    k_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    v_copy: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    c_copy: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    col_s: gl.constexpr = gl.SliceLayout(0, mma_s)
+    fp8: gl.constexpr = gl.float8e4nv
+    vdt: gl.constexpr = win_v_ptr.dtype.element_ty
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    q_smem = gl.allocate_shared_memory(fp8, [2, BH, D], gl.NVMMASharedLayout.get_default_for([BH, D], fp8))
+    k_ring = gl.allocate_shared_memory(fp8, [KBUF, BKV, D], gl.NVMMASharedLayout.get_default_for([BKV, D], fp8))
+    v_ring = gl.allocate_shared_memory(vdt, [VBUF, BKV, DV], gl.NVMMASharedLayout.get_default_for([BKV, DV], vdt))
+    ks_ring = gl.allocate_shared_memory(gl.float32, [KBUF, BKV], flat)
+    idx_smem = gl.allocate_shared_memory(gl.int32, [SEL_P2, BKV], flat)
+
+    win_len = gl.minimum(gl.load(win_len_ptr + b), W)
+    win_tiles = gl.cdiv(W, BKV)
+    t_sel0 = gl.maximum(t0, win_tiles)  # the program's first tile of selected entries
+    k_rows = gl.arange(0, BKV, layout=gl.SliceLayout(1, k_copy))
+    k_cols = gl.arange(0, D, layout=gl.SliceLayout(0, k_copy))
+    v_rows = gl.arange(0, BKV, layout=gl.SliceLayout(1, v_copy))
+    v_cols = dv0 + gl.arange(0, DV, layout=gl.SliceLayout(0, v_copy))
+    c_rows = gl.arange(0, BKV, layout=c_copy)
+    win_k_base = win_k_ptr + bq * stride_wkb
+    comp_k_base = comp_k_ptr + bq * stride_ckb
+    win_v_base = win_v_ptr + bq * stride_wvb
+    comp_v_base = comp_v_ptr + bq * stride_cvb
+    win_ks_base = win_ks_ptr + bq * stride_wksb
+    comp_ks_base = comp_ks_ptr + bq * stride_cksb
+    idx_row = comp_idx_ptr + bq * stride_ib
+
+    # prologue: the selected indices of the program's tiles on their way; keys of tiles 0 .. KBUF - 2 and values of
+    # tile 0 in flight, then q; the indices into shared memory
+    sel_lay: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
+    si = gl.arange(0, SEL_P2, layout=gl.SliceLayout(1, sel_lay))
+    sc = gl.arange(0, BKV, layout=gl.SliceLayout(0, sel_lay))
+    s_pos = (t_sel0 + si[:, None] - win_tiles) * BKV + sc[None, :]
+    sel_all = gl.load(idx_row + s_pos, mask=(s_pos < KSEL) & ((t_sel0 + si[:, None]) < t_end), other=-1)
+    for i in gl.static_range(KBUF - 1):
+        t = t0 + i
+        _issue_keys(t, i, _tile_sel(idx_row, t, win_tiles, KSEL, k_rows, BKV),
+                    _tile_sel(idx_row, t, win_tiles, KSEL, c_rows, BKV), k_ring, ks_ring, t_end, win_tiles, win_len,
+                    k_rows, k_cols, c_rows, win_k_base, comp_k_base, win_ks_base, comp_ks_base, stride_wkn,
+                    stride_ckn, BKV)
+        if i == 0:
+            _issue_values(t, 0, _tile_sel(idx_row, t, win_tiles, KSEL, v_rows, BKV), v_ring, t_end, win_tiles,
+                          win_len, v_rows, v_cols, win_v_base, comp_v_base, stride_wvn, stride_cvn, BKV)
+        async_copy.commit_group()
+    zero = gl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                                     pack=1)
+    q_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    q_heads = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, q_copy))
+    q_cols = gl.arange(0, D, layout=gl.SliceLayout(0, q_copy))
+    q_rows = q8_ptr + bq * stride_q8b + q_heads[:, None].to(gl.int64) * D + q_cols[None, :]
+    async_copy.async_copy_global_to_shared(q_smem.index(0), q_rows, mask=(q_heads < H)[:, None])
+    async_copy.async_copy_global_to_shared(q_smem.index(1), q_rows + H * D, mask=(q_heads < H)[:, None])
+    async_copy.commit_group()
+    r_heads_s = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, mma_s))
+    row_scale = gl.load(qs_ptr + b * H + r_heads_s + zero, mask=r_heads_s < H, other=1.0)
+    idx_smem._reinterpret(gl.int32, [SEL_P2, BKV], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])).store(sel_all)
+    ring_landed(0)
+
+    cols_s = gl.arange(0, BKV, layout=col_s)
+    m_i = gl.full([BH], float("-inf"), gl.float32, layout=gl.SliceLayout(1, mma_s))
+    l_i = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, mma_s))
+    acc = gl.zeros([BH, DV], gl.float32, layout=mma_o)
+    s_zero = gl.zeros([BH, BKV], gl.float32, layout=mma_s)
+    p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
+    for j in range(0, n_tiles):
+        t = t0 + j
+        ring_landed(2)  # keys and scales of tile j (the values of j + 1 and keys of j + 1 may be in flight)
+        z = j // (n_tiles + 1)  # 0, opaque: the q descriptors are computed here, not held in registers
+        s = _score_mma(q_smem.index(z), q_smem.index(z + 1), k_ring.index(j % KBUF), s_zero)
+        tv = t + 1
+        _issue_values(tv, (j + 1) % VBUF, _sel_row(idx_smem, tv, t_sel0, SEL_P2, gl.SliceLayout(1, v_copy)), v_ring,
+                      t_end, win_tiles, win_len, v_rows, v_cols, win_v_base, comp_v_base, stride_wvn, stride_cvn, BKV)
+        async_copy.commit_group()
+        tk = t + KBUF - 1
+        _issue_keys(tk, (j + KBUF - 1) % KBUF, _sel_row(idx_smem, tk, t_sel0, SEL_P2, gl.SliceLayout(1, k_copy)),
+                    _sel_row(idx_smem, tk, t_sel0, SEL_P2, c_copy), k_ring, ks_ring, t_end, win_tiles, win_len, k_rows,
+                    k_cols, c_rows, win_k_base, comp_k_base, win_ks_base, comp_ks_base, stride_wkn, stride_ckn, BKV)
+        async_copy.commit_group()
+        # validity of tile j's entries: window positions below win_len, selected indices >= 0
+        if t < win_tiles:
+            bias = gl.where(t * BKV + cols_s < win_len, 0.0, float("-inf"))
+        else:
+            bias = gl.where(_sel_row(idx_smem, t, t_sel0, SEL_P2, col_s) >= 0, 0.0, float("-inf"))
+        ks = ks_ring.index(j % KBUF).load(col_s)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        s = s * ks[None, :] + bias[None, :]
+        m_new = gl.maximum(m_i, row_scale * gl.max(s, axis=1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s * row_scale[:, None] - m_safe[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
+        p_dot = gl.convert_layout(p.to(vdt), p_op)
+        ring_landed(3)  # values of tile j
+        pv = warpgroup_mma(p_dot, v_ring.index(j % VBUF), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv, ))
+    async_copy.wait_group(0)
+
+    r_heads = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, mma_o))
+    o_cols = dv0 + gl.arange(0, DV, layout=gl.SliceLayout(0, mma_o))
+    _finish(acc, gl.convert_layout(m_i, gl.SliceLayout(1, mma_o)), gl.convert_layout(l_i, gl.SliceLayout(1, mma_o)),
+            r_heads, o_cols, H, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, bq, split, gl.num_programs(2), stride_ob,
+            stride_oh, dv0, D, FINAL, HAS_SINK, gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
