@@ -223,6 +223,11 @@ RUN36 = [("default", {}), ("fused 64x2 opq+early+fma", dict(_64, knobs=_K3)),
          ("kv 64 K3V2", dict(_64, knobs=dict(kv=True))),
          ("kv 64 K3V2 split h16 w8", dict(_64, knobs=dict(kv=True, split_heads=16, split_warps=8))),
          ("64x2 split h16 w8", dict(_64, knobs=dict(_K3, split_heads=16, split_warps=8)))]
+# run37-decode: fused_kv_kernel with its copies' rows by a branch on the scope, one wait per tile
+_H16 = dict(split_heads=16, split_warps=8)
+RUN37 = [("default", {}), ("kv", dict(_64, knobs=dict(kv=True))), ("kv h16", dict(_64, knobs=dict(kv=True, **_H16))),
+         ("kv one-wait", dict(_64, knobs=dict(kv=True, one_wait=1))),
+         ("kv one-wait h16", dict(_64, knobs=dict(kv=True, one_wait=1, **_H16)))]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
 SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
         "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128),
@@ -234,7 +239,7 @@ SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12
         "run29": (RUN29, RUN29, RUN29),
         "run30": (RUN30, RUN30, RUN30), "run31": (RUN31, RUN31, RUN31),
         "run32": (RUN32, RUN32, RUN32), "run33": (RUN33, RUN33, RUN33),
-        "run34": (RUN34, RUN34, RUN34), "run35": (RUN35, RUN35, RUN35), "run36": (RUN36, RUN36, RUN36)}
+        "run34": (RUN34, RUN34, RUN34), "run35": (RUN35, RUN35, RUN35), "run36": (RUN36, RUN36, RUN36), "run37": (RUN37, RUN37, RUN37)}
 VARIANT_SET = "run33"
 
 

@@ -512,7 +512,8 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
         dual_scope_fused_gluon.fused_kv_kernel[grid](
             *kv_args, D=d, DV=block_dv, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, KBUF=knobs.pop("kbuf", 3),
             VBUF=2, SEL_P2=triton.next_power_of_2(min(tiles_per_split, triton.cdiv(k_sel, block_kv))), FINAL=final,
-            HAS_SINK=sink is not None, num_warps=4, **({"launch_pdl": True} if pdl else {}))
+            HAS_SINK=sink is not None, num_warps=4, ONE_WAIT=knobs.pop("one_wait", 0),
+            **({"launch_pdl": True} if pdl else {}))
         if not final:
             _merge_splits(part_out, part_lse, sink_t, out, sink is not None, 16)
         return out

@@ -315,13 +315,28 @@ def fused_kernel(
 
 
 @gluon.jit
+def _rows_of(t, win_tiles, win_len, t_end, rows, sel, win_base, comp_base, stride_wn, stride_cn, BKV: gl.constexpr):
+    """Row pointers and valid mask of tile t, by a branch on the tile's scope (the program's tiles all take the
+    same side): a window tile's positions below win_len, else the selected entries `sel` (-1: none); none at or
+    past t_end. A masked copy reads nothing, so a masked row's pointer is left as it is."""
+    if t < win_tiles:
+        pos = t * BKV + rows
+        ptrs = win_base + pos.to(gl.int64) * stride_wn
+        ok = (pos < win_len) & (t < t_end)
+    else:
+        ptrs = comp_base + sel.to(gl.int64) * stride_cn
+        ok = (sel >= 0) & (t < t_end)
+    return ptrs, ok
+
+
+@gluon.jit
 def _issue_keys(t, slot, sel_k, sel_c, k_ring, ks_ring, t_end, win_tiles, win_len, k_rows, k_cols, c_rows, win_k_base,
                 comp_k_base, win_ks_base, comp_ks_base, stride_wkn, stride_ckn, BKV: gl.constexpr):
     """The cp.async copies of tile t's key rows and key scales into key slot `slot` (masked: zeros)."""
-    k_ptrs, k_ok = _tile_row_ptrs(t, win_tiles, win_len, t_end, k_rows, sel_k, win_k_base, comp_k_base, stride_wkn,
+    k_ptrs, k_ok = _rows_of(t, win_tiles, win_len, t_end, k_rows, sel_k, win_k_base, comp_k_base, stride_wkn,
                                   stride_ckn, BKV)
     async_copy.async_copy_global_to_shared(k_ring.index(slot), k_ptrs[:, None] + k_cols[None, :], mask=k_ok[:, None])
-    s_ptrs, s_ok = _tile_row_ptrs(t, win_tiles, win_len, t_end, c_rows, sel_c, win_ks_base, comp_ks_base, 1, 1, BKV)
+    s_ptrs, s_ok = _rows_of(t, win_tiles, win_len, t_end, c_rows, sel_c, win_ks_base, comp_ks_base, 1, 1, BKV)
     async_copy.async_copy_global_to_shared(ks_ring.index(slot), s_ptrs, mask=s_ok)
 
 
@@ -329,7 +344,7 @@ def _issue_keys(t, slot, sel_k, sel_c, k_ring, ks_ring, t_end, win_tiles, win_le
 def _issue_values(t, slot, sel_v, v_ring, t_end, win_tiles, win_len, v_rows, v_cols, win_v_base, comp_v_base,
                   stride_wvn, stride_cvn, BKV: gl.constexpr):
     """The cp.async copies of tile t's value rows (the program's columns) into value slot `slot` (masked: zeros)."""
-    v_ptrs, v_ok = _tile_row_ptrs(t, win_tiles, win_len, t_end, v_rows, sel_v, win_v_base, comp_v_base, stride_wvn,
+    v_ptrs, v_ok = _rows_of(t, win_tiles, win_len, t_end, v_rows, sel_v, win_v_base, comp_v_base, stride_wvn,
                                   stride_cvn, BKV)
     async_copy.async_copy_global_to_shared(v_ring.index(slot), v_ptrs[:, None] + v_cols[None, :], mask=v_ok[:, None])
 
@@ -350,6 +365,7 @@ def fused_kv_kernel(
     stride_ob, stride_oh,
     D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr, TILES_PER_SPLIT: gl.constexpr, KBUF: gl.constexpr,
     VBUF: gl.constexpr, SEL_P2: gl.constexpr, FINAL: gl.constexpr, HAS_SINK: gl.constexpr, num_warps: gl.constexpr,
+    ONE_WAIT: gl.constexpr = 0,
 ):
     """EXPERIMENT (run 36): key rows KBUF - 1 tiles ahead and value rows VBUF - 1 tiles ahead in rings of their own,
     validity from the staged indices, the row scales loaded from global memory."""
@@ -436,8 +452,11 @@ def fused_kv_kernel(
     p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
     for j in range(0, n_tiles):
         t = t0 + j
-        ring_landed(2)  # keys and scales of tile j (the values of j + 1 and keys of j + 1 may be in flight)
-        z = j // (n_tiles + 1)  # 0, opaque: the q descriptors are computed here, not held in registers
+        if ONE_WAIT:
+            ring_landed(1)  # keys, scales and values of tile j (the keys of j + 1 may be in flight)
+        else:
+            ring_landed(2)  # keys and scales of tile j (the values of j + 1 and keys of j + 1 may be in flight)
+        z = j >> 20  # 0, opaque: the q descriptors are computed here, not held in registers
         s = _score_mma(q_smem.index(z), q_smem.index(z + 1), k_ring.index(j % KBUF), s_zero)
         tv = t + 1
         _issue_values(tv, (j + 1) % VBUF, _sel_row(idx_smem, tv, t_sel0, SEL_P2, gl.SliceLayout(1, v_copy)), v_ring,
@@ -464,7 +483,8 @@ def fused_kv_kernel(
         m_i = m_new
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
         p_dot = gl.convert_layout(p.to(vdt), p_op)
-        ring_landed(3)  # values of tile j
+        if not ONE_WAIT:
+            ring_landed(3)  # values of tile j
         pv = warpgroup_mma(p_dot, v_ring.index(j % VBUF), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv, ))
     async_copy.wait_group(0)
