@@ -231,6 +231,10 @@ RUN37 = [("default", {}), ("kv", dict(_64, knobs=dict(kv=True))), ("kv h16", dic
 # run38-decode: what the q split costs the call (a diagnostic: q's parts kept from the previous call)
 RUN38 = [("default", {}), ("kv", dict(_64, knobs=dict(kv=True))), ("kv h16", dict(_64, knobs=dict(kv=True, **_H16))),
          ("kv no split (diagnostic)", dict(_64, knobs=dict(kv=True, skip_split=True)))]
+# run39-decode: q split inside fused_kv_kernel while its first copies fly (no split launch)
+RUN39 = [("default", {}), ("kv", dict(_64, knobs=dict(kv=True))),
+         ("kv insplit", dict(_64, knobs=dict(kv=True, insplit=1))),
+         ("kv no split (diagnostic)", dict(_64, knobs=dict(kv=True, skip_split=True)))]
 # (B >= 32, B < 32[, B >= 128]) lists of each run
 SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12": (RUN12_LARGE, RUN12_SMALL),
         "run15": (RUN15_64, RUN15_SMALL, RUN15_128), "run17": (RUN17_LARGE, RUN17_SMALL, RUN17_128),
@@ -242,7 +246,7 @@ SETS = {"run10": (LARGE_B, SMALL_B), "run11": (RUN11_LARGE, RUN11_SMALL), "run12
         "run29": (RUN29, RUN29, RUN29),
         "run30": (RUN30, RUN30, RUN30), "run31": (RUN31, RUN31, RUN31),
         "run32": (RUN32, RUN32, RUN32), "run33": (RUN33, RUN33, RUN33),
-        "run34": (RUN34, RUN34, RUN34), "run35": (RUN35, RUN35, RUN35), "run36": (RUN36, RUN36, RUN36), "run37": (RUN37, RUN37, RUN37), "run38": (RUN38, RUN38, RUN38)}
+        "run34": (RUN34, RUN34, RUN34), "run35": (RUN35, RUN35, RUN35), "run36": (RUN36, RUN36, RUN36), "run37": (RUN37, RUN37, RUN37), "run38": (RUN38, RUN38, RUN38), "run39": (RUN39, RUN39, RUN39)}
 VARIANT_SET = "run33"
 
 

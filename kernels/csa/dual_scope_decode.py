@@ -506,7 +506,8 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
         else:
             _ONES[key] = (q8, q_scale)
     split_heads = knobs.pop("split_heads", _SPLIT_HEADS)
-    if split_heads:
+    insplit = knobs.pop("insplit", 0)  # EXPERIMENT (run 39): q split inside fused_kv_kernel
+    if split_heads and not insplit:
         split_q_kernel[(bsz, triton.cdiv(heads, split_heads))](q, q8, q_scale, heads, scale_log2, q.stride(0), q.stride(1),
                                                                D=d, BH=split_heads, PDL=pdl,
                                                                num_warps=knobs.pop("split_warps", 4))
@@ -516,11 +517,11 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
             comp_idx.stride(0), wks.stride(0), cks.stride(0), out.stride(0), out.stride(1))
     grid = (bsz, triton.cdiv(heads, 64) * (d // block_dv), splits)
     if knobs.pop("kv", False):  # EXPERIMENT (run 36)
-        kv_args = tuple(a for i, a in enumerate(args) if i != 2)  # no ones buffer
+        kv_args = tuple(a for i, a in enumerate(args) if i != 2) + (q, q.stride(0), q.stride(1), scale_log2)
         dual_scope_fused_gluon.fused_kv_kernel[grid](
             *kv_args, D=d, DV=block_dv, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, KBUF=knobs.pop("kbuf", 3),
             VBUF=2, SEL_P2=triton.next_power_of_2(min(tiles_per_split, triton.cdiv(k_sel, block_kv))), FINAL=final,
-            HAS_SINK=sink is not None, num_warps=4, ONE_WAIT=knobs.pop("one_wait", 0),
+            HAS_SINK=sink is not None, num_warps=4, ONE_WAIT=knobs.pop("one_wait", 0), INSPLIT=insplit,
             **({"launch_pdl": True} if pdl else {}))
         if not final:
             _merge_splits(part_out, part_lse, sink_t, out, sink is not None, 16)

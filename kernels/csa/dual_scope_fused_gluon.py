@@ -358,14 +358,36 @@ def _sel_row(idx_smem, t, t_sel0, SEL_P2: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
+def _e4m3_round(x):
+    """`dual_scope_tiles.e4m3_round` in Gluon: x rounded to nearest-even at e4m3's 3 mantissa bits, in float32."""
+    bits = x.to(gl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
+    return bits.to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _split_rows(q, r0: gl.constexpr, q_smem, scale_buf, qk_scale_log2):
+    """`dual_scope_tiles.split_q_fp8` of q's rows r0 .. r0 + 16 (bf16) into the two e4m3 parts in q_smem and each
+    row's score scale qk_scale_log2 / c into scale_buf."""
+    qf = q.to(gl.float32)
+    amax = gl.max(gl.abs(qf), axis=1)
+    c = gl.exp2(gl.minimum(gl.floor(gl.log2(448.0 / gl.where(amax > 0, amax, 448.0))), 126.0))
+    qs = qf * c[:, None]
+    hi = _e4m3_round(qs)
+    q_smem.index(0).slice(r0, 16).store(hi.to(gl.float8e4nv))
+    q_smem.index(1).slice(r0, 16).store((qs - hi).to(gl.float8e4nv))
+    scale_buf.slice(r0, 16).store(qk_scale_log2 / c)
+
+
+@gluon.jit
 def fused_kv_kernel(
     q8_ptr, qs_ptr, win_k_ptr, win_v_ptr, win_len_ptr, comp_k_ptr, comp_v_ptr, comp_idx_ptr, win_ks_ptr,
     comp_ks_ptr, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, H, W, KSEL, T, stride_q8b, stride_wkb, stride_wkn,
     stride_wvb, stride_wvn, stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_ib, stride_wksb, stride_cksb,
-    stride_ob, stride_oh,
+    stride_ob, stride_oh, q_ptr, stride_qb, stride_qh, qk_scale_log2,
     D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr, TILES_PER_SPLIT: gl.constexpr, KBUF: gl.constexpr,
     VBUF: gl.constexpr, SEL_P2: gl.constexpr, FINAL: gl.constexpr, HAS_SINK: gl.constexpr, num_warps: gl.constexpr,
-    ONE_WAIT: gl.constexpr = 0,
+    ONE_WAIT: gl.constexpr = 0, INSPLIT: gl.constexpr = 0,
 ):
     """EXPERIMENT (run 36): key rows KBUF - 1 tiles ahead and value rows VBUF - 1 tiles ahead in rings of their own,
     validity from the staged indices, the row scales loaded from global memory."""
@@ -430,19 +452,35 @@ def fused_kv_kernel(
             _issue_values(t, 0, _tile_sel(idx_row, t, win_tiles, KSEL, v_rows, BKV), v_ring, t_end, win_tiles,
                           win_len, v_rows, v_cols, win_v_base, comp_v_base, stride_wvn, stride_cvn, BKV)
         async_copy.commit_group()
-    zero = gl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
-                                     pack=1)
-    q_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-    q_heads = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, q_copy))
-    q_cols = gl.arange(0, D, layout=gl.SliceLayout(0, q_copy))
-    q_rows = q8_ptr + bq * stride_q8b + q_heads[:, None].to(gl.int64) * D + q_cols[None, :]
-    async_copy.async_copy_global_to_shared(q_smem.index(0), q_rows, mask=(q_heads < H)[:, None])
-    async_copy.async_copy_global_to_shared(q_smem.index(1), q_rows + H * D, mask=(q_heads < H)[:, None])
-    async_copy.commit_group()
-    r_heads_s = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, mma_s))
-    row_scale = gl.load(qs_ptr + b * H + r_heads_s + zero, mask=r_heads_s < H, other=1.0)
+    if INSPLIT:  # q's bf16 rows, split while the copies above are in flight
+        q_lay: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+        qh = gl.arange(0, 16, layout=gl.SliceLayout(1, q_lay))
+        qc = gl.arange(0, D, layout=gl.SliceLayout(0, q_lay))
+        q_base = q_ptr + bq * stride_qb + qc[None, :]
+        q0 = gl.load(q_base + (h0 + qh)[:, None] * stride_qh, mask=(h0 + qh < H)[:, None], other=0.0)
+        q1 = gl.load(q_base + (h0 + 16 + qh)[:, None] * stride_qh, mask=(h0 + 16 + qh < H)[:, None], other=0.0)
+        _split_rows(q0, 0, q_smem, ks_ring.index(KBUF - 1), qk_scale_log2)
+        q2 = gl.load(q_base + (h0 + 32 + qh)[:, None] * stride_qh, mask=(h0 + 32 + qh < H)[:, None], other=0.0)
+        _split_rows(q1, 16, q_smem, ks_ring.index(KBUF - 1), qk_scale_log2)
+        q3 = gl.load(q_base + (h0 + 48 + qh)[:, None] * stride_qh, mask=(h0 + 48 + qh < H)[:, None], other=0.0)
+        _split_rows(q2, 32, q_smem, ks_ring.index(KBUF - 1), qk_scale_log2)
+        _split_rows(q3, 48, q_smem, ks_ring.index(KBUF - 1), qk_scale_log2)
+    else:
+        zero = gl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                                         pack=1)
+        q_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+        q_heads = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, q_copy))
+        q_cols = gl.arange(0, D, layout=gl.SliceLayout(0, q_copy))
+        q_rows = q8_ptr + bq * stride_q8b + q_heads[:, None].to(gl.int64) * D + q_cols[None, :]
+        async_copy.async_copy_global_to_shared(q_smem.index(0), q_rows, mask=(q_heads < H)[:, None])
+        async_copy.async_copy_global_to_shared(q_smem.index(1), q_rows + H * D, mask=(q_heads < H)[:, None])
+        async_copy.commit_group()
+        r_heads_s = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, mma_s))
+        row_scale = gl.load(qs_ptr + b * H + r_heads_s + zero, mask=r_heads_s < H, other=1.0)
     idx_smem._reinterpret(gl.int32, [SEL_P2, BKV], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])).store(sel_all)
     ring_landed(0)
+    if INSPLIT:  # the row scales, from the key-scale slot they were parked in (its first copy is in the loop)
+        row_scale = ks_ring.index(KBUF - 1).load(gl.SliceLayout(1, mma_s))
 
     cols_s = gl.arange(0, BKV, layout=col_s)
     m_i = gl.full([BH], float("-inf"), gl.float32, layout=gl.SliceLayout(1, mma_s))
