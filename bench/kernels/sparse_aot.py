@@ -207,16 +207,19 @@ def main() -> None:
         from triton.experimental.gluon._runtime import GluonASTSource
 
         fused = importlib.import_module("zoe_kernels.csa.dual_scope_fused_gluon")
-        fptrs = {"q8_ptr": "*fp8e4nv", "qs_ptr": "*fp32", "ones_ptr": "*fp32", "win_k_ptr": "*fp8e4nv",
+        fptrs = {"q8_ptr": "*fp8e4nv", "qs_ptr": "*fp32", "win_k_ptr": "*fp8e4nv",
                  "win_v_ptr": "*bf16", "win_len_ptr": "*i32", "comp_k_ptr": "*fp8e4nv", "comp_v_ptr": "*bf16",
                  "comp_idx_ptr": "*i32", "win_ks_ptr": "*fp32", "comp_ks_ptr": "*fp32", "sink_ptr": "*fp32",
                  "out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
-        for dv, bkv, stages, final in ((256, 32, 3, True), (256, 32, 3, False), (256, 32, 4, True),
-                                       (256, 64, 2, True), (128, 64, 2, True)):
-            rows.append(compile_one(f"dual_scope_fused D=512 DV={dv} BKV={bkv} stages={stages} final={final}",
+        # (DV, tile entries, key slots, staged index rows, final): the default at W=128, k=512 (232,192 bytes of
+        # shared memory), its two-split form, 2 key slots, 32-entry tiles at 4 slots, 128-column value blocks
+        for dv, bkv, slots, sel_rows, final in ((256, 64, 3, 8, True), (256, 64, 3, 8, False), (256, 64, 2, 8, True),
+                                                (256, 32, 4, 16, True), (128, 64, 2, 8, True)):
+            rows.append(compile_one(f"dual_scope_fused D=512 DV={dv} BKV={bkv} key_slots={slots} final={final}",
                                     fused.fused_kernel, fptrs,
-                                    dict(D=512, DV=dv, BKV=bkv, TILES_PER_SPLIT=640 // bkv, NUM_BUF=stages,
-                                         FINAL=final, HAS_SINK=True, num_warps=4), 4, source=GluonASTSource))
+                                    dict(D=512, DV=dv, BKV=bkv, TILES_PER_SPLIT=640 // bkv, KBUF=slots,
+                                         SEL_P2=sel_rows, FINAL=final, HAS_SINK=True, num_warps=4), 4,
+                                    source=GluonASTSource))
     meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
             "command": "python bench/kernels/sparse_aot.py " + " ".join(sys.argv[1:])}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -60,7 +60,7 @@ def main() -> None:
         kw = dict(win_k_scale=win_ks, comp_k_scale=comp_ks)
         listed = dict(sweep.variants(batch))
         for name in args.variants.split(",") if args.variants else listed:
-            cfg = sweep._knobs(listed[name])
+            cfg = listed[name]
             fn = lambda: dual_scope_decode(*call_args, **kw, **cfg)  # noqa: E731
             if args.ncu:
                 fn()

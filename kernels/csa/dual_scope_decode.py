@@ -316,7 +316,7 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
                   q_bytes: int = 2, one_loop: bool = True, qk_fp16: bool | None = None,
                   lazy_rescale: bool | None = None, defer_sum: bool | None = None,
                   values_warps: int | None = None, values_stages: int | None = None,
-                  fp8_scores: bool = False, gluon: bool = False) -> dict:
+                  fp8_scores: bool = False, gluon: bool = False, selected: int | None = None) -> dict:
     """Default launch parameters, the fastest configurations measured on an H200 (H=64, D=512, W=128, k=512;
     runs 4, 7, 10-13 and 15-16; sparse_README.md), for 2-byte q:
     - B < 8: 16 heads, 4 warps, entry splits to fill the GPU, one pipelined loop over 64-entry tiles at two
@@ -347,8 +347,10 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
     small = one_loop and two_byte and bsz < _SMALL_BELOW_BATCH
     two_pass_from = _TWO_PASS_FROM_BATCH_GLUON if gluon else _TWO_PASS_FROM_BATCH
     if schedule is None and fp8_scores and one_loop and bsz >= two_pass_from and block_h in (None, 64):
-        schedule = 4 if gluon and _fused_shape_ok(d, _fused_block_dv(d, block_dv), block_kv or _FUSED_BLOCK_KV,
-                                                  num_stages or _SCHEDULE_STAGES[4]) else 3
+        fits = gluon and _fused_config(bsz, heads, d, entries, entries if selected is None else selected,
+                                       block_dv=block_dv, block_kv=block_kv, splits=splits,
+                                       num_stages=num_stages)["fits"]
+        schedule = 4 if fits else 3
     if schedule is None:
         schedule = 2 if (all_heads or small) else 0
     if schedule not in _SCHEDULE_STAGES:
@@ -356,8 +358,8 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
     if not one_loop:
         schedule = 0  # schedules 2 and 3 select between the scopes' row pointers: one dtype per tensor kind
     if schedule == 4:
-        return _fused_config(bsz, heads, d, entries, block_dv=block_dv, block_kv=block_kv, splits=splits,
-                             num_stages=num_stages)
+        return _fused_config(bsz, heads, d, entries, entries if selected is None else selected, block_dv=block_dv,
+                             block_kv=block_kv, splits=splits, num_stages=num_stages)
     if schedule == 3:
         return _two_pass_config(bsz, heads, d, entries, block_h=block_h, block_dv=block_dv, block_kv=block_kv,
                                 splits=splits, num_warps=num_warps, num_stages=num_stages, qk_fp16=qk_fp16,
@@ -412,7 +414,8 @@ def _two_pass_config(bsz: int, heads: int, d: int, entries: int, *, block_h, blo
             "values_warps": values_warps or num_warps or 4, "values_stages": values_stages or num_stages or 3}
 
 
-_FUSED_BLOCK_KV = 32  # schedule 4: 32-entry tiles, 3 ring slots (run 30-decode: B=64 35.6 us, 64-entry tiles 45.5)
+_FUSED_BLOCK_KV = 64  # schedule 4: 64-entry tiles, keys two tiles ahead (run 36-decode: B=64 29.4 us, 32-entry tiles 33)
+_SMEM_LIMIT = 227 * 1024  # bytes of shared memory one program may take on Hopper
 
 
 def _fused_block_dv(d: int, block_dv: int | None) -> int:
@@ -421,19 +424,26 @@ def _fused_block_dv(d: int, block_dv: int | None) -> int:
     return block_dv or (min(256, d) if d % min(256, d) == 0 else 128)
 
 
-def _fused_shape_ok(d: int, block_dv: int, block_kv: int, num_stages: int) -> bool:
+def _fused_sel_rows(tiles_per_split: int, selected: int, block_kv: int) -> int:
+    """Rows of staged indices a one-pass program holds: its tiles of selected entries, to a power of two."""
+    return triton.next_power_of_2(max(1, min(tiles_per_split, triton.cdiv(selected, block_kv))))
+
+
+def _fused_shape_ok(d: int, block_dv: int, block_kv: int, key_slots: int, sel_rows: int) -> bool:
     """The shapes the one-pass Gluon kernel takes: D in 128-column steps, 64-256 value columns per program
-    dividing D, 32- or 64-entry tiles, at least 2 ring slots, and q's two fp8 parts plus the ring (keys, values,
-    scales, flags) within 227 KB of shared memory."""
-    smem = 2 * 64 * d + num_stages * block_kv * (d + 2 * block_dv + 8)
+    dividing D, 32- or 64-entry tiles, at least 2 key slots, and q's two fp8 parts, the key ring (rows and
+    scales), the two value slots and the staged indices within 227 KB of shared memory."""
+    smem = 2 * 64 * d + key_slots * block_kv * (d + 4) + 2 * block_kv * block_dv * 2 + sel_rows * block_kv * 4
     return (d % 128 == 0 and block_dv in (64, 128, 256) and d % block_dv == 0 and block_kv in (32, 64)
-            and num_stages >= 2 and smem <= 227 * 1024)
+            and key_slots >= 2 and smem <= _SMEM_LIMIT)
 
 
-def _fused_config(bsz: int, heads: int, d: int, entries: int, *, block_dv, block_kv, splits, num_stages) -> dict:
+def _fused_config(bsz: int, heads: int, d: int, entries: int, selected: int, *, block_dv, block_kv, splits,
+                  num_stages) -> dict:
     """Launch parameters of the one-pass Gluon kernel (dual_scope_fused_gluon.py): 64 heads and block_dv value
-    columns per program, block_kv entries per tile through a ring of num_stages buffers, splits programs over a
-    sequence's entries (as many as fill one wave of 132)."""
+    columns per program, block_kv entries per tile, num_stages key slots (3 where they fit, else 2), splits
+    programs over a sequence's entries (as many as fill one wave of 132); "fits" says whether its shared memory
+    does (`_fused_shape_ok`)."""
     block_dv = _fused_block_dv(d, block_dv)
     block_kv = block_kv or _FUSED_BLOCK_KV
     tiles = max(1, triton.cdiv(entries, block_kv))
@@ -441,18 +451,21 @@ def _fused_config(bsz: int, heads: int, d: int, entries: int, *, block_dv, block
     if splits is None:
         splits = max(1, _TARGET_PROGRAMS // programs)
     splits = max(1, min(splits, tiles))
+    sel_rows = _fused_sel_rows(triton.cdiv(tiles, splits), selected, block_kv)
+    if num_stages is None:
+        num_stages = 3 if _fused_shape_ok(d, block_dv, block_kv, 3, sel_rows) else 2
     return {"block_h": 64, "block_dv": block_dv, "block_kv": block_kv, "splits": splits, "num_warps": 4,
-            "schedule": 4, "num_stages": num_stages or _SCHEDULE_STAGES[4], "qk_fp16": False, "lazy_rescale": False,
-            "defer_sum": False}
+            "schedule": 4, "num_stages": num_stages, "qk_fp16": False, "lazy_rescale": False, "defer_sum": False,
+            "fits": _fused_shape_ok(d, block_dv, block_kv, num_stages, sel_rows)}
 
 
-def fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled: bool, d: int, block_dv: int, block_kv: int,
-                    num_stages: int) -> bool:
-    """Whether the one-pass Gluon kernel can take this call: an sm_90 GPU with Gluon, bf16 q over fp8 e4m3 keys
-    (with their scales) and bf16 values without scales, at shapes `_fused_shape_ok` allows."""
+def fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled: bool, sm_scale: float, cfg: dict) -> bool:
+    """Whether the one-pass Gluon kernel can take this call at launch parameters cfg (`_fused_config`'s): an sm_90
+    GPU with Gluon, bf16 q over fp8 e4m3 keys (with their scales) and bf16 values without scales, a positive
+    softmax scale (the kernel takes a row's maximum before scaling), shared memory that fits."""
     return (dual_scope_fused_gluon is not None and gluon_ready(q, win_v, comp_v) and q.dtype == torch.bfloat16
-            and win_k.dtype == comp_k.dtype == torch.float8_e4m3fn and not v_scaled
-            and _fused_shape_ok(d, block_dv, block_kv, num_stages))
+            and win_k.dtype == comp_k.dtype == torch.float8_e4m3fn and not v_scaled and sm_scale > 0
+            and cfg["fits"])
 
 
 def _split_partials(bsz: int, heads: int, d: int, tiles: int, splits: int, dev):
@@ -475,8 +488,6 @@ def _merge_splits(part_out, part_lse, sink_t, out, has_sink: bool, merge_h: int)
         D=d, BH=merge_h, SPLITS_P2=triton.next_power_of_2(splits), HAS_SINK=has_sink, WRITE_LSE=False, num_warps=4)
 
 
-_ONES: dict = {}
-_FUSED_KNOBS: dict = {}  # EXPERIMENT (run 34): extra constexprs of fused_kernel
 _SPLIT_HEADS = 4  # heads per split_q_kernel program
 
 
@@ -493,42 +504,18 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
     sink_t = sink if sink is not None else part_lse
     q8 = torch.empty((bsz, 2, heads, d), dtype=torch.float8_e4m3fn, device=dev)
     q_scale = torch.empty((bsz, heads), dtype=torch.float32, device=dev)
-    ones = _ONES.get(dev)
-    if ones is None:  # the valid-entry flags' source (one per tile row), made once per device
-        ones = _ONES[dev] = torch.ones(128, dtype=torch.float32, device=dev)
     pdl = has_pdl(dev.index or 0)
-    knobs = dict(_FUSED_KNOBS)
-    if knobs.pop("skip_split", False):  # EXPERIMENT (run 38, a diagnostic): q's parts kept from the last call
-        key = (q.data_ptr(), bsz, heads, d)
-        if key in _ONES:
-            q8, q_scale = _ONES[key]
-            knobs["split_heads"] = 0
-        else:
-            _ONES[key] = (q8, q_scale)
-    split_heads = knobs.pop("split_heads", _SPLIT_HEADS)
-    insplit = knobs.pop("insplit", 0)  # EXPERIMENT (run 39): q split inside fused_kv_kernel
-    if split_heads and not insplit:
-        split_q_kernel[(bsz, triton.cdiv(heads, split_heads))](q, q8, q_scale, heads, scale_log2, q.stride(0), q.stride(1),
-                                                               D=d, BH=split_heads, PDL=pdl,
-                                                               num_warps=knobs.pop("split_warps", 4))
-    args = (q8, q_scale, ones, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink_t, out, part_out,
-            part_lse, heads, w_entries, k_sel, tiles, q8.stride(0), win_k.stride(0), win_k.stride(1), win_v.stride(0),
-            win_v.stride(1), comp_k.stride(0), comp_k.stride(1), comp_v.stride(0), comp_v.stride(1),
-            comp_idx.stride(0), wks.stride(0), cks.stride(0), out.stride(0), out.stride(1))
+    split_q_kernel[(bsz, triton.cdiv(heads, _SPLIT_HEADS))](q, q8, q_scale, heads, scale_log2, q.stride(0), q.stride(1),
+                                                            D=d, BH=_SPLIT_HEADS, PDL=pdl, num_warps=4)
     grid = (bsz, triton.cdiv(heads, 64) * (d // block_dv), splits)
-    if knobs.pop("kv", False):  # EXPERIMENT (run 36)
-        kv_args = tuple(a for i, a in enumerate(args) if i != 2) + (q, q.stride(0), q.stride(1), scale_log2)
-        dual_scope_fused_gluon.fused_kv_kernel[grid](
-            *kv_args, D=d, DV=block_dv, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, KBUF=knobs.pop("kbuf", 3),
-            VBUF=2, SEL_P2=triton.next_power_of_2(min(tiles_per_split, triton.cdiv(k_sel, block_kv))), FINAL=final,
-            HAS_SINK=sink is not None, num_warps=4, ONE_WAIT=knobs.pop("one_wait", 0), INSPLIT=insplit,
-            **({"launch_pdl": True} if pdl else {}))
-        if not final:
-            _merge_splits(part_out, part_lse, sink_t, out, sink is not None, 16)
-        return out
-    meta = dict(D=d, DV=block_dv, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, NUM_BUF=num_stages, FINAL=final,
-                HAS_SINK=sink is not None, num_warps=4, **({"launch_pdl": True} if pdl else {}), **knobs)
-    dual_scope_fused_gluon.fused_kernel[grid](*args, **meta)
+    dual_scope_fused_gluon.fused_kernel[grid](
+        q8, q_scale, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink_t, out, part_out, part_lse,
+        heads, w_entries, k_sel, tiles, q8.stride(0), win_k.stride(0), win_k.stride(1), win_v.stride(0),
+        win_v.stride(1), comp_k.stride(0), comp_k.stride(1), comp_v.stride(0), comp_v.stride(1), comp_idx.stride(0),
+        wks.stride(0), cks.stride(0), out.stride(0), out.stride(1),
+        D=d, DV=block_dv, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, KBUF=num_stages,
+        SEL_P2=_fused_sel_rows(tiles_per_split, k_sel, block_kv), FINAL=final, HAS_SINK=sink is not None,
+        num_warps=4, **({"launch_pdl": True} if pdl else {}))
     if not final:
         _merge_splits(part_out, part_lse, sink_t, out, sink is not None, 16)
     return out
@@ -615,13 +602,20 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     w_entries, k_sel = win_k.shape[1], comp_idx.shape[1]
     one_loop = win_k.dtype == comp_k.dtype and win_v.dtype == comp_v.dtype
     fp8_keys = win_k.dtype == comp_k.dtype == torch.float8_e4m3fn
-    cfg = launch_config(bsz, heads, d, w_entries + k_sel, block_h=block_h, block_dv=block_dv, block_kv=block_kv,
-                        splits=splits, num_warps=num_warps, schedule=schedule, num_stages=num_stages,
-                        q_bytes=q.element_size(), one_loop=one_loop, qk_fp16=qk_fp16, lazy_rescale=lazy_rescale,
-                        defer_sum=defer_sum, values_warps=values_warps, values_stages=values_stages,
-                        fp8_scores=fp8_keys and q.dtype == torch.bfloat16 and qk_fp8 is not False,
-                        gluon=(gluon_scores is not False and gluon_values is not False and not v_scaled
-                               and gluon_ready(q, win_v, comp_v)))
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+
+    def config(sched):
+        return launch_config(bsz, heads, d, w_entries + k_sel, block_h=block_h, block_dv=block_dv, block_kv=block_kv,
+                             splits=splits, num_warps=num_warps, schedule=sched, num_stages=num_stages,
+                             q_bytes=q.element_size(), one_loop=one_loop, qk_fp16=qk_fp16, lazy_rescale=lazy_rescale,
+                             defer_sum=defer_sum, values_warps=values_warps, values_stages=values_stages,
+                             fp8_scores=fp8_keys and q.dtype == torch.bfloat16 and qk_fp8 is not False,
+                             gluon=(gluon_scores is not False and gluon_values is not False and not v_scaled
+                                    and gluon_ready(q, win_v, comp_v)), selected=k_sel)
+
+    cfg = config(schedule)
+    if schedule is None and cfg["schedule"] == 4 and not scale > 0:
+        cfg = config(3)  # the one pass takes a row's maximum before scaling: a positive scale only
     block_h, block_dv, splits, block_kv = cfg["block_h"], cfg["block_dv"], cfg["splits"], cfg["block_kv"]
     schedule, num_stages = cfg["schedule"], cfg["num_stages"]
     qk_fp16 = (cfg["qk_fp16"] and q.dtype in (torch.bfloat16, torch.float16) and win_k.element_size() == 1
@@ -629,17 +623,17 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     lazy_rescale = cfg["lazy_rescale"] and not (q.dtype == torch.float16 and v_scaled)
     qk_fp8 = schedule == 3 and fp8_keys and (q.dtype == torch.bfloat16 if qk_fp8 is None else
                                              bool(qk_fp8) and q.element_size() == 2)
-    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
     sink_f32 = sink.to(device=dev, dtype=torch.float32).contiguous() if sink is not None else None
     tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
     out = torch.empty((bsz, heads, d), dtype=q.dtype, device=dev)
     if bsz == 0:
         return out
     if schedule == 4:
-        if not fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled, d, block_dv, block_kv, num_stages):
+        if not fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled, scale, cfg):
             raise ValueError("schedule 4 (one pass in Gluon) needs an sm_90 GPU with Gluon, bf16 q over fp8 e4m3 keys "
-                             "and bf16 values without scales, D a multiple of 128, block_dv in (64, 128, 256) "
-                             "dividing D, block_kv 32 or 64 and at least 2 stages within 227 KB of shared memory")
+                             "and bf16 values without scales, a positive sm_scale, D a multiple of 128, block_dv in "
+                             "(64, 128, 256) dividing D, block_kv 32 or 64 and at least 2 key stages within 227 KB of "
+                             "shared memory")
         return _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink_f32, scale * LOG2E,
                              out, block_dv=block_dv, block_kv=block_kv, splits=splits, num_stages=num_stages)
     if schedule == 3:

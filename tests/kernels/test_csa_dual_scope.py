@@ -191,14 +191,15 @@ def test_two_pass_gluon_on_gpu(block_dv, values_warps, stages, splits, with_sink
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the one-pass Gluon kernel needs a Hopper GPU")
-@pytest.mark.parametrize("block_dv,block_kv,stages,splits,with_sink", [(256, 32, 3, None, True), (128, 64, 2, 3, True),
-                                                                      (256, 32, 4, 2, False), (256, 64, 2, 1, False)])
+@pytest.mark.parametrize("block_dv,block_kv,stages,splits,with_sink", [(256, 64, 3, None, True), (128, 64, 2, 3, True),
+                                                                      (256, 32, 4, 2, False), (256, 64, 3, 1, False),
+                                                                      (256, 32, 2, 1, True)])
 def test_fused_gluon_on_gpu(block_dv, block_kv, stages, splits, with_sink):
-    # the one-pass Hopper kernel (dual_scope_fused_gluon.py, schedule 4) against the reference and against the
-    # two-pass schedule on the same inputs: 70 heads (a second, part-masked head block), a ragged window, -1
-    # holes, a sequence with no entry, tiles past the selection's end, one split (the output written by the
-    # program) and several (partials merged)
-    from zoe_kernels.csa.dual_scope_decode import fused_supported
+    # the one-pass Hopper kernel (dual_scope_fused_gluon.py, schedule 4; stages: key slots) against the reference
+    # and against the two-pass schedule on the same inputs: 70 heads (a second, part-masked head block), a ragged
+    # window shorter than its tiles, -1 holes, a sequence with no entry, tiles past the selection's end, one split
+    # (the output written by the program) and several (partials merged)
+    from zoe_kernels.csa.dual_scope_decode import _fused_config, fused_supported
 
     gen = torch.Generator().manual_seed(60 + block_dv + block_kv + stages)
     args = _case(5, 70, 512, 100, 600, 300, torch.bfloat16, fp8_kv=False, gen=gen)
@@ -206,7 +207,8 @@ def test_fused_gluon_on_gpu(block_dv, block_kv, stages, splits, with_sink):
     kw = {"sink": torch.randn(70, generator=gen)} if with_sink else {}
     q = torch.empty(1, 1, 512, dtype=torch.bfloat16, device=DEVICE)
     k8 = torch.empty(1, 1, 512, dtype=FP8, device=DEVICE)
-    if not fused_supported(q, k8, k8, q, q, False, 512, block_dv, block_kv, stages):
+    cfg = _fused_config(5, 70, 512, 400, 300, block_dv=block_dv, block_kv=block_kv, splits=splits, num_stages=stages)
+    if not fused_supported(q, k8, k8, q, q, False, 0.1, cfg):
         pytest.skip("no sm_90 GPU with Gluon")
     # heads of magnitudes 1e-2 to 1e1: wide score ranges, the running maximum moving across tiles
     args["q"] = (args["q"].float() * torch.logspace(-2, 1, 70)[None, :, None]).to(torch.bfloat16)
@@ -241,11 +243,30 @@ def test_split_q_kernel():
 
 
 def test_fused_schedule_rejected_where_it_cannot_run():
-    # schedule 4 on inputs it cannot take (fp16 q here; on the CPU nothing): a clear error, not a wrong answer
+    # schedule 4 on inputs it cannot take (fp16 q here; on the CPU nothing; a negative softmax scale, which the
+    # kernel's maximum-before-scaling cannot take): a clear error, not a wrong answer
     gen = torch.Generator().manual_seed(5)
     args = _case(2, 4, 128, 8, 20, 6, torch.float16, fp8_kv=False, gen=gen)
     with pytest.raises(ValueError, match="schedule 4"):
         _run(args, schedule=4)
+    bf16 = _case(2, 4, 128, 8, 20, 6, torch.bfloat16, fp8_kv=False, gen=gen)
+    with pytest.raises(ValueError, match="positive sm_scale"):
+        _run(bf16, schedule=4, sm_scale=-0.1)
+
+
+def test_fused_shared_memory_model():
+    # the launcher's shared-memory model of the one-pass kernel: at H=64, D=512, W=128, k=512 the default (64-entry
+    # tiles, 3 key slots, 8 rows of staged indices) takes 232,192 bytes, what the sm_90a compile reports; with
+    # k=2048 the staged indices pass 227 KB at 3 key slots and the launcher takes 2; D=1024 fits neither
+    from zoe_kernels.csa.dual_scope_decode import _fused_config, _fused_shape_ok
+
+    assert _fused_shape_ok(512, 256, 64, 3, 8) and not _fused_shape_ok(512, 256, 64, 3, 16)
+    cfg = _fused_config(64, 64, 512, 640, 512, block_dv=None, block_kv=None, splits=None, num_stages=None)
+    assert (cfg["block_kv"], cfg["num_stages"], cfg["splits"], cfg["fits"]) == (64, 3, 1, True)
+    big_k = _fused_config(64, 64, 512, 2176, 2048, block_dv=None, block_kv=None, splits=None, num_stages=None)
+    assert (big_k["num_stages"], big_k["fits"]) == (2, True)
+    assert not _fused_config(64, 64, 1024, 640, 512, block_dv=None, block_kv=None, splits=None,
+                             num_stages=None)["fits"]
 
 
 @pytest.mark.parametrize("block_h,block_dv,splits", [(16, 16, 1), (32, 64, 4)])
@@ -355,14 +376,14 @@ def test_launch_config_batch_regimes():
     two_pass = {b: launch_config(b, 64, 512, 640, fp8_scores=True) for b in (16, 32, 64, 128)}
     assert two_pass[16]["schedule"] == 0
     assert [(two_pass[b]["schedule"], two_pass[b]["splits"]) for b in (32, 64, 128)] == [(3, 4), (3, 2), (3, 1)]
-    # where Gluon runs (Hopper) the one-pass Gluon kernel from B=8 (run 31-decode), with 256-column value blocks,
-    # 32-entry tiles at 3 slots and splits to fill a wave; its shared memory does not fit D=1024, which keeps the
-    # two passes; B=1 keeps the one pass
-    gluon = {b: launch_config(b, 64, 512, 640, fp8_scores=True, gluon=True) for b in (1, 4, 8, 16, 64)}
+    # where Gluon runs (Hopper) the one-pass Gluon kernel from B=8 (run 36-decode), with 256-column value blocks,
+    # 64-entry tiles at 3 key slots and splits to fill a wave; its shared memory does not fit D=1024, which keeps
+    # the two passes; B=1 keeps the one pass
+    gluon = {b: launch_config(b, 64, 512, 640, fp8_scores=True, gluon=True, selected=512) for b in (1, 4, 8, 16, 64)}
     assert {b: c["schedule"] for b, c in gluon.items()} == {1: 2, 4: 2, 8: 4, 16: 4, 64: 4}
     assert [(gluon[b]["block_dv"], gluon[b]["block_kv"], gluon[b]["num_stages"], gluon[b]["splits"])
-            for b in (8, 64)] == [(256, 32, 3, 8), (256, 32, 3, 1)]
-    assert launch_config(64, 64, 1024, 640, fp8_scores=True, gluon=True)["schedule"] == 3
+            for b in (8, 64)] == [(256, 64, 3, 8), (256, 64, 3, 1)]
+    assert launch_config(64, 64, 1024, 640, fp8_scores=True, gluon=True, selected=512)["schedule"] == 3
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the production shape needs a GPU")
