@@ -212,9 +212,9 @@ def main() -> None:
                  "comp_idx_ptr": "*i32", "win_ks_ptr": "*fp32", "comp_ks_ptr": "*fp32", "sink_ptr": "*fp32",
                  "out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
         # (DV, tile entries, key slots, staged index rows, final): the default at W=128, k=512 (232,192 bytes of
-        # shared memory), its two-split form, 2 key slots, 32-entry tiles at 4 slots, 128-column value blocks
+        # shared memory), its two-split form, 2 key slots, 32-entry tiles, 128-column value blocks
         for dv, bkv, slots, sel_rows, final in ((256, 64, 3, 8, True), (256, 64, 3, 8, False), (256, 64, 2, 8, True),
-                                                (256, 32, 4, 16, True), (128, 64, 2, 8, True)):
+                                                (256, 32, 3, 16, True), (128, 64, 2, 8, True)):
             rows.append(compile_one(f"dual_scope_fused D=512 DV={dv} BKV={bkv} key_slots={slots} final={final}",
                                     fused.fused_kernel, fptrs,
                                     dict(D=512, DV=dv, BKV=bkv, TILES_PER_SPLIT=640 // bkv, KBUF=slots,

@@ -431,11 +431,11 @@ def _fused_sel_rows(tiles_per_split: int, selected: int, block_kv: int) -> int:
 
 def _fused_shape_ok(d: int, block_dv: int, block_kv: int, key_slots: int, sel_rows: int) -> bool:
     """The shapes the one-pass Gluon kernel takes: D in 128-column steps, 64-256 value columns per program
-    dividing D, 32- or 64-entry tiles, at least 2 key slots, and q's two fp8 parts, the key ring (rows and
-    scales), the two value slots and the staged indices within 227 KB of shared memory."""
+    dividing D, 32- or 64-entry tiles, 2 or 3 key slots (keys one or two tiles ahead), and q's two fp8 parts, the
+    key ring (rows and scales), the two value slots and the staged indices within 227 KB of shared memory."""
     smem = 2 * 64 * d + key_slots * block_kv * (d + 4) + 2 * block_kv * block_dv * 2 + sel_rows * block_kv * 4
     return (d % 128 == 0 and block_dv in (64, 128, 256) and d % block_dv == 0 and block_kv in (32, 64)
-            and key_slots >= 2 and smem <= _SMEM_LIMIT)
+            and key_slots in (2, 3) and smem <= _SMEM_LIMIT)
 
 
 def _fused_config(bsz: int, heads: int, d: int, entries: int, selected: int, *, block_dv, block_kv, splits,
@@ -632,7 +632,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
         if not fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled, scale, cfg):
             raise ValueError("schedule 4 (one pass in Gluon) needs an sm_90 GPU with Gluon, bf16 q over fp8 e4m3 keys "
                              "and bf16 values without scales, a positive sm_scale, D a multiple of 128, block_dv in "
-                             "(64, 128, 256) dividing D, block_kv 32 or 64 and at least 2 key stages within 227 KB of "
+                             "(64, 128, 256) dividing D, block_kv 32 or 64 and 2 or 3 key stages within 227 KB of "
                              "shared memory")
         return _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink_f32, scale * LOG2E,
                              out, block_dv=block_dv, block_kv=block_kv, splits=splits, num_stages=num_stages)

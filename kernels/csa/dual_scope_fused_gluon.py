@@ -133,7 +133,7 @@ def fused_kernel(
     program's tiles of selected entries). part_out: [B, splits, H, D] float32, part_lse: [B, splits, H] (log2
     units), written only without FINAL."""
     gl.static_assert(num_warps == 4, "one warpgroup: m, l and the accumulator's rows stay in its warps")
-    gl.static_assert(KBUF >= 2, "at least one key tile in flight")
+    gl.static_assert(KBUF == 2 or KBUF == 3, "keys one or two tiles ahead (the commit groups' count below)")
     BH: gl.constexpr = 64  # heads per program: the warpgroup MMA's M
     VBUF: gl.constexpr = 2
     b = gl.program_id(0)
@@ -177,23 +177,19 @@ def fused_kernel(
     comp_ks_base = comp_ks_ptr + bq * stride_cksb
     idx_row = comp_idx_ptr + bq * stride_ib
 
-    # prologue: the selected indices on their way; keys of tiles 0 .. KBUF - 2 (with the values of tile 0) in
-    # flight, one commit group a tile; then q and its row scales, once split_q_kernel's writes are visible
-    # (programmatic dependent launch lets this program start before that launch ends); the indices staged
+    # prologue: the selected indices on their way, then one commit group each for the keys of tile 0; q (once
+    # split_q_kernel's writes are visible: programmatic dependent launch lets this program start before that launch
+    # ends); the values of tile 0; the keys of tile 1 (three key slots). The loop's first wait is for the first two
+    # alone, so its first score MMAs start before the rest of the prologue's copies land; its barrier also makes
+    # the staged indices visible.
     sel_lay: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
     si = gl.arange(0, SEL_P2, layout=gl.SliceLayout(1, sel_lay))
     s_pos = (t_sel0 + si[:, None] - win_tiles) * BKV + gl.arange(0, BKV, layout=gl.SliceLayout(0, sel_lay))[None, :]
     sel_all = gl.load(idx_row + s_pos, mask=(s_pos < KSEL) & ((t_sel0 + si[:, None]) < t_end), other=-1)
-    for i in gl.static_range(KBUF - 1):
-        t = t0 + i
-        _issue_keys(t, i, _tile_sel(idx_row, t, win_tiles, KSEL, k_rows, BKV),
-                    _tile_sel(idx_row, t, win_tiles, KSEL, c_rows, BKV), k_ring, ks_ring, t_end, win_tiles, win_len,
-                    k_rows, k_cols, c_rows, win_k_base, comp_k_base, win_ks_base, comp_ks_base, stride_wkn,
-                    stride_ckn, BKV)
-        if i == 0:
-            _issue_values(t, 0, _tile_sel(idx_row, t, win_tiles, KSEL, v_rows, BKV), v_ring, t_end, win_tiles,
-                          win_len, v_rows, v_cols, win_v_base, comp_v_base, stride_wvn, stride_cvn, BKV)
-        async_copy.commit_group()
+    _issue_keys(t0, 0, _tile_sel(idx_row, t0, win_tiles, KSEL, k_rows, BKV),
+                _tile_sel(idx_row, t0, win_tiles, KSEL, c_rows, BKV), k_ring, ks_ring, t_end, win_tiles, win_len,
+                k_rows, k_cols, c_rows, win_k_base, comp_k_base, win_ks_base, comp_ks_base, stride_wkn, stride_ckn, BKV)
+    async_copy.commit_group()
     # the wait returns 0 so that the scale loads below depend on it
     zero = gl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
                                      pack=1)
@@ -202,10 +198,19 @@ def fused_kernel(
     async_copy.async_copy_global_to_shared(q_smem.index(0), q_rows, mask=(q_heads < H)[:, None])
     async_copy.async_copy_global_to_shared(q_smem.index(1), q_rows + H * D, mask=(q_heads < H)[:, None])
     async_copy.commit_group()
+    _issue_values(t0, 0, _tile_sel(idx_row, t0, win_tiles, KSEL, v_rows, BKV), v_ring, t_end, win_tiles, win_len,
+                  v_rows, v_cols, win_v_base, comp_v_base, stride_wvn, stride_cvn, BKV)
+    async_copy.commit_group()
+    if KBUF == 3:
+        t1 = t0 + 1
+        _issue_keys(t1, 1, _tile_sel(idx_row, t1, win_tiles, KSEL, k_rows, BKV),
+                    _tile_sel(idx_row, t1, win_tiles, KSEL, c_rows, BKV), k_ring, ks_ring, t_end, win_tiles, win_len,
+                    k_rows, k_cols, c_rows, win_k_base, comp_k_base, win_ks_base, comp_ks_base, stride_wkn,
+                    stride_ckn, BKV)
+        async_copy.commit_group()
     r_heads_s = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, mma_s))
     row_scale = gl.load(qs_ptr + b * H + r_heads_s + zero, mask=r_heads_s < H, other=1.0)
     idx_smem._reinterpret(gl.int32, [SEL_P2, BKV], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])).store(sel_all)
-    ring_landed(0)  # every copy so far, the indices' store
 
     cols_s = gl.arange(0, BKV, layout=col_s)
     m_i = gl.full([BH], float("-inf"), gl.float32, layout=gl.SliceLayout(1, mma_s))
@@ -214,8 +219,9 @@ def fused_kernel(
     s_zero = gl.zeros([BH, BKV], gl.float32, layout=mma_s)
     p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
     for j in range(0, n_tiles):
-        # commit groups per tile j: [values of j + 1], then [keys of j + KBUF - 1]; the keys of tile j were in
-        # the group 2 (KBUF - 2) groups back, its values in the group 3 back once this tile's two are issued
+        # commit groups per tile j: [values of j + 1], then [keys of j + KBUF - 1]; the keys of tile j (and q for
+        # j = 0) were in the group 2 (KBUF - 2) groups back (the prologue's groups keep that count), its values in
+        # the group 3 back once this tile's two are issued
         t = t0 + j
         ring_landed(2 * (KBUF - 2))  # keys and scales of tile j; the barrier also frees tile j - 1's slots
         z = j >> 20  # 0, opaque: the q descriptors are computed here instead of held in registers
