@@ -13,11 +13,12 @@ Each op's rows come from the last run that measured its current code (every row 
   14-topk's 4-byte loads (run 12's default) and run 12-topk's 2048-entry tiles at 8 and 32 rows; run 9's rows of
   run 8's default without pdl at B=1, plus run 8's radix fallback (unchanged); runs 10-23-topk's other variants
   stay in their raw JSON;
-- dual-scope decode: per batch, the run that timed today's default (run16-decode for B = 1, run33-decode
-  for B = 8, 16, 32, 64, 128: the one-pass Gluon kernel on the H200; sparse_decode_sweep.py, raw files in
-  results/raw/), with the default it replaced timed beside it in the same run (run 16: runs 11-13's defaults;
-  run 33: the Gluon two passes of run 25, and the one-pass Triton kernel of runs 15-16, the default off Hopper
-  below B=32);
+- dual-scope decode: per batch, the run that timed today's default (run16-decode for B = 1, run42-decode
+  for B = 8, 16, 32 and run43-decode for B = 64, 128, where the default was not the first timing of its batch:
+  the one-pass Gluon kernel on the H200; sparse_decode_sweep.py, raw files in results/raw/), with the defaults
+  it replaced (run 16: runs 11-13's defaults; runs 42-43: the Gluon two passes of run 25, and the one-pass Triton
+  kernel of runs 15-16, the default off Hopper below B=32, timed beside it; run 33's one pass on 32-entry tiles,
+  from that run);
   earlier kernels for comparison: run 5's top-K default (commit 6c9d14e, every search step paid), run 4's
   decode default (commit 8cef3bc, 32-entry tiles, 3 splits at B=64), run 3's decode kernel (one loop, a
   branch around the loads) at run 1's configuration, and run 1's top-K (commit de0a532, radix select over
@@ -43,13 +44,18 @@ RUNS = {1: ("sparse_results_run1.json", "de0a532"), 3: ("sparse_results_run3.jso
         13: ("raw/sparse_run13-decode_sparse_results.json", "5c77fb3"),
         16: ("raw/sparse_run16-decode_sparse_results.json", "ef71511 + 7681136's synchronize"),
         21: ("raw/sparse_run21-decode_sparse_results.json", "d371f3a"),
-        33: ("raw/sparse_run33-decode_sparse_results.json", "eb55551")}
+        33: ("raw/sparse_run33-decode_sparse_results.json", "eb55551"),
+        42: ("raw/sparse_run42-decode_sparse_results.json", "c083f5e"),
+        43: ("raw/sparse_run43-decode_sparse_results.json", "c083f5e + the run43 list")}
 SOURCE = {"dsa_indexer": 4, "dsa_indexer_topk2048": 3}  # top-K: TOPK_RUNS, decode: DECODE
 # dual-scope decode per batch: (run, provider there that is today's default, provider there of the default it
 # replaced)
-DECODE = {1: (16, "zoe fp16", "zoe default"), **{b: (33, "zoe default", "zoe two passes") for b in (8, 16, 32, 64, 128)}}
+DECODE = {1: (16, "zoe fp16", "zoe default"), **{b: (42, "zoe default", "zoe two passes") for b in (8, 16, 32)},
+          **{b: (43, "zoe default", "zoe two passes") for b in (64, 128)}}  # 43: the default not first in its batch
 PREVIOUS_DECODE = {16: "zoe previous default (runs 11-13: no fp16 score dots, lazy rescale or deferred sums)",
-                   33: "zoe Gluon two passes (run 25's default), replaced by the one pass"}
+                   **{run: "zoe Gluon two passes (run 25's default), replaced by the one pass" for run in (42, 43)}}
+# run 33's default (the one pass on 32-entry tiles, keys and values in one ring), which runs 34-42 replaced
+RUN33_ONE_PASS = "zoe previous one pass (run 33: 32-entry tiles, keys and values in one ring)"
 # the one-pass Triton kernel (runs 15-16's default), timed beside them in run 33: the default off Hopper below B=32
 TRITON_ONE_PASS = "zoe one-pass Triton (the default where Gluon cannot run, below B=32)"
 # CSA top-K rows of the sweeps (bench-format rows in results/raw/): (run, file, commit, shapes taken, provider
@@ -132,16 +138,22 @@ def main() -> None:
                 continue
             names = {"torch gather+SDPA": "torch gather+SDPA", default: "zoe default",
                      previous: PREVIOUS_DECODE.get(run)}
-            if run == 33:
+            if run in (42, 43):
                 names["zoe one-pass triton"] = TRITON_ONE_PASS
-            if row["provider"] in names:
-                rows.append(dict(row, provider=names[row["provider"]], run=run, commit=RUNS[run][1]))
+            taken = {(r["shape"], r["provider"]) for r in rows}
+            if row["provider"] in names and (row["shape"], names[row["provider"]]) not in taken:
+                rows.append(dict(row, provider=names[row["provider"]], run=run, commit=RUNS[run][1]))  # run 43 timed
+                # B=64 twice: its first pass is kept, the second is in the raw file
     for run, op, old_name, new_name in PREVIOUS:
         for row in loaded[run]["rows"]:
             if row.get("op") == op and row["provider"] == old_name:
                 if run == 9 and (not row["shape"].startswith("B=1 ") or "N=4096" in row["shape"]):
                     continue  # run 9's plain launches are run 8's default only where pdl is the default now
                 rows.append(dict(row, provider=new_name, run=run, commit=RUNS[run][1]))
+    for row in loaded[33]["rows"]:
+        if (row.get("op") == "csa_dual_scope_decode" and row["provider"] == "zoe default"
+                and not row["shape"].startswith("B=1 ")):
+            rows.append(dict(row, provider=RUN33_ONE_PASS, run=33, commit=RUNS[33][1]))
     # run 1's top-K (radix select, 32 programs per row + merge), the method this session replaced
     for row in loaded[1]["rows"]:
         if row.get("op") == "csa_topk" and "radix_bits" in row.get("config", ""):
@@ -151,7 +163,8 @@ def main() -> None:
                         "--sections topk; run 8: --sections topk,decode; runs 9, 12- and 14- to 24-topk: "
                         "python bench/kernels/sparse_sweep.py --sections topk; runs 11-, 16- and 33-decode: "
                         "python bench/kernels/sparse_decode_sweep.py --set run11 / --set run15 --batches 128,1,64 / "
-                        "--set run33 --batches 64,1,8,16,32,128), "
+                        "--set run33 --batches 64,1,8,16,32,128 / --set run42 --batches 64,1,8,16,32,128 / "
+                        "--set run43 --batches 64,128,64), "
                         "assembled by "
                         "python bench/kernels/sparse_assemble.py",
                 runs={run: {"file": name, "commit": commit, "started": loaded[run]["meta"].get("started"),
