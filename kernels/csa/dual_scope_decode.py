@@ -336,8 +336,9 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
     With fp8_scores (bf16 q over fp8 keys, where the score dots run as fp8 MMAs) B >= 32 takes the two-pass
     schedule instead (schedule 3, `_two_pass_config`; run 20-decode: 1.09-1.16x the one-pass defaults from B=32 to
     128), and B >= 8 where Gluon runs (`gluon`: Hopper) the one-pass Gluon kernel (schedule 4, `_fused_config`;
-    run 31-decode: B=8 16.8 us against 17.2 for the Gluon two passes, B=16 19.0 / 21.0, B=32 25.2 / 27.5, B=64
-    32.7 / 45.1, B=128 66.7 / 81.2), or the Gluon two passes where its shared memory does not fit (D > 512).
+    run 42-decode: B=8 14.8 us against 17.0 for the Gluon two passes, B=16 17.9 / 20.8, B=32 22.5 / 27.0; run 43:
+    B=64 27.9 / 44.9, B=128 64.8 / 81.0), or the Gluon two passes where its shared memory does not fit (D > 512;
+    `selected`: the number of selected entries, whose staged indices it holds; None: all `entries`).
     fp32 q keeps the B < 128 regimes with 32-entry tiles. one_loop=False (the scopes' K or V dtypes differ) keeps
     the two loops at every batch. An explicit block_h other than the regime's keeps the 8-warp default."""
     two_byte = q_bytes <= 2
@@ -414,7 +415,7 @@ def _two_pass_config(bsz: int, heads: int, d: int, entries: int, *, block_h, blo
             "values_warps": values_warps or num_warps or 4, "values_stages": values_stages or num_stages or 3}
 
 
-_FUSED_BLOCK_KV = 64  # schedule 4: 64-entry tiles, keys two tiles ahead (run 36-decode: B=64 29.4 us, 32-entry tiles 33)
+_FUSED_BLOCK_KV = 64  # schedule 4: 64-entry tiles, keys two tiles ahead (run 43-decode: B=64 27.9 us; 32-entry, 33)
 _SMEM_LIMIT = 227 * 1024  # bytes of shared memory one program may take on Hopper
 
 
