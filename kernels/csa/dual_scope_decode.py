@@ -452,7 +452,8 @@ def _fused_config(bsz: int, heads: int, d: int, entries: int, selected: int, *, 
     if splits is None:
         splits = max(1, _TARGET_PROGRAMS // programs)
     splits = max(1, min(splits, tiles))
-    sel_rows = _fused_sel_rows(triton.cdiv(tiles, splits), selected, block_kv)
+    # a bound on the launch's rows: it counts the window's and the selection's tiles apart (one more at most)
+    sel_rows = _fused_sel_rows(triton.cdiv(tiles, splits) + 1, selected, block_kv)
     if num_stages is None:
         num_stages = 3 if _fused_shape_ok(d, block_dv, block_kv, 3, sel_rows) else 2
     return {"block_h": 64, "block_dv": block_dv, "block_kv": block_kv, "splits": splits, "num_warps": 4,
