@@ -447,13 +447,13 @@ def _fused_config(bsz: int, heads: int, d: int, entries: int, selected: int, *, 
     does (`_fused_shape_ok`)."""
     block_dv = _fused_block_dv(d, block_dv)
     block_kv = block_kv or _FUSED_BLOCK_KV
-    tiles = max(1, triton.cdiv(entries, block_kv))
+    # the window's tiles and the selection's, counted apart as the launch counts them
+    tiles = max(1, triton.cdiv(entries - selected, block_kv) + triton.cdiv(selected, block_kv))
     programs = bsz * triton.cdiv(heads, 64) * (d // block_dv)
     if splits is None:
         splits = max(1, _TARGET_PROGRAMS // programs)
     splits = max(1, min(splits, tiles))
-    # a bound on the launch's rows: it counts the window's and the selection's tiles apart (one more at most)
-    sel_rows = _fused_sel_rows(triton.cdiv(tiles, splits) + 1, selected, block_kv)
+    sel_rows = _fused_sel_rows(triton.cdiv(tiles, splits), selected, block_kv)
     if num_stages is None:
         num_stages = 3 if _fused_shape_ok(d, block_dv, block_kv, 3, sel_rows) else 2
     return {"block_h": 64, "block_dv": block_dv, "block_kv": block_kv, "splits": splits, "num_warps": 4,
