@@ -40,9 +40,11 @@ from zoe_kernels.csa.dual_scope_two_pass_gluon import _tile_sel, ring_landed
 
 @gluon.jit
 def _rows_of(t, win_tiles, win_len, t_end, rows, sel, win_base, comp_base, stride_wn, stride_cn, BKV: gl.constexpr):
-    """Row pointers and valid mask of tile t, by a branch on the tile's scope (the program's tiles all take the
-    same side): a window tile's positions below win_len, else the selected entries `sel` (-1: none); none at or
-    past t_end. A masked copy reads nothing, so a masked row's pointer is left as it is."""
+    """Row pointers and valid mask of tile t: a window tile's positions below win_len, else the selected entries
+    `sel` (-1: none); none at or past t_end. `dual_scope_two_pass_gluon._tile_row_ptrs` in branch form: a tile is
+    all window or all selection, so the branch is uniform and each thread computes one side's pointers, not both
+    and a select (run 37-decode: the kernel 27.4 -> 26.9 us at B=64). A masked copy reads nothing, so a masked
+    row's pointer is left as it is."""
     if t < win_tiles:
         pos = t * BKV + rows
         ptrs = win_base + pos.to(gl.int64) * stride_wn
