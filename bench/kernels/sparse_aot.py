@@ -36,8 +36,10 @@ def _nvdisasm() -> str | None:
     return str(tool) if tool.exists() else None
 
 
-def _sass_instructions(cubin: bytes) -> int | None:
-    """Static SASS instruction count of the kernel (for loop-free kernels, the instructions each thread issues)."""
+_SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P[0-9T]\s+)?([A-Z0-9_]+)")
+
+
+def _sass_text(cubin: bytes) -> str | None:
     tool = _nvdisasm()
     if not tool:
         return None
@@ -45,7 +47,36 @@ def _sass_instructions(cubin: bytes) -> int | None:
         f.write(cubin)
     text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True).stdout  # code sections only
     os.unlink(f.name)
-    return len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[@A-Z]", text))
+    return text
+
+
+def _sass_instructions(cubin: bytes) -> int | None:
+    """Static SASS instruction count of the kernel (for loop-free kernels, the instructions each thread issues)."""
+    text = _sass_text(cubin)
+    return None if text is None else sum(1 for line in text.splitlines() if _SASS_LINE.search(line))
+
+
+def sass_loop_counts(cubin: bytes) -> dict | None:
+    """The hot loop's static SASS (the longest span from a label back to a branch to it): its instructions, a tile's
+    instructions a thread issues when the loop body has no branches, with its most common opcodes; and the
+    instructions before the loop (prologue)."""
+    text = _sass_text(cubin)
+    if text is None:
+        return None
+    lines = text.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^\.(L_x_\d+):", line.strip()))}
+    spans = [(labels[m.group(1)], i) for i, line in enumerate(lines)
+             if (m := re.search(r"BRA `\(\.(L_x_\d+)\)", line)) and labels.get(m.group(1), i) < i]
+    if not spans:
+        return None
+    start, end = max(spans, key=lambda span: span[1] - span[0])
+    ops = [m.group(2) for line in lines[start:end + 1] if (m := _SASS_LINE.search(line))]
+    counts: dict[str, int] = {}
+    for op in ops:
+        counts[op] = counts.get(op, 0) + 1
+    return {"loop_sass_instructions": len(ops),
+            "loop_opcodes": dict(sorted(counts.items(), key=lambda kv: -kv[1])[:10]),
+            "prologue_sass_instructions": sum(1 for line in lines[:start] if _SASS_LINE.search(line))}
 
 
 def _ptxas() -> str | None:
@@ -78,7 +109,7 @@ def _aligned(fn, signature: dict[str, str]) -> dict:
 
 
 def compile_one(label: str, fn, pointers: dict[str, str], constexprs: dict, num_warps: int,
-                floats: tuple[str, ...] = (), num_stages: int = 2, source=ASTSource) -> dict:
+                floats: tuple[str, ...] = (), num_stages: int = 2, source=ASTSource, loop: bool = False) -> dict:
     """One specialisation compiled for sm_90a (source: ASTSource, or Gluon's GluonASTSource for Gluon kernels)."""
     t0 = time.time()
     sig = _signature(fn, pointers, constexprs, floats)
@@ -87,6 +118,8 @@ def compile_one(label: str, fn, pointers: dict[str, str], constexprs: dict, num_
     row = {"kernel": label, "num_warps": num_warps, "num_stages": num_stages, "compile_s": round(time.time() - t0, 1),
            "shared_bytes": kernel.metadata.shared, "sass_instructions": _sass_instructions(kernel.asm["cubin"]),
            "constexprs": {k: str(v) for k, v in constexprs.items()}}
+    if loop:
+        row.update(sass_loop_counts(kernel.asm["cubin"]) or {})
     ptxas = _ptxas()
     if ptxas:
         with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
@@ -219,7 +252,7 @@ def main() -> None:
                                     fused.fused_kernel, fptrs,
                                     dict(D=512, DV=dv, BKV=bkv, TILES_PER_SPLIT=640 // bkv, KBUF=slots,
                                          SEL_P2=sel_rows, FINAL=final, HAS_SINK=True, num_warps=4), 4,
-                                    source=GluonASTSource))
+                                    source=GluonASTSource, loop=True))
     meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
             "command": "python bench/kernels/sparse_aot.py " + " ".join(sys.argv[1:])}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -22,9 +22,9 @@ What each part bought at B=64 on an H200 (sparse_README.md, runs 34-43): 64-entr
 right after the score MMAs (the previous 32-entry, 3-slot ring: 33 us; 64-entry tiles with one tile of each in
 flight: 31.9), keys two tiles ahead (29.4), the loop's first wait for tile 0's keys and q alone (27.9 us, 60.8% of
 the 17 us byte floor). The q descriptors are computed in the loop from an opaque zero (held in registers they cost
-255 registers and 170 of 695 loop instructions a tile). Measured and removed: the score MMAs one tile ahead (ptxas
+255 registers and 169 of 694 loop instructions a tile). Measured and removed: the score MMAs one tile ahead (ptxas
 serializes every warpgroup MMA once two accumulators are in flight across the loop), q split inside the program
-(31.4 against 29.4 us: 3,800 instructions a thread), q by plain loads (33.2 against 27.9), one wait a tile for keys
+(31.4 against 29.4 us: 3,863 more instructions a thread), q by plain loads (33.2 against 27.9), one wait a tile for keys
 and values together (30.8 against 29.4), two warpgroups (runs 27-30). With one split the program normalizes, adds
 the sink and writes the output; with several it writes a normalized partial with its log-sum-exp and
 `merge_partials_kernel` merges them. `_tile_sel` and `ring_landed` are `dual_scope_two_pass_gluon`'s.
