@@ -18,11 +18,20 @@ def _flatten_literal(tp) -> set:
     return out
 
 
+def _error(e: BaseException, stderr: io.StringIO) -> str:
+    """argparse's message (its last stderr line) for a usage error, else the exception itself."""
+    if isinstance(e, SystemExit):
+        return (stderr.getvalue().strip().splitlines() or [repr(e)])[-1]
+    return repr(e)
+
+
 def check_vllm(argvs):
     from vllm.engine.arg_utils import EngineArgs
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.config.speculative import SpeculativeMethod
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     methods = _flatten_literal(SpeculativeMethod)
@@ -39,10 +48,18 @@ def check_vllm(argvs):
                 raise ValueError(f"speculative method {spec.get('method')!r} not in vLLM's {sorted(methods)}")
             if eng.quantization and eng.quantization not in QUANTIZATION_METHODS:
                 raise ValueError(f"unknown quantization {eng.quantization!r}")
+            # vLLM looks parser names up only when the server starts: resolve them in its registries (the lookup
+            # imports the parser's module) so a misspelled name fails here.
+            if args.tool_call_parser:
+                ToolParserManager.get_tool_parser(args.tool_call_parser)
+            if eng.reasoning_parser:
+                ReasoningParserManager.get_reasoning_parser(eng.reasoning_parser)
             results.append({"ok": True, "error": "", "values": {
-                "kv_offloading_size": eng.kv_offloading_size, "kv_offloading_backend": eng.kv_offloading_backend}})
+                "kv_offloading_size": eng.kv_offloading_size, "kv_offloading_backend": eng.kv_offloading_backend,
+                "tool_call_parser": args.tool_call_parser, "enable_auto_tool_choice": args.enable_auto_tool_choice,
+                "reasoning_parser": eng.reasoning_parser or None, "trust_remote_code": eng.trust_remote_code}})
         except BaseException as e:  # argparse exits with SystemExit
-            results.append({"ok": False, "error": (err.getvalue().strip().splitlines() or [repr(e)])[-1]})
+            results.append({"ok": False, "error": _error(e, err)})
     return results
 
 
@@ -61,7 +78,7 @@ def check_sglang(argvs):
             results.append({"ok": True, "error": "", "values": {
                 "enable_hierarchical_cache": args.enable_hierarchical_cache, "hicache_size": args.hicache_size}})
         except BaseException as e:
-            results.append({"ok": False, "error": (err.getvalue().strip().splitlines() or [repr(e)])[-1]})
+            results.append({"ok": False, "error": _error(e, err)})
     return results
 
 

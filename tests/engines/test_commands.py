@@ -45,6 +45,12 @@ def _strip(engine: str, argv: list[str]) -> list[str]:
     return argv[LAUNCHER[engine]:]
 
 
+def _replace(argv: list[str], flag: str, value: str) -> list[str]:
+    """argv with `flag`'s value changed (the flag must be there)."""
+    i = argv.index(flag)
+    return argv[:i + 1] + [value] + argv[i + 2:]
+
+
 @pytest.mark.vllm
 def test_every_vllm_variant_passes_vllms_parser(vllm_python):
     cases = _variants("vllm")
@@ -59,16 +65,28 @@ def test_every_vllm_variant_passes_vllms_parser(vllm_python):
     r0, n0 = cases[0]
     argvs.append(_strip("vllm", adapter.command(r0, n0, _ctx(served_model_name=r0.served_model_name,
                                                              host_kv_gb=2000)).argv))
+    # parser names vLLM has not registered: its argument parser takes any string, its registries do not
+    argvs.append(_replace(argvs[0], "--tool-call-parser", "glm5000"))
+    argvs.append(_replace(argvs[0], "--reasoning-parser", "glm5000"))
     res = _parse(vllm_python, "vllm", argvs)
     for (r, name), got in zip(cases, res):
         assert got["ok"], f"{r.name}/{name}: {got['error']}"
+        v = r.variants[name]
         assert got["values"]["kv_offloading_size"] is None  # HBM only unless asked
+        # the recipe's parsers reach vLLM as set, tool calling on with them, remote code only where asked
+        assert got["values"]["tool_call_parser"] == v.tool_call_parser
+        assert got["values"]["enable_auto_tool_choice"] is bool(v.tool_call_parser)
+        assert got["values"]["reasoning_parser"] == v.reasoning_parser
+        assert got["values"]["trust_remote_code"] is v.trust_remote_code
     assert [g["ok"] for g in res[len(cases):len(cases) + 3]] == [False, False, False], res[len(cases):]
     assert "max-num-seqz" in res[len(cases)]["error"]
     host = res[len(cases) + 3]
     assert host["ok"], host["error"]
-    assert host["values"] == {"kv_offloading_size": pytest.approx(2000e9 / 2**30, abs=0.1),
-                              "kv_offloading_backend": "native"}
+    assert host["values"]["kv_offloading_size"] == pytest.approx(2000e9 / 2**30, abs=0.1)
+    assert host["values"]["kv_offloading_backend"] == "native"
+    bad_tool, bad_reasoning = res[len(cases) + 4:]
+    assert not bad_tool["ok"] and "glm5000" in bad_tool["error"], bad_tool
+    assert not bad_reasoning["ok"] and "glm5000" in bad_reasoning["error"], bad_reasoning
 
 
 @pytest.mark.sglang

@@ -44,8 +44,13 @@ class SglangAdapter:
             "--max-running-requests", str(v.max_num_seqs),
             "--chunked-prefill-size", str(v.max_num_batched_tokens),
             "--context-length", str(ctx.max_model_len or recipe.architecture.max_context_tokens),
-            "--trust-remote-code",
         ]
+        if v.trust_remote_code:
+            argv += ["--trust-remote-code"]
+        if v.tool_call_parser:  # SGLang offers tools whenever a tool-call parser is set
+            argv += ["--tool-call-parser", v.tool_call_parser]
+        if v.reasoning_parser:
+            argv += ["--reasoning-parser", v.reasoning_parser]
         if par.dp > 1:
             argv += ["--dp-size", str(par.dp)]
         if par.pp > 1:

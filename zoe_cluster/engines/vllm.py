@@ -68,8 +68,13 @@ class VllmAdapter:
             "--max-num-seqs", str(v.max_num_seqs),
             "--max-num-batched-tokens", str(v.max_num_batched_tokens),
             "--max-model-len", str(ctx.max_model_len or recipe.architecture.max_context_tokens),
-            "--trust-remote-code",
         ]
+        if v.trust_remote_code:
+            argv += ["--trust-remote-code"]
+        if v.tool_call_parser:
+            argv += ["--enable-auto-tool-choice", "--tool-call-parser", v.tool_call_parser]
+        if v.reasoning_parser:
+            argv += ["--reasoning-parser", v.reasoning_parser]
         if par.dp > 1:
             argv += ["--data-parallel-size", str(par.dp)]
         if par.ep > 1:

@@ -17,6 +17,9 @@ AttentionKind = Literal["dsa", "csa", "mla", "full", "hybrid_linear_mla"]
 SpeculativeMethod = Literal["mtp", "eagle", "dspark"]
 
 KERNEL_NAMES: tuple[str, ...] = KernelName.__args__  # type: ignore[attr-defined]
+# A parser name as the engines register them (vLLM `glm47`, SGLang `deepseekv31`); which names exist is the
+# engine's to say (tests/engines check them against the installed engines' registries).
+_PARSER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 
 
 class _Strict(BaseModel):
@@ -195,6 +198,24 @@ class _VariantBase(_Strict):
         default_factory=list, description="More engine flags; checked against the engine's real parser."
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the engine process.")
+    trust_remote_code: bool = Field(
+        default=False,
+        description="Let the engine run Python code shipped with the checkpoint (`--trust-remote-code`); only for "
+        "checkpoints whose model card asks for it (a custom tokenizer or model class).",
+    )
+    tool_call_parser: str | None = Field(
+        default=None,
+        pattern=_PARSER_NAME,
+        description="The engine's parser that turns the model's tool-call text into OpenAI `tool_calls` "
+        "(`--tool-call-parser`; vLLM also gets `--enable-auto-tool-choice`), as the model card names it for this "
+        "engine; None serves without tool calling. Names differ per engine and are checked against its registry.",
+    )
+    reasoning_parser: str | None = Field(
+        default=None,
+        pattern=_PARSER_NAME,
+        description="The engine's parser that splits the model's thinking into `reasoning_content` "
+        "(`--reasoning-parser`), as the model card names it for this engine; None leaves thinking in the content.",
+    )
     accelerator_type: str | None = Field(
         default="AMD-Instinct-MI355X-OAM", description="Ray accelerator type the replica's nodes must have."
     )
