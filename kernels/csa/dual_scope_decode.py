@@ -19,21 +19,23 @@ W tokens of each sequence, oldest first, win_len[b] <= W of them valid (rows t >
 Work split: programs (sequence b, head block x value-column block, split s). A program may hold all heads
 of its sequence (block_h=64: K and V read once per sequence) and part of the value columns (block_dv < D:
 the scores, which need all key columns, are recomputed per value block); `launch_config` picks per batch what
-an H200 measured fastest (16, 32 or all 64 heads, 4 or 8 warps). Each program takes a contiguous run of entry
+measured fastest (16, 32 or all 64 heads, 4 or 8 warps). Each program takes a contiguous run of entry
 tiles (window tiles first, then compressed tiles) and runs an online softmax in base 2, with one of two loop
-schedules: two compiler-pipelined loops (one per scope), or one compiler-pipelined loop with all selected
-indices loaded up front (so no dependent index load sits inside the pipeline). Per batch regime the softmax
+schedules (`Schedule`): TWO_LOOPS, compiler-pipelined, one per scope, or ONE_LOOP, compiler-pipelined, with all
+selected indices loaded up front (so no dependent index load sits inside the pipeline). Per batch regime the softmax
 may also take fp16 score dots, rescale its accumulator only when a row maximum grows by more than 2^8, and
 sum its denominators per tile column until the end (fewer instructions and cross-warp reductions per tile).
 With one split (large batches) it normalizes, adds the sink and writes the output itself; with several (small
 batches, to fill the GPU) it writes a normalized partial output with its log-sum-exp and a second launch
 merges the splits exactly (and adds the sink). Two more schedules take bf16 q over fp8 keys (`launch_config`
-picks them): 3, two passes, the scores of every tile then the values by column block (dual_scope_two_pass.py);
-4, one pass in Gluon on Hopper (dual_scope_fused_gluon.py), the default there from batch 8.
+picks them): TWO_PASS, the scores of every tile then the values by column block (dual_scope_two_pass.py);
+FUSED_GLUON, one pass in Gluon on Hopper (dual_scope_fused_gluon.py), the default there from batch 8.
+Split counts follow the target's multiprocessor/CU count (`platform.current_target`).
 """
 
 from __future__ import annotations
 
+import enum
 import math
 
 import torch
@@ -42,7 +44,7 @@ import triton.language as tl
 
 from zoe_kernels.csa.dual_scope_tiles import LOG2E, preload_sel, score_q, split_q_kernel, tile_rows, tile_sel
 from zoe_kernels.csa.dual_scope_two_pass import gluon_ready, two_pass_decode
-from zoe_kernels.platform import has_pdl
+from zoe_kernels.platform import Target, current_target, has_pdl
 
 try:  # the one-pass Hopper (Gluon) kernel; a Triton without Gluon keeps the others
     from zoe_kernels.csa import dual_scope_fused_gluon
@@ -150,7 +152,7 @@ def _dual_scope_partial_kernel(
     stride_wksb, stride_wvsb, stride_cksb, stride_cvsb, stride_ob, stride_oh,
     D: tl.constexpr, DV: tl.constexpr, BH: tl.constexpr, BKV: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
     K_SCALED: tl.constexpr, V_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    FINAL: tl.constexpr, HAS_SINK: tl.constexpr, SCHEDULE: tl.constexpr,
+    FINAL: tl.constexpr, HAS_SINK: tl.constexpr, ONE_LOOP: tl.constexpr,
     SEL_TILES: tl.constexpr, QK_F16: tl.constexpr, LAZY_RESCALE: tl.constexpr, DEFER_SUM: tl.constexpr,
 ):
     """Program (b, head block x value-column block, split): BH heads, value columns [dv0, dv0 + DV), one
@@ -184,7 +186,7 @@ def _dual_scope_partial_kernel(
     t1 = t0 + TILES_PER_SPLIT
     e = tl.arange(0, BKV)
     bq = b.to(tl.int64)
-    if SCHEDULE == 2:
+    if ONE_LOOP:
         # one loop over both scopes with all selected indices in registers up front, so a tile's row addresses
         # are arithmetic only and the compiler's pipeline keeps the next tiles in flight (a dependent index load
         # in the loop makes it wait for every copy before each tile: wait_group 0 in the PTX)
@@ -287,27 +289,39 @@ def merge_partials_kernel(part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr
 
 
 _DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
-_TARGET_PROGRAMS = 132  # about one program per multiprocessor of an H200 (132 SMs; MI355X has 256 CUs)
-# entry splits only below this many programs: at B=32 (64 programs of 32 heads) one split measured 46.3 us
-# against 49.0 with five, at B=64 56.2 against 66.8 with two (H200 run 7, 64-entry tiles)
+
+
+class Schedule(enum.IntEnum):
+    """How a program walks its entry tiles (`launch_config` picks one per batch; the values are the integers the
+    public `schedule=` argument has always taken)."""
+
+    TWO_LOOPS = 0  # one compiler-pipelined loop per scope (window, then compressed), the index load inside
+    ONE_LOOP = 2  # one compiler-pipelined loop over both scopes, all selected indices loaded up front
+    TWO_PASS = 3  # the scores of every tile, then the values by column block (dual_scope_two_pass.py)
+    FUSED_GLUON = 4  # one pass in Gluon on Hopper (dual_scope_fused_gluon.py)
+
+
+# Entry splits only below this many programs (more splits cost a merge launch and re-read q). Retune with
+# bench/kernels/sparse_decode_sweep.py at the batch where the grid first reaches it.
 _MIN_UNSPLIT_PROGRAMS = 64
-# the entry loop's schedule (SCHEDULE in the kernel): 0 two loops (window, compressed) pipelined by the compiler
-# with the index load inside, 2 one loop pipelined by the compiler with all indices loaded up front; 3 is not
-# this kernel: two passes, scores then values (dual_scope_two_pass.py). H200 run 10
-# also measured 1 (the next tile's rows loaded into registers by hand: 97.4 us at B=64) and the dots swapped to
-# K q^T and V^T P^T (84.4-93.7 us), both slower than the 59.3 us default and removed after run 13 (commit d43a03d
-# has them). The softmax options qk_fp16, lazy_rescale and defer_sum are on per batch regime (launch_config)
-_SCHEDULE_STAGES = {0: 2, 2: 3, 3: 3, 4: 3}
-# batch regimes for 2-byte q (H200 runs 10-13, H=64, D=512; see launch_config)
+# Pipeline depth per schedule when the regime does not set one (the compiler's stages over entry tiles).
+_SCHEDULE_STAGES = {Schedule.TWO_LOOPS: 2, Schedule.ONE_LOOP: 3, Schedule.TWO_PASS: 3, Schedule.FUSED_GLUON: 3}
+# Batch regimes for 2-byte q (H=64, D=512): small batches split entries over many programs; from
+# _TWO_PER_SM_FROM_BATCH two programs per multiprocessor; from _ALL_HEADS_FROM_BATCH all heads per program (K and
+# V read once per sequence). Retune with bench/kernels/sparse_decode_sweep.py across B.
 _SMALL_BELOW_BATCH = 8
 _TWO_PER_SM_FROM_BATCH = 64
 _ALL_HEADS_FROM_BATCH = 128
-# bf16 q over fp8 keys from this batch on: the two-pass schedule. Its Triton passes (H200 run 20-decode: B=32
-# 39.3 us against 44.7, B=48 46.5 / 53.3, B=64 46.5 / 51.5, B=96 82.0 / 94.8, B=128 82.7 / 90.1; B=16 33.5
-# against 31.6); its Gluon passes on Hopper from B=8 (run 25-decode: B=8 16.9 against 25.2, B=16 20.7 / 31.5,
-# B=32 26.9 / 46.1, B=64 43.5 / 51.4, B=128 78.2 / 89.1; B=1 16.3 against 15.1)
+# bf16 q over fp8 keys from this batch on takes the two-pass schedule (the Triton passes; the Gluon passes on Hopper
+# from the second value). Retune by timing schedules TWO_PASS against the one-pass defaults per B.
 _TWO_PASS_FROM_BATCH = 32
 _TWO_PASS_FROM_BATCH_GLUON = 8
+
+
+def _wave_programs(target: Target) -> int:
+    """Programs of one wave at one program per multiprocessor, rounded down to a power of two (128 on a 132-SM
+    H200, 256 on MI355X and MI300X): the split counts that fill the GPU are taken against it."""
+    return 1 << (max(1, target.cu_count).bit_length() - 1)
 
 
 def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | None = None,
@@ -316,31 +330,28 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
                   q_bytes: int = 2, one_loop: bool = True, qk_fp16: bool | None = None,
                   lazy_rescale: bool | None = None, defer_sum: bool | None = None,
                   values_warps: int | None = None, values_stages: int | None = None,
-                  fp8_scores: bool = False, gluon: bool = False, selected: int | None = None) -> dict:
-    """Default launch parameters, the fastest configurations measured on an H200 (H=64, D=512, W=128, k=512;
-    runs 4, 7, 10-13 and 15-16; sparse_README.md), for 2-byte q:
-    - B < 8: 16 heads, 4 warps, entry splits to fill the GPU, one pipelined loop over 64-entry tiles at two
-      stages (schedule 2; B=1 15.3-15.4 us against 16.4-16.5 for the two loops, runs 10 and 11), fp16 score
-      dots (B=1 15.1 against 15.5 us, run 16);
-    - 8 <= B < 64: 32 heads, all value columns, 8 warps, the two loops over 64-entry tiles (schedule 0), one
-      split from 64 programs on (B=8 25.2 us, B=32 46.0; every other schedule measured slower there);
-    - 64 <= B < 128: two programs per multiprocessor: 32 heads, 4 warps, the two loops over 32-entry tiles
-      (84 KB of shared memory), entry splits up to 256 programs (B=64: 2 splits, 53.3 us in runs 12 and 13
-      against 58.4-58.5 for the previous default and 55.3-56.0 for all heads per program); fp16 score dots,
-      lazy rescale and deferred sums (B=64 51.3-51.5 us against 53.1-54.0 without them, runs 15 and 16);
-    - B >= 128: all heads per program (K and V read once per sequence; the 64-row dots run as Hopper's
-      warpgroup MMA with q and V read from shared memory), one pipelined loop over 32-entry tiles at three
-      stages, entry splits up to 128 programs (B=128: 1 split, 91.1-91.7 us against 108.0-108.7, runs 11 and 13),
-      deferred sums (89.7-89.9 against 91.5-92.6 us, run 16; fp16 score dots and lazy rescale spill there:
-      169.6 and 206.3 us).
-    With fp8_scores (bf16 q over fp8 keys, where the score dots run as fp8 MMAs) B >= 32 takes the two-pass
-    schedule instead (schedule 3, `_two_pass_config`; run 20-decode: 1.09-1.16x the one-pass defaults from B=32 to
-    128), and B >= 8 where Gluon runs (`gluon`: Hopper) the one-pass Gluon kernel (schedule 4, `_fused_config`;
-    run 42-decode: B=8 14.8 us against 17.0 for the Gluon two passes, B=16 17.9 / 20.8, B=32 22.5 / 27.0; run 43:
-    B=64 27.9 / 44.9, B=128 64.8 / 81.0), or the Gluon two passes where its shared memory does not fit (D > 512;
-    `selected`: the number of selected entries, whose staged indices it holds; None: all `entries`).
-    fp32 q keeps the B < 128 regimes with 32-entry tiles. one_loop=False (the scopes' K or V dtypes differ) keeps
-    the two loops at every batch. An explicit block_h other than the regime's keeps the 8-warp default."""
+                  fp8_scores: bool = False, gluon: bool = False, selected: int | None = None,
+                  target: Target | None = None) -> dict:
+    """Default launch parameters for `target` (default `platform.current_target()`: its multiprocessor/CU count
+    sizes the entry splits, its shared memory bounds the Gluon kernel's ring), by batch regime, for 2-byte q (the
+    regimes were timed on an H200 at H=64, D=512, W=128, k=512; bench/kernels/sparse_README.md has the runs):
+    - B < 8: 16 heads, 4 warps, entry splits to about two programs per multiprocessor, ONE_LOOP over 64-entry
+      tiles at two stages, fp16 score dots;
+    - 8 <= B < 64: 32 heads, all value columns, 8 warps, TWO_LOOPS over 64-entry tiles, one split from 64 programs
+      on, else splits to about two programs per multiprocessor;
+    - 64 <= B < 128: two programs per multiprocessor: 32 heads, 4 warps, TWO_LOOPS over 32-entry tiles, entry
+      splits up to two programs per multiprocessor (`_wave_programs`), fp16 score dots, lazy rescale and deferred
+      sums;
+    - B >= 128: all heads per program (K and V read once per sequence), ONE_LOOP over 32-entry tiles at three
+      stages, entry splits up to one program per multiprocessor, deferred sums (fp16 score dots and lazy rescale
+      spill registers there).
+    With fp8_scores (bf16 q over fp8 keys, where the score dots run as fp8 MMAs) B >= 32 takes TWO_PASS
+    (`_two_pass_config`), and B >= 8 where Gluon runs (`gluon`: Hopper) FUSED_GLUON (`_fused_config`), or the
+    Gluon two passes where FUSED_GLUON's shared memory does not fit (`selected`: the number of selected entries,
+    whose staged indices it holds; None: all `entries`). fp32 q keeps the B < 128 regimes with 32-entry tiles.
+    one_loop=False (the scopes' K or V dtypes differ) keeps TWO_LOOPS at every batch. An explicit block_h other
+    than the regime's keeps the 8-warp default. `schedule` takes a `Schedule` or its integer."""
+    target = target or current_target()
     two_byte = q_bytes <= 2
     all_heads = one_loop and two_byte and bsz >= _ALL_HEADS_FROM_BATCH and block_h in (None, 64)
     two_per_sm = (two_byte and not all_heads and _TWO_PER_SM_FROM_BATCH <= bsz and block_h in (None, 32)
@@ -350,25 +361,28 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
     if schedule is None and fp8_scores and one_loop and bsz >= two_pass_from and block_h in (None, 64):
         fits = gluon and _fused_config(bsz, heads, d, entries, entries if selected is None else selected,
                                        block_dv=block_dv, block_kv=block_kv, splits=splits,
-                                       num_stages=num_stages)["fits"]
-        schedule = 4 if fits else 3
+                                       num_stages=num_stages, target=target)["fits"]
+        schedule = Schedule.FUSED_GLUON if fits else Schedule.TWO_PASS
     if schedule is None:
-        schedule = 2 if (all_heads or small) else 0
-    if schedule not in _SCHEDULE_STAGES:
-        raise ValueError(f"schedule must be one of {sorted(_SCHEDULE_STAGES)}, got {schedule}")
+        schedule = Schedule.ONE_LOOP if (all_heads or small) else Schedule.TWO_LOOPS
+    try:
+        schedule = Schedule(schedule)
+    except ValueError:
+        raise ValueError(f"schedule must be one of {[int(s) for s in Schedule]} ({', '.join(s.name for s in Schedule)}),"
+                         f" got {schedule}") from None
     if not one_loop:
-        schedule = 0  # schedules 2 and 3 select between the scopes' row pointers: one dtype per tensor kind
-    if schedule == 4:
+        schedule = Schedule.TWO_LOOPS  # the other schedules select between the scopes' row pointers: one dtype each
+    if schedule == Schedule.FUSED_GLUON:
         return _fused_config(bsz, heads, d, entries, entries if selected is None else selected, block_dv=block_dv,
-                             block_kv=block_kv, splits=splits, num_stages=num_stages)
-    if schedule == 3:
+                             block_kv=block_kv, splits=splits, num_stages=num_stages, target=target)
+    if schedule == Schedule.TWO_PASS:
         return _two_pass_config(bsz, heads, d, entries, block_h=block_h, block_dv=block_dv, block_kv=block_kv,
                                 splits=splits, num_warps=num_warps, num_stages=num_stages, qk_fp16=qk_fp16,
-                                values_warps=values_warps, values_stages=values_stages)
+                                values_warps=values_warps, values_stages=values_stages, target=target)
     if block_kv is None:
         block_kv = 32 if (all_heads or two_per_sm or not two_byte) else 64
     if num_stages is None:
-        num_stages = 3 if all_heads else 2 if schedule == 2 else _SCHEDULE_STAGES[schedule]
+        num_stages = 3 if all_heads else 2 if schedule == Schedule.ONE_LOOP else _SCHEDULE_STAGES[schedule]
     if block_h is None:
         block_h = 64 if all_heads else 16 if bsz < _SMALL_BELOW_BATCH else 32
     block_h = max(16, min(block_h, triton.next_power_of_2(heads)))
@@ -381,11 +395,11 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
     tiles = max(1, triton.cdiv(entries, block_kv))
     if splits is None:
         if all_heads:
-            splits = triton.cdiv(128, programs)
+            splits = triton.cdiv(_wave_programs(target), programs)
         elif two_per_sm:
-            splits = triton.cdiv(2 * 128, programs)
+            splits = triton.cdiv(2 * _wave_programs(target), programs)
         else:
-            splits = 1 if programs >= _MIN_UNSPLIT_PROGRAMS else triton.cdiv(2 * _TARGET_PROGRAMS, programs)
+            splits = 1 if programs >= _MIN_UNSPLIT_PROGRAMS else triton.cdiv(2 * target.cu_count, programs)
     splits = max(1, min(splits, tiles))
     qk_fp16 = (small or two_per_sm) if qk_fp16 is None else qk_fp16
     lazy_rescale = two_per_sm if lazy_rescale is None else lazy_rescale
@@ -396,27 +410,28 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
 
 
 def _two_pass_config(bsz: int, heads: int, d: int, entries: int, *, block_h, block_dv, block_kv, splits,
-                     num_warps, num_stages, qk_fp16, values_warps, values_stages) -> dict:
-    """Launch parameters of the two-pass schedule (dual_scope_two_pass.py): block_h heads per program in both
-    passes (all of them up to 64), block_kv entries per tile, splits scores programs per (sequence, head block),
-    block_dv value columns per values program; num_warps / num_stages for the scores pass, values_warps /
-    values_stages for the values pass."""
+                     num_warps, num_stages, qk_fp16, values_warps, values_stages, target: Target) -> dict:
+    """Launch parameters of TWO_PASS (dual_scope_two_pass.py): block_h heads per program in both passes (all of
+    them up to 64), block_kv entries per tile, splits scores programs per (sequence, head block: as many as one
+    wave of one program per multiprocessor holds), block_dv value columns per values program; num_warps /
+    num_stages for the scores pass, values_warps / values_stages for the values pass."""
     block_h = max(16, min(block_h or 64, triton.next_power_of_2(heads)))
     block_kv = block_kv or 64
     block_dv = min(block_dv or 128, d)
     tiles = max(1, triton.cdiv(entries, block_kv))
     programs = bsz * triton.cdiv(heads, block_h)
-    if splits is None:  # as many scores programs per sequence as one wave holds (run 20-decode)
-        splits = _TARGET_PROGRAMS // programs
+    if splits is None:
+        splits = target.cu_count // programs
     splits = max(1, min(splits, tiles))
     return {"block_h": block_h, "block_dv": block_dv, "block_kv": block_kv, "splits": splits,
-            "num_warps": num_warps or 4, "schedule": 3, "num_stages": num_stages or 3,
+            "num_warps": num_warps or 4, "schedule": Schedule.TWO_PASS, "num_stages": num_stages or 3,
             "qk_fp16": bool(qk_fp16), "lazy_rescale": False, "defer_sum": False,
             "values_warps": values_warps or num_warps or 4, "values_stages": values_stages or num_stages or 3}
 
 
-_FUSED_BLOCK_KV = 64  # schedule 4: 64-entry tiles, keys two tiles ahead (run 43-decode: B=64 27.9 us; 32-entry, 33)
-_SMEM_LIMIT = 227 * 1024  # bytes of shared memory one program may take on Hopper
+# FUSED_GLUON's entries per tile: 64 (keys two tiles ahead) was faster than 32 on the H200 at every batch timed.
+# Retune with bench/kernels/sparse_decode_sweep.py (block_kv 32 / 64).
+_FUSED_BLOCK_KV = 64
 
 
 def _fused_block_dv(d: int, block_dv: int | None) -> int:
@@ -430,35 +445,35 @@ def _fused_sel_rows(tiles_per_split: int, selected: int, block_kv: int) -> int:
     return triton.next_power_of_2(max(1, min(tiles_per_split, triton.cdiv(selected, block_kv))))
 
 
-def _fused_shape_ok(d: int, block_dv: int, block_kv: int, key_slots: int, sel_rows: int) -> bool:
+def _fused_shape_ok(d: int, block_dv: int, block_kv: int, key_slots: int, sel_rows: int, lds_bytes: int) -> bool:
     """The shapes the one-pass Gluon kernel takes: D in 128-column steps, 64-256 value columns per program
     dividing D, 32- or 64-entry tiles, 2 or 3 key slots (keys one or two tiles ahead), and q's two fp8 parts, the
-    key ring (rows and scales), the two value slots and the staged indices within 227 KB of shared memory."""
+    key ring (rows and scales), the two value slots and the staged indices within `lds_bytes` of shared memory."""
     smem = 2 * 64 * d + key_slots * block_kv * (d + 4) + 2 * block_kv * block_dv * 2 + sel_rows * block_kv * 4
     return (d % 128 == 0 and block_dv in (64, 128, 256) and d % block_dv == 0 and block_kv in (32, 64)
-            and key_slots in (2, 3) and smem <= _SMEM_LIMIT)
+            and key_slots in (2, 3) and smem <= lds_bytes)
 
 
 def _fused_config(bsz: int, heads: int, d: int, entries: int, selected: int, *, block_dv, block_kv, splits,
-                  num_stages) -> dict:
+                  num_stages, target: Target) -> dict:
     """Launch parameters of the one-pass Gluon kernel (dual_scope_fused_gluon.py): 64 heads and block_dv value
-    columns per program, block_kv entries per tile, num_stages key slots (3 where they fit, else 2), splits
-    programs over a sequence's entries (as many as fill one wave of 132); "fits" says whether its shared memory
-    does (`_fused_shape_ok`)."""
+    columns per program, block_kv entries per tile, num_stages key slots (3 where they fit the target's shared
+    memory, else 2), splits programs over a sequence's entries (as many as fill one wave of one program per
+    multiprocessor); "fits" says whether its shared memory does (`_fused_shape_ok`)."""
     block_dv = _fused_block_dv(d, block_dv)
     block_kv = block_kv or _FUSED_BLOCK_KV
     # the window's tiles and the selection's, counted apart as the launch counts them
     tiles = max(1, triton.cdiv(entries - selected, block_kv) + triton.cdiv(selected, block_kv))
     programs = bsz * triton.cdiv(heads, 64) * (d // block_dv)
     if splits is None:
-        splits = max(1, _TARGET_PROGRAMS // programs)
+        splits = max(1, target.cu_count // programs)
     splits = max(1, min(splits, tiles))
     sel_rows = _fused_sel_rows(triton.cdiv(tiles, splits), selected, block_kv)
     if num_stages is None:
-        num_stages = 3 if _fused_shape_ok(d, block_dv, block_kv, 3, sel_rows) else 2
+        num_stages = 3 if _fused_shape_ok(d, block_dv, block_kv, 3, sel_rows, target.lds_bytes) else 2
     return {"block_h": 64, "block_dv": block_dv, "block_kv": block_kv, "splits": splits, "num_warps": 4,
-            "schedule": 4, "num_stages": num_stages, "qk_fp16": False, "lazy_rescale": False, "defer_sum": False,
-            "fits": _fused_shape_ok(d, block_dv, block_kv, num_stages, sel_rows)}
+            "schedule": Schedule.FUSED_GLUON, "num_stages": num_stages, "qk_fp16": False, "lazy_rescale": False,
+            "defer_sum": False, "fits": _fused_shape_ok(d, block_dv, block_kv, num_stages, sel_rows, target.lds_bytes)}
 
 
 def fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled: bool, sm_scale: float, cfg: dict) -> bool:
@@ -544,17 +559,16 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     Launch parameters (defaults from `launch_config`, by batch): block_h heads and block_dv value columns per
     program, block_kv entries per tile, splits programs over the entries of a sequence (one split writes the
     output directly; more write (out, lse) partials that a second launch merges exactly), schedule of the
-    entry loop (0: two compiler-pipelined loops, 2: one compiler-pipelined loop with the indices loaded up
-    front) with num_stages, qk_fp16 (fp8 keys: score dots in fp16 on a power-of-two scaled q), lazy_rescale (the
+    entry loop (a `Schedule` or its integer: TWO_LOOPS, ONE_LOOP, TWO_PASS, FUSED_GLUON) with num_stages, qk_fp16 (fp8 keys: score dots in fp16 on a power-of-two scaled q), lazy_rescale (the
     accumulator rescaled only when a row maximum grows by more than 2^8; not with fp16 q and value scales, where
     P times a scale could pass fp16's range) and defer_sum (the softmax denominators summed per tile column,
-    reduced over columns once at the end). Schedule 3 is the two-pass form (dual_scope_two_pass.py: the scores
+    reduced over columns once at the end). TWO_PASS is the two-pass form (dual_scope_two_pass.py: the scores
     and probabilities of every tile, then the values by column block, with no online softmax), where splits is
     the scores programs per sequence and head block and values_warps / values_stages launch the values pass;
     its score dots run as fp8 MMAs on q split into two e4m3 parts (`qk_fp8`: by default with bf16 q and fp8
     keys, where the split is exact; True also takes fp16 q, exact for bf16-representable values). gluon_scores,
-    gluon_values (schedule 3): that pass in Gluon on Hopper (`dual_scope_two_pass_gluon`; False: the Triton pass).
-    Schedule 4 is one pass in Gluon on Hopper (`dual_scope_fused_gluon`: bf16 q, fp8 keys, bf16 values without
+    gluon_values (TWO_PASS): that pass in Gluon on Hopper (`dual_scope_two_pass_gluon`; False: the Triton pass).
+    FUSED_GLUON is one pass in Gluon on Hopper (`dual_scope_fused_gluon`: bf16 q, fp8 keys, bf16 values without
     scales), with block_dv value columns per program, block_kv entries per tile, num_stages ring slots and splits
     programs over a sequence's entries; where it cannot run it raises ValueError.
     """
@@ -616,29 +630,29 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                                     and gluon_ready(q, win_v, comp_v)), selected=k_sel)
 
     cfg = config(schedule)
-    if schedule is None and cfg["schedule"] == 4 and not scale > 0:
-        cfg = config(3)  # the one pass takes a row's maximum before scaling: a positive scale only
+    if schedule is None and cfg["schedule"] == Schedule.FUSED_GLUON and not scale > 0:
+        cfg = config(Schedule.TWO_PASS)  # the one pass takes a row's maximum before scaling: a positive scale only
     block_h, block_dv, splits, block_kv = cfg["block_h"], cfg["block_dv"], cfg["splits"], cfg["block_kv"]
     schedule, num_stages = cfg["schedule"], cfg["num_stages"]
     qk_fp16 = (cfg["qk_fp16"] and q.dtype in (torch.bfloat16, torch.float16) and win_k.element_size() == 1
                and comp_k.element_size() == 1)
     lazy_rescale = cfg["lazy_rescale"] and not (q.dtype == torch.float16 and v_scaled)
-    qk_fp8 = schedule == 3 and fp8_keys and (q.dtype == torch.bfloat16 if qk_fp8 is None else
+    qk_fp8 = schedule == Schedule.TWO_PASS and fp8_keys and (q.dtype == torch.bfloat16 if qk_fp8 is None else
                                              bool(qk_fp8) and q.element_size() == 2)
     sink_f32 = sink.to(device=dev, dtype=torch.float32).contiguous() if sink is not None else None
     tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
     out = torch.empty((bsz, heads, d), dtype=q.dtype, device=dev)
     if bsz == 0:
         return out
-    if schedule == 4:
+    if schedule == Schedule.FUSED_GLUON:
         if not fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled, scale, cfg):
-            raise ValueError("schedule 4 (one pass in Gluon) needs an sm_90 GPU with Gluon, bf16 q over fp8 e4m3 keys "
-                             "and bf16 values without scales, a positive sm_scale, D a multiple of 128, block_dv in "
-                             "(64, 128, 256) dividing D, block_kv 32 or 64 and 2 or 3 key stages within 227 KB of "
-                             "shared memory")
+            raise ValueError("schedule 4 (FUSED_GLUON, one pass in Gluon) needs an sm_90 GPU with Gluon, bf16 q "
+                             "over fp8 e4m3 keys and bf16 values without scales, a positive sm_scale, D a multiple of "
+                             "128, block_dv in (64, 128, 256) dividing D, block_kv 32 or 64 and 2 or 3 key stages "
+                             "within the device's shared memory")
         return _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink_f32, scale * LOG2E,
                              out, block_dv=block_dv, block_kv=block_kv, splits=splits, num_stages=num_stages)
-    if schedule == 3:
+    if schedule == Schedule.TWO_PASS:
         return two_pass_decode(
             q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs, cks, cvs, sink_f32, scale * LOG2E, out,
             k_scaled=k_scaled, v_scaled=v_scaled, qk_fp16=qk_fp16, qk_fp8=qk_fp8, block_h=block_h, block_kv=block_kv,
@@ -659,7 +673,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
         D=d, DV=block_dv, BH=block_h, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, K_SCALED=k_scaled,
         V_SCALED=v_scaled, DOT_DTYPE=_DOT_DTYPES[q.dtype],
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FINAL=final, HAS_SINK=sink is not None,
-        SCHEDULE=schedule, QK_F16=qk_fp16, LAZY_RESCALE=lazy_rescale,
+        ONE_LOOP=schedule == Schedule.ONE_LOOP, QK_F16=qk_fp16, LAZY_RESCALE=lazy_rescale,
         DEFER_SUM=cfg["defer_sum"],
         SEL_TILES=triton.next_power_of_2(max(1, triton.cdiv(k_sel, block_kv))),
         num_warps=cfg["num_warps"], num_stages=num_stages)

@@ -32,8 +32,11 @@ import triton
 import triton.language as tl
 
 from zoe_kernels.csa.topk import topk_ranges
+from zoe_kernels.platform import sm_count
 
-_TARGET_PROGRAMS = 1056  # about 8 programs per multiprocessor of an H200 (132 SMs)
+# Programs per multiprocessor/CU the "keys" layout splits a few rows' keys into (decode): 8 keep an H200's SMs
+# busy (1,056 programs on 132). Retune with bench/kernels/sparse_bench.py's indexer rows at small M.
+_PROGRAMS_PER_SM = 8
 
 
 @triton.jit
@@ -195,8 +198,9 @@ def lightning_indexer(q_fp8: torch.Tensor, weights: torch.Tensor, k_fp8: torch.T
     n_tiles = triton.cdiv(n, bn)
     if tiles_per_program is None:
         # a program sweeps all of its rows' keys (Q^T is loaded once), unless that leaves too few programs
-        # (decode): then the keys split until there are about 8 programs per multiprocessor
-        n_splits = min(n_tiles, max(1, triton.cdiv(_TARGET_PROGRAMS, triton.cdiv(m, bm))))
+        # (decode): then the keys split until there are _PROGRAMS_PER_SM programs per multiprocessor
+        n_splits = min(n_tiles, max(1, triton.cdiv(_PROGRAMS_PER_SM * sm_count(q_fp8.device.index or 0),
+                                                          triton.cdiv(m, bm))))
         tiles_per_program = triton.cdiv(n_tiles, n_splits)
     _indexer_logits_keys_kernel[(triton.cdiv(m, bm), triton.cdiv(n_tiles, tiles_per_program))](
         *args, tiles_per_program, H=h, D=d, BM=bm, BN=bn, num_warps=num_warps or 4, num_stages=num_stages)

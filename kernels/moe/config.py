@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from zoe_kernels.platform import has_native_mx, has_ptx, interpreting, sm_count
 
-TARGET_PROGRAMS = 264  # about two programs per SM on a 132-SM H200 (and 256-CU MI355X gets about one)
+# Programs per multiprocessor/CU a memory-bound grid aims at (`target_programs`): two keep every SM of an H200
+# streaming weights (264 on its 132 SMs). Retune by sweeping BLOCK_N at M=1 (bench/kernels/moe_bench.py).
+PROGRAMS_PER_SM = 2
+
+
+def target_programs() -> int:
+    """Programs a memory-bound stage's grid should reach on the target (`platform.current_target`)."""
+    return PROGRAMS_PER_SM * sm_count()
 
 
 def block_m_for(m: int, top_k: int, num_experts: int) -> int:
@@ -72,7 +79,7 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
             bn = 64  # two accumulators (gate, up) plus the scaled partial product: keep registers in bounds
     else:
         bn = 64 if gated else 128
-        while bn > 16 and tiles_m * -(-n // bn) < TARGET_PROGRAMS:
+        while bn > 16 and tiles_m * -(-n // bn) < target_programs():
             bn //= 2
         warps = 4
         stages = 4 if fmt in ("fp8", "w4a16", "mxfp4") else 3
@@ -169,7 +176,7 @@ GEMV_TILES = {
 # run24-m1 (13 more tiles, K steps up to a whole row): w4a16 stage 2 (8, 64, 2, False) 24.1 us against 25.0 for
 # (16, 8, 1, False) on DeepSeek-V3.2, but 8.8 against 6.4 on the TP8 slice (run25-m1): not taken.
 # runs 27-32-m1 (the packed-half products below): no single tile led DeepSeek-V3.2, its TP8 slice and GLM-5, so each
-# stage holds a list in order of preference (`_pick_4bit_tile`): the first whose grid has TARGET_PROGRAMS
+# stage holds a list in order of preference (`_pick_4bit_tile`): the first whose grid has `target_programs()`
 # programs, whose K takes two K steps (else one) and (stage 1, on CUDA) whose last wave of programs is at least
 # GEMV_4BIT_MIN_WAVE_FILL full, else the last. Stage alone, us, w4a16 / mxfp4 (run29-m1):
 # stage 1 (16, 16, 2, False): DeepSeek-V3.2 35.8 / 41.1 (1024 programs, one wave of 8 per SM at 128
@@ -246,14 +253,14 @@ def _wave_fill(programs: int, num_warps: int) -> float:
 
 
 def _pick_4bit_tile(tiles: list, rows: int, n: int, k: int | None, gated: bool) -> tuple:
-    """The first word-wise tile (BLOCK_N, NS, warps, ...) with a grid of TARGET_PROGRAMS programs
+    """The first word-wise tile (BLOCK_N, NS, warps, ...) with a grid of `target_programs()` programs
     (rows x n / BLOCK_N), at least two K steps of NS 32-k slices (when the reduction size k is known) and, for
     stage 1 (gated; stage 2's grid grows by its slot chunks), a last wave at least GEMV_4BIT_MIN_WAVE_FILL full;
     else the first of those with one K step (a short K: the TP8 slice's stage 2); else the last (small grids)."""
     for min_steps in (2, 1):
         for t in tiles:
             programs = rows * -(-n // t[0])
-            if programs >= TARGET_PROGRAMS and (k is None or k >= min_steps * 32 * t[1]) and (
+            if programs >= target_programs() and (k is None or k >= min_steps * 32 * t[1]) and (
                     not gated or _wave_fill(programs, t[2]) >= GEMV_4BIT_MIN_WAVE_FILL):
                 return t
     return tiles[-1]

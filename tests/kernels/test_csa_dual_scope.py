@@ -259,14 +259,23 @@ def test_fused_shared_memory_model():
     # tiles, 3 key slots, 8 rows of staged indices) takes 232,192 bytes, what the sm_90a compile reports; with
     # k=2048 the staged indices pass 227 KB at 3 key slots and the launcher takes 2; D=1024 fits neither
     from zoe_kernels.csa.dual_scope_decode import _fused_config, _fused_shape_ok
+    from zoe_kernels.platform import TARGETS
 
-    assert _fused_shape_ok(512, 256, 64, 3, 8) and not _fused_shape_ok(512, 256, 64, 3, 16)
-    cfg = _fused_config(64, 64, 512, 640, 512, block_dv=None, block_kv=None, splits=None, num_stages=None)
+    h200 = TARGETS["sm_90"]
+    assert _fused_shape_ok(512, 256, 64, 3, 8, h200.lds_bytes) and not _fused_shape_ok(512, 256, 64, 3, 16,
+                                                                                       h200.lds_bytes)
+    fused = dict(block_dv=None, block_kv=None, splits=None, num_stages=None, target=h200)
+    cfg = _fused_config(64, 64, 512, 640, 512, **fused)
     assert (cfg["block_kv"], cfg["num_stages"], cfg["splits"], cfg["fits"]) == (64, 3, 1, True)
-    big_k = _fused_config(64, 64, 512, 2176, 2048, block_dv=None, block_kv=None, splits=None, num_stages=None)
+    big_k = _fused_config(64, 64, 512, 2176, 2048, **fused)
     assert (big_k["num_stages"], big_k["fits"]) == (2, True)
-    assert not _fused_config(64, 64, 1024, 640, 512, block_dv=None, block_kv=None, splits=None,
-                             num_stages=None)["fits"]
+    assert not _fused_config(64, 64, 1024, 640, 512, **fused)["fits"]
+    # the shared memory comes from the target: D=512 passes gfx950's 160 KiB of LDS even at 2 key slots
+    # (199,168 bytes), D=256 fits it at 3 (150,272); gfx942's 64 KiB holds neither
+    for arch, fits in (("gfx950", (False, True)), ("gfx942", (False, False))):
+        amd = fused | {"target": TARGETS[arch]}
+        assert (_fused_config(64, 64, 512, 640, 512, **amd)["fits"],
+                _fused_config(64, 64, 256, 640, 512, **amd)["fits"]) == fits
 
 
 @pytest.mark.parametrize("block_h,block_dv,splits", [(16, 16, 1), (32, 64, 4)])
@@ -384,6 +393,26 @@ def test_launch_config_batch_regimes():
     assert [(gluon[b]["block_dv"], gluon[b]["block_kv"], gluon[b]["num_stages"], gluon[b]["splits"])
             for b in (8, 64)] == [(256, 64, 3, 8), (256, 64, 3, 1)]
     assert launch_config(64, 64, 1024, 640, fp8_scores=True, gluon=True, selected=512)["schedule"] == 3
+    # schedules have names; the integers still select them
+    from zoe_kernels.csa.dual_scope_decode import Schedule
+
+    assert launch_config(1, 64, 512, 640)["schedule"] is Schedule.ONE_LOOP
+    assert launch_config(8, 64, 512, 640, schedule=Schedule.TWO_PASS)["schedule"] == 3
+
+
+def test_launch_config_follows_the_target():
+    # the split counts come from the target's compute units: the H200's 132 SMs (the numbers above), MI355X's 256
+    # CUs and MI300X's 304 give more splits where a batch leaves the GPU short of programs
+    from zoe_kernels.csa.dual_scope_decode import launch_config
+    from zoe_kernels.platform import TARGETS, compile_for
+
+    splits = {arch: [launch_config(b, 64, 512, 640, target=t)["splits"] for b in (1, 64, 128)]
+              for arch, t in TARGETS.items()}
+    assert splits == {"sm_90": [10, 2, 1], "gfx950": [10, 4, 2], "gfx942": [10, 4, 2]}
+    assert [launch_config(b, 64, 512, 640, schedule=3, target=TARGETS["gfx942"])["splits"] for b in (8, 64)] == [
+        10, 4]
+    with compile_for(TARGETS["gfx950"]):  # the default target is the compile target inside compile_for
+        assert launch_config(64, 64, 512, 640)["splits"] == 4
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the production shape needs a GPU")

@@ -228,7 +228,7 @@ def test_gemv_production_config(monkeypatch):
 
 def test_gemv_4bit_tile_follows_grid_and_k(monkeypatch):
     """The word-wise 4-bit tile comes from a preference list per stage: the first whose grid fills the GPU
-    (TARGET_PROGRAMS), whose K takes two K steps (else one) and (stage 1) whose last wave is mostly full, else the
+    (`config.target_programs`), whose K takes two K steps (else one) and (stage 1) whose last wave is mostly full, else the
     last; a single edge (top-1 at M=1) has its own stage-1 tile (DeepSeek-V3.2, its TP8 slice, GLM-5 and ZAYA1
     differ)."""
     from zoe_kernels.moe import config
@@ -443,7 +443,7 @@ def test_dot_path_mxfp4_swapped_operands(swap, monkeypatch):
     from zoe_kernels.moe import config
 
     monkeypatch.setattr(config, "SWAP_AB_TILES16", {"mxfp4"} if swap else set())
-    monkeypatch.setattr(config, "TARGET_PROGRAMS", 1)  # on a GPU the tiny grid would cut BLOCK_N below 64 (no swap)
+    monkeypatch.setattr(config, "PROGRAMS_PER_SM", 0)  # on a GPU the tiny grid would cut BLOCK_N below 64 (no swap)
     dtype = DTYPES[0]
     for m, h, i in ((1, 256, 256), (5, 256, 128), (3, 128, 200)):
         x, w13, w2, tw, ti, kw = _problem(m, h, i, 8, 4, "mxfp4", dtype, seed=zlib.crc32(f"swap{m}{i}".encode()))
