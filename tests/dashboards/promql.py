@@ -21,7 +21,7 @@ VLLM = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache
         "vllm:generation_tokens_total", "vllm:num_preemptions_total", "vllm:request_success_total"]
 VLLM_HISTOGRAMS = ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds"]
 SGLANG = ["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:prompt_tokens_total",
-          "sglang:generation_tokens_total", "sglang:cached_tokens_total", "sglang:cache_hit_rate", "sglang:num_retractions_total"]
+          "sglang:generation_tokens_total", "sglang:cached_tokens_total", "sglang:cache_hit_rate", "sglang:num_retracted_requests_total"]
 SGLANG_HISTOGRAMS = ["sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds", "sglang:e2e_request_latency_seconds"]
 PROMETHEUS = ["up"]  # written by Prometheus itself for every target
 

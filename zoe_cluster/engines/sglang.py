@@ -20,6 +20,8 @@ _METRICS = {
     # SGLang counts prefix-cache use in tokens: every prompt token is a query, cached ones are hits.
     "prefix_cache_queries": "sglang:prompt_tokens_total",
     "prefix_cache_hits": "sglang:cached_tokens_total",
+    # SGLang's name for vLLM's preemptions: requests retracted from the running batch when the KV cache runs out.
+    "preemptions": "sglang:num_retracted_requests_total",
 }
 
 

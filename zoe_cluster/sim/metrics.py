@@ -10,7 +10,7 @@ histograms `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds
 
 SGLang mode (label `model_name`; as `zoe_cluster.engines.sglang` parses them): `sglang:num_running_reqs`,
 `sglang:num_queue_reqs`, `sglang:token_usage`, `sglang:cache_hit_rate`, `sglang:prompt_tokens_total`,
-`sglang:cached_tokens_total`, `sglang:generation_tokens_total`, `sglang:num_retractions_total`,
+`sglang:cached_tokens_total`, `sglang:generation_tokens_total`, `sglang:num_retracted_requests_total`,
 histograms `sglang:time_to_first_token_seconds`, `sglang:inter_token_latency_seconds`,
 `sglang:e2e_request_latency_seconds`.
 
@@ -80,7 +80,7 @@ class SimMetrics:
             self.hits = Counter(p + "cached_tokens", "Prompt tokens served from the prefix cache.", names, registry=r)
             self.prompt = self.queries
             self.gen = Counter(p + "generation_tokens", "Generated tokens.", names, registry=r)
-            self.preempt = Counter(p + "num_retractions", "Retracted (preempted) requests.", names, registry=r)
+            self.preempt = Counter(p + "num_retracted_requests", "Retracted (preempted) requests.", names, registry=r)
             self.success = None
             self.req_prompt = self.req_gen = None
             self.external_hits = None
