@@ -75,8 +75,13 @@ def check_sglang(argvs):
                 args = prepare_server_args(argv)
             if args.speculative_algorithm is not None:
                 SpeculativeAlgorithm.from_string(args.speculative_algorithm)  # raises on unknown names
+            # --tool-call-parser and --reasoning-parser take only the names SGLang registers (argparse choices
+            # from sglang/srt/function_call/parser_names.py and parser/reasoning_parser_names.py, which SGLang's own
+            # tests keep equal to its detector registries).
             results.append({"ok": True, "error": "", "values": {
-                "enable_hierarchical_cache": args.enable_hierarchical_cache, "hicache_size": args.hicache_size}})
+                "enable_hierarchical_cache": args.enable_hierarchical_cache, "hicache_size": args.hicache_size,
+                "tool_call_parser": args.tool_call_parser, "reasoning_parser": args.reasoning_parser,
+                "trust_remote_code": args.trust_remote_code}})
         except BaseException as e:
             results.append({"ok": False, "error": _error(e, err)})
     return results

@@ -104,16 +104,26 @@ def test_every_sglang_variant_passes_sglangs_parser(sglang_python):
     # a host KV tier of 2000 GB per replica: HiCache, whole GB per rank
     argvs.append(_strip("sglang", adapter.command(r0, n0, _ctx(served_model_name=r0.served_model_name,
                                                                host_kv_gb=2000)).argv))
+    # parser names SGLang has not registered
+    argvs.append(_replace(argvs[0], "--tool-call-parser", "kimi_k5000"))
+    argvs.append(_replace(argvs[0], "--reasoning-parser", "kimi_k5000"))
     res = _parse(sglang_python, "sglang", argvs)
     for (r, name), got in zip(cases, res):
         assert got["ok"], f"{r.name}/{name}: {got['error']}"
+        v = r.variants[name]
         assert got["values"]["enable_hierarchical_cache"] is False
+        assert got["values"]["tool_call_parser"] == v.tool_call_parser
+        assert got["values"]["reasoning_parser"] == v.reasoning_parser
+        assert got["values"]["trust_remote_code"] is v.trust_remote_code
     assert res[len(cases)]["ok"], res[len(cases)]
     assert [g["ok"] for g in res[len(cases) + 1:len(cases) + 3]] == [False, False]
     host = res[len(cases) + 3]
     ranks = r0.variants[n0].parallelism.tp * r0.variants[n0].parallelism.pp * r0.variants[n0].parallelism.dp
     assert host["ok"], host["error"]
-    assert host["values"] == {"enable_hierarchical_cache": True, "hicache_size": 2000 // ranks}
+    assert host["values"]["enable_hierarchical_cache"] is True and host["values"]["hicache_size"] == 2000 // ranks
+    bad_tool, bad_reasoning = res[len(cases) + 4:]
+    assert not bad_tool["ok"] and "kimi_k5000" in bad_tool["error"], bad_tool
+    assert not bad_reasoning["ok"] and "kimi_k5000" in bad_reasoning["error"], bad_reasoning
 
 
 def test_gpu_ids_are_exported_per_platform_and_kernels_set():
@@ -142,3 +152,19 @@ def test_wrong_engine_for_variant_is_refused():
         get_adapter("vllm").command(REG.get("kimi-k3"), "mxfp4-tp8-dspark", _ctx())
     with pytest.raises(ValueError, match="unknown engine"):
         get_adapter("tgi")
+
+
+def test_parsers_and_remote_code_follow_the_recipe():
+    """Tool calling and thinking are switched on per model card; remote code only where the card asks for it."""
+    glm = get_adapter("vllm").command(REG.get("glm-5.3"), "fp8-tp8", _ctx()).argv
+    assert glm[glm.index("--tool-call-parser") + 1] == "glm47" and "--enable-auto-tool-choice" in glm
+    assert glm[glm.index("--reasoning-parser") + 1] == "glm45" and "--trust-remote-code" not in glm
+    kimi = get_adapter("sglang").command(REG.get("kimi-k3"), "mxfp4-tp8-dspark", _ctx()).argv
+    assert kimi[kimi.index("--tool-call-parser") + 1] == "kimi_k3" and "--trust-remote-code" in kimi
+    assert "--enable-auto-tool-choice" not in kimi  # a vLLM flag; SGLang offers tools whenever a parser is set
+    bare = REG.get("glm-5.3").model_copy(deep=True)
+    v = bare.variants["fp8-tp8"]
+    object.__setattr__(v, "tool_call_parser", None)
+    object.__setattr__(v, "reasoning_parser", None)
+    argv = get_adapter("vllm").command(bare, "fp8-tp8", _ctx()).argv
+    assert not {"--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser"} & set(argv)

@@ -91,6 +91,10 @@ def _write(tmp_path: Path, mutate) -> Path:
         (lambda d: d.update(default_variant="nope"), "<root>", "default_variant 'nope'"),
         (lambda d: d["variants"]["fp8-tp8"].update(engine="tgi"), "variants.fp8-tp8", "tag 'tgi'"),
         (lambda d: d["architecture"].pop("kv_bytes_per_token"), "architecture.kv_bytes_per_token", "Field required"),
+        (lambda d: d["variants"]["fp8-tp8"].update(tool_call_parser="glm47 --evil"),
+         "variants.fp8-tp8.tool_call_parser", "should match pattern"),
+        (lambda d: d["variants"]["fp8-tp8"].update(trust_remote_code="sometimes"),
+         "variants.fp8-tp8.trust_remote_code", "valid boolean"),
     ],
 )
 def test_broken_recipe_names_file_field_and_why(tmp_path, mutate, field, why):
