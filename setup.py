@@ -1,14 +1,19 @@
-"""Package layout: `zoe_cluster` from ./zoe_cluster and `zoe_kernels` from ./kernels.
+"""zoe-cluster's package layout: `zoe_cluster` from ./zoe_cluster, the built-in recipes from ./recipes.
 
-The kernels live in `kernels/` on disk but are imported as `zoe_kernels`, because transformers probes
-for an unrelated package named `kernels`.
+The recipes stay at the top of the repository and ship in the wheel as the data package
+`zoe_cluster.recipes.builtin` (zoe_cluster/recipes/loader.py looks there first). A build without them
+stops here, naming the folder. The kernels are a separate distribution: kernels/pyproject.toml.
 """
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
-packages = find_packages(include=["zoe_cluster", "zoe_cluster.*"])
-packages += ["zoe_kernels"] + ["zoe_kernels." + p for p in find_packages("kernels")]
+RECIPES = Path(__file__).resolve().parent / "recipes"
+if not sorted(RECIPES.glob("*.yaml")):
+    raise SystemExit(f"setup.py: no recipe files (*.yaml) in {RECIPES}; the zoe-cluster wheel must ship them")
+
 setup(
-    packages=packages,
-    package_dir={"zoe_kernels": "kernels"},
-    package_data={"zoe_kernels.moe": ["*.json"]},
+    packages=find_packages(include=["zoe_cluster", "zoe_cluster.*"]) + ["zoe_cluster.recipes.builtin"],
+    package_dir={"zoe_cluster.recipes.builtin": "recipes"},
+    package_data={"zoe_cluster.recipes.builtin": ["*.yaml"]},
 )

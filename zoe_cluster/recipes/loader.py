@@ -22,6 +22,10 @@ class RecipeError(ValueError):
         super().__init__("\n".join(lines))
 
 
+class RecipesNotFound(FileNotFoundError):
+    """No folder with recipe files: neither $ZOE_RECIPES_DIR, the installed wheel's nor the checkout's."""
+
+
 class UnknownModelError(KeyError):
     def __init__(self, name: str, known: list[str]):
         self.name, self.known = name, known
@@ -70,10 +74,29 @@ def load_recipe_file(path: str | Path) -> Recipe:
     return recipe
 
 
+BUILTIN_DIR = Path(__file__).resolve().with_name("builtin")
+"""Where an installed wheel keeps the built-in recipes (the data package `zoe_cluster.recipes.builtin`)."""
+CHECKOUT_DIR = Path(__file__).resolve().parents[2] / "recipes"
+"""Where a source checkout (or an editable install) keeps them: recipes/ at the top of the repository."""
+
+
 def default_recipes_dir() -> Path:
-    """$ZOE_RECIPES_DIR, else the recipes/ folder of this checkout."""
+    """$ZOE_RECIPES_DIR, else the recipes shipped in the wheel, else the recipes/ folder of this checkout.
+
+    Raises RecipesNotFound naming every place looked at when none holds a recipe file, so an install
+    without recipes fails loudly instead of listing no models."""
     env = os.environ.get("ZOE_RECIPES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "recipes"
+    if env:
+        if not any(Path(env).glob("*.yaml")):
+            raise RecipesNotFound(f"ZOE_RECIPES_DIR={env}: no recipe files (*.yaml) there")
+        return Path(env)
+    for folder in (BUILTIN_DIR, CHECKOUT_DIR):
+        if any(folder.glob("*.yaml")):
+            return folder
+    raise RecipesNotFound(
+        f"no recipe files (*.yaml) in {BUILTIN_DIR} (installed wheel) or {CHECKOUT_DIR} (source checkout); "
+        "set ZOE_RECIPES_DIR to a folder of recipes"
+    )
 
 
 @dataclass(frozen=True)
