@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from zoe_cluster.cli.common import console, fail, print_json
+from zoe_cluster.cli.common import EXIT_RUNTIME, console, fail, print_json
 
 bench_app = typer.Typer(help="Benchmark a deployment: prefill TTFT, decode tok/s, trace replay, compare.",
                         no_args_is_help=True)  # fmt: skip
@@ -99,7 +99,7 @@ def _run_with_progress(total: int, description: str, make_coro):
             return run_sync(make_coro(on_request))
         except ServerUnreachable as exc:
             progress.stop()
-            fail(str(exc))
+            fail(str(exc), code=EXIT_RUNTIME)
         except ValueError as exc:
             progress.stop()
             fail(str(exc))
@@ -131,7 +131,7 @@ def _check_errors(rows: list[dict]) -> None:
     failed = [r for r in rows if r.get("completed", 0) == 0]
     if failed:
         sample = next((r["error_samples"][0] for r in failed if r.get("error_samples")), "no detail")
-        fail(f"{len(failed)} of {len(rows)} cells had no successful request; first error: {sample}", code=1)
+        fail(f"{len(failed)} of {len(rows)} cells had no successful request; first error: {sample}", code=EXIT_RUNTIME)
 
 
 @bench_app.command("prefill")

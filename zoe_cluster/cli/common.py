@@ -12,13 +12,23 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-def fail(message: str, code: int = 2) -> NoReturn:
-    """Print `message` to stderr and exit non-zero."""
+EXIT_RUNTIME = 1
+"""The command was well formed but failed while running: no Ray cluster, a controller that did not answer,
+replicas not ready, an unreachable server or Kubernetes API, no recipes installed (docs/cli.md)."""
+EXIT_USAGE = 2
+"""The command line or a file it names is wrong: a bad flag value, an unknown model or variant, an invalid
+recipe, options that do not go together. Click's own usage errors exit 2 as well."""
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    """Print `message` to stderr and exit with `code` (EXIT_USAGE unless the failure happened at run time)."""
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise SystemExit(code)
 
 
 def print_json(obj: Any) -> None:
+    """`obj` as JSON on stdout, written directly: rich's console would wrap long lines at the terminal width
+    and break the document for a reader such as `jq`."""
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 
 

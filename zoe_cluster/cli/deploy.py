@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from zoe_cluster.cli.common import console, fail, parse_service_classes, print_json
+from zoe_cluster.cli.common import EXIT_RUNTIME, console, fail, parse_service_classes, print_json
 
 ENGINES = ("vllm", "sglang", "sim")
 
@@ -24,7 +24,7 @@ def _connect(address: Optional[str], start_local: bool = False, num_gpus: Option
     try:
         return connect(address, start_local=start_local, num_gpus=num_gpus)
     except NoCluster as e:
-        fail(str(e))
+        fail(str(e), code=EXIT_RUNTIME)
 
 
 def _controller(name: str):
@@ -33,7 +33,7 @@ def _controller(name: str):
     try:
         return get_controller(name)
     except NoDeployment as e:
-        fail(str(e))
+        fail(str(e), code=EXIT_RUNTIME)
 
 
 def _call(ref, timeout_s: float = 600):
@@ -42,10 +42,10 @@ def _call(ref, timeout_s: float = 600):
     try:
         return ray.get(ref, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
-        fail(f"the controller did not answer in {timeout_s:.0f}s")
+        fail(f"the controller did not answer in {timeout_s:.0f}s", code=EXIT_RUNTIME)
     except ray.exceptions.RayTaskError as e:
         cause = e.cause if getattr(e, "cause", None) is not None else e
-        fail(str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__)
+        fail(str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__, code=EXIT_RUNTIME)
 
 
 def _parse_env(items: list[str]) -> dict[str, str]:
@@ -258,10 +258,12 @@ def register(app: typer.Typer) -> None:
                           "add --env ZOE_SIM_TIME_SCALE=0.01 to run it 100x faster", highlight=False)
         try:
             handle = create_deployment(spec, gcs)
-        except (DeploymentExists, ValueError) as e:
+        except DeploymentExists as e:
+            fail(str(e), code=EXIT_RUNTIME)
+        except ValueError as e:
             fail(str(e))
         except Exception as e:  # noqa: BLE001 - the controller could not start (router port taken, ...)
-            fail(f"the deployment's controller did not start: {_root_cause(e)}")
+            fail(f"the deployment's controller did not start: {_root_cause(e)}", code=EXIT_RUNTIME)
         if not wait:
             st = _call(handle.status.remote())
         else:
@@ -275,7 +277,7 @@ def register(app: typer.Typer) -> None:
             failures = sorted({h["failure"] for h in st["history"] if h.get("failure")})
             why = f"; last failures: {'; '.join(failures[-3:])}" if failures else ""
             fail(f"{st['replicas_ready']}/{spec.replicas} replicas ready{why} (the controller keeps retrying; see "
-                 f"`zoe logs {spec.name}`, or `zoe undeploy {spec.name}`)", code=1)
+                 f"`zoe logs {spec.name}`, or `zoe undeploy {spec.name}`)", code=EXIT_RUNTIME)
         if st.get("endpoint"):
             console.print(f"[bold green]OpenAI endpoint:[/] {st['endpoint']}  model '{st['served_model_name']}'",
                           highlight=False)
@@ -361,7 +363,7 @@ def register(app: typer.Typer) -> None:
         try:
             remove_deployment(model, graceful=not force)
         except NoDeployment as e:
-            fail(str(e))
+            fail(str(e), code=EXIT_RUNTIME)
         console.print(f"undeployed {model}")
 
 

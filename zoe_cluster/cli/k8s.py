@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from zoe_cluster.cli.common import console, fail, print_json
+from zoe_cluster.cli.common import EXIT_RUNTIME, console, fail, print_json
 
 k8s_app = typer.Typer(help="Read the Kubernetes cluster zoe runs on (Helm chart: helm/zoe).", no_args_is_help=True)
 
@@ -17,7 +17,7 @@ def _api(kubeconfig: Optional[str], context: Optional[str], server: Optional[str
     try:
         return core_api(kubeconfig=kubeconfig, context=context, host=server)
     except KubernetesUnavailable as e:
-        fail(str(e))
+        fail(str(e), code=EXIT_RUNTIME)
 
 
 _KUBECONFIG = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, $KUBECONFIG, ~/.kube/config).")
@@ -55,7 +55,8 @@ def nodes(
     try:
         gpu_nodes = read_gpu_nodes(core, resource=resource, label_selector=selector, count_in_use=not no_pods)
     except Exception as e:  # ApiException, connection errors: say what failed, not a traceback
-        fail(f"reading nodes from the Kubernetes API failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        fail(f"reading nodes from the Kubernetes API failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
+             code=EXIT_RUNTIME)
     fits = fit_variants(recipe, gpu_nodes) if recipe else []
     if as_json:
         print_json({"nodes": [asdict(n) | {"gpus_free": n.gpus_free} for n in gpu_nodes], "variants": [asdict(f) for f in fits]})
@@ -109,7 +110,7 @@ def routers(
     try:
         eps = disc.endpoints(core)
     except Exception as e:
-        fail(f"listing router pods failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        fail(f"listing router pods failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}", code=EXIT_RUNTIME)
     if as_json:
         print_json([{"pod": e.pod, "url": e.url, "restarts": e.restarts} for e in eps])
         return
