@@ -45,10 +45,23 @@ def mx_native() -> bool:
     return has_native_mx()
 
 
-# The 4-bit formats in the tl.dot path load the activations of a K step in one contiguous load that Triton
-# pipelines with cp.async and split it into the even-k and odd-k halves in registers (True), instead of two
-# strided loads that the loop waits on every step (False, the code before run13).
-SPLIT_A_4BIT = True
+FOUR_BIT_FORMATS = ("w4a16", "mxfp4")
+# The 4-bit formats on tiles of at least this many rows (wgmma tiles on Hopper) interleave the decoded even-k and
+# odd-k weight halves into one K tile, with the int4 group scale applied to the weights (`grouped_gemm._join_k`):
+# the activations stay in shared memory and the K steps form one MMA chain. Below it the activations are split into
+# even-k and odd-k halves in registers (two dots per step, the int4 scale on their result), which suits 16-row tiles.
+# Why: compiled for sm_90a, the split form of the 64- and 128-row w4a16 tiles spills (255 registers, 168-2,352 bytes)
+# and the joined form does not (126-238 registers). Retune: `bench/kernels/moe_large_m.py --join-sweep`.
+JOIN_K_MIN_BLOCK_M = 64
+# The dequantizing large-M path (`dequant.py`): the float workspace that holds a chunk of experts' gate+up weights
+# (then their down weights). Why: with the local experts of an expert-parallel rank (DeepSeek-V3.2 over 8 GPUs:
+# 32 experts, 1.9 GB in bf16) one chunk covers them all, and even all 256 on one GPU (15 GB) fit in one chunk.
+# Retune: lower it where memory is short; each extra chunk costs two dequant launches and two stage launches whose
+# other experts' tiles exit at once (`bench/kernels/moe_large_m.py` times the path).
+DEQUANT_WORKSPACE_BYTES = 16 << 30
+# (rows, packed bytes per row, num_warps) of one dequantization program: 16-byte loads and 64-byte stores per
+# thread, a grid of thousands of programs on every model shape. Retune: `moe_large_m.py --dequant-tiles`.
+DEQUANT_TILE = (32, 128, 4)
 # Formats whose 16-row tiles (BLOCK_N >= 64) swap the MMA's operands (`grouped_gemm._dot_w_mx_swapped`): mxfp4, whose
 # decode then takes the row's e8m0 scales as one word per K step (4.0-4.2 sm_90a instructions per weight in the K
 # loop against 10.9-11.7). H200 run16 (bench/kernels/results/raw/run16_*, swapped against not, each checked first):
@@ -66,11 +79,11 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
     active = min(num_experts, edges)
     tiles_m = active * -(-max(1, edges // max(1, active)) // bm)
     bk = 64 if fmt == "bf16" and bm >= 64 else 128
+    join_k = fmt in FOUR_BIT_FORMATS and bm >= JOIN_K_MIN_BLOCK_M
     if interpreting():
         # The interpreter pays per program and loop step: few, large tiles.
         return {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1,
-                "SPLIT_A": SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4"),
-                "SWAP_AB": bm == 16 and fmt in SWAP_AB_TILES16}
+                "JOIN_K": join_k, "SWAP_AB": bm == 16 and fmt in SWAP_AB_TILES16}
     if bm >= 64:
         bn = 128
         warps = 8 if bm == 128 else 4
@@ -84,8 +97,7 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
         warps = 4
         stages = 4 if fmt in ("fp8", "w4a16", "mxfp4") else 3
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages,
-            "SPLIT_A": SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4"),
-            "SWAP_AB": bm == 16 and bn >= 64 and fmt in SWAP_AB_TILES16}
+            "JOIN_K": join_k, "SWAP_AB": bm == 16 and bn >= 64 and fmt in SWAP_AB_TILES16}
 
 
 # The tl.dot path at M=1 in its launch-saving mode: one tile per edge with the expert read from topk_ids (no
@@ -135,7 +147,6 @@ def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] |
             "A_QUANT": t1[3]}
     cfg2 = {"BLOCK_M": 16, "BLOCK_N": t2[0], "BLOCK_K": 128, "num_warps": t2[1], "num_stages": t2[2],
             "SPLIT_K": split, "A_QUANT": t2[4]}
-    cfg1["SPLIT_A"] = cfg2["SPLIT_A"] = SPLIT_A_4BIT and fmt in ("w4a16", "mxfp4")
     return cfg1, cfg2
 
 

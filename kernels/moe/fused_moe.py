@@ -9,6 +9,8 @@ At M=1 a format in `config.DOT_M1_TILES` (fp8; w4a16 from I = 1024) drops align 
 from topk_ids) and the accumulator's memset (stage 1 zeroes it), and splits stage 2 along K.
 With few tokens per expert (decode) the GEMV path (`gemv.py`) runs instead: two launches, no align, no
 activation quantization (`config.use_gemv` picks by the expected edges per expert, measured per format).
+With many tokens the 4-bit formats may take the dequant path (`dequant.py`: the weights dequantized into a
+workspace, then the float tiles) where `dispatch.moe_path_for` measured it faster on the device.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from zoe_kernels.moe.act_quant import quantize_act_fp8
 from zoe_kernels.moe.align import moe_align
 from zoe_kernels.moe.config import (
+    FOUR_BIT_FORMATS,
     block_m_for,
     dot_m1_configs,
     fp8_act_quant_for,
@@ -28,13 +31,24 @@ from zoe_kernels.moe.config import (
     stage_config,
     use_gemv,
 )
+from zoe_kernels.moe.dequant import dequant_moe
 from zoe_kernels.moe.formats import FORMATS, FP8_BLOCK, INT4_GROUP, MX_GROUP
 from zoe_kernels.moe.gemv import gemv_down_combine, gemv_gate_up
 from zoe_kernels.moe.grouped_gemm import down_combine, gate_up_swiglu, kernel_format
+from zoe_kernels.platform import device_name
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _dequant_measured_faster(m: int, fmt: str, dev: torch.device) -> bool:
+    """Whether the crossover table measured the dequant path faster at this M on this GPU (never on the CPU)."""
+    if dev.type != "cuda":
+        return False
+    from zoe_kernels.dispatch import moe_path_for  # the table's module imports this package
+
+    return moe_path_for(m, fmt, device_name(dev)) == "dequant"
 
 
 def check_moe_args(hidden_states, w13, w2, topk_weights, topk_ids, fmt, w13_scale, w2_scale) -> tuple[int, int]:
@@ -110,9 +124,10 @@ def fused_moe(
     fmt "fp8" quantizes the activations (w8a8) when `fp8_act_quant` is true and keeps them in 16 bits with
     the weights upcast in registers (w8a16) when false; None takes `config.fp8_act_quant_for` (w8a8, the
     faster mode on the H200 at every M). `block_m` overrides the rows per tile; `alloc` allocates scratch
-    (tests pass one that poisons). `path` forces "gemv" (small-M kernels, fp8 then always w8a16) or "dot"
-    (tiled `tl.dot` kernels); None picks by `config.use_gemv`, unless `block_m` or `fp8_act_quant=True`
-    asks for the dot path.
+    (tests pass one that poisons). `path` forces "gemv" (small-M kernels, fp8 then always w8a16), "dot"
+    (tiled `tl.dot` kernels) or, for the 4-bit formats, "dequant" (weights dequantized, then the float tiles);
+    None picks "gemv" by `config.use_gemv`, else "dequant" where `dispatch.moe_path_for` says so for this device
+    and M, else "dot"; `block_m` or `fp8_act_quant=True` ask for the dot path.
     """
     i, top_k = check_moe_args(hidden_states, w13, w2, topk_weights, topk_ids, fmt, w13_scale, w2_scale)
     m, h = hidden_states.shape
@@ -124,6 +139,13 @@ def fused_moe(
     topk_weights = topk_weights.float().contiguous()
     if path is None:
         path = "gemv" if block_m is None and not fp8_act_quant and use_gemv(m, top_k, e, fmt, i) else "dot"
+        if path == "dot" and block_m is None and fmt in FOUR_BIT_FORMATS and _dequant_measured_faster(m, fmt, dev):
+            path = "dequant"
+    if path == "dequant":
+        if fmt not in FOUR_BIT_FORMATS:
+            raise ValueError(f"path 'dequant' takes the 4-bit formats {FOUR_BIT_FORMATS}, got {fmt!r}")
+        return dequant_moe(x, w13, w2, topk_weights, topk_ids, fmt=fmt, w13_scale=w13_scale, w2_scale=w2_scale,
+                           alloc=alloc)
     if path == "gemv":
         ids = topk_ids.contiguous()
         cfg2 = gemv_config(m, h, fmt, gated=False, top_k=top_k, k=i)
@@ -136,7 +158,7 @@ def fused_moe(
         gemv_down_combine(inter, w2, w2_scale, out, topk_weights, ids, fmt=fmt, cfg=cfg2)
         return out.to(dtype) if out.dtype != dtype else out
     if path != "dot":
-        raise ValueError(f"path must be 'gemv', 'dot' or None, got {path!r}")
+        raise ValueError(f"path must be 'gemv', 'dot', 'dequant' or None, got {path!r}")
     m1 = None if block_m is not None else dot_m1_configs(m, fmt, top_k, i)
     bm = block_m or (m1[0]["BLOCK_M"] if m1 else block_m_for(m, top_k, e))
     if fp8_act_quant is None:

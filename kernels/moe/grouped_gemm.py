@@ -14,9 +14,11 @@ activations inside the stage when no activation scale is given (the numbers of `
 weight tile is loaded while the current one is multiplied. The weight format is a compile-time constant
 (`kernel_format`). fp8 runs w8a8 (activations quantized per token group, fp8 products) by default; a w8a16
 mode (weights upcast in registers, activations kept in 16 bits) exists but measured slower on the H200,
-where e4m3 -> bf16 takes several instructions per element. The 4-bit formats split each
-K tile into its even (low nibble) and odd (high nibble) halves, so unpacking needs no interleave (the
-activations are one pipelined load split in registers, `SPLIT_A`); int4 decodes by a magic-number or (PTX
+where e4m3 -> bf16 takes several instructions per element. The 4-bit formats decode each
+K tile's low nibbles (even k) and high nibbles (odd k) as two halves. On narrow tiles the activations, one
+pipelined load, are split into the matching halves in registers (two dots per step); on tiles of
+`config.JOIN_K_MIN_BLOCK_M` rows or more (`JOIN_K`) the decoded halves are interleaved into one K tile instead, so
+the activations feed the MMA from shared memory. int4 decodes by a magic-number or (PTX
 where `platform.has_ptx`, `dot_decode.py`); mxfp4 uses `tl.dot_scaled` where the hardware scales natively (gfx950) and
 in-register dequantization elsewhere. mxfp4 on 16-row tiles (`SWAP_AB`, from `config.stage_config`) swaps the
 operands, out^T = W @ x^T: the decoded weights become wgmma's register operand and the row's e8m0 scales one
@@ -52,17 +54,6 @@ def _load_a(a_ptr, as_ptr, rows, row_mask, k0, K, stride_am, stride_ak, stride_a
 
 
 @triton.jit
-def _load_a_halves(a_ptr, rows, row_mask, k0, K, stride_am, stride_ak, BLOCK_K: tl.constexpr):
-    """The even-K and odd-K halves of the A tile of one K step (the 4-bit formats' low and high nibbles)."""
-    offs_k = k0 + 2 * tl.arange(0, BLOCK_K // 2)
-    base = a_ptr + rows[:, None] * stride_am
-    m = row_mask[:, None]
-    a_even = tl.load(base + offs_k[None, :] * stride_ak, mask=m & (offs_k[None, :] < K), other=0.0)
-    a_odd = tl.load(base + (offs_k + 1)[None, :] * stride_ak, mask=m & (offs_k[None, :] + 1 < K), other=0.0)
-    return a_even, a_odd
-
-
-@triton.jit
 def _int4_scales(ws_base, wrows, wrow_mask, k0, k_hi, stride_wsn, stride_wsk, INT4_GROUP: tl.constexpr):
     """The int4 group scales of the K step at k0 as float32 (zeros past k_hi: the prefetch after the last step)."""
     in_k = (wrows * 0 + k0) < k_hi  # a tensor, as the interpreter's masks must be
@@ -74,9 +65,12 @@ def _int4_scales(ws_base, wrows, wrow_mask, k0, k_hi, stride_wsn, stride_wsk, IN
 def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
            stride_wn, stride_wk, stride_wsn, stride_wsk,
            FMT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-           FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr, PTX: tl.constexpr):
+           FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr, PTX: tl.constexpr,
+           JOIN_K: tl.constexpr):
     """acc += A @ W[wrows, k0:k0+BLOCK_K].T for the weight format FMT; a2 is the activation scale (FMT 1)
-    or the odd-K half of A (FMT 2, 3: `a` is then the even-K half); ws_pre the int4 scales of this K step
+    or, for the 4-bit formats (FMT 2, 3) without JOIN_K, the odd-K half of A (`a` is then the even-K half). With
+    JOIN_K the decoded even-k and odd-k weight halves are interleaved into one [BLOCK_K, BLOCK_N] tile and `a` is
+    the whole A tile (one dot whose A operand stays in shared memory); ws_pre the int4 scales of this K step
     (FMT 2, loaded ahead by the caller). KP is the packed row length (bytes) of the 4-bit formats: their
     masks use it, not K, so that the JIT's divisibility of KP keeps the byte loads 16 bytes wide (and
     pipelined: cp.async), which (K + 1) // 2 did not (one byte per load)."""
@@ -102,9 +96,13 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
         p = tl.load(w_base + wrows[None, :] * stride_wn + offs_kp[:, None] * stride_wk,
                     mask=wrow_mask[None, :] & (offs_kp[:, None] < KP))  # zero fill: cp.async, no select
         lo, hi = _int4_halves(p, a.dtype, PTX)
-        d = tl.dot(a, lo)
-        d = tl.dot(a2, hi, d)
-        acc += d * ws_pre[None, :]
+        if JOIN_K:  # the group scale (BLOCK_K is one group) on the weights: one chain of MMAs into acc
+            w = (_join_k(lo, hi, BLOCK_K, BLOCK_N).to(tl.float32) * ws_pre[None, :]).to(a.dtype)
+            acc = tl.dot(a, w, acc)
+        else:
+            d = tl.dot(a, lo)
+            d = tl.dot(a2, hi, d)
+            acc += d * ws_pre[None, :]
     else:
         # mxfp4 without native scaled MMA: an e2m1 nibble s|e1 e0|m placed at fp16 bits 15|11 10|9 is the
         # fp16 number v * 2^-14, subnormals included; the e8m0 byte b becomes the float 2^(b - 127 + 14).
@@ -117,9 +115,20 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
         p16 = p.to(tl.uint16)
         lo = (((p16 & 0x7) << 9) | ((p16 & 0x8) << 12)).to(tl.uint16).to(tl.float16, bitcast=True)
         hi = (((p16 & 0x70) << 5) | ((p16 & 0x80) << 8)).to(tl.uint16).to(tl.float16, bitcast=True)
-        acc = tl.dot(a, (lo.to(tl.float32) * scale).to(a.dtype), acc)
-        acc = tl.dot(a2, (hi.to(tl.float32) * scale).to(a.dtype), acc)
+        lo = (lo.to(tl.float32) * scale).to(a.dtype)
+        hi = (hi.to(tl.float32) * scale).to(a.dtype)
+        if JOIN_K:
+            acc = tl.dot(a, _join_k(lo, hi, BLOCK_K, BLOCK_N), acc)
+        else:
+            acc = tl.dot(a, lo, acc)
+            acc = tl.dot(a2, hi, acc)
     return acc
+
+
+@triton.jit
+def _join_k(lo, hi, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[BLOCK_K/2, BLOCK_N] even-k and odd-k weight halves -> the [BLOCK_K, BLOCK_N] tile, k = 2 kp + (0 | 1)."""
+    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BLOCK_K, BLOCK_N))
 
 
 @triton.jit
@@ -171,12 +180,12 @@ def _expert_gemm_kernel(
     stride_am, stride_ak, stride_asm, stride_ask,
     stride_we, stride_wn, stride_wk, stride_wse, stride_wsn, stride_wsk,
     stride_om, stride_on,
-    zero_ptr, zero_numel, num_experts,
+    zero_ptr, zero_numel, expert_lo, expert_hi,
     GATED: tl.constexpr, ATOMIC: tl.constexpr, FMT: tl.constexpr, A_FMT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr,
     EDGE_TILES: tl.constexpr, A_QUANT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr,
-    SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr, PTX: tl.constexpr, SPLIT_A: tl.constexpr,
+    SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr, PTX: tl.constexpr, JOIN_K: tl.constexpr,
     SWAP_AB: tl.constexpr, MX_BF16_SHIFT: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -190,7 +199,7 @@ def _expert_gemm_kernel(
     if EDGE_TILES:
         # one tile per edge (row 0 of the tile), its expert read from topk_ids itself: no align launch
         expert = tl.load(sorted_ids_ptr + pid_m).to(tl.int64)
-        if (expert < 0) | (expert >= num_experts):
+        if (expert < expert_lo) | (expert >= expert_hi):
             return
         offs_m = tl.arange(0, BLOCK_M)
         row_mask = offs_m == 0
@@ -199,6 +208,8 @@ def _expert_gemm_kernel(
         if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
             return
         expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        if (expert < expert_lo) | (expert >= expert_hi):  # another chunk's expert (or past the end: -1)
+            return
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         edge = tl.load(sorted_ids_ptr + offs_m)
         row_mask = edge < num_edges
@@ -209,8 +220,8 @@ def _expert_gemm_kernel(
         a_rows = edge.to(tl.int64)  # stage 2 reads the edge's intermediate row
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    w_base = w_ptr + expert * stride_we
-    ws_base = ws_ptr + expert * stride_wse
+    w_base = w_ptr + (expert - expert_lo) * stride_we
+    ws_base = ws_ptr + (expert - expert_lo) * stride_wse
 
     if SWAP_AB:  # mxfp4 with the weights as the MMA's first operand: acc^T = W @ A^T
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -253,12 +264,11 @@ def _expert_gemm_kernel(
                                           stride_wk, stride_wsn, stride_wsk, A_FMT, BLOCK_K, MX_GROUP)
         else:
             if FMT == 2 or FMT == 3:
-                if SPLIT_A:  # one contiguous (cp.async-pipelined) load, split into the even-k and odd-k halves
-                    a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
-                                   stride_ask, 0, BLOCK_K, FP8_GROUP)
+                # one contiguous (cp.async-pipelined) load; without JOIN_K split into the even-k and odd-k halves
+                a, a2 = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
+                                stride_ask, 0, BLOCK_K, FP8_GROUP)
+                if not JOIN_K:
                     a, a2 = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
-                else:
-                    a, a2 = _load_a_halves(a_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, BLOCK_K)
             elif A_QUANT:
                 # w8a8 with the activations quantized here, per row and group of 128 (BLOCK_K): the same
                 # numbers as `act_quant.py`, without its launch
@@ -283,11 +293,11 @@ def _expert_gemm_kernel(
                                                stride_wn, stride_wk, stride_wsn, BLOCK_K, MX_GROUP, MX_BF16_SHIFT, PTX)
             else:
                 acc = _dot_w(acc, a, a2, w_base, ws_base, ws_g, offs_n, n_mask, k0, K, KP, stride_wn, stride_wk,
-                             stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP, PTX)
+                             stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP, PTX, JOIN_K)
                 if GATED:
                     acc_up = _dot_w(acc_up, a, a2, w_base, ws_base, ws_u, N + offs_n, n_mask, k0, K, KP, stride_wn,
                                     stride_wk, stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP,
-                                    MX_GROUP, PTX)
+                                    MX_GROUP, PTX, JOIN_K)
 
     if SWAP_AB:
         acc = tl.trans(acc)
@@ -338,7 +348,7 @@ def mx_swap_supported(w_scale: torch.Tensor, k: int, block_k: int) -> bool:
 
 
 def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_k, n, k, kfmt, gated,
-            atomic, cfg, zero=None):
+            atomic, cfg, zero=None, experts=None):
     sorted_ids, block_expert, num_padded = align
     edge_tiles = block_expert is None  # align = (topk_ids flattened, None, None): one tile per edge
     a_quant = kfmt == 1 and a_scale is None
@@ -363,37 +373,40 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         a.stride(0), a.stride(1), *a_s_strides,
         w.stride(0), w.stride(1), w.stride(2), *ws_strides,
         out.stride(0), out.stride(1),
-        zero if zero is not None else out, 0 if zero is None else zero.numel(), w.shape[0],
+        zero if zero is not None else out, 0 if zero is None else zero.numel(), *(experts or (0, w.shape[0])),
         GATED=gated, ATOMIC=atomic, FMT=kfmt, A_FMT=_a_fmt(a.dtype),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP,
         EDGE_TILES=edge_tiles, A_QUANT=a_quant, FP8_MAX=fp8_max(w.dtype) if kfmt == 1 else 1.0,
         ROUND_E4M3=a_quant and interpreting() and w.dtype == torch.float8_e4m3fn, SPLIT_K=split_k,
-        ZBLOCK=zblock, PTX=has_ptx(), SPLIT_A=cfg.get("SPLIT_A", False), SWAP_AB=swap,
+        ZBLOCK=zblock, PTX=has_ptx(), JOIN_K=cfg.get("JOIN_K", False), SWAP_AB=swap,
         MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
 
 
 def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, kfmt: int, cfg: dict,
-                   zero: torch.Tensor | None = None) -> None:
+                   zero: torch.Tensor | None = None, experts: tuple[int, int] | None = None) -> None:
     """Stage 1: inter[edge] = silu(x[token] W_gate^T) * (x[token] W_up^T), for every routed edge.
 
     x [M, H] (kfmt 1: fp8 with x_scale [M, ceil(H/128)], or 16-bit with x_scale None to quantize it in the
     kernel), w13 [E, 2I, H(/2)], inter [M*top_k, I]. `align` is `moe_align`'s triple, or (topk_ids
-    flattened, None, None) for one tile per edge. `zero` (float32, contiguous) is zeroed on the way.
+    flattened, None, None) for one tile per edge. `zero` (float32, contiguous) is zeroed on the way. `experts`
+    = (lo, hi): only tiles of experts lo <= e < hi run, with w13[0] holding expert lo (a chunk of dequantized
+    experts); None: every expert, w13 whole.
     """
     _launch(x, x_scale, w13, w13_scale, inter, None, align, num_edges=inter.shape[0], top_k=top_k,
-            n=inter.shape[1], k=x.shape[1], kfmt=kfmt, gated=True, atomic=False, cfg=cfg, zero=zero)
+            n=inter.shape[1], k=x.shape[1], kfmt=kfmt, gated=True, atomic=False, cfg=cfg, zero=zero, experts=experts)
 
 
 def down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, *, top_k: int, kfmt: int,
-                 cfg: dict) -> None:
+                 cfg: dict, experts: tuple[int, int] | None = None) -> None:
     """Stage 2: out[token] (+)= topk_weights[edge] * inter[edge] W2[e]^T.
 
     inter [M*top_k, I] (kfmt 1 with inter_scale None: quantized in the kernel), w2 [E, H, I(/2)], out [M, H]:
     fp32 and accumulated with atomics when top_k > 1 (the caller zeroes it; cfg SPLIT_K > 1 then also
-    splits K over programs), any float dtype and plainly stored when top_k == 1.
+    splits K over programs), any float dtype and plainly stored when top_k == 1. `experts` as in `gate_up_swiglu`.
     """
     _launch(inter, inter_scale, w2, w2_scale, out, topk_weights.reshape(-1), align, num_edges=inter.shape[0],
-            top_k=top_k, n=out.shape[1], k=inter.shape[1], kfmt=kfmt, gated=False, atomic=top_k > 1, cfg=cfg)
+            top_k=top_k, n=out.shape[1], k=inter.shape[1], kfmt=kfmt, gated=False, atomic=top_k > 1, cfg=cfg,
+            experts=experts)

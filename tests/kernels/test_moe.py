@@ -458,21 +458,74 @@ def test_dot_path_mxfp4_swapped_operands(swap, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
-def test_dot_path_unsplit_activations(fmt, monkeypatch):
-    """The 4-bit tl.dot path with the activations loaded as two strided halves (`config.SPLIT_A_4BIT` False,
-    the code before run13, kept for the sweep), align-based tiles and the M=1 mode."""
+@pytest.mark.parametrize("join_k", [True, False])
+def test_dot_path_4bit_halves_joined_or_split(fmt, join_k, monkeypatch):
+    """The 4-bit tl.dot path with the decoded weight halves joined into one K tile (`JOIN_K`, tiles of
+    `config.JOIN_K_MIN_BLOCK_M` rows or more) and with the activations split into halves, on 16- and 64-row tiles:
+    H off the K step, an invalid id, an empty expert, NaN-poisoned scratch."""
     from zoe_kernels.moe import config
 
-    monkeypatch.setattr(config, "SPLIT_A_4BIT", False)
-    monkeypatch.setitem(config.DOT_M1_TILES, fmt, {1: (32, 4, 1, False), 2: (32, 4, 1, 2, False)})
-    monkeypatch.setattr(config, "DOT_M1_MIN_I", {})
-    monkeypatch.setattr(config, "MIN_K_STEPS_PER_SPLIT", 1)
+    monkeypatch.setattr(config, "JOIN_K_MIN_BLOCK_M", 16 if join_k else 1 << 30)
+    monkeypatch.setattr(config, "SWAP_AB_TILES16", set())
     dtype = DTYPES[0]
-    for m, k in ((3, 2), (1, 8)):
-        x, w13, w2, tw, ti, kw = _problem(m, 256, 200, 8, k, fmt, dtype, seed=zlib.crc32(f"unsplit{fmt}{m}".encode()))
-        out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dot", **kw)
-        assert torch.isfinite(out).all()
+    for m, block_m in ((5, 16), (40, 64)):
+        x, w13, w2, tw, ti, kw = _problem(m, 200, 128, 6, 2, fmt, dtype, seed=zlib.crc32(f"join{fmt}{m}".encode()),
+                                          experts=5)
+        ti[1, 0] = -1
+        assert config.stage_config(m, 2, 6, 128, 200, fmt, gated=True, block_m=block_m)["JOIN_K"] == join_k
+        out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, block_m=block_m, **kw)
+        assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
         assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype)
+
+
+@pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
+def test_dequantize_4bit_is_exact(fmt):
+    """`dequant.dequantize_4bit` equals `formats.dequantize_weights` rounded once to the output dtype, for an
+    expert range [lo, hi) of a weight whose K is odd (a padding nibble) and whose rows are off the tile; every
+    scale byte of mxfp4 (0 is the subnormal 2^-127) and every nibble appear."""
+    from zoe_kernels.moe.dequant import dequantize_4bit
+
+    gen = torch.Generator().manual_seed(7)
+    e, n, k = 5, 37, 301
+    w = torch.randint(0, 256, (e, n, (k + 1) // 2), dtype=torch.uint8, generator=gen)
+    if fmt == "w4a16":
+        s = torch.rand((e, n, -(-k // 128)), generator=gen) * 1e-2 + 1e-4
+    else:
+        s = torch.randint(0, 255, (e, n, -(-k // 32)), dtype=torch.uint8, generator=gen)
+        s.view(-1)[:255] = torch.arange(255, dtype=torch.uint8)
+    for dtype in (torch.float32, DTYPES[0]):
+        out = torch.full((4, n, k), float("nan"), dtype=dtype)
+        got = dequantize_4bit(w.to(DEVICE), s.to(DEVICE), fmt, k, out.to(DEVICE), (1, 4)).cpu()
+        want = dequantize_weights(w[1:4], s[1:4], fmt, k).to(dtype)
+        assert got.shape == (3, n, k) and torch.equal(got, want)
+    with pytest.raises(ValueError, match="cannot hold"):
+        dequantize_4bit(w.to(DEVICE), s.to(DEVICE), fmt, k, torch.empty((2, n, k), device=DEVICE), (0, 3))
+
+
+@pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
+@pytest.mark.parametrize("workspace_experts", [1, 3, 8])
+def test_dequant_path_matches_reference(fmt, workspace_experts):
+    """The dequant path (`dequant.dequant_moe`) with the workspace holding 1, 3 or all experts (chunks that
+    skip other experts' tiles), top-k 2 and top-1, invalid ids and an empty expert, NaN-poisoned scratch."""
+    from zoe_kernels.moe.dequant import dequant_moe
+
+    dtype = DTYPES[0]
+    for m, k in ((37, 2), (9, 1)):
+        x, w13, w2, tw, ti, kw = _problem(m, 136, 96, 8, k, fmt, dtype, seed=zlib.crc32(f"deq{fmt}{m}".encode()),
+                                          experts=7)
+        ti[2, 0] = -1
+        ti[3, 0] = 8
+        ws = workspace_experts * 2 * 96 * 136 * x.element_size()
+        out = dequant_moe(x, w13, w2, tw.float(), ti, fmt=fmt, w13_scale=kw["w13_scale"], w2_scale=kw["w2_scale"],
+                          alloc=_nan_alloc, workspace_bytes=ws)
+        assert out.shape == (m, 136) and out.dtype == dtype
+        assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
+        assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype)
+    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dequant", **kw)  # the same through fused_moe
+    assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype)
+    with pytest.raises(ValueError, match="4-bit"):
+        fused_moe(*_problem(3, 64, 32, 4, 2, "fp8", dtype, seed=1)[:5], path="dequant",
+                  **_problem(3, 64, 32, 4, 2, "fp8", dtype, seed=1)[5])
 
 
 @pytest.mark.skipif(ON_GPU and not has_native_mx(), reason="Hopper emulates tl.dot_scaled; zoe does not use it there")
