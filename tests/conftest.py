@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("ZOE_SHARED_DIR", REPO.parent / "shared"))
-"""The project's shared folder (seeds, traces, CRDs), beside the checkout as in CI."""
+THIRD_PARTY = REPO / "third_party"
+"""Data copied from other projects (CRD schemas, public request traces; third_party/README.md)."""
+TRACES = THIRD_PARTY / "traces"
 TEST_ENVS = Path(os.environ.get("ZOE_TEST_ENVS", Path.home() / ".cache/zoe/test-envs"))
 
 

@@ -36,7 +36,7 @@ def spawn(argv: list[str], log: Path) -> subprocess.Popen:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", default=str(REPO.parent / "shared/traces/mooncake_conversation_trace.jsonl"))
+    ap.add_argument("--trace", default=str(REPO / "third_party/traces/mooncake_conversation_trace.jsonl"))
     ap.add_argument("--model", default="glm-5.3")
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--limit", type=int, default=800, help="first N trace requests")

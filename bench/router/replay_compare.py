@@ -1,7 +1,7 @@
 """prefix vs round_robin vs least_load on the Mooncake conversation trace, through `zoe sim replay` (the router's
 own policy code driving N simulated GLM-5.3 replicas on the virtual clock).
 
-    python bench/router/replay_compare.py [--trace ../shared/traces/mooncake_conversation_trace.jsonl]
+    python bench/router/replay_compare.py [--trace third_party/traces/mooncake_conversation_trace.jsonl]
 
 Runs `zoe sim replay TRACE --model glm-5.3 --replicas N --policy P --json` for N in {4, 8} and every policy
 (plus `prefix` with `--kv-tokens 1000000000`, an unbounded cache per replica, as a reference for what the
@@ -12,7 +12,7 @@ duplicated blocks could hit with vLLM's LRU eviction: only its hit rate means an
 one replica takes N replicas' load),
 and writes bench/router/replay_compare.json (each run's exact command and result) and replay_compare.png.
 The hit-rate ceiling (36.6%) is the share of reusable prefix blocks with one unbounded shared cache
-(../shared/traces/README.md).
+(third_party/README.md).
 
 It also computes, in-process, the zero-wait floor of TTFT p90 (`ttft_floor`): for every request, the TTFT it
 would have alone on an idle replica with the prefix hits it actually got, and the p90 of that. No routing can
@@ -38,7 +38,7 @@ channels x one 128 GB RDIMM), the rest left to the OS, the engine and weight sta
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", default=str(REPO.parent / "shared/traces/mooncake_conversation_trace.jsonl"))
+    ap.add_argument("--trace", default=str(REPO / "third_party/traces/mooncake_conversation_trace.jsonl"))
     ap.add_argument("--model", default="glm-5.3")
     ap.add_argument("--replicas", default="4,8")
     ap.add_argument("--policies", default="prefix,round_robin,least_load")

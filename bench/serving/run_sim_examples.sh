@@ -64,7 +64,7 @@ for part in $PARTS; do
     for v in baseline zoe; do
       port=$PORT_BASE; label="vLLM baseline (sim)"
       [ $v = zoe ] && port=$PORT_ZOE && label="ZOE (sim)"
-      $ZOE bench trace "$(cd "$(dirname "$0")/../.." && pwd)/../shared/traces/mooncake_conversation_trace.jsonl" --url http://127.0.0.1:$port \
+      $ZOE bench trace "$(cd "$(dirname "$0")/../.." && pwd)/third_party/traces/mooncake_conversation_trace.jsonl" --url http://127.0.0.1:$port \
         --limit 300 --time-scale 0.4 --seed 0 --label "$label" --out $OUT/sim-glm53-mooncake-$v.json
     done
     stop_all

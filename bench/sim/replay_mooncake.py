@@ -26,7 +26,7 @@ from zoe_cluster.routing import policy_names  # noqa: E402
 from zoe_cluster.sim.calibrate import calibrate  # noqa: E402
 from zoe_cluster.sim.replay import load_mooncake, replay  # noqa: E402
 
-TRACE = Path(os.environ.get("ZOE_TRACES", Path(__file__).resolve().parents[3] / "shared" / "traces")) / "mooncake_conversation_trace.jsonl"
+TRACE = Path(os.environ.get("ZOE_TRACES", Path(__file__).resolve().parents[2] / "third_party" / "traces")) / "mooncake_conversation_trace.jsonl"
 
 
 def main() -> int:

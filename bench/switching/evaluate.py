@@ -19,7 +19,7 @@ replica away for its weights load time (recipe estimate).
     .venv/bin/python bench/switching/evaluate.py --single-objective # the first evaluation (one objective, 2 replicas)
 
 Scenarios: a day-shaped load (concurrency 2 -> 128 -> 4 over 8 hours across 4 replicas, i.e. up to 32 per
-replica, the top of seed table A8) and the Azure LLM conversation trace (../shared/traces) with timestamps
+replica, the top of seed table A8) and the Azure LLM conversation trace (third_party/traces) with timestamps
 compressed 1.5x. The sensitivity sweep replays the day for other interactive shares and objectives.
 """
 
@@ -53,7 +53,7 @@ from zoe_cluster.switching.workload import day_shaped_rows, ramp, with_classes  
 from single_objective import main as single_objective, max_swaps_per_window  # noqa: E402  (this folder)
 
 OUT = Path(__file__).resolve().parent
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "third_party" / "traces"
 H = 3600.0
 TICK_S = 30.0
 A, B = "fp8-tp8-nightly", "mxfp4-tp8"

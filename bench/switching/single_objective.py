@@ -12,7 +12,7 @@ drain-first and takes the replica away for its weights load time (recipe profile
     .venv/bin/python bench/switching/evaluate.py --single-objective   # results_single_objective.json, *.png
 
 Scenarios: a day-shaped load (concurrency 1 -> 64 -> 2 across two replicas, chat sessions with a shared system
-prompt) and the Azure LLM conversation trace (../shared/traces) with timestamps compressed 1.5x to raise its
+prompt) and the Azure LLM conversation trace (third_party/traces) with timestamps compressed 1.5x to raise its
 concurrency. Goodput counts output tokens of requests whose TTFT and time per output token (ITL) met the SLO.
 """
 
@@ -41,7 +41,7 @@ from zoe_cluster.switching.actuator import SwitchActuator  # noqa: E402
 from zoe_cluster.switching.workload import day_shaped_rows, ramp  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "third_party" / "traces"
 H = 3600.0
 SLO_TTFT_S = 2.0
 SLO_TPOT_S = 0.030

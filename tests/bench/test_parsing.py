@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARED
+from tests.conftest import TRACES
 
 from zoe_cluster.bench.client import RequestResult
 from zoe_cluster.bench.decode import summarize_run
@@ -101,11 +101,8 @@ def test_traces(tmp_path):
         load_trace(tmp_path / "none.jsonl")
 
 
-def test_the_shared_azure_trace_loads():
-    path = SHARED / "traces" / "azure2023_conv.csv"
-    if not path.exists():
-        pytest.skip("shared traces not on this machine")
-    fmt, reqs = load_trace(path)
+def test_the_vendored_azure_trace_loads():
+    fmt, reqs = load_trace(TRACES / "azure2023_conv.csv")
     assert fmt == "azure" and len(reqs) == 19366 and reqs[0].arrival_s == 0.0
 
 

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "zoe"
 VALUES_DIR = Path(__file__).parent / "values"
-CRDS = Path(os.environ.get("ZOE_CRDS_DIR", REPO.parent / "shared" / "crds"))
+CRDS = REPO / "third_party" / "crds"
 MONITORING = "monitoring.coreos.com/v1"
 
 
@@ -78,13 +76,7 @@ def _structural(schema: Any) -> Any:
 
 @lru_cache(maxsize=None)
 def crd_schema(filename: str, version: str) -> dict[str, Any]:
-    path = CRDS / filename
-    if not path.exists():
-        msg = f"CRD schemas missing at {CRDS} (set ZOE_CRDS_DIR)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    crd = yaml.safe_load(path.read_text())
+    crd = yaml.safe_load((CRDS / filename).read_text())
     (v,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
     schema = _structural(copy.deepcopy(v["schema"]["openAPIV3Schema"]))
     schema["properties"]["metadata"] = {"type": "object"}

@@ -10,10 +10,10 @@ import pytest
 
 from zoe_cluster.recipes import RecipeRegistry
 from zoe_cluster.sim.calibrate import CalibrationError, calibrate
-from tests.conftest import SHARED
+from tests.conftest import TRACES
 from zoe_cluster.sim.replay import TraceError, load_mooncake, replay, rows_from
 
-MOONCAKE = SHARED / "traces" / "mooncake_conversation_trace.jsonl"
+MOONCAKE = TRACES / "mooncake_conversation_trace.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,6 @@ def test_bad_trace_names_the_line(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="shared Mooncake trace not on this machine")
 def test_full_mooncake_trace_with_8_replicas_under_a_minute(reg):
     r = reg.get("glm-5.3")
     t0 = time.perf_counter()
