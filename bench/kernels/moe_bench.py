@@ -224,6 +224,38 @@ def time_graph(calls, *, min_replays: int = 5, target_ms: float = 150.0) -> floa
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3 / len(calls)
 
 
+def time_isolated(fn, flush, *, target_ms: float = 100.0) -> float:
+    """Microseconds of one call of `fn` with a clean L2: the median replay of a CUDA graph of [write `flush`
+    (a buffer several times the L2), fn] minus that of [write `flush`] alone, interleaved."""
+    import torch
+
+    fn()  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graphs = []
+    for body in ((lambda: flush.fill_(1.0)), (lambda: (flush.fill_(1.0), fn()))):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            body()
+        g.replay()
+        graphs.append(g)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    graphs[1].replay()
+    torch.cuda.synchronize()
+    n = int(max(5, min(200, target_ms / max((time.perf_counter() - t0) * 1e3, 1e-3))))
+    times = ([], [])
+    for _ in range(n):
+        for which, g in enumerate(graphs):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            g.replay()
+            e.record()
+            e.synchronize()
+            times[which].append(s.elapsed_time(e))
+    del graphs
+    return (statistics.median(times[1]) - statistics.median(times[0])) * 1e3
+
+
 def time_eager(fn, reps: int = 5) -> float:
     import torch
 

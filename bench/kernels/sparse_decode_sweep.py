@@ -1,8 +1,8 @@
 """Dual-scope decode on one GPU: entry-loop schedules side by side with the default, each checked first.
 
 H200 runs 10- to 15-decode (sparse_README.md; `--set` picks a run's variant lists). Every variant is checked
-against gather + SDPA (relative error < 2e-2) on two fresh draws before it is timed: the benchmark's draw (full
-windows, 512 selected entries) and a ragged one (random window lengths, -1 padded selections). Times are
+against gather + two batched matmuls (relative error < 2e-2) on two fresh draws before it is timed: the
+benchmark's draw (full windows, 512 selected entries) and a ragged one (random window lengths, -1 padded selections). Times are
 medians of CUDA-graph replays, as in sparse_bench.py, whose row format the timed rows also take
 ($OUT/sparse_results.json; op csa_dual_scope_decode, so sparse_assemble.py can take them).
 
@@ -275,15 +275,15 @@ def variants(b: int) -> list[tuple[str, dict]]:
 
 
 def _check(sb, draw, cfg) -> float:
-    """Relative error of the variant against gather + SDPA on one draw, NaN if any output is not finite. The
-    call's outputs and partials are poisoned: torch.empty returns NaN-filled CUDA memory during the call, so an
+    """Relative error of the variant against gather + two batched matmuls on one draw, NaN if any output is not
+    finite. The call's outputs and partials are poisoned: torch.empty returns NaN-filled CUDA memory during the call, so an
     element the kernels fail to write shows."""
     import torch
 
     from zoe_kernels.csa import dual_scope_decode
 
     q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = draw
-    ref = sb._torch_dual_scope(q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks).float()
+    ref = sb._torch_dual_scope_bmm(q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks).float()
     plain = torch.empty
 
     def poisoned(*args, **kwargs):
@@ -352,8 +352,8 @@ def sweep(out: Path, batches: list[int]) -> None:
         bytes_min = b * entries * (d * (1 + 2) + 4 + 4) + 2 * q.numel() * 2
         floor_us = bytes_min / (sb.META["copy_tbps"] * 1e6)
         shape = f"B={b} H={h} D={d} W=128 k=512"
-        base = sb.median_us(lambda: sb._torch_dual_scope(*args, win_ks, comp_ks), graph=True, rep_ms=30)
-        sb.add_row(op="csa_dual_scope_decode", shape=shape, provider="torch gather+SDPA", config="", median_us=base,
+        base = sb.median_us(lambda: sb._torch_dual_scope_bmm(*args, win_ks, comp_ks), graph=True, rep_ms=30)
+        sb.add_row(op="csa_dual_scope_decode", shape=shape, provider="torch gather+bmm", config="", median_us=base,
                    gbps=bytes_min / base / 1e3, pct_roofline=100 * floor_us / base)
         for name, cfg in variants(b):
             try:

@@ -727,3 +727,19 @@ def test_gpu_gemv_production_tiles(fmt, m):
     ref = fused_moe_reference(x, w13, w2, tw, ti, fp8_act_quant=False, **kw)
     assert torch.isfinite(out).all()
     assert _rel_err(out, ref) < _tol(fmt, torch.bfloat16)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="production block sizes need a GPU")
+@pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
+@pytest.mark.parametrize("m", [300, 2048])
+def test_gpu_dequant_path_production_tiles(fmt, m):
+    """The dequant path with the float tiles of 64 and 128 rows, in one chunk and in chunks of 5 experts."""
+    from zoe_kernels.moe.dequant import dequant_moe
+
+    x, w13, w2, tw, ti, kw = _problem(m, 1024, 384, 32, 8, fmt, torch.bfloat16, seed=7 + m)
+    ref = fused_moe_reference(x, w13, w2, tw, ti, **kw)
+    for workspace in (1 << 30, 5 * 2 * 384 * 1024 * 2):
+        out = dequant_moe(x, w13, w2, tw, ti, fmt=fmt, w13_scale=kw["w13_scale"], w2_scale=kw["w2_scale"],
+                          alloc=_nan_alloc, workspace_bytes=workspace)
+        assert torch.isfinite(out).all()
+        assert _rel_err(out, ref) < _tol(fmt, torch.bfloat16)

@@ -2,7 +2,8 @@
 
 Every command finds the deployment by asking Ray for its controller (a detached named actor); nothing about a
 deployment is kept in local files. With no cluster to join, `zoe deploy` starts a local Ray (fake GPUs when
-the machine has none, enough for `--engine sim`).
+the machine has none, enough for `--engine sim`); on a cluster without real GPUs it serves on the simulated engine
+unless `--engine` says otherwise.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import typer
 from zoe_cluster.cli.common import EXIT_RUNTIME, console, fail, parse_service_classes, print_json
 
 ENGINES = ("vllm", "sglang", "sim")
+SIM_DEFAULT_REPLICAS = 2
+"""Replicas `zoe deploy` starts on the simulated engine when none are asked for: two, so the router has a choice."""
 
 
 def _connect(address: Optional[str], start_local: bool = False, num_gpus: Optional[int] = None) -> str:
@@ -162,9 +165,12 @@ def register(app: typer.Typer) -> None:
         variant: Optional[str] = typer.Option(None, help="Recipe variant (default: the recipe's default)."),
         concurrency: Optional[int] = typer.Option(
             None, help="Expected concurrent requests: the planner picks the variant and replica count."),
-        replicas: Optional[int] = typer.Option(None, min=0, help="Replica count (default 1, or the plan's)."),
+        replicas: Optional[int] = typer.Option(
+            None, min=0, help=f"Replica count (default: the plan's; else 1, or {SIM_DEFAULT_REPLICAS} on the simulated "
+            "engine where the cluster's GPUs hold them)."),
         engine: Optional[str] = typer.Option(
-            None, help="vllm, sglang, or sim (simulated; needs no GPUs). Default: the variant's engine."),
+            None, help="vllm, sglang, or sim (simulated; needs no GPUs). Default: the variant's engine, or sim when "
+            "the Ray cluster has no GPUs."),
         address: Optional[str] = typer.Option(
             None, help="Ray cluster to join (else $RAY_ADDRESS, a running local one, or a new local one)."),
         port: int = typer.Option(8000, help="Port of the OpenAI endpoint (the router)."),
@@ -178,6 +184,9 @@ def register(app: typer.Typer) -> None:
             None, help="Command that starts the engine, e.g. '/opt/venv/bin/vllm' (default: the engine's own)."),
         engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra engine flag (repeatable)."),
         env: list[str] = typer.Option([], "--env", help="Extra engine environment KEY=VALUE (repeatable)."),
+        sim_load_time: str = typer.Option(
+            "fast", "--sim-load-time", help="The simulated engine's weights load: 'fast' (a few seconds) or 'real' "
+            "(as long as the recipe estimates for the real engine, minutes)."),
         host_kv_gb: float = typer.Option(
             0.0, "--host-kv-gb", help="Host memory for a second KV tier, GB per replica (vLLM's CPU offloading, "
             "SGLang's HiCache, the simulated engine's host tier); 0: HBM only."),
@@ -206,8 +215,12 @@ def register(app: typer.Typer) -> None:
         from zoe_cluster.recipes.loader import RecipeError, RecipeRegistry, UnknownModelError
         from zoe_cluster.switching import SwitchConfig
 
+        from zoe_cluster.sim.load_time import LOAD_TIMES
+
         if engine is not None and engine not in ENGINES:
             fail(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if sim_load_time not in LOAD_TIMES:
+            fail(f"--sim-load-time must be one of {', '.join(LOAD_TIMES)}, got {sim_load_time!r}")
         if variant and concurrency is not None:
             fail("give either --variant or --concurrency, not both")
         try:
@@ -227,7 +240,6 @@ def register(app: typer.Typer) -> None:
             console.print(f"plan: {p.reason}", highlight=False)
         if chosen not in recipe.variants:
             fail(f"model {model} has no variant '{chosen}'; known: {', '.join(sorted(recipe.variants))}")
-        engine = engine or recipe.variants[chosen].engine
         engine_env = _parse_env(env)
         if host_kv_gb < 0:
             fail(f"--host-kv-gb must be >= 0, got {host_kv_gb}")
@@ -236,6 +248,16 @@ def register(app: typer.Typer) -> None:
             fail("--switch-class needs --switch (the variants the mix is made of)")
         gcs = _connect(address, start_local=True, num_gpus=num_gpus)
         local = gcs.startswith("127.0.0.1:")
+        if engine is None:
+            engine = recipe.variants[chosen].engine
+            if not _cluster_has_gpus(local):
+                console.print(f"no GPUs in the Ray cluster at {gcs}: serving on the simulated engine (pass "
+                              f"--engine {engine} to wait for GPU nodes instead)", highlight=False)
+                engine = "sim"
+        if replicas is None and engine == "sim":
+            replicas = _sim_replicas(recipe.variants[chosen].parallelism.gpus)
+        if engine == "sim":
+            engine_env.setdefault("ZOE_SIM_LOAD_TIME", sim_load_time)
         try:
             spec = DeploymentSpec(
                 name=name or recipe.name, recipe=recipe, variant=chosen,
@@ -253,9 +275,9 @@ def register(app: typer.Typer) -> None:
             fail("; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()))
         console.print(f"deploying {spec.name}: {spec.replicas} x {chosen} on {engine} (Ray {gcs})", highlight=False)
         load = recipe.variants[chosen].profile.weights_load_s
-        if engine == "sim" and load and not {"ZOE_SIM_TIME_SCALE", "ZOE_SIM_STARTUP_S"} & set(engine_env):
-            console.print(f"the simulated engine loads for {load.value:.0f} s like the real one ({load.source}); "
-                          "add --env ZOE_SIM_TIME_SCALE=0.01 to run it 100x faster", highlight=False)
+        if engine == "sim" and load and engine_env["ZOE_SIM_LOAD_TIME"] == "real":
+            console.print(f"the simulated engine loads for {load.value:.0f} s like the real one ({load.source})",
+                          highlight=False)
         try:
             handle = create_deployment(spec, gcs)
         except DeploymentExists as e:
@@ -368,16 +390,41 @@ def register(app: typer.Typer) -> None:
 
 
 def _expected_load(recipe, sim_env: dict[str, str]) -> dict[str, float]:
-    """Seconds each variant is expected to load (profile.weights_load_s), as the simulated engine would take them."""
+    """Seconds each variant is expected to load: profile.weights_load_s for a real engine (empty `sim_env`), or what
+    the simulated engine takes with its settings (ZOE_SIM_LOAD_TIME, ZOE_SIM_STARTUP_S, ZOE_SIM_TIME_SCALE)."""
+    from zoe_cluster.sim.load_time import load_s, real_load_s
+
     out = {}
-    for name, v in recipe.variants.items():
-        if v.profile.weights_load_s is None:
+    for name in recipe.variants:
+        if real_load_s(recipe, name) is None:
             continue
-        secs = v.profile.weights_load_s.value
         if "ZOE_SIM_STARTUP_S" in sim_env:
             secs = float(sim_env["ZOE_SIM_STARTUP_S"])
+        else:
+            secs = load_s(recipe, name, sim_env.get("ZOE_SIM_LOAD_TIME", "real"))  # type: ignore[arg-type]
         out[name] = secs * float(sim_env.get("ZOE_SIM_TIME_SCALE", 1.0))
     return out
+
+
+def _cluster_has_gpus(local: bool) -> bool:
+    """Whether the connected Ray cluster has real GPUs: Ray gives their nodes an `accelerator_type:<model>`
+    resource (the fake GPUs a local cluster declares on a machine without any carry none); on a local cluster the
+    machine's own device files count too."""
+    import ray
+
+    from zoe_cluster.cluster.bootstrap import detect_gpus
+
+    if any(k.startswith("accelerator_type:") for k in ray.cluster_resources()):
+        return True
+    return local and detect_gpus() > 0
+
+
+def _sim_replicas(gpus_per_replica: int) -> int:
+    """SIM_DEFAULT_REPLICAS, or as many as the cluster's GPUs (fake ones included) hold, at least 1."""
+    import ray
+
+    fit = int(ray.cluster_resources().get("GPU", 0) // max(1, gpus_per_replica))
+    return max(1, min(SIM_DEFAULT_REPLICAS, fit))
 
 
 def _root_cause(e: BaseException) -> str:

@@ -47,8 +47,11 @@ def serve_cmd(
     time_scale: float = typer.Option(1.0, "--time-scale", envvar="ZOE_SIM_TIME_SCALE",
                                      help="Real seconds per simulated second (0.01 = 100x faster)."),
     seed: int = typer.Option(0, "--seed", envvar="ZOE_SIM_SEED", help="Seed of generated text and random faults."),
+    load_time: str = typer.Option(
+        "fast", "--load-time", envvar="ZOE_SIM_LOAD_TIME",
+        help="Simulated weights load: 'fast' (a few seconds) or 'real' (the recipe's profile.weights_load_s)."),
     startup_s: Optional[float] = typer.Option(None, "--startup-s", envvar="ZOE_SIM_STARTUP_S",
-                                              help="Simulated start-up (weights load) seconds; default: profile."),
+                                              help="Simulated start-up (weights load) seconds; overrides --load-time."),
     metrics_mode: str = typer.Option("vllm", "--metrics", envvar="ZOE_SIM_METRICS", help="vllm or sglang names."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", envvar="ZOE_SIM_MAX_MODEL_LEN"),
     kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", envvar="ZOE_SIM_KV_TOKENS",
@@ -74,6 +77,10 @@ def serve_cmd(
         fail(f"--metrics must be 'vllm' or 'sglang', got '{metrics_mode}'")
     if not 0 < port < 65536:
         fail(f"--port must be in 1..65535, got {port}")
+    from zoe_cluster.sim.load_time import LOAD_TIMES
+
+    if load_time not in LOAD_TIMES:
+        fail(f"--load-time must be one of {', '.join(LOAD_TIMES)}, got '{load_time}'")
     if startup_s is not None and startup_s < 0:
         fail(f"--startup-s must be >= 0, got {startup_s}")
     if host_kv_gb < 0:
@@ -90,7 +97,7 @@ def serve_cmd(
 
     config = ServerConfig(
         served_model_name=served_model_name or recipe.served_model_name, time_scale=time_scale, seed=seed,
-        startup_s=startup_s, metrics_mode=metrics_mode,  # type: ignore[arg-type]
+        load_time=load_time, startup_s=startup_s, metrics_mode=metrics_mode,  # type: ignore[arg-type]
         max_model_len=max_model_len, kv_tokens=kv_tokens, host_kv_gb=host_kv_gb, faults=faults,
     )
     try:

@@ -1,7 +1,7 @@
 """Adapter for `--engine sim`: launch `zoe sim serve` for a recipe variant and parse its vLLM-style /metrics.
 
 The simulated engine needs no GPUs; it keeps the variant's GPU count for placement. Its knobs travel as
-environment variables (`ZOE_SIM_TIME_SCALE`, `ZOE_SIM_SEED`, `ZOE_SIM_STARTUP_S`, `ZOE_SIM_CRASH_AFTER`,
+environment variables (`ZOE_SIM_TIME_SCALE`, `ZOE_SIM_SEED`, `ZOE_SIM_LOAD_TIME`, `ZOE_SIM_STARTUP_S`, `ZOE_SIM_CRASH_AFTER`,
 `ZOE_SIM_HANG_AFTER`, `ZOE_SIM_ERROR_AFTER`, `ZOE_SIM_ERROR_RATE`, `ZOE_SIM_SLOWDOWN`, `ZOE_SIM_METRICS`,
 `ZOE_SIM_KV_TOKENS`, `ZOE_SIM_MAX_MODEL_LEN`, `ZOE_SIM_HOST_KV_GB`) from `LaunchContext.extra_env`, which `zoe sim serve` reads as
 option defaults.

@@ -25,6 +25,7 @@ from zoe_cluster.routing.hashing import MOONCAKE_BLOCK_TOKENS
 from zoe_cluster.sim.calibrate import Calibration, calibrate
 from zoe_cluster.sim.core import EngineCore, RequestTooLarge, SimRequest
 from zoe_cluster.sim.kv_cache import HOST_LINK_GB_S, PrefixCache, host_kv_tier, kv_capacity
+from zoe_cluster.sim.load_time import real_load_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +186,9 @@ class ReplayFleet:
         self.swaps += 1
 
     def load_s(self, variant: str) -> float:
-        load = self.recipe.variant(variant).profile.weights_load_s
-        return (load.value if load else 600.0) * self.load_time_scale
+        """The real weights load time (sim.load_time's `real`): what a swap costs is the question replays answer."""
+        load = real_load_s(self.recipe, variant)
+        return (600.0 if load is None else load) * self.load_time_scale
 
     def come_back(self, i: int, now: float) -> None:
         variant = self.pending.pop(i)

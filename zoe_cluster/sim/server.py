@@ -34,6 +34,7 @@ from zoe_cluster.sim.clock import WallClock
 from zoe_cluster.sim.core import EngineCore, RequestTooLarge, SimRequest
 from zoe_cluster.sim.faults import FaultConfig, FaultState
 from zoe_cluster.sim.kv_cache import PrefixCache, host_kv_tier, kv_capacity
+from zoe_cluster.sim.load_time import LoadTime, load_s
 from zoe_cluster.sim.metrics import MetricsMode, SimMetrics
 from zoe_cluster.sim.tokens import OutputText, prompt_blocks, render_chat
 
@@ -48,8 +49,10 @@ class ServerConfig:
     time_scale: float = 1.0
     """Real seconds per simulated second (0.01: 100x faster than the modelled hardware)."""
     seed: int = 0
+    load_time: LoadTime = "fast"
+    """How long the simulated weights load takes: `fast` (FAST_LOAD_S) or `real` (profile.weights_load_s)."""
     startup_s: float | None = None
-    """Simulated start-up time (weights load); None: the variant's profile.weights_load_s."""
+    """Simulated start-up time (weights load), overriding `load_time`; None: as `load_time` says."""
     metrics_mode: MetricsMode = "vllm"
     max_model_len: int | None = None
     """Longest prompt + output, tokens; None: the model's max_context_tokens."""
@@ -102,8 +105,7 @@ class SimServer:
         self.core = EngineCore(self.calibration.model, cache, v.max_num_seqs, v.max_num_batched_tokens)
         self.metrics = SimMetrics(config.metrics_mode, config.served_model_name)
         self.faults = FaultState(config.faults or FaultConfig(), config.seed)
-        load = v.profile.weights_load_s.value if v.profile.weights_load_s else 0.0
-        self.startup_s = load if config.startup_s is None else config.startup_s
+        self.startup_s = load_s(recipe, variant, config.load_time) if config.startup_s is None else config.startup_s
         self.clock = WallClock(config.time_scale)
         self._ready_at = self.startup_s
         self._wake = asyncio.Event()
@@ -377,7 +379,7 @@ class SimServer:
     async def _info(self, request: Request) -> Response:
         return JSONResponse({
             "model": self.recipe.name, "variant": self.variant, "served_model_name": self.config.served_model_name,
-            "time_scale": self.config.time_scale, "seed": self.config.seed, "startup_s": self.startup_s,
+            "time_scale": self.config.time_scale, "seed": self.config.seed, "load_time": self.config.load_time, "startup_s": self.startup_s,
             "ready": self.ready, "max_model_len": self.max_model_len,
             "kv_capacity_tokens": self.core.cache.num_blocks * self.core.cache.block_tokens,
             "kv_capacity": self.capacity.explain(), "block_tokens": self.core.cache.block_tokens,

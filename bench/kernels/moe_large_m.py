@@ -1,0 +1,425 @@
+"""Fused MoE at every M from 1 to 16384 on one GPU: zoe's paths against the strongest PyTorch baselines.
+
+    python3 bench/kernels/moe_large_m.py --out DIR [--shapes dsv32] [--ms 1,2,...,16384] [--budget-s 420]
+    python3 bench/kernels/moe_large_m.py --crossover DIR/moe_large_m.json     # no GPU: kernels/moe/crossover.json
+
+One run measures its own ceilings (device copy and read bandwidth, bf16 and fp8 matrix rates on random data), then
+per shape and M times, for every format:
+- "zoe": `fused_moe` as dispatched; the 4-bit formats also "zoe_fused" (the fused kernels, never the dequant
+  path), "zoe_dequant" (`path="dequant"`) and, on tiles of 64+ rows, "zoe_fused_split" (`JOIN_K` off);
+- the baselines: bf16 `torch._grouped_mm`; fp8 `torch._scaled_grouped_mm` with rowwise scales, with and without
+  fast accumulation (`use_fast_accum`).
+Every timed configuration is first checked against the float32 reference of its own weights (relative error of
+the norm, NaN-poisoned scratch for zoe). Each time is a CUDA graph of R back-to-back calls over R routings
+(R = 4 for M <= 64, 2 for M <= 512, 1 above), and the zoe and baseline rows also an isolated call after a
+write of 4x the L2 (clean L2): the median replay of [flush, call] minus that of [flush] alone.
+--fp8-numerics adds fp8's error and time per tile height (16..128 rows) with Hopper's default fp8 accumulation
+and with a partial sum every 32 products (`FP8_ACC_K`); --tolerance the errors the GPU tests see, per format, path
+and tile height; --dequant-tiles times the dequantization alone.
+Writes DIR/moe_large_m.json and prints one line per (shape, M).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moe_bench import (  # noqa: E402
+    REPO,
+    SHAPES,
+    bytes_per_expert,
+    make_routing,
+    make_weights,
+    nan_alloc,
+    run_meta,
+    time_graph,
+    time_isolated,
+)
+
+MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384]
+FORMATS = ["bf16", "fp8", "w4a16", "mxfp4"]
+FOUR_BIT = ("w4a16", "mxfp4")
+# relative error of the norm a checked row must stay under (zoe: the tests' tolerances; baselines: their own
+# quantization, fp8 rowwise activations against an unquantized reference)
+TOLERANCE = {"bf16": 1.5e-2, "fp8": 2e-2, "w4a16": 1.5e-2, "mxfp4": 1.5e-2, "torch_scaled_grouped_mm": 6e-2}
+
+
+def measure_ceilings() -> dict:
+    """Copy and read bandwidth, bf16 and fp8 matrix rates, measured now on random data (not constants)."""
+    import torch
+
+    n = 1 << 31
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    b = torch.empty_like(a)
+    copy_us = time_graph([lambda: b.copy_(a)])
+    half = a.view(torch.bfloat16)
+    read_us = time_graph([lambda: half.sum(dtype=torch.float32)])
+    del a, b, half
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm_us = time_graph([lambda: x @ y])
+    xq, yq = x.to(torch.float8_e4m3fn), y.to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device="cuda")
+    fp8 = {fast: time_graph([lambda fast=fast: torch._scaled_mm(xq, yq, scale_a=one, scale_b=one,
+                                                                 out_dtype=torch.bfloat16, use_fast_accum=fast)])
+           for fast in (True, False)}
+    props = torch.cuda.get_device_properties(0)
+    c = {"copy_Bps": 2 * n / copy_us * 1e6, "read_Bps": n / read_us * 1e6, "bf16_flops": 2 * 8192**3 / mm_us * 1e6,
+         "fp8_flops_fast_accum": 2 * 8192**3 / fp8[True] * 1e6, "fp8_flops": 2 * 8192**3 / fp8[False] * 1e6,
+         "l2_bytes": props.L2_cache_size, "sms": props.multi_processor_count}
+    print("[ceilings] " + ", ".join(f"{k} {v:.4g}" for k, v in c.items()), flush=True)
+    return c
+
+
+def roofline_us(shape: dict, fmt: str, m: int, unique: float, ceil: dict) -> tuple[float, float, float]:
+    """(floor us, bytes, flops): the touched experts' weights + x read + out written at the measured read
+    bandwidth, against the measured matrix rate (bf16 for the 4-bit formats, whose MMAs run in bf16 on Hopper)."""
+    k = shape["k"] + shape["shared"]
+    nbytes = unique * bytes_per_expert(shape, fmt) + m * shape["H"] * 2 * 2
+    flops = 2.0 * m * k * 3 * shape["H"] * shape["I"]
+    peak = ceil["fp8_flops_fast_accum"] if fmt == "fp8" else ceil["bf16_flops"]
+    return max(nbytes / ceil["read_Bps"], flops / peak) * 1e6, nbytes, flops
+
+
+def rowwise_reference(x, w13, w2, s13_row, s2_row, tw, ti):
+    """float32 MoE over fp8 weights with rowwise scales (the `_scaled_grouped_mm` baseline's weights)."""
+    import torch
+
+    m, h = x.shape
+    i = w13.shape[1] // 2
+    out = torch.zeros((m, h), dtype=torch.float32, device=x.device)
+    flat = ti.reshape(-1).long()
+    for e in torch.unique(flat).tolist():
+        edges = (flat == e).nonzero().squeeze(1)
+        tokens = edges // ti.shape[1]
+        gu = x[tokens].float() @ (w13[e].float() * s13_row[e, :, None]).T
+        inter = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
+        out.index_add_(0, tokens, (inter @ (w2[e].float() * s2_row[e, :, None]).T) * tw.reshape(-1)[edges, None])
+    return out
+
+
+def scaled_grouped_mm_moe(x, w13, w2, s13_row, s2_row, tw, ti, fast: bool):
+    """fp8 rowwise: activations quantized per row, `torch._scaled_grouped_mm` for both products."""
+    import torch
+
+    m, h = x.shape
+    e, two_i = w13.shape[:2]
+    i = two_i // 2
+    k = ti.shape[1]
+    flat = ti.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(e, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    fmax = torch.finfo(w13.dtype).max
+
+    def quant_rows(a):
+        s = a.float().abs().amax(1).clamp_min(1e-10) / fmax
+        return (a.float() / s[:, None]).to(w13.dtype), s
+
+    xq, xs = quant_rows(x[order // k])
+    gu = torch._scaled_grouped_mm(xq, w13.transpose(1, 2), xs, s13_row, offs=offs, out_dtype=torch.bfloat16,
+                                  use_fast_accum=fast)
+    inter = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
+    iq, is_ = quant_rows(inter)
+    y = torch._scaled_grouped_mm(iq, w2.transpose(1, 2), is_, s2_row, offs=offs, out_dtype=torch.bfloat16,
+                                 use_fast_accum=fast)
+    out = torch.zeros((m, h), dtype=torch.float32, device=x.device)
+    out.index_add_(0, order // k, y.float() * tw.reshape(-1)[order, None])
+    return out.to(torch.bfloat16)
+
+
+class _NoDequant:
+    """fused_moe with the dequant path off: the fused kernels as `config` picks them."""
+
+    def __enter__(self):
+        import zoe_kernels.moe.fused_moe as fm
+
+        self.fm, self.saved = fm, fm._dequant_measured_faster
+        fm._dequant_measured_faster = lambda *a: False
+
+    def __exit__(self, *exc):
+        self.fm._dequant_measured_faster = self.saved
+
+
+class _Split:
+    """The wide 4-bit tiles with the activations split into halves (`JOIN_K` off), for the side-by-side."""
+
+    def __enter__(self):
+        from zoe_kernels.moe import config
+
+        self.config, self.saved = config, config.JOIN_K_MIN_BLOCK_M
+        config.JOIN_K_MIN_BLOCK_M = 1 << 30
+
+    def __exit__(self, *exc):
+        self.config.JOIN_K_MIN_BLOCK_M = self.saved
+
+
+def bench_shape(name: str, ms: list[int], deadline: float, ceil: dict, rows: list, isolated: bool) -> None:
+    import contextlib
+
+    import torch
+
+    from zoe_kernels.moe import fused_moe
+    from zoe_kernels.moe.config import JOIN_K_MIN_BLOCK_M, block_m_for
+    from zoe_kernels.moe.fallback import grouped_mm_moe
+    from zoe_kernels.moe.reference import fused_moe_reference
+
+    shape = SHAPES[name]
+    h, e_tot = shape["H"], shape["E"] + shape["shared"]
+    weights = {fmt: make_weights(shape, fmt, "cuda") for fmt in FORMATS}
+    s13_row = torch.rand((e_tot, 2 * shape["I"]), device="cuda") * 1e-2 + 1e-3
+    s2_row = torch.rand((e_tot, h), device="cuda") * 1e-2 + 1e-3
+    flush = torch.empty(4 * ceil["l2_bytes"] // 4, dtype=torch.float32, device="cuda")
+    for m in ms:
+        if time.time() > deadline:
+            print(f"[bench] budget spent: skipping {name} M>={m}", flush=True)
+            break
+        reps = 4 if m <= 64 else 2 if m <= 512 else 1
+        routes = [make_routing(shape, m, seed=1000 * m + r, device="cuda") for r in range(reps)]
+        xs = [torch.randn((m, h), dtype=torch.bfloat16, device="cuda") for _ in range(reps)]
+        unique = statistics.mean(len(torch.unique(ti)) for _, ti in routes)
+        bm = block_m_for(m, shape["k"] + shape["shared"], e_tot)
+        line = [f"{name} M={m:5d}"]
+
+        def record(fmt, provider, make_call, ref, tol, ctx=contextlib.nullcontext, iso=False):
+            floor, nbytes, flops = roofline_us(shape, fmt, m, unique, ceil)
+            row = {"shape": name, **{k: shape[k] for k in ("H", "I", "E", "k", "shared")}, "M": m, "fmt": fmt,
+                   "provider": provider, "block_m": bm, "unique_experts": unique, "bytes": nbytes, "flops": flops,
+                   "floor_us": round(floor, 2)}
+            try:
+                with ctx():
+                    out = make_call(0, nan_alloc)()
+                    err = ((out.float() - ref).norm() / ref.norm()).item()
+                    row.update(rel_err=err, ok=bool(torch.isfinite(out).all()) and err < tol)
+                    del out
+                    us = time_graph([make_call(r, torch.empty) for r in range(reps)])
+                    row.update(median_us=round(us, 2), pct_roofline=round(100 * floor / us, 1))
+                    if iso:
+                        ius = time_isolated(make_call(0, torch.empty), flush)
+                        row.update(isolated_us=round(ius, 2), isolated_pct_roofline=round(100 * floor / ius, 1))
+            except Exception as exc:  # noqa: BLE001 - a path that fails to compile or run is a result
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            rows.append(row)
+            torch.cuda.empty_cache()
+            flag = "" if row.get("ok") else "!"
+            line.append(f"{fmt}/{provider.replace('torch_', 't_')}:{row.get('median_us', float('nan')):.1f}{flag}")
+            return row
+
+        for fmt in FORMATS:
+            w13, s13, w2, s2 = weights[fmt]
+            ref = fused_moe_reference(xs[0], w13, w2, routes[0][0], routes[0][1], fmt=fmt, w13_scale=s13,
+                                      w2_scale=s2)
+
+            def zoe(path=None, fmt=fmt, w13=w13, s13=s13, w2=w2, s2=s2):
+                return lambda r, alloc: (lambda: fused_moe(xs[r], w13, w2, routes[r][0], routes[r][1], fmt=fmt,
+                                                           w13_scale=s13, w2_scale=s2, alloc=alloc, path=path))
+
+            record(fmt, "zoe", zoe(), ref, TOLERANCE[fmt], iso=isolated)
+            if fmt in FOUR_BIT:
+                record(fmt, "zoe_fused", zoe(), ref, TOLERANCE[fmt], ctx=_NoDequant)
+                if m >= 256:
+                    record(fmt, "zoe_dequant", zoe("dequant"), ref, TOLERANCE[fmt])
+                if bm >= JOIN_K_MIN_BLOCK_M:
+                    record(fmt, "zoe_fused_split", zoe(), ref, TOLERANCE[fmt], ctx=lambda: _Split())
+            del ref
+        w13, _, w2, _ = weights["bf16"]
+        ref = fused_moe_reference(xs[0], w13, w2, routes[0][0], routes[0][1], emulate_kernel_rounding=False)
+        record("bf16", "torch_grouped_mm", lambda r, alloc: (
+            lambda: grouped_mm_moe(xs[r], w13, w2, routes[r][0], routes[r][1])), ref, TOLERANCE["bf16"], iso=isolated)
+        w13, _, w2, _ = weights["fp8"]
+        ref = rowwise_reference(xs[0], w13, w2, s13_row, s2_row, *routes[0])
+        for fast in (False, True):
+            record("fp8", "torch_scaled_grouped_mm" + ("_fast_accum" if fast else ""), lambda r, alloc, fast=fast: (
+                lambda: scaled_grouped_mm_moe(xs[r], w13, w2, s13_row, s2_row, *routes[r], fast=fast)), ref,
+                TOLERANCE["torch_scaled_grouped_mm"], iso=isolated)
+        del ref
+        print("  ".join(line), flush=True)
+    del weights
+    torch.cuda.empty_cache()
+
+
+def fp8_numerics(rows: list, ceil: dict) -> None:
+    """fp8's relative error and time per tile height on DeepSeek-V3.2 at M=2048 (every tile height forced), with
+    Triton's default fp8 accumulation on Hopper and with a float32 partial sum every 32 products (FP8_ACC_K)."""
+    import torch
+
+    import zoe_kernels.moe.fused_moe as fm
+    from zoe_kernels.moe.reference import fused_moe_reference
+
+    shape, m = SHAPES["dsv32"], 2048
+    w13, s13, w2, s2 = make_weights(shape, "fp8", "cuda")
+    tw, ti = make_routing(shape, m, seed=5, device="cuda")
+    x = torch.randn((m, shape["H"]), dtype=torch.bfloat16, device="cuda")
+    ref = fused_moe_reference(x, w13, w2, tw, ti, fmt="fp8", w13_scale=s13, w2_scale=s2)
+    original = fm.stage_config
+    for bm in (16, 32, 64, 128):
+        for acc_k in (None, 32):
+            fm.stage_config = lambda *a, acc_k=acc_k, **kw: original(*a, **kw) | {"FP8_ACC_K": acc_k}
+            try:
+                out = fm.fused_moe(x, w13, w2, tw, ti, fmt="fp8", w13_scale=s13, w2_scale=s2, block_m=bm)
+                err = ((out.float() - ref).norm() / ref.norm()).item()
+                us = time_graph([lambda: fm.fused_moe(x, w13, w2, tw, ti, fmt="fp8", w13_scale=s13, w2_scale=s2,
+                                                      block_m=bm)])
+                rows.append({"block_m": bm, "fp8_acc_k": acc_k, "rel_err": err, "median_us": round(us, 2)})
+                print(f"[fp8-numerics] BLOCK_M={bm:3d} FP8_ACC_K={acc_k}: rel err {err:.3e}, {us:9.1f} us", flush=True)
+            except Exception as exc:  # noqa: BLE001
+                rows.append({"block_m": bm, "fp8_acc_k": acc_k, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+                print(f"[fp8-numerics] BLOCK_M={bm} FP8_ACC_K={acc_k}: {type(exc).__name__}: {exc}", flush=True)
+            finally:
+                fm.stage_config = original
+    del w13, w2
+
+
+def tolerance_errors(rows: list) -> None:
+    """The relative errors the GPU tests see (`tests/kernels/test_moe.py`: Gaussian weights quantized by
+    `quantize_weights`, bf16 activations, H=1024, I=384, E=32, top-8, M=333), per format, path and tile height,
+    over 4 seeds: what the tests' tolerances are set from."""
+    import math
+
+    import torch
+
+    from zoe_kernels.moe import fused_moe, quantize_weights
+    from zoe_kernels.moe.reference import fused_moe_reference
+
+    m, h, i, e, k = 333, 1024, 384, 32, 8
+    for fmt in FORMATS:
+        for seed in range(4):
+            g = torch.Generator(device="cuda").manual_seed(seed)
+            x = torch.randn((m, h), generator=g, device="cuda").to(torch.bfloat16)
+            w13, s13 = quantize_weights(torch.randn((e, 2 * i, h), generator=g, device="cuda") / math.sqrt(h), fmt)
+            w2, s2 = quantize_weights(torch.randn((e, h, i), generator=g, device="cuda") / math.sqrt(i), fmt)
+            tw, ti = torch.topk(torch.rand((m, e), generator=g, device="cuda").softmax(-1), k)
+            tw, ti = tw.float(), ti.int()
+            kw = {"fmt": fmt, "w13_scale": s13, "w2_scale": s2}
+            ref = fused_moe_reference(x, w13, w2, tw, ti, **kw)
+            variants = [(f"dot BLOCK_M={bm}", {"block_m": bm}) for bm in (16, 32, 64, 128)]
+            variants += [("gemv", {"path": "gemv"})] + ([("dequant", {"path": "dequant"})] if fmt in FOUR_BIT else [])
+            for label, opt in variants:
+                r = ref if opt.get("path") != "gemv" or fmt != "fp8" else fused_moe_reference(
+                    x, w13, w2, tw, ti, fp8_act_quant=False, **kw)
+                out = fused_moe(x, w13, w2, tw, ti, alloc=nan_alloc, **opt, **kw)
+                err = ((out.float() - r).norm() / r.norm()).item()
+                rows.append({"fmt": fmt, "variant": label, "seed": seed, "rel_err": err,
+                             "finite": bool(torch.isfinite(out).all())})
+    worst = {}
+    for r in rows:
+        worst[(r["fmt"], r["variant"])] = max(worst.get((r["fmt"], r["variant"]), 0.0), r["rel_err"])
+    for (fmt, variant), err in worst.items():
+        print(f"[tolerance] {fmt:6s} {variant:16s} worst rel err over 4 seeds {err:.3e}", flush=True)
+
+
+def dequant_tiles(rows: list, ceil: dict) -> None:
+    """The dequantization of DeepSeek-V3.2's 256 gate+up weights alone, per tile, against the copy bandwidth."""
+    import torch
+
+    import zoe_kernels.moe.dequant as dq
+    from zoe_kernels.moe.dequant import dequantize_4bit
+
+    shape = SHAPES["dsv32"]
+    saved = dq.DEQUANT_TILE
+    for fmt in FOUR_BIT:
+        w13, s13, _, _ = make_weights(shape, fmt, "cuda")
+        e, n = w13.shape[:2]
+        out = torch.empty((e, n, shape["H"]), dtype=torch.bfloat16, device="cuda")
+        nbytes = w13.numel() + s13.numel() * s13.element_size() + out.numel() * 2
+        for tile in ((32, 128, 4), (16, 128, 4), (32, 256, 8), (64, 128, 8)):
+            dq.DEQUANT_TILE = tile
+            us = time_graph([lambda: dequantize_4bit(w13, s13, fmt, shape["H"], out, (0, e))])
+            rows.append({"fmt": fmt, "tile": list(tile), "median_us": round(us, 2), "bytes": nbytes,
+                         "pct_copy_bw": round(100 * nbytes / (us * 1e-6) / ceil["copy_Bps"], 1)})
+            print(f"[dequant] {fmt} tile {tile}: {us:9.1f} us, {nbytes / us / 1e6:.2f} TB/s", flush=True)
+        dq.DEQUANT_TILE = saved
+        del w13, s13, out
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------- crossover
+def path_table(rows: list[dict]) -> dict:
+    """Per 4-bit format: {M: "fused" | "dequant"}, the faster of zoe's paths at each measured M (geometric mean of
+    the time ratios over the shapes measured at that M; "fused" where the dequant path was not timed)."""
+    table = {}
+    for fmt in FOUR_BIT:
+        t = {(r["shape"], r["M"], r["provider"]): r["median_us"] for r in rows
+             if r.get("fmt") == fmt and r.get("ok") and "median_us" in r}
+        ratios: dict[int, list[float]] = {}
+        for (shape, m, provider), us in t.items():
+            if provider == "zoe_dequant" and (shape, m, "zoe_fused") in t:
+                ratios.setdefault(m, []).append(us / t[(shape, m, "zoe_fused")])
+        table[fmt] = {str(m): "dequant" if statistics.geometric_mean(v) < 1.0 else "fused"
+                      for m, v in sorted(ratios.items())}
+    return table
+
+
+def merge_crossover(results: Path) -> None:
+    """Write the measured paths (and zoe against the fallback, unchanged) into kernels/moe/crossover.json."""
+    data = json.loads(results.read_text())
+    path = REPO / "kernels" / "moe" / "crossover.json"
+    table = json.loads(path.read_text())
+    device = table["devices"].setdefault(data["device"], {})
+    source = str(results.resolve().relative_to(REPO)) if results.resolve().is_relative_to(REPO) else str(results)
+    for fmt, by_m in path_table(data["rows"]).items():
+        entry = device.setdefault(fmt, {"zoe_max_m": None})
+        entry["path_by_m"] = by_m
+        entry["path_source"] = source
+    path.write_text(json.dumps(table, indent=2) + "\n")
+    print(f"wrote {path}: " + "; ".join(f"{f}: {v}" for f, v in path_table(data["rows"]).items()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--shapes", default="dsv32")
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--budget-s", type=float, default=420.0, help="start no new M after this many seconds")
+    ap.add_argument("--no-isolated", action="store_true", help="back-to-back timings only")
+    ap.add_argument("--fp8-numerics", action="store_true")
+    ap.add_argument("--dequant-tiles", action="store_true")
+    ap.add_argument("--tolerance", action="store_true", help="the GPU tests' errors per format, path, tile height")
+    ap.add_argument("--crossover", type=Path, help="merge a results file's paths into kernels/moe/crossover.json")
+    args = ap.parse_args()
+    if args.crossover:
+        merge_crossover(args.crossover)
+        return
+    if args.out is None:
+        ap.error("--out is required")
+    t0 = time.time()
+    from moe_bench import start_sweep
+
+    if start_sweep():
+        sys.exit("moe_large_m.py needs a CUDA GPU")
+    from zoe_kernels.platform import device_name
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = device_name("cuda")
+    meta = run_meta(dev) | {"ceilings": measure_ceilings()}
+    rows: list[dict] = []
+    result = args.out / "moe_large_m.json"
+    if args.fp8_numerics:
+        meta["fp8_numerics"] = []
+        fp8_numerics(meta["fp8_numerics"], meta["ceilings"])
+    if args.tolerance:
+        meta["tolerance_errors"] = []
+        tolerance_errors(meta["tolerance_errors"])
+    if args.dequant_tiles:
+        meta["dequant_tiles"] = []
+        dequant_tiles(meta["dequant_tiles"], meta["ceilings"])
+    for name in args.shapes.split(","):
+        bench_shape(name, [int(m) for m in args.ms.split(",")], t0 + args.budget_s, meta["ceilings"], rows,
+                    not args.no_isolated)
+        result.write_text(json.dumps(meta | {"rows": rows}, indent=1))
+    meta["path_by_m"] = path_table(rows)
+    result.write_text(json.dumps(meta | {"rows": rows}, indent=1))
+    print(json.dumps(meta["path_by_m"]))
+    bad = [r for r in rows if not r.get("ok")]
+    print(f"[done] {len(rows)} rows, {len(bad)} not ok, {time.time() - t0:.0f}s", flush=True)
+    for r in bad:
+        print(f"[not ok] {r['shape']} M={r['M']} {r['fmt']} {r['provider']}: {r.get('rel_err', r.get('error'))}")
+
+
+if __name__ == "__main__":
+    main()
