@@ -159,7 +159,7 @@ class _Split:
         self.config.JOIN_K_MIN_BLOCK_M = self.saved
 
 
-def bench_shape(name: str, ms: list[int], deadline: float, ceil: dict, rows: list, isolated: bool) -> None:
+def bench_shape(name: str, ms: list[int], deadline: float, ceil: dict, rows: list, isolated: bool, save) -> None:
     import contextlib
 
     import torch
@@ -239,6 +239,7 @@ def bench_shape(name: str, ms: list[int], deadline: float, ceil: dict, rows: lis
                 TOLERANCE["torch_scaled_grouped_mm"], iso=isolated)
         del ref
         print("  ".join(line), flush=True)
+        save()
     del weights
     torch.cuda.empty_cache()
 
@@ -408,10 +409,12 @@ def main() -> None:
     if args.dequant_tiles:
         meta["dequant_tiles"] = []
         dequant_tiles(meta["dequant_tiles"], meta["ceilings"])
+    def save():
+        result.write_text(json.dumps(meta | {"rows": rows}, indent=1))
+
     for name in args.shapes.split(","):
         bench_shape(name, [int(m) for m in args.ms.split(",")], t0 + args.budget_s, meta["ceilings"], rows,
-                    not args.no_isolated)
-        result.write_text(json.dumps(meta | {"rows": rows}, indent=1))
+                    not args.no_isolated, save)
     meta["path_by_m"] = path_table(rows)
     result.write_text(json.dumps(meta | {"rows": rows}, indent=1))
     print(json.dumps(meta["path_by_m"]))
