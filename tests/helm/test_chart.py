@@ -22,6 +22,7 @@ VALUES = {
 }
 CRD_OBJECTS = {
     "RayCluster": ("ray.io_rayclusters.yaml", "v1"),
+    "RayJob": ("ray.io_rayjobs.yaml", "v1"),
     "ServiceMonitor": ("monitoring.coreos.com_servicemonitors.yaml", "v1"),
 }
 
@@ -31,7 +32,7 @@ CRD_OBJECTS = {
 def test_every_object_validates_against_kubernetes_and_crd_schemas(case, monitoring):
     objs = docs(VALUES[case], api_versions=(MONITORING,) if monitoring else ())
     kinds = {o["kind"] for o in objs}
-    assert {"Job", "Deployment", "Service", "Secret" if case != "production" else "Service"} <= kinds
+    assert {"RayJob", "Deployment", "Service", "Secret" if case != "production" else "Service"} <= kinds
     for o in objs:
         if o["kind"] in CRD_OBJECTS:
             jsonschema.validate(o, crd_schema(*CRD_OBJECTS[o["kind"]]))
@@ -87,24 +88,51 @@ def test_production_values_turn_on_rdma_host_network_and_shared_cache():
 
 
 def _deploy_args(objs):
-    (job,) = by_kind(objs, "Job")
-    (c,) = job["spec"]["template"]["spec"]["containers"]
-    assert c["command"] == ["zoe", "deploy"]
-    return c["args"]
+    """`zoe deploy`'s arguments from the RayJob's entrypoint, split as the shell Ray runs it in would."""
+    import shlex
+
+    (job,) = by_kind(objs, "RayJob")
+    argv = shlex.split(job["spec"]["entrypoint"])
+    assert argv[:2] == ["zoe", "deploy"]
+    return argv[2:]
 
 
-def test_controller_job_deploys_the_model_onto_the_ray_head():
-    args = _deploy_args(docs({}))
-    assert args[0] == "glm-5.3"
-    assert args[args.index("--address") + 1] == "ray://zoe-ray-head-svc.serving.svc:10001"
+def test_a_rayjob_runs_zoe_deploy_in_the_ray_head():
+    """KubeRay submits `zoe deploy` to the release's RayCluster (no Ray Client: the driver runs in the head's
+    container), with the engine always explicit (GPU workers may join after the job starts)."""
+    objs = docs({})
+    (job,) = by_kind(objs, "RayJob")
+    assert job["spec"]["clusterSelector"] == {"ray.io/cluster": "zoe-ray"}
+    assert job["spec"]["submissionMode"] == "HTTPMode" and job["spec"]["shutdownAfterJobFinishes"] is False
+    assert not by_kind(objs, "Job")
+    args = _deploy_args(objs)
+    assert args[0] == "glm-5.3" and "--address" not in args
     assert args[args.index("--concurrency") + 1] == "32" and "--variant" not in args
-    assert "--engine" not in args  # each variant's own engine (glm-5.3: vLLM, deepseek-v4-pro: SGLang)
+    assert args[args.index("--engine") + 1] == "vllm"  # the recipe's engine (glm-5.3: vLLM)
     args = _deploy_args(docs(VALUES["production"]))
     assert args[args.index("--variant") + 1] == "mxfp4-tp8" and args[args.index("--replicas") + 1] == "4"
-    args = _deploy_args(docs(VALUES["existing-cluster"]))
+    objs = docs(VALUES["existing-cluster"])
+    args = _deploy_args(objs)
     assert args[0] == "deepseek-v4-pro" and args[args.index("--engine") + 1] == "sglang"
-    assert args[args.index("--address") + 1] == "ray://shared-mi355x-head-svc.serving.svc:10001"
-    assert not by_kind(docs(VALUES["existing-cluster"]), "RayCluster")
+    assert by_kind(objs, "RayJob")[0]["spec"]["clusterSelector"] == {"ray.io/cluster": "shared-mi355x"}
+    assert not by_kind(objs, "RayCluster")
+    args = _deploy_args(docs({"model": {"name": "kimi-k3"}}))
+    assert args[args.index("--engine") + 1] == "sglang"
+
+
+def test_extra_args_survive_the_shell():
+    """Arguments with spaces or quotes reach zoe deploy as one argument each."""
+    args = _deploy_args(docs({"controller": {"extraArgs": ["--env", "NOTE=it's a test"]}}))
+    assert args[-2:] == ["--env", "NOTE=it's a test"]
+
+
+@pytest.mark.parametrize("model,image", [
+    ("glm-5.3", "ghcr.io/zoe-project/zoe-vllm-rocm"), ("deepseek-v3.2", "ghcr.io/zoe-project/zoe-vllm-rocm"),
+    ("kimi-k3", "ghcr.io/zoe-project/zoe-sglang-rocm"), ("deepseek-v4-pro", "ghcr.io/zoe-project/zoe-sglang-rocm"),
+])
+def test_the_worker_image_is_the_models_engines(model, image):
+    _, _, pod = _worker(docs({"model": {"name": model}}))
+    assert pod["containers"][0]["image"] == f"{image}:0.1.0"
 
 
 @pytest.mark.parametrize("case", list(VALUES))
@@ -123,7 +151,8 @@ def test_rendered_commands_parse_with_the_real_zoe_cli(case):
         assert ctx.params, name
     ctx = cli.commands["deploy"].make_context("deploy", list(commands["deploy"]))
     assert ctx.params["model"] == VALUES[case].get("model", {}).get("name", "glm-5.3")
-    assert ctx.params["address"].startswith("ray://")
+    assert ctx.params["address"] is None  # RAY_ADDRESS of the Ray job: the cluster the driver runs in
+    assert ctx.params["engine"] in ("vllm", "sglang", "sim")
 
 
 def test_service_classes_give_router_pods_the_controllers_slo_limits():
@@ -150,11 +179,12 @@ def test_service_classes_give_router_pods_the_controllers_slo_limits():
     assert set(options["classes"]["interactive"]) == {"fp8-tp8-nightly"}  # only FP8 meets a 20 ms ITL (seed A8)
 
 
-def test_an_upgrade_reruns_zoe_deploy_in_a_new_job():
-    assert by_kind(docs({}), "Job")[0]["metadata"]["name"] == "zoe-deploy-1"
+def test_an_upgrade_reruns_zoe_deploy_in_a_new_rayjob():
+    assert by_kind(docs({}), "RayJob")[0]["metadata"]["name"] == "zoe-deploy-1"
     upgraded = docs({"model": {"replicas": 3}}, revision=4)
-    (job,) = by_kind(upgraded, "Job")
-    assert job["metadata"]["name"] == "zoe-deploy-4" and "3" in job["spec"]["template"]["spec"]["containers"][0]["args"]
+    (job,) = by_kind(upgraded, "RayJob")
+    args = _deploy_args(upgraded)
+    assert job["metadata"]["name"] == "zoe-deploy-4" and args[args.index("--replicas") + 1] == "3"
 
 
 def test_router_runs_two_pods_behind_a_service_with_keys_from_the_secret():
@@ -243,7 +273,20 @@ BAD = [
     ({"auth": {"existingSecret": "keys", "apiKeys": ["0123456789abcdef0123"]}}, "keys come from one place"),
     ({"auth": {"enabled": False, "apiKeys": ["0123456789abcdef0123"]}}, "auth.enabled is false"),
     ({"rayCluster": {"worker": {"modelCache": {"type": "pvc"}}}}, "claimName is empty"),
-    ({"rayCluster": {"worker": {"replicas": 0}}}, "rayCluster.worker.replicas is 0 but model.engine is the variant's engine"),
+    ({"rayCluster": {"worker": {"replicas": 0}}}, "rayCluster.worker.replicas is 0 but glm-5.3 runs on vllm"),
+    # what the recipes and the routing policy registry allow (values.schema.json, generated from them)
+    ({"model": {"name": "llama-99"}},
+     "at '/model/name': value must be one of 'deepseek-v3.2', 'deepseek-v4-pro', 'glm-5.3', 'kimi-k3'"),
+    ({"router": {"policy": "magic"}}, "at '/router/policy': value must be one of 'prefix', 'least_load'"),
+    ({"model": {"name": "kimi-k3", "variant": "fp8-tp8-zoe"}}, "at '/model/variant': value must be one of '', 'mxfp4-tp8-dspark'"),
+    ({"model": {"name": "kimi-k3", "engine": "vllm"}}, "at '/model/engine': value must be one of '', 'sim', 'sglang'"),
+    ({"switching": {"candidates": ["fp8-tp8-zoe", "mxfp4-tp9"]}}, "at '/switching/candidates/1': value must be one of 'fp8-tp8'"),
+    # kimi-k3 (SGLang) on the vLLM worker image
+    ({"model": {"name": "kimi-k3"}, "rayCluster": {"worker": {"image": {"repositories": {"sglang": "ghcr.io/acme/zoe-vllm-rocm"}}}}},
+     "model kimi-k3 runs on sglang, but its worker image rayCluster.worker.image.repositories.sglang is "
+     "ghcr.io/acme/zoe-vllm-rocm, an image for vllm: use an sglang worker image (zoe-sglang-rocm)"),
+    ({"rayCluster": {"worker": {"image": {"repository": "ghcr.io/zoe-project/zoe-vllm-rocm"}}}},
+     "at '/rayCluster/worker/image': additional properties 'repository' not allowed"),
     ({"switching": {"classes": [{"name": "fast", "ttftS": 1, "itlS": 0.02}]}},
      "switching.classes needs 2 to 4 switching.candidates (the variants the mix is made of), got 0"),
     ({"switching": {"candidates": ["fp8-tp8-nightly", "mxfp4-tp8"], "classes": [{"name": "fast", "ttftS": 1, "itlS": 0.02}]},
@@ -321,7 +364,7 @@ def test_every_value_is_documented_and_covered_by_the_schema():
 
 def test_one_define_per_pod_template():
     helpers = (CHART / "templates" / "_helpers.tpl").read_text()
-    for name in ("rayHeadPodTemplate", "rayWorkerPodTemplate", "controllerPodTemplate", "routerPodTemplate"):
+    for name in ("rayHeadPodTemplate", "rayWorkerPodTemplate", "routerPodTemplate"):
         assert helpers.count(f'define "zoe.{name}"') == 1
     for t in (CHART / "templates").glob("*.yaml"):
         assert "containers:" not in t.read_text(), f"{t.name} writes a pod spec itself instead of including a define"
@@ -329,7 +372,8 @@ def test_one_define_per_pod_template():
 
 def test_notes_tell_how_to_reach_the_endpoint_and_what_is_missing():
     notes = render({})["zoe/templates/NOTES.txt"]
-    assert "kubectl -n serving logs -f job/zoe-deploy-1" in notes
+    assert "kubectl -n serving get rayjob zoe-deploy-1 -w" in notes and "-- ray job logs -f" in notes
+    assert "1 vllm replica(s)" in notes
     assert "get secret zoe-auth -o jsonpath='{.data.api-keys}'" in notes
     assert "zoe k8s nodes --model glm-5.3" in notes
     assert "no ServiceMonitor or PrometheusRule was" in notes
@@ -357,7 +401,7 @@ def test_kubernetes_validate_cli_accepts_the_core_manifests(tmp_path):
     f.write_text(yaml.safe_dump_all(core))
     out = subprocess.run([exe, "--strict", "-k", "1.33.0", "--quiet", str(f)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    next(o for o in core if o["kind"] == "Job")["spec"]["unknownField"] = 1  # and it rejects what Kubernetes would
+    next(o for o in core if o["kind"] == "Deployment")["spec"]["unknownField"] = 1  # and it rejects what Kubernetes would
     f.write_text(yaml.safe_dump_all(core))
     out = subprocess.run([exe, "--strict", "-k", "1.33.0", "--quiet", str(f)], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "unknownField" in out.stdout + out.stderr

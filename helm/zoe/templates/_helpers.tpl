@@ -47,9 +47,40 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" (default .Values.image.repository $h.repository) (default (default .Chart.AppVersion .Values.image.tag) $h.tag) -}}
 {{- end -}}
 
+{{/* The engine the deployment's recipe variants run on: model.variant's, else the one engine of all the model's
+variants (zoe.recipes, generated from the recipes). The worker image must carry it, simulated replicas included. */}}
+{{- define "zoe.recipeEngine" -}}
+{{- $m := .Values.model -}}
+{{- $variants := get (include "zoe.recipes" . | fromJson) $m.name -}}
+{{- if $m.variant -}}
+{{- get $variants $m.variant -}}
+{{- else -}}
+{{- $engines := values $variants | uniq | sortAlpha -}}
+{{- if ne (len $engines) 1 -}}
+{{- fail (printf "model %s has variants on %s: set model.variant, so that the chart knows which engine's worker image to run" $m.name (join " and " $engines)) -}}
+{{- end -}}
+{{- first $engines -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The engine `zoe deploy` runs: model.engine (sim, or the recipe's own), else the recipe's. */}}
+{{- define "zoe.engine" -}}
+{{- default (include "zoe.recipeEngine" .) .Values.model.engine -}}
+{{- end -}}
+
+{{/* The worker image for the recipe's engine; an image named for another engine (zoe-vllm-rocm for an SGLang
+model) fails the render. */}}
 {{- define "zoe.workerImage" -}}
 {{- $w := .Values.rayCluster.worker.image -}}
-{{- printf "%s:%s" $w.repository (default (default .Chart.AppVersion .Values.image.tag) $w.tag) -}}
+{{- $engine := include "zoe.recipeEngine" . -}}
+{{- $repo := get $w.repositories $engine -}}
+{{- $name := last (splitList "/" $repo) -}}
+{{- range $other := keys $w.repositories | sortAlpha -}}
+{{- if and (ne $other $engine) (contains $other $name) (not (contains $engine $name)) -}}
+{{- fail (printf "model %s runs on %s, but its worker image rayCluster.worker.image.repositories.%s is %s, an image for %s: use an %s worker image (zoe-%s-rocm)" $.Values.model.name $engine $engine $repo $other $engine $engine) -}}
+{{- end -}}
+{{- end -}}
+{{- printf "%s:%s" $repo (default (default .Chart.AppVersion .Values.image.tag) $w.tag) -}}
 {{- end -}}
 
 {{- define "zoe.serviceAccountName" -}}
@@ -64,7 +95,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-ray" (include "zoe.fullname" .)) .Values.rayCluster.existingCluster -}}
 {{- end -}}
 
-{{/* KubeRay names the head's Service <cluster>-head-svc. */}}
+{{/* KubeRay names the head's Service <cluster>-head-svc; its Ray client port, for `zoe status` from outside. */}}
 {{- define "zoe.rayAddress" -}}
 {{- printf "ray://%s-head-svc.%s.svc:%d" (include "zoe.rayClusterName" .) .Release.Namespace (int .Values.rayCluster.clientPort) -}}
 {{- end -}}
@@ -255,41 +286,11 @@ spec:
     {{- end }}
 {{- end -}}
 
-{{/* ---------- Pod template: controller Job (`zoe deploy` against the RayCluster's head). ---------- */}}
-{{- define "zoe.controllerPodTemplate" -}}
-{{- $c := .Values.controller -}}
-metadata:
-  labels:
-    {{- include "zoe.componentLabels" (dict "ctx" . "component" "controller") | nindent 4 }}
-  {{- with $c.podAnnotations }}
-  annotations:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
-spec:
-  restartPolicy: OnFailure
-  {{- include "zoe.podCommon" . | nindent 2 }}
-  {{- with (include "zoe.placement" $c) }}{{ . | nindent 2 }}{{ end }}
-  containers:
-    - name: deploy
-      image: {{ include "zoe.image" . }}
-      imagePullPolicy: {{ .Values.image.pullPolicy }}
-      command: ["zoe", "deploy"]
-      args:
-        {{- include "zoe.deployArgs" . | nindent 8 }}
-      env:
-        {{- include "zoe.commonEnv" . | nindent 8 }}
-        {{- with $c.extraEnv }}
-        {{- toYaml . | nindent 8 }}
-        {{- end }}
-      resources:
-        {{- toYaml $c.resources | nindent 8 }}
-{{- end -}}
-
+{{/* `zoe deploy`'s arguments, one YAML list item each. The engine is always explicit: the Ray cluster may not
+have its GPU workers yet when the RayJob runs, and zoe deploy would then pick the simulated engine. */}}
 {{- define "zoe.deployArgs" -}}
 {{- $m := .Values.model -}}
 - {{ $m.name | quote }}
-- --address
-- {{ include "zoe.rayAddress" . | quote }}
 {{- if $m.variant }}
 - --variant
 - {{ $m.variant | quote }}
@@ -299,10 +300,8 @@ spec:
 {{- end }}
 - --replicas
 - {{ $m.replicas | quote }}
-{{- with $m.engine }}
 - --engine
-- {{ . | quote }}
-{{- end }}
+- {{ include "zoe.engine" . | quote }}
 - --policy
 - {{ include "zoe.routerPolicy" . | quote }}
 {{- with .Values.switching.candidates }}
@@ -316,6 +315,13 @@ spec:
 {{- range .Values.controller.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end -}}
+
+{{/* The RayJob's entrypoint: `zoe deploy` with each argument single-quoted for the shell Ray runs it in (a quote
+inside one closes the quoting, adds an escaped quote and reopens it). */}}
+{{- define "zoe.deployEntrypoint" -}}
+zoe deploy
+{{- range (include "zoe.deployArgs" . | fromYamlArray) }} {{ printf "'%s'" (toString . | replace "'" "'\\''") }}{{ end -}}
 {{- end -}}
 
 {{/* ---------- Pod template: router (OpenAI API; membership pushed by the controller). ---------- */}}
@@ -441,7 +447,8 @@ spec:
 {{- if and (eq $w.modelCache.type "pvc") (not $w.modelCache.claimName) -}}
 {{- fail "rayCluster.worker.modelCache.type is pvc but rayCluster.worker.modelCache.claimName is empty" -}}
 {{- end -}}
-{{- if and (not .Values.rayCluster.existingCluster) (ne .Values.model.engine "sim") (lt (int $w.replicas) 1) -}}
-{{- fail (printf "rayCluster.worker.replicas is 0 but model.engine is %s: GPU engines need MI355X worker nodes (or use model.engine=sim)" (.Values.model.engine | default "the variant's engine")) -}}
+{{- $engine := include "zoe.engine" . -}}
+{{- if and (not .Values.rayCluster.existingCluster) (ne $engine "sim") (lt (int $w.replicas) 1) -}}
+{{- fail (printf "rayCluster.worker.replicas is 0 but %s runs on %s: GPU engines need MI355X worker nodes (or use model.engine=sim)" .Values.model.name $engine) -}}
 {{- end -}}
 {{- end -}}
