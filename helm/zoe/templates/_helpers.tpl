@@ -95,11 +95,6 @@ model) fails the render. */}}
 {{- default (printf "%s-ray" (include "zoe.fullname" .)) .Values.rayCluster.existingCluster -}}
 {{- end -}}
 
-{{/* KubeRay names the head's Service <cluster>-head-svc; its Ray client port, for `zoe status` from outside. */}}
-{{- define "zoe.rayAddress" -}}
-{{- printf "ray://%s-head-svc.%s.svc:%d" (include "zoe.rayClusterName" .) .Release.Namespace (int .Values.rayCluster.clientPort) -}}
-{{- end -}}
-
 {{- define "zoe.secretName" -}}
 {{- default (printf "%s-auth" (include "zoe.fullname" .)) .Values.auth.existingSecret -}}
 {{- end -}}
