@@ -3,6 +3,7 @@
 # tests/packaging/test_dist.py):
 #   1. zoe-cluster and zoe-kernels wheels from a clean copy of the tracked sources (no stale build/ files);
 #   2. scripts/check_wheels.py: recipes, modules, entry points and requirements inside each wheel;
+#      scripts/check_images.py: docker/ against docker/images.yaml and the recipes, with pip dry runs;
 #   3. zoe-cluster in a fresh venv with its dependencies (pinned by constraints.txt): `zoe --version`,
 #      `zoe recipes list --json` (every recipe of recipes/), `zoe plan glm-5.3 --concurrency 1 --json`;
 #   4. zoe-kernels in a fresh venv with --no-deps plus torch and triton only: both engine plugins import
@@ -20,7 +21,8 @@ rm -rf "$work" && mkdir -p "$work/src" "$work/dist"
 t0=$SECONDS
 step() { printf '\033[1m[check_dist %3ds]\033[0m %s\n' $((SECONDS - t0)) "$*"; }
 die() { echo "check_dist: $*" >&2; exit 1; }
-# pip, without the warnings about the machine's configured local index folders that do not exist
+# pip, without the warnings about the machine's configured local index folders that do not exist (installs
+# below skip compiling bytecode: most of their time, and nothing the checks need)
 quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location 'file://" || true; }; }
 
 step "building wheels into $work/dist"
@@ -31,9 +33,12 @@ quiet "$build_py" -m pip wheel -q --no-deps --no-build-isolation -w "$work/dist"
 ls -l "$work/dist"
 "$build_py" "$repo/scripts/check_wheels.py" "$work/dist"
 
+step "images: Dockerfiles against docker/images.yaml and the recipes, pip dry runs per image Python"
+"$build_py" "$repo/scripts/check_images.py" "$work/dist"
+
 step "zoe-cluster in a fresh venv"
 "$base_py" -m venv "$work/zoe"
-quiet "$work/zoe/bin/pip" install -q -c "$repo/constraints.txt" "$work"/dist/zoe_cluster-*.whl
+quiet "$work/zoe/bin/pip" install -q --no-compile -c "$repo/constraints.txt" "$work"/dist/zoe_cluster-*.whl
 cd "$work"  # away from the checkout: the recipes must come from the wheel
 want_version=$("$build_py" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "$repo/pyproject.toml")
 got=$("$work/zoe/bin/zoe" --version)
@@ -57,8 +62,8 @@ PY
 
 step "zoe-kernels in a fresh venv (--no-deps, then $torch_pin $triton_pin)"
 "$base_py" -m venv "$work/kernels"
-quiet "$work/kernels/bin/pip" install -q --no-deps "$work"/dist/zoe_kernels-*.whl
-quiet "$work/kernels/bin/pip" install -q -c "$repo/constraints.txt" "$torch_pin" "$triton_pin"
+quiet "$work/kernels/bin/pip" install -q --no-compile --no-deps "$work"/dist/zoe_kernels-*.whl
+quiet "$work/kernels/bin/pip" install -q --no-compile -c "$repo/constraints.txt" "$torch_pin" "$triton_pin"
 "$work/kernels/bin/python" - <<'PY'
 import importlib.util
 from importlib.metadata import entry_points
