@@ -405,3 +405,12 @@ def test_kubernetes_validate_cli_accepts_the_core_manifests(tmp_path):
     f.write_text(yaml.safe_dump_all(core))
     out = subprocess.run([exe, "--strict", "-k", "1.33.0", "--quiet", str(f)], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "unknownField" in out.stdout + out.stderr
+
+
+def test_the_clusters_ray_version_is_the_one_zoe_pins():
+    """KubeRay configures the RayCluster for `rayCluster.rayVersion`; the images run the Ray zoe-cluster pins."""
+    import re
+
+    pin = re.search(r'"ray\[default\]==([^"]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    (rc,) = by_kind(docs({}), "RayCluster")
+    assert rc["spec"]["rayVersion"] == pin, f"helm/zoe/values.yaml rayCluster.rayVersion is not zoe's Ray pin {pin}"
