@@ -15,5 +15,5 @@ if not sorted(RECIPES.glob("*.yaml")):
 setup(
     packages=find_packages(include=["zoe_cluster", "zoe_cluster.*"]) + ["zoe_cluster.recipes.builtin"],
     package_dir={"zoe_cluster.recipes.builtin": "recipes"},
-    package_data={"zoe_cluster.recipes.builtin": ["*.yaml"]},
+    package_data={"zoe_cluster": ["**/*.json"], "zoe_cluster.recipes.builtin": ["*.yaml"]},
 )

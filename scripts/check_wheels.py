@@ -3,7 +3,7 @@
     python scripts/check_wheels.py DIST_DIR
 
 - zoe-cluster: every recipes/*.yaml of the checkout as zoe_cluster/recipes/builtin/<name>.yaml, every
-  module of zoe_cluster/, no zoe_kernels;
+  file of zoe_cluster/ (modules and data), no zoe_kernels;
 - zoe-kernels: every module and data file of kernels/ under zoe_kernels/, both engine entry points, and
   no requirement besides torch and triton (outside its engine extras).
 Each problem is printed naming the wheel and the file; the exit status is 1 if there was any.
@@ -52,7 +52,7 @@ def check_cluster(whl: Path) -> list[str]:
     for src in recipes:
         if f"zoe_cluster/recipes/builtin/{src.name}" not in names:
             problems.append(f"{whl.name}: {src} is missing (expected zoe_cluster/recipes/builtin/{src.name})")
-    for src in source_files("zoe_cluster", (".py",)):
+    for src in source_files("zoe_cluster", ("",)):  # modules and their data files (package_data in setup.py)
         if src.as_posix() not in names:
             problems.append(f"{whl.name}: {src} is missing")
     problems += [f"{whl.name}: {n} belongs to zoe-kernels" for n in sorted(names) if n.startswith("zoe_kernels/")]

@@ -89,7 +89,7 @@ def _fake_wheel(path: Path, names: list[str]) -> Path:
 
 def test_wheel_check_names_a_recipe_the_wheel_lacks(tmp_path):
     recipes = sorted(p.name for p in (REPO / "recipes").glob("*.yaml"))
-    modules = [p.relative_to(REPO).as_posix() for p in (REPO / "zoe_cluster").rglob("*.py")]
+    modules = [p.as_posix() for p in check_wheels.source_files("zoe_cluster", ("",))]
     shipped = [f"zoe_cluster/recipes/builtin/{r}" for r in recipes if r != "glm-5.3.yaml"]
     problems = check_wheels.check_cluster(_fake_wheel(tmp_path / "zoe_cluster-0-py3-none-any.whl", modules + shipped))
     assert problems == ["zoe_cluster-0-py3-none-any.whl: recipes/glm-5.3.yaml is missing "
