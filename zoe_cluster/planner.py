@@ -1,6 +1,8 @@
 """The planner: model + expected demand + nodes available -> the variant and replica count to serve with.
 
-A pure function of the recipe and the demand. It predicts each variant's decode throughput at the per-replica
+A pure function of the recipe, the demand and the kernel support table. It drops variants whose zoe kernels
+cannot activate on their engine image (`zoe_cluster.kernel_support`: the release the image tag names against the
+releases the plugin was verified on), predicts each variant's decode throughput at the per-replica
 concurrency by interpolating the measured profile (zoe_cluster.recipes.profile), checks that weights plus the
 KV cache for the demanded contexts fit in the replica's HBM, drops variants not meant for the context length,
 and picks the highest predicted node throughput. The explanation shows the numbers and their sources.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from zoe_cluster.kernel_support import KernelSupport
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.recipes.profile import (
     decode_tok_s_per_node,
@@ -53,6 +56,8 @@ class Candidate:
     ttft_s: float | None = None
     kv_capacity_tokens: int = 0
     source: str = ""
+    kernels_blocked: bool = False
+    """Not ranked because its zoe kernels cannot activate on its engine image (`why` says which and why)."""
 
 
 @dataclass(frozen=True)
@@ -88,11 +93,16 @@ class NoFeasibleVariant(ValueError):
         super().__init__("\n".join(lines))
 
 
-def _evaluate(recipe: Recipe, name: str, demand: Demand, allow_speculative: bool) -> Candidate:
+def _evaluate(
+    recipe: Recipe, name: str, demand: Demand, allow_speculative: bool, support: KernelSupport
+) -> Candidate:
     v = recipe.variant(name)
     if v.speculative and not allow_speculative:
         return Candidate(name, False, f"speculative ({v.speculative.method}): its rate depends on the prompt's "
                                       "acceptance; --speculative includes it")
+    blocked = support.blockers(list(v.kernels), v.engine, v.image)
+    if blocked:  # its profile measured zoe's kernels, which this image would not run
+        return Candidate(name, False, blocked, kernels_blocked=True)
     if v.parallelism.nodes > demand.nodes:
         return Candidate(name, False, f"needs {v.parallelism.nodes} nodes per replica, {demand.nodes} available")
     lo, hi = v.intended.context_tokens
@@ -126,11 +136,13 @@ def _evaluate(recipe: Recipe, name: str, demand: Demand, allow_speculative: bool
                      ttft.value if ttft else None, capacity, source)
 
 
-def plan(recipe: Recipe, demand: Demand) -> Plan:
-    """Choose the variant with the highest predicted decode tok/s per node among those that fit the demand."""
+def plan(recipe: Recipe, demand: Demand, support: KernelSupport | None = None) -> Plan:
+    """Choose the variant with the highest predicted decode tok/s per node among those that fit the demand and
+    whose kernels can activate on their image (`support`: the packaged table when None)."""
+    support = support if support is not None else KernelSupport.load()
     # Speculative variants are compared only when asked for, or when the model has no other kind (Kimi-K3).
     allow_spec = demand.speculative or all(v.speculative for v in recipe.variants.values())
-    candidates = [_evaluate(recipe, name, demand, allow_spec) for name in recipe.variants]
+    candidates = [_evaluate(recipe, name, demand, allow_spec, support) for name in recipe.variants]
     eligible = sorted((c for c in candidates if c.eligible), key=lambda c: -(c.decode_tok_s_per_node or 0.0))
     if not eligible:
         raise NoFeasibleVariant(recipe.name, candidates)
@@ -148,6 +160,7 @@ def plan(recipe: Recipe, demand: Demand) -> Plan:
                  f"KV capacity {best.kv_capacity_tokens:,} tokens per replica")
     if best.ttft_s is not None:
         lines.append(f"predicted single-request TTFT at {demand.context_tokens:,} tokens, no prefix hit: {best.ttft_s:.2f} s")
+    lines += [f"not ranked: {c.variant}: {c.why}" for c in candidates if c.kernels_blocked]
     return Plan(
         model=recipe.name, variant=best.variant, engine=v.engine, quantization=v.weights.quantization,
         tp=v.parallelism.tp, dp=v.parallelism.dp, pp=v.parallelism.pp, ep=v.parallelism.ep,

@@ -12,11 +12,13 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from zoe_kernels.integrations.report import KernelReporter
+from zoe_kernels.integrations.support import in_range, release
+
+__all__ = ["PatchSpec", "install_kernel", "release", "resolve", "uninstall", "version_supported"]
 
 ORIGINAL_ATTR = "__zoe_original__"
 
@@ -38,26 +40,8 @@ class PatchSpec:
     """What runs on zoe's path, for the report (e.g. "triton", "reference (CPU)")."""
 
 
-def release(version: str) -> tuple[int, ...]:
-    """The numeric release of a version string: "0.32.0+cpu" -> (0, 32, 0), "0.5.23rc1" -> (0, 5, 23)."""
-    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
-    if not m:
-        raise ValueError(f"cannot read a release number from version {version!r}")
-    return tuple(int(p) for p in m.group(1).split("."))
-
-
 def version_supported(version: str, versions: tuple[str, str]) -> bool:
-    try:
-        v = release(version)
-    except ValueError:
-        return False
-    lo, hi = release(versions[0]), release(versions[1])
-    pad = max(len(v), len(lo), len(hi))
-
-    def fill(t: tuple[int, ...]) -> tuple[int, ...]:  # "0.32" compares as "0.32.0"
-        return t + (0,) * (pad - len(t))
-
-    return fill(lo) <= fill(v) < fill(hi)
+    return in_range(version, versions)
 
 
 def resolve(target: str) -> tuple[Any, str, Any]:
@@ -87,16 +71,20 @@ def param_names(fn: Callable) -> tuple[str, ...]:
 def install_kernel(
     kernel: str, specs: list[PatchSpec], engine: str, engine_version: str, reporter: KernelReporter
 ) -> bool:
-    """Install every spec of `kernel`, or none of them (recording a fallback with the first reason)."""
+    """Install every spec of `kernel` verified for `engine_version`, or none of them (recording a fallback with
+    the first reason). `specs` may hold one set per verified release range (a target renamed between releases);
+    only the set whose range holds the running release is checked and installed."""
+    applicable = [s for s in specs if version_supported(engine_version, s.versions)]
+    if not applicable:
+        ranges = sorted({s.versions for s in specs}, key=lambda r: release(r[0]))
+        verified = ", ".join(f"[{lo}, {hi})" for lo, hi in ranges)
+        reporter.fallback(
+            kernel, specs[0].target if specs else "-", "engine_version",
+            f"{engine} {engine_version} is outside the verified range {verified}",
+        )  # fmt: skip
+        return False
     checked: list[tuple[PatchSpec, Any, str, Any]] = []
-    for spec in specs:
-        if not version_supported(engine_version, spec.versions):
-            lo, hi = spec.versions
-            reporter.fallback(
-                kernel, spec.target, "engine_version",
-                f"{engine} {engine_version} is outside the verified range [{lo}, {hi})",
-            )  # fmt: skip
-            return False
+    for spec in applicable:
         try:
             owner, name, current = resolve(spec.target)
         except LookupError as e:

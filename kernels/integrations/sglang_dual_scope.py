@@ -1,16 +1,17 @@
 """SGLang's DeepSeek-V4 sparse decode attention, routed to zoe's paged CSA dual-scope decode.
 
-SGLang 0.5.23 decodes DeepSeek-V4 (`DeepseekV4AttnBackend._forward_attention`) with one FlashMLA call per
+SGLang 0.5.19 and 0.5.23 decode DeepSeek-V4 (`DeepseekV4AttnBackend._forward_attention`) with one FlashMLA call per
 layer: the query against the sliding-window entries (`indices` + `topk_length` into the SWA pool) and the
 CSA-selected compressed entries (`extra_indices_in_kvcache` + `extra_topk_length` into the C4/C128 pool),
 with the attention sink, both pools in FlashMLA's packed FP8 "V4" layout (584 bytes a token, see
 `zoe_kernels.csa.paged_dual_scope`). zoe replaces that call, per platform:
 
-- CUDA: `sglang.kernels.ops.attention.flash_mla_interface.flash_mla_with_kvcache`. The backend binds it
+- CUDA (0.5.23): `sglang.kernels.ops.attention.flash_mla_interface.flash_mla_with_kvcache`. The backend binds it
   when it is built (`functools.partial(flash_mla_interface.flash_mla_with_kvcache, use_legacy=...)`), after
   SGLang's plugins ran, so the partial holds zoe's wrapper.
-- ROCm: `sglang.srt.layers.attention.hip_flash_mla.flash_mla_with_kvcache_entrypoint(backend, **kwargs)`,
-  which `deepseek_v4_backend_hip_radix` imports by name when it is first imported (after the plugins ran).
+- ROCm (0.5.19 and 0.5.23): `sglang.srt.layers.attention.hip_flash_mla.flash_mla_with_kvcache_entrypoint(
+  backend, **kwargs)`, which `deepseek_v4_backend_hip_radix` imports by name (0.5.23: when it is first
+  imported, after the plugins ran; 0.5.19: inside each call).
 
 Per call the wrapper takes zoe's path for a one-token-per-row sparse decode over V4 pools (q [B, 1, H, 512],
 d_v 512, fp8 caches of 584 bytes a token, no block table or descales) and returns `(out [B, 1, H, 512],
@@ -26,8 +27,7 @@ from typing import Callable
 
 from zoe_kernels.integrations.patching import PatchSpec
 from zoe_kernels.integrations.report import KernelReporter, log
-
-SGLANG_VERSIONS = ("0.5.23", "0.5.24")
+from zoe_kernels.integrations.support import ranges
 CUDA_TARGET = "sglang.kernels.ops.attention.flash_mla_interface:flash_mla_with_kvcache"
 CUDA_PARAMS = (
     "q", "k_cache", "block_table", "cache_seqlens", "head_dim_v", "tile_scheduler_metadata", "num_splits",
@@ -146,12 +146,21 @@ def _hip_wrap(reporter: KernelReporter) -> Callable[[Callable], Callable]:
     return wrap
 
 
-def csa_dual_scope_specs(reporter: KernelReporter) -> list[PatchSpec]:
-    """The patch for the platform this process runs on (CUDA: FlashMLA's interface; ROCm: the HIP entry point)."""
+def sglang_platform() -> str:
+    """"rocm" on a HIP build of torch, else "cuda" (the platform whose SGLang entry points the hook patches)."""
     import torch
 
+    return "rocm" if torch.version.hip is not None else "cuda"
+
+
+def csa_dual_scope_specs(reporter: KernelReporter) -> list[PatchSpec]:
+    """The patch for the platform this process runs on (CUDA: FlashMLA's interface; ROCm: the HIP entry point),
+    one per verified release range (none where the platform's target is missing: `support.GAPS`)."""
     import zoe_kernels.csa.paged_dual_scope  # noqa: F401  (a missing kernel module is a fallback, not a crash later)
 
-    if torch.version.hip is not None:
-        return [PatchSpec(KERNEL, HIP_TARGET, HIP_PARAMS, SGLANG_VERSIONS, _hip_wrap(reporter))]
-    return [PatchSpec(KERNEL, CUDA_TARGET, CUDA_PARAMS, SGLANG_VERSIONS, _cuda_wrap(reporter))]
+    platform = sglang_platform()
+    if platform == "rocm":
+        target, params, wrap = HIP_TARGET, HIP_PARAMS, _hip_wrap(reporter)
+    else:
+        target, params, wrap = CUDA_TARGET, CUDA_PARAMS, _cuda_wrap(reporter)
+    return [PatchSpec(KERNEL, target, params, versions, wrap) for versions in ranges(KERNEL, "sglang", platform)]

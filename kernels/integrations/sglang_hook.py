@@ -1,13 +1,14 @@
 """The SGLang hook: routes SGLang's DeepSeek-V4 CSA top-K and decode attention to zoe_kernels when `ZOE_KERNELS`
 asks for it.
 
-SGLang 0.5.23 has a general-plugin mechanism: it calls every `sglang.srt.plugins` entry point early in each
+SGLang (0.5.19 and 0.5.23) has a general-plugin mechanism: it calls every `sglang.srt.plugins` entry point early in each
 of its processes (engine, scheduler/TP workers, detokenizer, DP controller: `sglang.srt.plugins.load_plugins`).
 zoe's entry point is `zoe_kernels = zoe_kernels.integrations.sglang_hook:register`, so no `.pth` or
 sitecustomize is needed. Without `ZOE_KERNELS` it does nothing.
 
 What is patched (checked against the SGLang version and each function's parameters, all or nothing):
 - `csa_topk`: the DeepSeek-V4 C4 indexer's paged top-k, `topk_transform_paged` and `topk_transform_paged_v2`
+  (0.5.23; `topk_transform_512` and `topk_transform_512_v2` in 0.5.19, whose v2 has no `out_raw_indices`)
   as `sglang.srt.layers.attention.dsv4.indexer` calls them: the top 512 of each request's float32
   compressed-entry scores (`zoe_kernels.csa.topk`), then SGLang's page-table transform
   (`slot = page_table[pos // page_size] * page_size + pos % page_size`, -1 where fewer than 512 entries).
@@ -29,13 +30,22 @@ from typing import Callable
 
 from zoe_kernels.integrations.patching import PatchSpec, install_kernel
 from zoe_kernels.integrations.report import REPORT_DIR_ENV, KernelReporter, ReportCollector, log, requested_kernels
-from zoe_kernels.integrations.sglang_dual_scope import csa_dual_scope_specs
+from zoe_kernels.integrations.sglang_dual_scope import csa_dual_scope_specs, sglang_platform
+from zoe_kernels.integrations.support import SGLANG_0519, SGLANG_0523, engine_span, ranges
 
-SGLANG_VERSIONS = ("0.5.23", "0.5.24")
+SGLANG_VERSIONS = engine_span("sglang")
+"""The span of SGLang releases the hook was verified on (per kernel and platform: `support.SUPPORT`)."""
 INDEXER = "sglang.srt.layers.attention.dsv4.indexer"
 TOPK_V1_PARAMS = ("scores", "seq_lens", "page_tables", "out_page_indices", "page_size", "out_raw_indices")
 TOPK_V2_PARAMS = ("scores", "seq_lens", "page_tables", "out_page_indices", "page_size", "metadata",
                   "out_raw_indices")  # fmt: skip
+TOPK_V2_PARAMS_0519 = TOPK_V2_PARAMS[:-1]
+TOPK_TARGETS = {
+    SGLANG_0519: (f"{INDEXER}:topk_transform_512", f"{INDEXER}:topk_transform_512_v2", TOPK_V2_PARAMS_0519),
+    SGLANG_0523: (f"{INDEXER}:topk_transform_paged", f"{INDEXER}:topk_transform_paged_v2", TOPK_V2_PARAMS),
+}
+"""Per verified release range: the indexer's two paged top-K functions (renamed from `topk_transform_512*`
+between 0.5.19 and 0.5.23, when v2 also gained `out_raw_indices`) and v2's parameters."""
 UNSUPPORTED = {
     "fused_moe": "no SGLang integration: zoe's recipes run the fused-MoE models on vLLM",
     "lightning_indexer": "no SGLang integration: zoe's recipes run the DSA models on vLLM",
@@ -90,10 +100,25 @@ def _csa_topk_specs(reporter: KernelReporter) -> list[PatchSpec]:
 
         return topk_transform_paged_v2
 
-    return [
-        PatchSpec("csa_topk", f"{INDEXER}:topk_transform_paged", TOPK_V1_PARAMS, SGLANG_VERSIONS, wrap_v1),
-        PatchSpec("csa_topk", f"{INDEXER}:topk_transform_paged_v2", TOPK_V2_PARAMS, SGLANG_VERSIONS, wrap_v2),
-    ]
+    def wrap_v2_0519(original: Callable) -> Callable:
+        def topk_transform_512_v2(scores, seq_lens, page_tables, out_page_indices, page_size, metadata):
+            if zoe_ok(scores):
+                paged_topk(topk, scores, seq_lens, page_tables, out_page_indices, page_size, None)
+                reporter.count("csa_topk", "zoe")
+                return None
+            reporter.count("csa_topk", "engine", "dtype")
+            return original(scores, seq_lens, page_tables, out_page_indices, page_size, metadata)
+
+        return topk_transform_512_v2
+
+    specs = []
+    for versions in ranges("csa_topk", "sglang", sglang_platform()):
+        v1, v2, v2_params = TOPK_TARGETS[versions]
+        specs += [
+            PatchSpec("csa_topk", v1, TOPK_V1_PARAMS, versions, wrap_v1),
+            PatchSpec("csa_topk", v2, v2_params, versions, wrap_v2 if v2_params == TOPK_V2_PARAMS else wrap_v2_0519),
+        ]
+    return specs
 
 
 KERNEL_SPECS: dict[str, Callable[[KernelReporter], list[PatchSpec]]] = {

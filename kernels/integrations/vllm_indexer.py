@@ -1,6 +1,6 @@
 """vLLM's DSA lightning-indexer logits (prefill, non-paged), routed to zoe's lightning indexer.
 
-vLLM 0.32 computes the indexer's prefill logits
+vLLM 0.29 and 0.32 compute the indexer's prefill logits
 `logits[i, j] = sum_h w[i, h] * relu((q[i, h] . k[j]) * k_scale[j])` for keys `ks[i] <= j < ke[i]` with
 - CUDA: `fp8_fp4_mqa_logits((q, q_scale), (k, k_scale), weights, ks, ke, clean_logits)` (DeepGEMM), called
   by name from `vllm.model_executor.layers.sparse_attn_indexer`;
@@ -21,13 +21,14 @@ from typing import Callable
 
 from zoe_kernels.integrations.patching import PatchSpec
 from zoe_kernels.integrations.report import KernelReporter
-
-VLLM_VERSIONS = ("0.32.0", "0.33.0")
+from zoe_kernels.integrations.support import ranges
 CUDA_TARGET = "vllm.model_executor.layers.sparse_attn_indexer:fp8_fp4_mqa_logits"
 CUDA_TOPK_TARGET = "vllm._custom_ops:top_k_per_row_prefill"
 TOPK_PARAMS = ("logits", "cu_seqlen_ks", "cu_seqlen_ke", "raw_topk_indices", "num_rows", "stride0", "stride1",
                "topk_tokens")  # fmt: skip
 ROCM_TARGET = "vllm.v1.attention.ops.rocm_aiter_mla_sparse:rocm_fp8_mqa_logits"
+CUDA_PARAMS = ("q", "kv", "weights", "cu_seqlen_ks", "cu_seqlen_ke", "clean_logits")
+ROCM_PARAMS = ("q", "kv", "weights", "cu_seqlen_ks", "cu_seqlen_ke")
 
 
 def _zoe_logits(q, k, k_scale, weights, ks, ke):
@@ -96,16 +97,17 @@ def _rocm_wrap(reporter: KernelReporter) -> Callable[[Callable], Callable]:
 
 
 def lightning_indexer_specs(platform: str, reporter: KernelReporter) -> list[PatchSpec]:
-    """The patches for `platform`; none on the CPU (vLLM runs no DSA indexer there)."""
+    """The patches for `platform`, one set per verified release range; none on the CPU (vLLM runs no DSA
+    indexer there)."""
     import zoe_kernels.dsa.indexer  # noqa: F401  (a missing kernel module is a fallback, not a crash at call time)
 
-    if platform == "cuda":
-        params = ("q", "kv", "weights", "cu_seqlen_ks", "cu_seqlen_ke", "clean_logits")
-        return [
-            PatchSpec("lightning_indexer", CUDA_TARGET, params, VLLM_VERSIONS, _cuda_wrap(reporter)),
-            PatchSpec("lightning_indexer", CUDA_TOPK_TARGET, TOPK_PARAMS, VLLM_VERSIONS, _topk_wrap(reporter)),
-        ]
-    if platform == "rocm":
-        params = ("q", "kv", "weights", "cu_seqlen_ks", "cu_seqlen_ke")
-        return [PatchSpec("lightning_indexer", ROCM_TARGET, params, VLLM_VERSIONS, _rocm_wrap(reporter))]
-    return []
+    specs: list[PatchSpec] = []
+    for versions in ranges("lightning_indexer", "vllm", platform):
+        if platform == "cuda":
+            specs += [
+                PatchSpec("lightning_indexer", CUDA_TARGET, CUDA_PARAMS, versions, _cuda_wrap(reporter)),
+                PatchSpec("lightning_indexer", CUDA_TOPK_TARGET, TOPK_PARAMS, versions, _topk_wrap(reporter)),
+            ]
+        elif platform == "rocm":
+            specs.append(PatchSpec("lightning_indexer", ROCM_TARGET, ROCM_PARAMS, versions, _rocm_wrap(reporter)))
+    return specs

@@ -1,12 +1,12 @@
 """vLLM's fused-MoE experts, routed to zoe's fused MoE below the measured crossover (dispatch by M).
 
-vLLM 0.32 runs routed experts through a modular kernel whose experts object has
+vLLM 0.29 and 0.32 run routed experts through a modular kernel whose experts object has
 `apply(output, hidden_states, w1, w2, topk_weights, topk_ids, activation, ...)` and writes the top-k
 weighted sum into `output` [M, H]. Which experts class runs depends on the platform, so the patch does too:
 
 - CUDA and ROCm: `TritonExperts.apply` (vLLM's Triton MoE; unquantized BF16 and FP8 with 128x128 block
   scales). Weights are in `fused_experts` layout (`w13 [E, 2I, H]`, `w2 [E, H, I]`), zoe's layout.
-- CPU: `CPUUnquantizedExperts.apply`. vLLM prepacks the CPU weights into its grouped-GEMM layout after
+- CPU (vLLM 0.32): `CPUUnquantizedExperts.apply`. vLLM prepacks the CPU weights into its grouped-GEMM layout after
   loading, so `process_weights_after_loading` is wrapped too, to keep a copy of the weights in
   `fused_experts` layout for zoe's path (CPU only: a float32 copy, 3x the MoE weights' memory). On the CPU
   zoe's path is zoe's Triton kernel run by Triton's interpreter when the engine runs with
@@ -25,9 +25,10 @@ from typing import Callable
 
 from zoe_kernels.integrations.patching import PatchSpec
 from zoe_kernels.integrations.report import KernelReporter, log
+from zoe_kernels.integrations.support import engine_span, ranges
 
-VLLM_VERSIONS = ("0.32.0", "0.33.0")
-"""vLLM releases the experts patches were verified against (parameter lists read from 0.32.0)."""
+VLLM_VERSIONS = engine_span("vllm")
+"""The span of vLLM releases the plugin was verified on (per kernel and platform: `support.SUPPORT`)."""
 
 EXPERTS_APPLY_PARAMS = (
     "self", "output", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "activation",
@@ -196,26 +197,17 @@ def _watch_experts(patched_class: str, reporter: KernelReporter) -> Callable[[Ca
 
 
 def fused_moe_specs(platform: str, reporter: KernelReporter) -> list[PatchSpec]:
-    """The patches that route vLLM's MoE experts to zoe on `platform` ("cpu", "cuda" or "rocm")."""
+    """The patches that route vLLM's MoE experts to zoe on `platform` ("cpu", "cuda" or "rocm"), one set per
+    verified release range (`support.ranges`; the targets are the same in each)."""
     cls = CPU_EXPERTS if platform == "cpu" else GPU_EXPERTS
-    watch = PatchSpec("fused_moe", EXPERTS_BASE, EXPERTS_INIT_PARAMS, VLLM_VERSIONS, _watch_experts(cls, reporter),
-                      impl=cpu_impl() if platform == "cpu" else "triton")  # fmt: skip
-    if platform == "cpu":
-        return [
-            watch,
-            PatchSpec(
-                "fused_moe", f"{CPU_EXPERTS}.process_weights_after_loading", ("self", "layer"), VLLM_VERSIONS,
-                _keep_weights, impl=cpu_impl(),
-            ),
-            PatchSpec(
-                "fused_moe", f"{CPU_EXPERTS}.apply", EXPERTS_APPLY_PARAMS, VLLM_VERSIONS,
-                make_apply_wrapper(reporter, on_cpu=True), impl=cpu_impl(),
-            ),
-        ]  # fmt: skip
-    return [
-        watch,
-        PatchSpec(
-            "fused_moe", f"{GPU_EXPERTS}.apply", EXPERTS_APPLY_PARAMS, VLLM_VERSIONS,
-            make_apply_wrapper(reporter, on_cpu=False), impl="triton",
-        ),
-    ]
+    impl = cpu_impl() if platform == "cpu" else "triton"
+    watch = _watch_experts(cls, reporter)
+    apply = make_apply_wrapper(reporter, on_cpu=platform == "cpu")
+    specs = []
+    for versions in ranges("fused_moe", "vllm", platform):
+        specs.append(PatchSpec("fused_moe", EXPERTS_BASE, EXPERTS_INIT_PARAMS, versions, watch, impl=impl))
+        if platform == "cpu":
+            specs.append(PatchSpec("fused_moe", f"{cls}.process_weights_after_loading", ("self", "layer"), versions,
+                                   _keep_weights, impl=impl))  # fmt: skip
+        specs.append(PatchSpec("fused_moe", f"{cls}.apply", EXPERTS_APPLY_PARAMS, versions, apply, impl=impl))
+    return specs

@@ -11,6 +11,7 @@ API server's /metrics exports the replica's reports (`report.ReportCollector`).
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from typing import Callable
 
@@ -22,6 +23,7 @@ from zoe_kernels.integrations.report import (
     log,
     requested_kernels,
 )
+from zoe_kernels.integrations.support import KERNELS
 from zoe_kernels.integrations.vllm_indexer import lightning_indexer_specs
 from zoe_kernels.integrations.vllm_moe import fused_moe_specs
 
@@ -33,7 +35,8 @@ KERNEL_SPECS: dict[str, SpecBuilder] = {
 }
 """Kernels with a vLLM integration. The CSA kernels serve DeepSeek-V4, which zoe's recipes run on SGLang."""
 
-KNOWN_KERNELS = ("fused_moe", "lightning_indexer", "csa_topk", "csa_dual_scope")
+KNOWN_KERNELS = KERNELS
+AITER_MOE_ENV = "VLLM_ROCM_USE_AITER_MOE"
 
 
 def vllm_platform() -> str:
@@ -110,12 +113,45 @@ def aiter_moe_pinned(reporter: KernelReporter, target: str) -> bool:
 
 def route_rocm_moe_to_triton(reporter: KernelReporter) -> None:
     """On ROCm with `VLLM_ROCM_USE_AITER=1`, make vLLM build its Triton MoE experts (the class zoe patches)
-    instead of AITER's: sets `VLLM_ROCM_USE_AITER_MOE=0` in this process (AITER stays on for everything
-    else). zoe's kernel then runs below the crossover and vLLM's Triton MoE above it, not AITER's."""
-    if _env_on("VLLM_ROCM_USE_AITER", "0") and "VLLM_ROCM_USE_AITER_MOE" not in os.environ:
-        os.environ["VLLM_ROCM_USE_AITER_MOE"] = "0"
-        reporter.note("fused_moe: set VLLM_ROCM_USE_AITER_MOE=0 so vLLM builds the Triton MoE experts zoe "
-                      "patches (above the crossover vLLM's Triton MoE runs, not AITER's)")  # fmt: skip
+    instead of AITER's: `VLLM_ROCM_USE_AITER_MOE=0` in this process (AITER stays on for everything else). zoe's
+    kernel then runs below the crossover and vLLM's Triton MoE above it, not AITER's.
+
+    zoe's engine adapter already puts the switch in the engine's environment at launch; this covers an engine
+    started some other way. vLLM may have read the switch before the plugin runs, so the values it keeps are
+    refreshed too (`sync_aiter_moe_switch`)."""
+    if not _env_on("VLLM_ROCM_USE_AITER", "0") or AITER_MOE_ENV in os.environ:
+        return
+    os.environ[AITER_MOE_ENV] = "0"
+    refreshed = sync_aiter_moe_switch()
+    already = f"; refreshed what vLLM had read already: {', '.join(refreshed)}" if refreshed else ""
+    reporter.note(f"fused_moe: set {AITER_MOE_ENV}=0 so vLLM builds the Triton MoE experts zoe patches (above "
+                  f"the crossover vLLM's Triton MoE runs, not AITER's){already}")  # fmt: skip
+
+
+def sync_aiter_moe_switch() -> list[str]:
+    """Make vLLM modules that read `VLLM_ROCM_USE_AITER_MOE` before it was set see its current value; returns
+    what was refreshed.
+
+    vLLM reads it through `vllm.envs` (a module `__getattr__` that the engine core and workers wrap in
+    `functools.cache` once started: `enable_envs_cache`) and `vllm._aiter_ops.rocm_aiter_ops` copies it into the
+    class attribute `_FMOE_ENABLED` when that module is imported (0.29-0.33); `is_fused_moe_enabled()` reads the
+    copy. Modules not imported yet read the environment when they are."""
+    refreshed = []
+    envs = sys.modules.get("vllm.envs")
+    cached = getattr(envs, "__getattr__", None)
+    if hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+        refreshed.append("vllm.envs cache")
+    ops = getattr(sys.modules.get("vllm._aiter_ops"), "rocm_aiter_ops", None)
+    if ops is not None and hasattr(ops, "_FMOE_ENABLED"):
+        want = _env_on(AITER_MOE_ENV, "1")
+        if ops._FMOE_ENABLED != want:
+            if hasattr(ops, "refresh_env_variables"):  # vLLM's own re-read of every AITER switch
+                ops.refresh_env_variables()
+            if ops._FMOE_ENABLED != want:
+                ops._FMOE_ENABLED = want
+            refreshed.append("rocm_aiter_ops._FMOE_ENABLED")
+    return refreshed
 
 
 def export_metrics(folder: str) -> None:

@@ -15,19 +15,23 @@ REG = RecipeRegistry.default()
 GLM = REG.get("glm-5.3")
 
 
-def test_low_concurrency_chooses_fp8_with_fused_moe():
+def test_low_concurrency_chooses_fp8_among_variants_whose_kernels_can_run():
     p = plan(GLM, Demand(concurrency=1))
-    assert (p.variant, p.quantization, p.tp, p.kernels) == ("fp8-tp8-fused-moe", "fp8", 8, ["fused_moe"])
-    assert p.predicted_decode_tok_s_per_node == 64.6
+    assert (p.variant, p.quantization, p.tp) == ("fp8-tp8-nightly", "fp8", 8)
+    assert p.predicted_decode_tok_s_per_node == 62.4
     mx = next(c for c in p.alternatives if c.variant == "mxfp4-tp8")
     assert mx.decode_tok_s_per_node == 52.2
     assert "seed table A8" in p.reason
+    # the fused-MoE variant measured 64.6 (seed table A8) on a nightly image whose tag names no vLLM release
+    fused = next(c for c in p.alternatives if c.variant == "fp8-tp8-fused-moe")
+    assert not fused.eligible and fused.kernels_blocked and fused.decode_tok_s_per_node is None
+    assert "names no vllm release" in fused.why and "not ranked: fp8-tp8-fused-moe: kernel fused_moe" in p.reason
 
 
 def test_high_concurrency_chooses_mxfp4_and_says_by_how_much():
     p = plan(GLM, Demand(concurrency=32))
     assert p.variant == "mxfp4-tp8" and p.predicted_decode_tok_s_per_node == 1338.7
-    assert "fp8-tp8-fused-moe at 1322.4" in p.reason and "+1.2% faster" in p.reason
+    assert "fp8-tp8-zoe at 1267.9" in p.reason and "+5.6% faster" in p.reason
 
 
 @pytest.mark.parametrize("c", [1, 2, 4, 8, 16, 24, 32, 48, 64, 128])

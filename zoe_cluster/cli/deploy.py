@@ -240,6 +240,13 @@ def register(app: typer.Typer) -> None:
             console.print(f"plan: {p.reason}", highlight=False)
         if chosen not in recipe.variants:
             fail(f"model {model} has no variant '{chosen}'; known: {', '.join(sorted(recipe.variants))}")
+        if concurrency is None:  # a named or default variant, not the planner's: say when its kernels cannot run
+            from zoe_cluster.kernel_support import KernelSupport
+
+            v = recipe.variants[chosen]
+            if blocked := KernelSupport.load().blockers(list(v.kernels), v.engine, v.image):
+                console.print(f"[yellow]warning[/]: {chosen}: {blocked}; the engine serves on its own kernels, not "
+                              "the ones its profile measured", highlight=False)
         engine_env = _parse_env(env)
         if host_kv_gb < 0:
             fail(f"--host-kv-gb must be >= 0, got {host_kv_gb}")

@@ -28,13 +28,24 @@ def kernel_env(kernels: list[str]) -> dict[str, str]:
     return {"ZOE_KERNELS": ",".join(kernels)} if kernels else {}
 
 
+def aiter_moe_env(kernels: list[str], platform: str, env: dict[str, str]) -> dict[str, str]:
+    """`VLLM_ROCM_USE_AITER_MOE=0` when zoe's fused MoE runs on ROCm with AITER on: vLLM must build its Triton MoE
+    experts (the class zoe's plugin patches), not AITER's, whose pre-shuffled weights are not zoe's layout. It goes
+    into the engine's environment at launch because vLLM copies the switch when `vllm._aiter_ops` is first
+    imported, which can precede the plugin. An explicit value in `env` wins (the plugin then reports the pin)."""
+    aiter_on = env.get("VLLM_ROCM_USE_AITER", "0").lower() in ("1", "true")
+    if platform == "rocm" and "fused_moe" in kernels and aiter_on and "VLLM_ROCM_USE_AITER_MOE" not in env:
+        return {"VLLM_ROCM_USE_AITER_MOE": "0"}
+    return {}
+
+
 def kernel_args(kernels: list[str], platform: str, extra_engine_args: list[str]) -> list[str]:
     """Flags that make vLLM take the path zoe's plugin patches.
 
     On CUDA, vLLM 0.32's `--moe-backend auto` may build DeepGEMM, CUTLASS or FlashInfer MoE experts, which zoe
     does not patch; `--moe-backend triton` builds `TritonExperts` (unquantized and FP8 block-scaled), whose
     `apply` the plugin routes by M (zoe below the crossover, vLLM's Triton MoE above). An explicit
-    `--moe-backend` in the recipe's extra_engine_args wins. On ROCm the plugin itself keeps AITER's MoE off."""
+    `--moe-backend` in the recipe's extra_engine_args wins. On ROCm `aiter_moe_env` keeps AITER's MoE off."""
     pinned = any(a.startswith("--moe-backend") for a in extra_engine_args)
     if platform == "cuda" and "fused_moe" in kernels and not pinned:
         return ["--moe-backend", "triton"]
@@ -51,6 +62,7 @@ class VllmAdapter:
             raise ValueError(f"{recipe.name}/{variant} is a {v.engine} variant, not vllm")
         par = v.parallelism
         env = {**v.env, **kernel_env(v.kernels), **visible_devices_env(ctx.platform, ctx.gpu_ids), **ctx.extra_env}
+        env.update(aiter_moe_env(v.kernels, ctx.platform, env))
         if ctx.nnodes > 1 and ctx.node_rank > 0:
             # Multi-node vLLM runs one `vllm serve` on node 0 whose Ray executor places its workers in the
             # replica's placement group; the other nodes only hold GPUs for those workers.
