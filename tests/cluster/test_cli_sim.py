@@ -118,7 +118,7 @@ def test_deploy_that_keeps_crashing_gives_up_waiting_with_the_reason(ray_cluster
     try:
         assert r.returncode == 1, r.stdout + r.stderr
         err = " ".join(r.stderr.split())
-        assert "0/1 replicas ready" in err and "exited with code 2" in err and "zoe logs broken" in err
+        assert "0/2 replicas ready" in err and "exited with code 2" in err and "zoe logs broken" in err  # sim default: 2
         logs = zoe("logs", "broken", *addr).stdout
         assert "No such option: --no-such-flag" in logs
     finally:
@@ -161,7 +161,7 @@ def test_deploy_without_a_cluster_starts_a_local_ray():
         assert r.returncode == 0, r.stdout + r.stderr
         assert chat(f"http://127.0.0.1:{port}/v1").status_code == 200
         st = json.loads(zoe("status", "glm-5.3", "--json", env=env).stdout)
-        assert st["ray_address"].startswith("127.0.0.1:") and st["replicas_ready"] == 1
+        assert st["ray_address"].startswith("127.0.0.1:") and st["replicas_ready"] == 2  # sim default: 2 replicas
         assert zoe("undeploy", "glm-5.3", env=env).returncode == 0
     finally:
         _kill_cluster_in(tmpdir)
