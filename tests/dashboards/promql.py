@@ -14,8 +14,9 @@ from zoe_cluster.metrics import METRICS
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
 
-# What the engines export, as Prometheus stores it (colons kept: a scrape by Prometheus 2.42 stores
-# `vllm:num_requests_running` under that name; tests/dashboards/test_live_scrape.py checks it on a real one).
+# Engine names the dashboards may read and the simulated engine fakes, as Prometheus stores them (colons kept: a
+# scrape by Prometheus 2.42 stores `vllm:num_requests_running` under that name; test_live_scrape.py checks it on a
+# real one). test_engine_metric_names.py checks each against what the installed vLLM and SGLang construct.
 VLLM = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
         "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
         "vllm:generation_tokens_total", "vllm:num_preemptions_total", "vllm:request_success_total"]
