@@ -76,3 +76,27 @@ def test_runtime_failures_exit_1(tmp_path):
     assert res.returncode == 1 and f"ZOE_RECIPES_DIR={tmp_path}: no recipe files" in res.stderr
     res = zoe("k8s", "nodes", "--server", "http://127.0.0.1:9")
     assert res.returncode == 1 and "reading nodes from the Kubernetes API failed" in res.stderr
+
+
+def test_with_json_stdout_holds_the_document_alone():
+    """Notes printed on the shared console while a --json command runs go to stderr (as `zoe deploy --json`
+    does): a command added to the app in a child interpreter, run through the console script's main()."""
+    code = """
+import sys
+import typer
+from zoe_cluster.cli.common import console, print_json
+from zoe_cluster.cli.main import app, main
+
+@app.command("demo")
+def demo(json_out: bool = typer.Option(False, "--json")):
+    console.print("deploying glm-5.3: 2 x fp8-tp8 on sim")
+    print_json({"replicas_ready": 2}) if json_out else console.print("2/2 ready")
+
+sys.argv = ["zoe", *sys.argv[1:]]
+main()
+"""
+    res = subprocess.run([sys.executable, "-c", code, "demo", "--json"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and json.loads(res.stdout) == {"replicas_ready": 2}
+    assert "deploying glm-5.3" in res.stderr
+    res = subprocess.run([sys.executable, "-c", code, "demo"], capture_output=True, text=True, timeout=60)
+    assert res.stdout == "deploying glm-5.3: 2 x fp8-tp8 on sim\n2/2 ready\n"

@@ -9,6 +9,8 @@ from typing import Any, NoReturn
 from rich.console import Console
 
 console = Console()
+"""Tables, notes and progress for people; `main()` points it at stderr for a command line with `--json`, so
+stdout then holds the JSON document alone."""
 err_console = Console(stderr=True)
 
 

@@ -6,13 +6,14 @@ Every command takes `-h`/`--help`; `zoe --version` prints the installed distribu
 
 from __future__ import annotations
 
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Optional
 
 import typer
 
 from zoe_cluster.cli import bench, deploy, k8s, plan, recipes, router, sim
-from zoe_cluster.cli.common import EXIT_RUNTIME, fail
+from zoe_cluster.cli.common import EXIT_RUNTIME, console, fail
 from zoe_cluster.recipes.loader import RecipesNotFound
 
 DISTRIBUTION = "zoe-cluster"
@@ -55,7 +56,10 @@ for area in (recipes, plan, sim, deploy, router, bench, k8s):
 
 
 def main() -> None:
-    """The `zoe` console script: the app, with a missing recipe folder reported as a runtime failure."""
+    """The `zoe` console script: the app, with a missing recipe folder reported as a runtime failure. With
+    `--json`, everything but the JSON document (notes, progress, tables) goes to stderr."""
+    if "--json" in sys.argv[1:]:
+        console.file = sys.stderr
     try:
         app()
     except RecipesNotFound as e:
