@@ -13,8 +13,7 @@ Every timed configuration is first checked against the float32 reference of its 
 the norm, NaN-poisoned scratch for zoe). Each time is a CUDA graph of R back-to-back calls over R routings
 (R = 4 for M <= 64, 2 for M <= 512, 1 above), and the zoe and baseline rows also an isolated call after a
 write of 4x the L2 (clean L2): the median replay of [flush, call] minus that of [flush] alone.
---fp8-numerics adds fp8's error and time per tile height (16..128 rows) with Hopper's default fp8 accumulation
-and with a partial sum every 32 products (`FP8_ACC_K`); --tolerance the errors the GPU tests see, per format, path
+--fp8-numerics adds fp8's error and time per tile height (16..128 rows); --tolerance the errors the GPU tests see, per format, path
 and tile height; --dequant-tiles times the dequantization alone.
 Writes DIR/moe_large_m.json and prints one line per (shape, M).
 """
@@ -137,8 +136,7 @@ class _NoDequant:
     """fused_moe with the dequant path off: the fused kernels as `config` picks them."""
 
     def __enter__(self):
-        import zoe_kernels.moe.fused_moe as fm
-
+        fm = sys.modules["zoe_kernels.moe.fused_moe"]  # the package's `fused_moe` is the function
         self.fm, self.saved = fm, fm._dequant_measured_faster
         fm._dequant_measured_faster = lambda *a: False
 
@@ -245,11 +243,11 @@ def bench_shape(name: str, ms: list[int], deadline: float, ceil: dict, rows: lis
 
 
 def fp8_numerics(rows: list, ceil: dict) -> None:
-    """fp8's relative error and time per tile height on DeepSeek-V3.2 at M=2048 (every tile height forced), with
-    Triton's default fp8 accumulation on Hopper and with a float32 partial sum every 32 products (FP8_ACC_K)."""
+    """fp8's relative error and time per tile height on DeepSeek-V3.2 at M=2048 (every tile height forced): on
+    Hopper, tiles of 64+ rows run wgmma, whose fp8 products accumulate at reduced precision within a K step."""
     import torch
 
-    import zoe_kernels.moe.fused_moe as fm
+    from zoe_kernels.moe import fused_moe
     from zoe_kernels.moe.reference import fused_moe_reference
 
     shape, m = SHAPES["dsv32"], 2048
@@ -257,61 +255,77 @@ def fp8_numerics(rows: list, ceil: dict) -> None:
     tw, ti = make_routing(shape, m, seed=5, device="cuda")
     x = torch.randn((m, shape["H"]), dtype=torch.bfloat16, device="cuda")
     ref = fused_moe_reference(x, w13, w2, tw, ti, fmt="fp8", w13_scale=s13, w2_scale=s2)
-    original = fm.stage_config
     for bm in (16, 32, 64, 128):
-        for acc_k in (None, 32):
-            fm.stage_config = lambda *a, acc_k=acc_k, **kw: original(*a, **kw) | {"FP8_ACC_K": acc_k}
-            try:
-                out = fm.fused_moe(x, w13, w2, tw, ti, fmt="fp8", w13_scale=s13, w2_scale=s2, block_m=bm)
-                err = ((out.float() - ref).norm() / ref.norm()).item()
-                us = time_graph([lambda: fm.fused_moe(x, w13, w2, tw, ti, fmt="fp8", w13_scale=s13, w2_scale=s2,
-                                                      block_m=bm)])
-                rows.append({"block_m": bm, "fp8_acc_k": acc_k, "rel_err": err, "median_us": round(us, 2)})
-                print(f"[fp8-numerics] BLOCK_M={bm:3d} FP8_ACC_K={acc_k}: rel err {err:.3e}, {us:9.1f} us", flush=True)
-            except Exception as exc:  # noqa: BLE001
-                rows.append({"block_m": bm, "fp8_acc_k": acc_k, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
-                print(f"[fp8-numerics] BLOCK_M={bm} FP8_ACC_K={acc_k}: {type(exc).__name__}: {exc}", flush=True)
-            finally:
-                fm.stage_config = original
+        def call(bm=bm):
+            return fused_moe(x, w13, w2, tw, ti, fmt="fp8", w13_scale=s13, w2_scale=s2, block_m=bm)
+        err = ((call().float() - ref).norm() / ref.norm()).item()
+        us = time_graph([call])
+        rows.append({"block_m": bm, "rel_err": err, "median_us": round(us, 2)})
+        print(f"[fp8-numerics] BLOCK_M={bm:3d}: rel err {err:.3e}, {us:9.1f} us", flush=True)
     del w13, w2
 
 
-def tolerance_errors(rows: list) -> None:
-    """The relative errors the GPU tests see (`tests/kernels/test_moe.py`: Gaussian weights quantized by
-    `quantize_weights`, bf16 activations, H=1024, I=384, E=32, top-8, M=333), per format, path and tile height,
-    over 4 seeds: what the tests' tolerances are set from."""
-    import math
+# Tiles of the 4-bit tl.dot stages at large M: name -> {stage: (BLOCK_N, BLOCK_K, num_warps, num_stages)} for tiles
+# of 64+ rows, plus "join32" (JOIN_K from 32 rows) and "bm16" (16-row tiles, mxfp4 swapped) for the 32-row regime.
+TILE_SWEEP = {
+    "committed": {},
+    "bk64": {1: (64, 64, 8, 3), 2: (128, 64, 8, 3)},
+    "bk64-s4": {1: (64, 64, 8, 4), 2: (128, 64, 8, 4)},
+    "bk64-w4": {1: (64, 64, 4, 3), 2: (128, 64, 4, 3)},
+    "bn128-bk64": {1: (128, 64, 8, 3), 2: (128, 64, 8, 3)},
+    "bk64-s2w4": {1: (64, 64, 8, 3), 2: (128, 64, 4, 3)},
+}
 
+
+def tile_sweep(rows: list, ms: list[int]) -> None:
+    """The 4-bit formats' fused path on DeepSeek-V3.2 at large M per tile variant (TILE_SWEEP), each checked."""
     import torch
 
-    from zoe_kernels.moe import fused_moe, quantize_weights
+    from zoe_kernels.moe import config
     from zoe_kernels.moe.reference import fused_moe_reference
 
-    m, h, i, e, k = 333, 1024, 384, 32, 8
-    for fmt in FORMATS:
-        for seed in range(4):
-            g = torch.Generator(device="cuda").manual_seed(seed)
-            x = torch.randn((m, h), generator=g, device="cuda").to(torch.bfloat16)
-            w13, s13 = quantize_weights(torch.randn((e, 2 * i, h), generator=g, device="cuda") / math.sqrt(h), fmt)
-            w2, s2 = quantize_weights(torch.randn((e, h, i), generator=g, device="cuda") / math.sqrt(i), fmt)
-            tw, ti = torch.topk(torch.rand((m, e), generator=g, device="cuda").softmax(-1), k)
-            tw, ti = tw.float(), ti.int()
-            kw = {"fmt": fmt, "w13_scale": s13, "w2_scale": s2}
-            ref = fused_moe_reference(x, w13, w2, tw, ti, **kw)
-            variants = [(f"dot BLOCK_M={bm}", {"block_m": bm}) for bm in (16, 32, 64, 128)]
-            variants += [("gemv", {"path": "gemv"})] + ([("dequant", {"path": "dequant"})] if fmt in FOUR_BIT else [])
-            for label, opt in variants:
-                r = ref if opt.get("path") != "gemv" or fmt != "fp8" else fused_moe_reference(
-                    x, w13, w2, tw, ti, fp8_act_quant=False, **kw)
-                out = fused_moe(x, w13, w2, tw, ti, alloc=nan_alloc, **opt, **kw)
-                err = ((out.float() - r).norm() / r.norm()).item()
-                rows.append({"fmt": fmt, "variant": label, "seed": seed, "rel_err": err,
-                             "finite": bool(torch.isfinite(out).all())})
-    worst = {}
-    for r in rows:
-        worst[(r["fmt"], r["variant"])] = max(worst.get((r["fmt"], r["variant"]), 0.0), r["rel_err"])
-    for (fmt, variant), err in worst.items():
-        print(f"[tolerance] {fmt:6s} {variant:16s} worst rel err over 4 seeds {err:.3e}", flush=True)
+    fm = sys.modules["zoe_kernels.moe.fused_moe"]
+    shape = SHAPES["dsv32"]
+    original = fm.stage_config
+    for fmt in FOUR_BIT:
+        w13, s13, w2, s2 = make_weights(shape, fmt, "cuda")
+        for m in ms:
+            tw, ti = make_routing(shape, m, seed=9 + m, device="cuda")
+            x = torch.randn((m, shape["H"]), dtype=torch.bfloat16, device="cuda")
+            ref = fused_moe_reference(x, w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2)
+            bm = config.block_m_for(m, shape["k"], shape["E"])
+            variants = dict(TILE_SWEEP) if bm >= 64 else {"committed": {}, "join32": "join32", "bm16": "bm16"}
+            for name, tiles in variants.items():
+                block_m = 16 if tiles == "bm16" else None
+
+                def patched(*a, gated, tiles=tiles, **kw):
+                    cfg = original(*a, gated=gated, **kw)
+                    if tiles == "join32":
+                        return cfg | {"JOIN_K": True}
+                    if isinstance(tiles, dict) and tiles and cfg["BLOCK_M"] >= 64:
+                        bn, bk, warps, stages = tiles[1 if gated else 2]
+                        return cfg | {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+                    return cfg
+
+                fm.stage_config = patched
+                try:
+                    def call():
+                        return fm.fused_moe(x, w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2, path="dot",
+                                            block_m=block_m)
+                    out = call()
+                    err = ((out.float() - ref).norm() / ref.norm()).item()
+                    us = time_graph([call])
+                    rows.append({"fmt": fmt, "M": m, "variant": name, "tiles": tiles, "rel_err": err,
+                                 "median_us": round(us, 2)})
+                    print(f"[tile-sweep] {fmt} M={m:5d} {name:12s}: {us:9.1f} us, rel err {err:.2e}", flush=True)
+                except Exception as exc:  # noqa: BLE001
+                    rows.append({"fmt": fmt, "M": m, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+                    print(f"[tile-sweep] {fmt} M={m} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                finally:
+                    fm.stage_config = original
+            del ref
+        del w13, s13, w2, s2
+        torch.cuda.empty_cache()
 
 
 def dequant_tiles(rows: list, ceil: dict) -> None:
@@ -328,7 +342,7 @@ def dequant_tiles(rows: list, ceil: dict) -> None:
         e, n = w13.shape[:2]
         out = torch.empty((e, n, shape["H"]), dtype=torch.bfloat16, device="cuda")
         nbytes = w13.numel() + s13.numel() * s13.element_size() + out.numel() * 2
-        for tile in ((32, 128, 4), (16, 128, 4), (32, 256, 8), (64, 128, 8)):
+        for tile in ((16, 128, 4), (8, 128, 4), (16, 64, 2), (8, 256, 4), (16, 256, 8)):
             dq.DEQUANT_TILE = tile
             us = time_graph([lambda: dequantize_4bit(w13, s13, fmt, shape["H"], out, (0, e))])
             rows.append({"fmt": fmt, "tile": list(tile), "median_us": round(us, 2), "bytes": nbytes,
@@ -380,6 +394,7 @@ def main() -> None:
     ap.add_argument("--no-isolated", action="store_true", help="back-to-back timings only")
     ap.add_argument("--fp8-numerics", action="store_true")
     ap.add_argument("--dequant-tiles", action="store_true")
+    ap.add_argument("--tile-sweep", default="", help="Ms at which to time the 4-bit tiles of TILE_SWEEP")
     ap.add_argument("--tolerance", action="store_true", help="the GPU tests' errors per format, path, tile height")
     ap.add_argument("--crossover", type=Path, help="merge a results file's paths into kernels/moe/crossover.json")
     args = ap.parse_args()
@@ -406,13 +421,17 @@ def main() -> None:
     if args.tolerance:
         meta["tolerance_errors"] = []
         tolerance_errors(meta["tolerance_errors"])
+    if args.tile_sweep:
+        meta["tile_sweep"] = []
+        tile_sweep(meta["tile_sweep"], [int(m) for m in args.tile_sweep.split(",")])
+        result.write_text(json.dumps(meta | {"rows": rows}, indent=1))
     if args.dequant_tiles:
         meta["dequant_tiles"] = []
         dequant_tiles(meta["dequant_tiles"], meta["ceilings"])
     def save():
         result.write_text(json.dumps(meta | {"rows": rows}, indent=1))
 
-    for name in args.shapes.split(","):
+    for name in [n for n in args.shapes.split(",") if n]:
         bench_shape(name, [int(m) for m in args.ms.split(",")], t0 + args.budget_s, meta["ceilings"], rows,
                     not args.no_isolated, save)
     meta["path_by_m"] = path_table(rows)

@@ -8,7 +8,7 @@ needs one scale per row or column.
 
 from __future__ import annotations
 
-from zoe_kernels.platform import has_native_mx, has_ptx, interpreting, sm_count
+from zoe_kernels.platform import current_target, has_native_mx, has_ptx, interpreting, sm_count
 
 # Programs per multiprocessor/CU a memory-bound grid aims at (`target_programs`): two keep every SM of an H200
 # streaming weights (264 on its 132 SMs). Retune by sweeping BLOCK_N at M=1 (bench/kernels/moe_bench.py).
@@ -59,9 +59,9 @@ JOIN_K_MIN_BLOCK_M = 64
 # Retune: lower it where memory is short; each extra chunk costs two dequant launches and two stage launches whose
 # other experts' tiles exit at once (`bench/kernels/moe_large_m.py` times the path).
 DEQUANT_WORKSPACE_BYTES = 16 << 30
-# (rows, packed bytes per row, num_warps) of one dequantization program: 16-byte loads and 64-byte stores per
-# thread, a grid of thousands of programs on every model shape. Retune: `moe_large_m.py --dequant-tiles`.
-DEQUANT_TILE = (32, 128, 4)
+# (rows, packed bytes per row, num_warps) of one dequantization program. Why: the fastest of the tiles timed on the
+# H200 (DeepSeek-V3.2's gate+up weights, bound by the bf16 writes). Retune: `moe_large_m.py --dequant-tiles`.
+DEQUANT_TILE = (16, 128, 4)
 # Formats whose 16-row tiles (BLOCK_N >= 64) swap the MMA's operands (`grouped_gemm._dot_w_mx_swapped`): mxfp4, whose
 # decode then takes the row's e8m0 scales as one word per K step (4.0-4.2 sm_90a instructions per weight in the K
 # loop against 10.9-11.7). H200 run16 (bench/kernels/results/raw/run16_*, swapped against not, each checked first):
@@ -69,6 +69,25 @@ DEQUANT_TILE = (32, 128, 4)
 # slice, Kimi-K2 and ZAYA1 27-35 % faster at M=64 and 256. w4a16 swapped was 6-10 % slower at every point timed
 # (M 8..512; and its M=1 mode 107.9 against 88.9 us), so it stays unswapped.
 SWAP_AB_TILES16 = {"mxfp4"}
+
+
+# Bytes per element of a stage's A (activations: fp8 under w8a8, else 16-bit) and weight tiles as loaded, per format.
+_TILE_BYTES = {"bf16": (2, 2), "fp8": (1, 1), "w4a16": (2, 0.5), "mxfp4": (2, 0.5)}
+
+
+def fit_stages(stages: int, bm: int, bn: int, bk: int, fmt: str, gated: bool) -> int:
+    """The pipeline depth the target takes (`platform.current_target`): its A and weight tiles
+    (`Target.pipeline_tiles` of them) within the target's shared memory/LDS (gfx942's 64 KiB cuts the prefill tiles'
+    three stages to two), and at most 3 for a gated stage (two dots per K step) where Triton pipelines with
+    asynchronous copies (gfx950): Triton 3.9's block-pingpong scheduler asserts on that loop at 4 stages."""
+    target = current_target()
+    if gated and target.pipeline_tiles(4) == 4:
+        stages = min(stages, 3)
+    a_bytes, w_bytes = _TILE_BYTES[fmt]
+    tile = bm * bk * a_bytes + bk * bn * w_bytes * (2 if gated else 1)
+    while stages > 1 and target.pipeline_tiles(stages) * tile > target.lds_bytes:
+        stages -= 1
+    return stages
 
 
 def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str, *, gated: bool,
@@ -96,7 +115,8 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
             bn //= 2
         warps = 4
         stages = 4 if fmt in ("fp8", "w4a16", "mxfp4") else 3
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages,
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps,
+            "num_stages": fit_stages(stages, bm, bn, bk, fmt, gated),
             "JOIN_K": join_k, "SWAP_AB": bm == 16 and bn >= 64 and fmt in SWAP_AB_TILES16}
 
 
@@ -143,10 +163,10 @@ def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] |
     split = max(1, min(t2[3], -(-k2 // 128) // MIN_K_STEPS_PER_SPLIT)) if top_k > 1 else 1
     if interpreting():  # small tiles, one stage; the modes (split, quantization) as configured
         t1, t2 = (32, 4, 1, t1[3]), (32, 4, 1, t2[3], t2[4])
-    cfg1 = {"BLOCK_M": 16, "BLOCK_N": t1[0], "BLOCK_K": 128, "num_warps": t1[1], "num_stages": t1[2],
-            "A_QUANT": t1[3]}
-    cfg2 = {"BLOCK_M": 16, "BLOCK_N": t2[0], "BLOCK_K": 128, "num_warps": t2[1], "num_stages": t2[2],
-            "SPLIT_K": split, "A_QUANT": t2[4]}
+    cfg1 = {"BLOCK_M": 16, "BLOCK_N": t1[0], "BLOCK_K": 128, "num_warps": t1[1],
+            "num_stages": fit_stages(t1[2], 16, t1[0], 128, fmt, True), "A_QUANT": t1[3]}
+    cfg2 = {"BLOCK_M": 16, "BLOCK_N": t2[0], "BLOCK_K": 128, "num_warps": t2[1],
+            "num_stages": fit_stages(t2[2], 16, t2[0], 128, fmt, False), "SPLIT_K": split, "A_QUANT": t2[4]}
     return cfg1, cfg2
 
 

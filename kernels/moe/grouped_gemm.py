@@ -66,7 +66,7 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
            stride_wn, stride_wk, stride_wsn, stride_wsk,
            FMT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr, PTX: tl.constexpr,
-           JOIN_K: tl.constexpr, FP8_ACC_K: tl.constexpr):
+           JOIN_K: tl.constexpr):
     """acc += A @ W[wrows, k0:k0+BLOCK_K].T for the weight format FMT; a2 is the activation scale (FMT 1)
     or, for the 4-bit formats (FMT 2, 3) without JOIN_K, the odd-K half of A (`a` is then the even-K half). With
     JOIN_K the decoded even-k and odd-k weight halves are interleaved into one [BLOCK_K, BLOCK_N] tile and `a` is
@@ -86,7 +86,7 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
         w_s = tl.load(ws_base + (wrows // FP8_GROUP) * stride_wsn + (k0 // FP8_GROUP) * stride_wsk,
                       mask=wrow_mask, other=0.0)
         if FMT == 1:  # w8a8: fp8 x fp8 products, both scales on the result
-            acc += tl.dot(a, w, max_num_imprecise_acc=FP8_ACC_K) * a2[:, None] * w_s[None, :]
+            acc += tl.dot(a, w) * a2[:, None] * w_s[None, :]
         else:  # w8a16: the weight tile is upcast in registers, its block scale goes on the result
             acc += tl.dot(a, w.to(a.dtype)) * w_s[None, :]
     elif FMT == 2:
@@ -185,7 +185,7 @@ def _expert_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr,
     EDGE_TILES: tl.constexpr, A_QUANT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr,
-    SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr, PTX: tl.constexpr, JOIN_K: tl.constexpr, FP8_ACC_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr, PTX: tl.constexpr, JOIN_K: tl.constexpr,
     SWAP_AB: tl.constexpr, MX_BF16_SHIFT: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -293,12 +293,11 @@ def _expert_gemm_kernel(
                                                stride_wn, stride_wk, stride_wsn, BLOCK_K, MX_GROUP, MX_BF16_SHIFT, PTX)
             else:
                 acc = _dot_w(acc, a, a2, w_base, ws_base, ws_g, offs_n, n_mask, k0, K, KP, stride_wn, stride_wk,
-                             stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP, PTX, JOIN_K,
-                             FP8_ACC_K)
+                             stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP, PTX, JOIN_K)
                 if GATED:
                     acc_up = _dot_w(acc_up, a, a2, w_base, ws_base, ws_u, N + offs_n, n_mask, k0, K, KP, stride_wn,
                                     stride_wk, stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP,
-                                    MX_GROUP, PTX, JOIN_K, FP8_ACC_K)
+                                    MX_GROUP, PTX, JOIN_K)
 
     if SWAP_AB:
         acc = tl.trans(acc)
@@ -380,7 +379,7 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP,
         EDGE_TILES=edge_tiles, A_QUANT=a_quant, FP8_MAX=fp8_max(w.dtype) if kfmt == 1 else 1.0,
         ROUND_E4M3=a_quant and interpreting() and w.dtype == torch.float8_e4m3fn, SPLIT_K=split_k,
-        ZBLOCK=zblock, PTX=has_ptx(), JOIN_K=cfg.get("JOIN_K", False), FP8_ACC_K=cfg.get("FP8_ACC_K"), SWAP_AB=swap,
+        ZBLOCK=zblock, PTX=has_ptx(), JOIN_K=cfg.get("JOIN_K", False), SWAP_AB=swap,
         MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
