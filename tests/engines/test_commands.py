@@ -45,6 +45,16 @@ def _strip(engine: str, argv: list[str]) -> list[str]:
     return argv[LAUNCHER[engine]:]
 
 
+def _assert_parsed_as_the_recipes_say(cases, results) -> None:
+    """Every variant's argv parsed, and its parsers and remote-code flag reached the engine as the recipe sets them."""
+    for (r, name), got in zip(cases, results):
+        assert got["ok"], f"{r.name}/{name}: {got['error']}"
+        v = r.variants[name]
+        parsed = {k: got["values"][k] for k in ("tool_call_parser", "reasoning_parser", "trust_remote_code")}
+        assert parsed == {"tool_call_parser": v.tool_call_parser, "reasoning_parser": v.reasoning_parser,
+                          "trust_remote_code": v.trust_remote_code}, f"{r.name}/{name}"
+
+
 def _replace(argv: list[str], flag: str, value: str) -> list[str]:
     """argv with `flag`'s value changed (the flag must be there)."""
     i = argv.index(flag)
@@ -69,15 +79,10 @@ def test_every_vllm_variant_passes_vllms_parser(vllm_python):
     argvs.append(_replace(argvs[0], "--tool-call-parser", "glm5000"))
     argvs.append(_replace(argvs[0], "--reasoning-parser", "glm5000"))
     res = _parse(vllm_python, "vllm", argvs)
+    _assert_parsed_as_the_recipes_say(cases, res)
     for (r, name), got in zip(cases, res):
-        assert got["ok"], f"{r.name}/{name}: {got['error']}"
-        v = r.variants[name]
         assert got["values"]["kv_offloading_size"] is None  # HBM only unless asked
-        # the recipe's parsers reach vLLM as set, tool calling on with them, remote code only where asked
-        assert got["values"]["tool_call_parser"] == v.tool_call_parser
-        assert got["values"]["enable_auto_tool_choice"] is bool(v.tool_call_parser)
-        assert got["values"]["reasoning_parser"] == v.reasoning_parser
-        assert got["values"]["trust_remote_code"] is v.trust_remote_code
+        assert got["values"]["enable_auto_tool_choice"] is bool(r.variants[name].tool_call_parser)
     assert [g["ok"] for g in res[len(cases):len(cases) + 3]] == [False, False, False], res[len(cases):]
     assert "max-num-seqz" in res[len(cases)]["error"]
     host = res[len(cases) + 3]
@@ -108,13 +113,9 @@ def test_every_sglang_variant_passes_sglangs_parser(sglang_python):
     argvs.append(_replace(argvs[0], "--tool-call-parser", "kimi_k5000"))
     argvs.append(_replace(argvs[0], "--reasoning-parser", "kimi_k5000"))
     res = _parse(sglang_python, "sglang", argvs)
+    _assert_parsed_as_the_recipes_say(cases, res)
     for (r, name), got in zip(cases, res):
-        assert got["ok"], f"{r.name}/{name}: {got['error']}"
-        v = r.variants[name]
         assert got["values"]["enable_hierarchical_cache"] is False
-        assert got["values"]["tool_call_parser"] == v.tool_call_parser
-        assert got["values"]["reasoning_parser"] == v.reasoning_parser
-        assert got["values"]["trust_remote_code"] is v.trust_remote_code
     assert res[len(cases)]["ok"], res[len(cases)]
     assert [g["ok"] for g in res[len(cases) + 1:len(cases) + 3]] == [False, False]
     host = res[len(cases) + 3]
