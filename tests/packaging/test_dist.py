@@ -3,7 +3,6 @@ a user installs them (scripts/check_dist.sh)."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import shutil
@@ -22,33 +21,44 @@ import check_wheels  # noqa: E402
 
 CLUSTER = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 KERNELS = tomllib.loads((REPO / "kernels" / "pyproject.toml").read_text())["project"]
-PLUGIN_MODULES = ["vllm_moe", "vllm_indexer", "sglang_hook", "sglang_dual_scope"]
-
-
-def verified_range(engine: str) -> tuple[str, str]:
-    """The union of the `<ENGINE>_VERSIONS` ranges ([lowest, first unsupported)) of the plugin's patches."""
+def verified_releases(engine: str) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The [lowest, first unsupported) release ranges some kernel of the plugin is verified on for `engine`,
+    over every platform, merged and sorted (zoe_kernels.integrations.support holds them)."""
     from zoe_kernels.integrations.patching import release
+    from zoe_kernels.integrations.support import table
 
-    ranges = []
-    for name in PLUGIN_MODULES:
-        module = importlib.import_module(f"zoe_kernels.integrations.{name}")
-        if hasattr(module, f"{engine.upper()}_VERSIONS"):
-            ranges.append(getattr(module, f"{engine.upper()}_VERSIONS"))
-    assert ranges, f"no {engine.upper()}_VERSIONS in zoe_kernels.integrations"
-    return min((r[0] for r in ranges), key=release), max((r[1] for r in ranges), key=release)
+    spans = sorted((release(lo), release(hi)) for k in table()["kernels"].values()
+                   for per_platform in k.get(engine, {}).values() for lo, hi in per_platform)
+    merged: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
 
 
-def short(version: str) -> str:
-    """"0.32.0" -> "0.32" (how the extras write a range's ends), "0.5.23" stays."""
-    return re.sub(r"\.0$", "", version) if version.count(".") == 2 else version
+def requirement(engine: str) -> str:
+    """The extra's requirement for exactly those releases: ">=lowest,<highest" and a `!=X.*` for each release
+    series in a gap between ranges (a release there would load the plugin only to fall back)."""
+
+    def text(v: tuple[int, ...]) -> str:
+        return ".".join(map(str, v[:-1] if len(v) == 3 and v[-1] == 0 else v))
+
+    ranges = verified_releases(engine)
+    spec = f"{engine}>={text(ranges[0][0])},<{text(ranges[-1][1])}"
+    for (_, gap_lo), (gap_hi, _) in zip(ranges, ranges[1:]):
+        i = next(i for i, (a, b) in enumerate(zip(gap_lo, gap_hi)) if a != b)  # the component that steps
+        spec += "".join(f",!={text(gap_lo[:i] + (n,))}.*" for n in range(gap_lo[i], gap_hi[i]))
+    return spec
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_kernels_extras_state_the_plugins_verified_engine_releases(engine):
-    lo, hi = verified_range(engine)
-    assert KERNELS["optional-dependencies"][engine] == [f"{engine}>={short(lo)},<{short(hi)}"]
+    assert verified_releases(engine), f"zoe_kernels.integrations.support verifies no {engine} release"
+    assert KERNELS["optional-dependencies"][engine] == [requirement(engine)]
     table = (REPO / "kernels" / "README.md").read_text()
-    assert f"| {KERNELS['version']} | `{engine}` | `{engine}>={short(lo)},<{short(hi)}` |" in table
+    assert f"| {KERNELS['version']} | `{engine}` | `{requirement(engine)}` |" in table
 
 
 def test_cluster_extras_pull_the_kernels_of_the_same_version():
