@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Writes constraints.txt: the exact release of every package in the zoe venv (.venv) that CI tested, so a
 # fresh machine resolves the same set (scripts/setup_test_envs.sh and scripts/check_dist.sh install with
-# `-c constraints.txt`). Run it after changing a dependency in pyproject.toml and commit the result.
+# `-c constraints.txt`). Run it after changing a dependency in pyproject.toml and commit the result, on a
+# .venv that holds only what setup_test_envs.sh installs (anything installed by hand would be pinned too).
 #   bash scripts/freeze_constraints.sh [VENV]      # default: .venv
 # zoe's own distributions (editable) are left out; local version labels (torch's "+cpu") are dropped, since
 # "==2.13.0" accepts any build of that release.
