@@ -61,3 +61,30 @@ def test_deploy_with_no_flags_serves_simulated_replicas_within_a_minute(gpuless_
 def test_an_unknown_sim_load_time_is_refused_before_touching_ray():
     r = _zoe("deploy", "glm-5.3", "--sim-load-time", "slow", timeout=60)
     assert r.returncode != 0 and "--sim-load-time must be one of fast, real" in " ".join(r.stderr.split())
+
+
+@pytest.mark.parametrize("resources, local, machine_gpus, has", [
+    ({"GPU": 16.0, "CPU": 4.0}, True, 0, False),  # zoe's local Ray on a laptop: fake GPUs only
+    ({"GPU": 16.0, "accelerator_type:AMD-Instinct-MI355X-OAM": 2.0}, False, 0, True),  # MI355X nodes joined
+    ({"CPU": 8.0}, False, 0, False),  # a head without GPU workers
+    ({"GPU": 8.0}, True, 8, True),  # a local Ray on a GPU machine whose type Ray did not name
+])
+def test_gpus_are_real_when_ray_names_their_type_or_the_machine_has_devices(monkeypatch, resources, local,
+                                                                            machine_gpus, has):
+    ray = pytest.importorskip("ray")
+
+    from zoe_cluster.cli import deploy
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: resources)
+    monkeypatch.setattr("zoe_cluster.cluster.bootstrap.detect_gpus", lambda: machine_gpus)
+    assert deploy._cluster_has_gpus(local) is has
+
+
+@pytest.mark.parametrize("gpus, per_replica, replicas", [(16.0, 8, 2), (8.0, 8, 1), (64.0, 8, 2), (0.0, 8, 1)])
+def test_simulated_replicas_default_to_two_where_they_fit(monkeypatch, gpus, per_replica, replicas):
+    ray = pytest.importorskip("ray")
+
+    from zoe_cluster.cli import deploy
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": gpus})
+    assert deploy._sim_replicas(per_replica) == replicas
