@@ -46,3 +46,11 @@ def test_a_recipe_image_without_a_dockerfile_names_the_recipe():
     problems = check_images.check_recipes(images)
     assert problems and all(p.startswith(("recipes/deepseek-v4-pro.yaml:", "recipes/kimi-k3.yaml:")) for p in problems)
     assert "lmsysorg/sglang-rocm:v0.5.19-rocm720-mi35x-20260910 (sglang) has no image built FROM it" in problems[0]
+
+
+def test_the_charts_default_images_are_the_ones_docker_builds():
+    values = yaml.safe_load((REPO / "helm" / "zoe" / "values.yaml").read_text())
+    assert values["image"]["repository"].rsplit("/", 1)[-1] == "zoe" and "engine" not in IMAGES["zoe"]
+    for engine, repository in values["rayCluster"]["worker"]["image"]["repositories"].items():
+        name = repository.rsplit("/", 1)[-1]
+        assert IMAGES.get(name, {}).get("engine") == engine, f"helm/zoe/values.yaml: {repository} is not a {engine} image of docker/images.yaml"
