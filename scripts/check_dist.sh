@@ -26,7 +26,8 @@ die() { echo "check_dist: $*" >&2; exit 1; }
 quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location 'file://" || true; }; }
 
 step "building wheels into $work/dist"
-git -C "$repo" ls-files -z --cached --others --exclude-standard -- pyproject.toml setup.py README.md zoe_cluster recipes kernels \
+git -C "$repo" ls-files -z --cached --others --exclude-standard -- \
+    pyproject.toml setup.py README.md zoe_cluster recipes kernels \
   | (cd "$repo" && xargs -0 cp --parents -t "$work/src" 2>/dev/null || true)
 # files deleted in the work tree but still in the index are skipped by cp; the wheel check names what matters
 quiet "$build_py" -m pip wheel -q --no-deps --no-build-isolation -w "$work/dist" "$work/src" "$work/src/kernels"
@@ -40,7 +41,8 @@ step "zoe-cluster in a fresh venv"
 "$base_py" -m venv "$work/zoe"
 quiet "$work/zoe/bin/pip" install -q --no-compile -c "$repo/constraints.txt" "$work"/dist/zoe_cluster-*.whl
 cd "$work"  # away from the checkout: the recipes must come from the wheel
-want_version=$("$build_py" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "$repo/pyproject.toml")
+want_version=$("$build_py" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' \
+  "$repo/pyproject.toml")
 got=$("$work/zoe/bin/zoe" --version)
 [ "$got" = "zoe $want_version" ] || die "zoe --version printed '$got', expected 'zoe $want_version'"
 "$work/zoe/bin/zoe" recipes list --json > "$work/recipes.json"

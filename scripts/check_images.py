@@ -31,7 +31,8 @@ INSTRUCTIONS = {"FROM", "ARG", "ENV", "RUN", "COPY", "ADD", "WORKDIR", "USER", "
                 "ENTRYPOINT", "CMD", "SHELL", "HEALTHCHECK", "STOPSIGNAL", "ONBUILD", "COMMENT"}
 GLIBC_MINOR = 35
 """The oldest glibc among the base images (Ubuntu 22.04's 2.35), so a resolved wheel runs on every one."""
-PLATFORMS = [f"manylinux_2_{m}_x86_64" for m in range(GLIBC_MINOR, 4, -1)] + ["manylinux2014_x86_64", "manylinux1_x86_64"]
+PLATFORMS = [f"manylinux_2_{m}_x86_64" for m in range(GLIBC_MINOR, 4, -1)]
+PLATFORMS += ["manylinux2014_x86_64", "manylinux1_x86_64"]
 """pip takes --platform literally (no older manylinux implied), so every tag up to that glibc is listed."""
 
 
@@ -52,7 +53,8 @@ def check_dockerfile(name: str, entry: dict, zoe_python: str) -> list[str]:
     if "engine" in entry:
         python = df.args.get("ZOE_PYTHON")
         if python != zoe_python:
-            problems.append(f"{rel}: ARG ZOE_PYTHON={python} but zoe_python is {zoe_python} (one Python per Ray cluster)")
+            problems.append(f"{rel}: ARG ZOE_PYTHON={python} but zoe_python is {zoe_python} "
+                            "(one Python per Ray cluster)")
         if not re.search(r"python\$\{ZOE_PYTHON\} -m venv /opt/zoe", df.content):
             problems.append(f"{rel}: Ray and zoe must go into a venv /opt/zoe made by python${{ZOE_PYTHON}}")
         ray = df.args.get("RAY_VERSION")
@@ -78,7 +80,8 @@ def ray_pin() -> str:
 
 def engine_ray(entry: dict) -> str | None:
     """The Ray release a worker Dockerfile installs into the engine's interpreter (ARG RAY_VERSION), if any."""
-    return DockerfileParser(str(REPO / entry["dockerfile"]), build_args=entry.get("build_args", {})).args.get("RAY_VERSION")
+    df = DockerfileParser(str(REPO / entry["dockerfile"]), build_args=entry.get("build_args", {}))
+    return df.args.get("RAY_VERSION")
 
 
 def check_recipes(images: dict[str, dict]) -> list[str]:
@@ -91,8 +94,8 @@ def check_recipes(images: dict[str, dict]) -> list[str]:
         recipe = load_recipe_file(path)
         for vname, variant in recipe.variants.items():
             if (variant.engine, variant.image) not in have:
-                problems.append(f"recipes/{path.name}: variants.{vname}.image {variant.image} ({variant.engine}) has no "
-                                f"image built FROM it in {IMAGES.relative_to(REPO)}")
+                problems.append(f"recipes/{path.name}: variants.{vname}.image {variant.image} ({variant.engine}) "
+                                f"has no image built FROM it in {IMAGES.relative_to(REPO)}")
     return problems
 
 
@@ -131,7 +134,8 @@ def check_resolution(images: dict[str, dict], zoe_python: str, dist: Path) -> li
         if "engine_python" in entry:
             _, err = dry_run(entry["engine_python"], str(kernels), True)
             if err:
-                problems.append(f"{where}: zoe-kernels does not install on the engine's Python {entry['engine_python']}: {err}")
+                problems.append(f"{where}: zoe-kernels does not install on the engine's Python "
+                                f"{entry['engine_python']}: {err}")
             else:
                 print(f"check_images: {name}: zoe-kernels on the engine's Python {entry['engine_python']}")
             ray = engine_ray(entry)

@@ -68,7 +68,8 @@ def check_kernels(whl: Path) -> list[str]:
     for src in source_files("kernels", (".py", ".json")):
         target = "zoe_kernels/" + src.relative_to("kernels").as_posix()
         if target not in names:
-            problems.append(f"{whl.name}: {src} is missing (expected {target}; list its package in kernels/pyproject.toml)")
+            problems.append(f"{whl.name}: {src} is missing (expected {target}; "
+                            "list its package in kernels/pyproject.toml)")
     problems += [f"{whl.name}: {n} does not belong to zoe-kernels" for n in sorted(names)
                  if not n.startswith(("zoe_kernels/", "zoe_kernels-"))]
     parser = configparser.ConfigParser()

@@ -80,7 +80,8 @@ def test_every_cluster_dependency_is_imported():
     for dep in CLUSTER["dependencies"]:
         name = re.split(r"[<>=!~ \[;]", dep)[0]
         module = import_name.get(name, name.replace("-", "_"))
-        assert re.search(rf"^\s*(import|from) {module}\b", sources, re.M), f"{dep}: no module of zoe_cluster imports {module}"
+        imported = re.search(rf"^\s*(import|from) {module}\b", sources, re.M)
+        assert imported, f"{dep}: no module of zoe_cluster imports {module}"
 
 
 def test_constraints_pin_every_release_once():

@@ -53,4 +53,5 @@ def test_the_charts_default_images_are_the_ones_docker_builds():
     assert values["image"]["repository"].rsplit("/", 1)[-1] == "zoe" and "engine" not in IMAGES["zoe"]
     for engine, repository in values["rayCluster"]["worker"]["image"]["repositories"].items():
         name = repository.rsplit("/", 1)[-1]
-        assert IMAGES.get(name, {}).get("engine") == engine, f"helm/zoe/values.yaml: {repository} is not a {engine} image of docker/images.yaml"
+        assert IMAGES.get(name, {}).get("engine") == engine, (
+            f"helm/zoe/values.yaml: {repository} is not a {engine} image of docker/images.yaml")
