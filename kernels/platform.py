@@ -40,6 +40,12 @@ class Target:
     def is_hip(self) -> bool:
         return self.backend == "hip"
 
+    def pipeline_tiles(self, num_stages: int) -> int:
+        """Tiles of a `num_stages` software pipeline held in shared memory/LDS at once, as Triton 3.9 compiles:
+        all of them on gfx950 (asynchronous global->LDS copies), one fewer on gfx942 (the next tile staged in
+        registers) and on sm_90 (as the sm_90a compiles of bench/kernels/sparse_aot.py show)."""
+        return max(1, num_stages if self.arch == "gfx950" else num_stages - 1)
+
 
 # Named compile targets. AMD figures: ROCm "AMD GPU specifications" table (rocm.docs.amd.com/en/latest/reference/
 # gpu-specs.html: compute units, wavefront size, LDS KiB per CU); MI355X's 256 CUs are also the seed's Table 1
@@ -199,6 +205,13 @@ def _device_has_gluon_hopper(device_index: int) -> bool:
 def has_native_mx(device_index: int = 0) -> bool:
     """True where the matrix units take e8m0-scaled e2m1 operands natively (gfx950, i.e. MI355X)."""
     return not interpreting() and gcn_arch(device_index) == "gfx950"
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """`tl.dot`'s input_precision for operands of `dtype`: "ieee" (exact) for float32; for 16-bit operands, where
+    the choice changes nothing, "tf32" on CUDA and "ieee" on ROCm (gfx950 has no xf32 matrix instructions and
+    Triton rejects "tf32" there)."""
+    return "ieee" if dtype == torch.float32 or is_rocm() else "tf32"
 
 
 def launch_options(*, waves_per_eu: int | None = None, matrix_instr_nonkdim: int | None = None) -> dict:

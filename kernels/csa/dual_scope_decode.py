@@ -44,7 +44,7 @@ import triton.language as tl
 
 from zoe_kernels.csa.dual_scope_tiles import LOG2E, preload_sel, score_q, split_q_kernel, tile_rows, tile_sel
 from zoe_kernels.csa.dual_scope_two_pass import gluon_ready, two_pass_decode
-from zoe_kernels.platform import Target, current_target, has_pdl
+from zoe_kernels.platform import Target, current_target, dot_precision, has_pdl
 
 try:  # the one-pass Hopper (Gluon) kernel; a Triton without Gluon keeps the others
     from zoe_kernels.csa import dual_scope_fused_gluon
@@ -318,6 +318,16 @@ _TWO_PASS_FROM_BATCH = 32
 _TWO_PASS_FROM_BATCH_GLUON = 8
 
 
+# Waves per program on wave64 (CDNA) targets: one per SIMD of a CU, each with the whole 512-register file; 8 waves
+# (256 registers each) and 2 (twice a thread's share of the tiles) spill at the regimes' tiles on gfx942 and gfx950
+# (python -m zoe_kernels.aot; bench/kernels/amd_aot.json). Retune there: no scratch on any decode row.
+_CU_WAVES = 4
+# TWO_PASS's scores pass per backend, (block_kv, num_stages): the H200's measured 64-entry tiles at three stages; on
+# CDNA q's two e4m3 parts over D=512 and 32- or 64-entry tiles spill (744-3,460 bytes of scratch a thread on gfx950
+# at 64 heads), 16-entry tiles at two stages do not. Retune with python -m zoe_kernels.aot --only dual_scope.
+_TWO_PASS_SCORES_TILE = {"cuda": (64, 3), "hip": (16, 2)}
+
+
 def _wave_programs(target: Target) -> int:
     """Programs of one wave at one program per multiprocessor, rounded down to a power of two (128 on a 132-SM
     H200, 256 on MI355X and MI300X): the split counts that fill the GPU are taken against it."""
@@ -331,7 +341,7 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
                   lazy_rescale: bool | None = None, defer_sum: bool | None = None,
                   values_warps: int | None = None, values_stages: int | None = None,
                   fp8_scores: bool = False, gluon: bool = False, selected: int | None = None,
-                  target: Target | None = None) -> dict:
+                  kv_bytes: tuple[int, int] = (1, 2), target: Target | None = None) -> dict:
     """Default launch parameters for `target` (default `platform.current_target()`: its multiprocessor/CU count
     sizes the entry splits, its shared memory bounds the Gluon kernel's ring), by batch regime, for 2-byte q (the
     regimes were timed on an H200 at H=64, D=512, W=128, k=512; bench/kernels/sparse_README.md has the runs):
@@ -350,7 +360,9 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
     Gluon two passes where FUSED_GLUON's shared memory does not fit (`selected`: the number of selected entries,
     whose staged indices it holds; None: all `entries`). fp32 q keeps the B < 128 regimes with 32-entry tiles.
     one_loop=False (the scopes' K or V dtypes differ) keeps TWO_LOOPS at every batch. An explicit block_h other
-    than the regime's keeps the 8-warp default. `schedule` takes a `Schedule` or its integer."""
+    than the regime's keeps the 8-warp default. `schedule` takes a `Schedule` or its integer. kv_bytes: bytes per
+    key and per value element; a default block_kv halves (down to 16) until the pipeline's key and value tiles fit
+    the target's shared memory (`_kv_tiles_fit`)."""
     target = target or current_target()
     two_byte = q_bytes <= 2
     all_heads = one_loop and two_byte and bsz >= _ALL_HEADS_FROM_BATCH and block_h in (None, 64)
@@ -379,8 +391,6 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
         return _two_pass_config(bsz, heads, d, entries, block_h=block_h, block_dv=block_dv, block_kv=block_kv,
                                 splits=splits, num_warps=num_warps, num_stages=num_stages, qk_fp16=qk_fp16,
                                 values_warps=values_warps, values_stages=values_stages, target=target)
-    if block_kv is None:
-        block_kv = 32 if (all_heads or two_per_sm or not two_byte) else 64
     if num_stages is None:
         num_stages = 3 if all_heads else 2 if schedule == Schedule.ONE_LOOP else _SCHEDULE_STAGES[schedule]
     if block_h is None:
@@ -389,8 +399,14 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
     if block_dv is None:
         block_dv = d
     block_dv = min(block_dv, d)
+    if block_kv is None:
+        block_kv = 32 if (all_heads or two_per_sm or not two_byte) else 64
+        while block_kv > 16 and not _kv_tiles_fit(target, num_stages, block_kv, d, block_dv, kv_bytes):
+            block_kv //= 2
     if num_warps is None:
         num_warps = 4 if two_per_sm else 8 if block_h >= 32 and block_h * block_dv >= 32 * 256 else 4
+        if target.warp_size == 64:
+            num_warps = _CU_WAVES
     programs = bsz * triton.cdiv(heads, block_h) * (d // block_dv)
     tiles = max(1, triton.cdiv(entries, block_kv))
     if splits is None:
@@ -409,6 +425,14 @@ def launch_config(bsz: int, heads: int, d: int, entries: int, *, block_h: int | 
             "lazy_rescale": lazy_rescale, "defer_sum": defer_sum}
 
 
+def _kv_tiles_fit(target: Target, num_stages: int, block_kv: int, d: int, block_dv: int,
+                  kv_bytes: tuple[int, int]) -> bool:
+    """Whether the key and value tiles a pipeline of num_stages holds (`Target.pipeline_tiles`) fit the target's
+    shared memory: tiles x block_kv x (d key bytes + block_dv value bytes)."""
+    tile = block_kv * (d * kv_bytes[0] + block_dv * kv_bytes[1])
+    return target.pipeline_tiles(num_stages) * tile <= target.lds_bytes
+
+
 def _two_pass_config(bsz: int, heads: int, d: int, entries: int, *, block_h, block_dv, block_kv, splits,
                      num_warps, num_stages, qk_fp16, values_warps, values_stages, target: Target) -> dict:
     """Launch parameters of TWO_PASS (dual_scope_two_pass.py): block_h heads per program in both passes (all of
@@ -416,7 +440,8 @@ def _two_pass_config(bsz: int, heads: int, d: int, entries: int, *, block_h, blo
     wave of one program per multiprocessor holds), block_dv value columns per values program; num_warps /
     num_stages for the scores pass, values_warps / values_stages for the values pass."""
     block_h = max(16, min(block_h or 64, triton.next_power_of_2(heads)))
-    block_kv = block_kv or 64
+    scores_kv, scores_stages = _TWO_PASS_SCORES_TILE[target.backend]
+    block_kv = block_kv or scores_kv
     block_dv = min(block_dv or 128, d)
     tiles = max(1, triton.cdiv(entries, block_kv))
     programs = bsz * triton.cdiv(heads, block_h)
@@ -424,7 +449,7 @@ def _two_pass_config(bsz: int, heads: int, d: int, entries: int, *, block_h, blo
         splits = target.cu_count // programs
     splits = max(1, min(splits, tiles))
     return {"block_h": block_h, "block_dv": block_dv, "block_kv": block_kv, "splits": splits,
-            "num_warps": num_warps or 4, "schedule": Schedule.TWO_PASS, "num_stages": num_stages or 3,
+            "num_warps": num_warps or 4, "schedule": Schedule.TWO_PASS, "num_stages": num_stages or scores_stages,
             "qk_fp16": bool(qk_fp16), "lazy_rescale": False, "defer_sum": False,
             "values_warps": values_warps or num_warps or 4, "values_stages": values_stages or num_stages or 3}
 
@@ -625,6 +650,8 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
                              splits=splits, num_warps=num_warps, schedule=sched, num_stages=num_stages,
                              q_bytes=q.element_size(), one_loop=one_loop, qk_fp16=qk_fp16, lazy_rescale=lazy_rescale,
                              defer_sum=defer_sum, values_warps=values_warps, values_stages=values_stages,
+                             kv_bytes=(max(win_k.element_size(), comp_k.element_size()),
+                                       max(win_v.element_size(), comp_v.element_size())),
                              fp8_scores=fp8_keys and q.dtype == torch.bfloat16 and qk_fp8 is not False,
                              gluon=(gluon_scores is not False and gluon_values is not False and not v_scaled
                                     and gluon_ready(q, win_v, comp_v)), selected=k_sel)
@@ -658,7 +685,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
             k_scaled=k_scaled, v_scaled=v_scaled, qk_fp16=qk_fp16, qk_fp8=qk_fp8, block_h=block_h, block_kv=block_kv,
             block_dv=block_dv, tiles_per_prog=triton.cdiv(tiles, splits), num_warps=cfg["num_warps"],
             values_warps=cfg["values_warps"], num_stages=num_stages, values_stages=cfg["values_stages"],
-            dot_dtype=_DOT_DTYPES[q.dtype], precision="ieee" if q.dtype == torch.float32 else "tf32",
+            dot_dtype=_DOT_DTYPES[q.dtype], precision=dot_precision(q.dtype),
             gluon_values=gluon_values, gluon_scores=gluon_scores)
     head_blocks = triton.cdiv(heads, block_h)
     tiles_per_split, splits, part_out, part_lse = _split_partials(bsz, heads, d, tiles, splits, dev)
@@ -672,7 +699,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
         wks.stride(0), wvs.stride(0), cks.stride(0), cvs.stride(0), out.stride(0), out.stride(1),
         D=d, DV=block_dv, BH=block_h, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, K_SCALED=k_scaled,
         V_SCALED=v_scaled, DOT_DTYPE=_DOT_DTYPES[q.dtype],
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FINAL=final, HAS_SINK=sink is not None,
+        PRECISION=dot_precision(q.dtype), FINAL=final, HAS_SINK=sink is not None,
         ONE_LOOP=schedule == Schedule.ONE_LOOP, QK_F16=qk_fp16, LAZY_RESCALE=lazy_rescale,
         DEFER_SUM=cfg["defer_sum"],
         SEL_TILES=triton.next_power_of_2(max(1, triton.cdiv(k_sel, block_kv))),

@@ -34,7 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from zoe_kernels.csa.dual_scope_decode import merge_partials_kernel
+from zoe_kernels.csa.dual_scope_decode import _CU_WAVES, merge_partials_kernel
+from zoe_kernels.platform import current_target, dot_precision, sm_count
 
 D_NOPE, D_ROPE, NOPE_TILE = 448, 64, 64
 D_QK = D_NOPE + D_ROPE  # 512
@@ -134,6 +135,8 @@ def _paged_partial_kernel(
     tl.store(part_lse_ptr + base + heads, lse, mask=h_ok)
 
 
+# Programs per multiprocessor/CU the entry splits aim at (two: 264 on an H200). Retune by timing `splits` at B=1.
+_PROGRAMS_PER_SM = 2
 _DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 _FP8_VIEWS = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
@@ -205,14 +208,14 @@ def paged_dual_scope_decode(
 
     if block_h is None:
         block_h = 16 if bsz < 8 else 32
-    if num_warps is None:
-        num_warps = 4 if block_h <= 16 else 8
+    if num_warps is None:  # wave64 (CDNA): one wave per SIMD, whose 8-wave programs spill (dual_scope_decode._CU_WAVES)
+        num_warps = _CU_WAVES if current_target().warp_size == 64 else 4 if block_h <= 16 else 8
     block_h = max(16, min(block_h, triton.next_power_of_2(heads)))
     head_blocks = triton.cdiv(heads, block_h)
     k_swa, k_ext = swa_idx.shape[1], ext_idx.shape[1]
     tiles = max(1, triton.cdiv(k_swa, block_kv) + triton.cdiv(k_ext, block_kv))
     if splits is None:  # enough programs to cover the GPU's multiprocessors about twice
-        splits = max(1, min(tiles, triton.cdiv(264, max(bsz, 1) * head_blocks)))
+        splits = max(1, min(tiles, triton.cdiv(_PROGRAMS_PER_SM * sm_count(dev.index or 0), max(bsz, 1) * head_blocks)))
     splits = max(1, min(splits, tiles))
     tiles_per_split = triton.cdiv(tiles, splits)
     splits = triton.cdiv(tiles, tiles_per_split)
@@ -229,7 +232,7 @@ def paged_dual_scope_decode(
         scale * _LOG2E, q.stride(0), q.stride(1), swa_idx.stride(0), max(ext_idx.stride(0), 1),
         BH=block_h, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split,
         SWA_LEN=swa_lengths is not None, EXT_LEN=has_extra and extra_lengths is not None,
-        DOT_DTYPE=_DOT_DTYPES[q.dtype], PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_DTYPE=_DOT_DTYPES[q.dtype], PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     sink_t = sink.to(device=dev, dtype=torch.float32).contiguous() if sink is not None else part_lse

@@ -406,11 +406,21 @@ def test_launch_config_follows_the_target():
     from zoe_kernels.csa.dual_scope_decode import launch_config
     from zoe_kernels.platform import TARGETS, compile_for
 
-    splits = {arch: [launch_config(b, 64, 512, 640, target=t)["splits"] for b in (1, 64, 128)]
-              for arch, t in TARGETS.items()}
-    assert splits == {"sm_90": [10, 2, 1], "gfx950": [10, 4, 2], "gfx942": [10, 4, 2]}
-    assert [launch_config(b, 64, 512, 640, schedule=3, target=TARGETS["gfx942"])["splits"] for b in (8, 64)] == [
-        10, 4]
+    cfg = {arch: [launch_config(b, 64, 512, 640, target=t) for b in (1, 64, 128)] for arch, t in TARGETS.items()}
+    assert {arch: [c["splits"] for c in cs] for arch, cs in cfg.items()} == {
+        "sm_90": [10, 2, 1], "gfx950": [20, 4, 2], "gfx942": [20, 4, 2]}
+    # and the entry tiles from its shared memory: 64-entry fp8 key + bf16 value tiles (96 KiB each) fit the H200's
+    # 227 KiB twice over, not gfx950's 160 KiB at two stages (async copies hold both) nor gfx942's 64 KiB; at B=128
+    # (three stages) gfx942 holds two 16-entry tiles
+    assert {arch: [c["block_kv"] for c in cs] for arch, cs in cfg.items()} == {
+        "sm_90": [64, 32, 32], "gfx950": [32, 32, 32], "gfx942": [32, 32, 16]}
+    # TWO_PASS's scores tiles per backend: 16 entries on CDNA (larger tiles spill there), so B=8 splits its 40 tiles
+    # over 38 programs of gfx942's 304 CUs
+    two_pass = [launch_config(b, 64, 512, 640, schedule=3, target=TARGETS["gfx942"]) for b in (8, 64)]
+    assert [(c["block_kv"], c["num_stages"], c["splits"]) for c in two_pass] == [(16, 2, 38), (16, 2, 4)]
+    # one wave per SIMD on wave64 targets (8-wave programs spill there), the regimes' warps on the H200
+    assert [launch_config(b, 64, 512, 640, target=TARGETS["gfx950"])["num_warps"] for b in (1, 8, 128)] == [4, 4, 4]
+    assert [launch_config(b, 64, 512, 640, target=TARGETS["sm_90"])["num_warps"] for b in (1, 8, 128)] == [4, 8, 8]
     with compile_for(TARGETS["gfx950"]):  # the default target is the compile target inside compile_for
         assert launch_config(64, 64, 512, 640)["splits"] == 4
 
