@@ -385,6 +385,8 @@ def test_notes_tell_how_to_reach_the_endpoint_and_what_is_missing():
 def test_simulated_replicas_need_no_gpu_nodes():
     rc, group, _ = _worker(docs(VALUES["sim-minimal"]))
     assert group["replicas"] == 0
+    # the two simulated replicas run on the head, which declares their 2 x 8 GPUs (fake) so that Ray places them
+    assert rc["spec"]["headGroupSpec"]["rayStartParams"]["num-gpus"] == "16"
     assert _deploy_args(docs(VALUES["sim-minimal"]))[_deploy_args(docs(VALUES["sim-minimal"])).index("--engine") + 1] == "sim"
 
 

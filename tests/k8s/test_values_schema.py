@@ -51,7 +51,7 @@ def test_a_new_variant_makes_the_check_fail_naming_the_files_and_the_command(cha
     assert vs.main(["--check", "--chart", str(chart_copy)]) == 0
     schema = json.loads((chart_copy / vs.SCHEMA_FILE).read_text())
     assert "fp8-tp16" in schema["properties"]["model"]["properties"]["variant"]["enum"]
-    assert '"fp8-tp16": "vllm"' in (chart_copy / vs.RECIPES_TEMPLATE).read_text()
+    assert '"fp8-tp16": {"engine": "vllm", "gpus": 8}' in (chart_copy / vs.RECIPES_TEMPLATE).read_text()
 
 
 def test_a_hand_edit_of_a_generated_part_fails_the_check(chart_copy):

@@ -7,8 +7,9 @@ Two files of helm/zoe are (partly) generated here:
   `if`/`then` per model), `model.engine` (the engine adapters' names, and per model the engines its variants run
   on) and `router.policy` (the routing policy registry). `helm install` then refuses `model: llama-99` or
   `router.policy: magic` before anything runs.
-- `templates/_recipes.tpl`: `zoe.recipes`, each model's variants and the engine each runs on, which the
-  templates read to pick the worker image by engine and to refuse an image of the other engine.
+- `templates/_recipes.tpl`: `zoe.recipes`, each model's variants with the engine each runs on and the GPUs one
+  replica takes, which the templates read to pick the worker image by engine, to refuse an image of the other
+  engine, and to declare GPUs on the head for simulated replicas.
 
     python -m zoe_cluster.k8s.values_schema --write    # after changing recipes or policies
     python -m zoe_cluster.k8s.values_schema --check    # what CI runs (tests/k8s/test_values_schema.py)
@@ -31,9 +32,10 @@ REGENERATE = "python -m zoe_cluster.k8s.values_schema --write"
 GENERATED = f"generated from the recipes and the routing policy registry by `{REGENERATE}`; do not edit"
 
 
-def recipe_engines(recipes: list[Recipe]) -> dict[str, dict[str, str]]:
-    """model -> variant -> engine, for every recipe."""
-    return {r.name: {name: v.engine for name, v in r.variants.items()} for r in recipes}
+def recipe_variants(recipes: list[Recipe]) -> dict[str, dict[str, dict[str, Any]]]:
+    """model -> variant -> {engine, gpus (one replica's)}, for every recipe."""
+    return {r.name: {name: {"engine": v.engine, "gpus": v.parallelism.gpus} for name, v in r.variants.items()}
+            for r in recipes}
 
 
 def _per_model(recipes: list[Recipe], condition: Any, then: Any) -> list[dict[str, Any]]:
@@ -80,9 +82,10 @@ def generated_schema(base: dict[str, Any], recipes: list[Recipe], policies: list
 
 
 def recipes_template(recipes: list[Recipe]) -> str:
-    """templates/_recipes.tpl: `zoe.recipes` as JSON (model -> variant -> engine) for `include ... | fromJson`."""
-    data = json.dumps(recipe_engines(sorted(recipes, key=lambda r: r.name)), sort_keys=True)
-    return (f"{{{{/* Each model's variants and the engine each runs on: {GENERATED}. */}}}}\n"
+    """templates/_recipes.tpl: `zoe.recipes` as JSON (model -> variant -> {engine, gpus}) for
+    `include ... | fromJson`."""
+    data = json.dumps(recipe_variants(sorted(recipes, key=lambda r: r.name)), sort_keys=True)
+    return (f"{{{{/* Each model's variants, the engine each runs on and one replica's GPUs: {GENERATED}. */}}}}\n"
             f'{{{{- define "zoe.recipes" -}}}}\n{data}\n{{{{- end -}}}}\n')
 
 

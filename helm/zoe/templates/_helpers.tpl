@@ -53,14 +53,37 @@ variants (zoe.recipes, generated from the recipes). The worker image must carry 
 {{- $m := .Values.model -}}
 {{- $variants := get (include "zoe.recipes" . | fromJson) $m.name -}}
 {{- if $m.variant -}}
-{{- get $variants $m.variant -}}
+{{- (get $variants $m.variant).engine -}}
 {{- else -}}
-{{- $engines := values $variants | uniq | sortAlpha -}}
+{{- $engines := list -}}
+{{- range $variants }}{{ $engines = append $engines .engine }}{{ end -}}
+{{- $engines = $engines | uniq | sortAlpha -}}
 {{- if ne (len $engines) 1 -}}
 {{- fail (printf "model %s has variants on %s: set model.variant, so that the chart knows which engine's worker image to run" $m.name (join " and " $engines)) -}}
 {{- end -}}
 {{- first $engines -}}
 {{- end -}}
+{{- end -}}
+
+{{/* GPUs one replica takes: model.variant's, else the most any of the model's variants takes. */}}
+{{- define "zoe.replicaGpus" -}}
+{{- $m := .Values.model -}}
+{{- $variants := get (include "zoe.recipes" . | fromJson) $m.name -}}
+{{- $most := 0 -}}
+{{- range $name, $v := $variants -}}
+{{- if or (not $m.variant) (eq $name $m.variant) }}{{ $most = max $most (int $v.gpus) }}{{ end -}}
+{{- end -}}
+{{- $most -}}
+{{- end -}}
+
+{{/* `ray start` parameters of the head. Simulated replicas run on the head when there are no GPU workers; they
+keep their variant's GPU count for placement, so the head then declares that many (fake) GPUs. */}}
+{{- define "zoe.headRayStartParams" -}}
+{{- $params := deepCopy .Values.rayCluster.head.rayStartParams -}}
+{{- if and (eq (include "zoe.engine" .) "sim") (lt (int .Values.rayCluster.worker.replicas) 1) -}}
+{{- $_ := set $params "num-gpus" (toString (mul (int .Values.model.replicas) (int (include "zoe.replicaGpus" .)))) -}}
+{{- end -}}
+{{- toYaml $params -}}
 {{- end -}}
 
 {{/* The engine `zoe deploy` runs: model.engine (sim, or the recipe's own), else the recipe's. */}}
