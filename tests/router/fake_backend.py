@@ -7,9 +7,12 @@ set by `mode` and can be changed while it runs:
   hang      accepts the request and never answers
   die       streams 2 events and then drops the connection (a replica dying mid-stream)
   unhealthy requests work but /health answers 500
+  fail500   answers 500 with a plain-text body (an engine's unhandled exception)
+  stall     streams 2 events and then sends nothing more, keeping the connection open (a hung engine)
 It records the requests it saw and how many streams the client side abandoned (`cancelled`).
 
-`ServerThread` runs any ASGI app with uvicorn in a background thread on a loopback port; stop() joins it.
+`ServerThread` runs any ASGI app with uvicorn in a background thread on a loopback port (with the router's
+hardened protocol, `zoe_cluster.router.http_server`, when given `http=`); stop() joins it.
 """
 
 from __future__ import annotations
@@ -61,12 +64,14 @@ class FakeBackend:
         self.seen.append(body)
         if self.mode == "fail503":
             return JSONResponse({"error": "overloaded"}, status_code=503)
+        if self.mode == "fail500":
+            return PlainTextResponse("Internal Server Error", status_code=500)
         if self.mode == "hang":
             await asyncio.sleep(3600)
         if not body.get("stream"):
             return JSONResponse({"id": "x", "object": "text_completion", "backend": self.name,
                                  "choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}]})
-        die = self.mode == "die"
+        die, stall = self.mode == "die", self.mode == "stall"
         n, interval = self.chunks, self.interval_s
 
         async def events():
@@ -74,6 +79,8 @@ class FakeBackend:
                 for i in range(n):
                     if die and i == 2:
                         raise ConnectionResetError("fake backend dies mid-stream")
+                    if stall and i == 2:
+                        await asyncio.sleep(3600)
                     yield f"data: {json.dumps({'backend': self.name, 'i': i, 't': time.time()})}\n\n"
                     if interval:
                         await asyncio.sleep(interval)
@@ -88,11 +95,11 @@ class FakeBackend:
 class ServerThread:
     """uvicorn serving `app` on 127.0.0.1:<port> in a thread (with lifespan)."""
 
-    def __init__(self, app, port: int | None = None):
+    def __init__(self, app, port: int | None = None, http="auto"):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="critical", lifespan="on", timeout_graceful_shutdown=0.5,
-                             access_log=False)
+        cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="critical", lifespan="on",
+                             timeout_graceful_shutdown=0.5, access_log=False, http=http)
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -11,6 +11,7 @@ import pytest
 from tests.router.fake_backend import FakeBackend, ServerThread
 from zoe_cluster.router.app import build_router, static_membership
 from zoe_cluster.router.config import RouterConfig
+from zoe_cluster.router.http_server import hardened_http
 from zoe_cluster.router.membership import MemberReplica, Membership
 
 ADMIN = {"Authorization": "Bearer adm"}
@@ -27,7 +28,8 @@ class Cluster:
         self.config = RouterConfig(models=["m"], **cfg)
         m = static_membership([s.url for s in self.servers]) if membership else None
         self.router = build_router(self.config, membership=m)
-        self.server = ServerThread(self.router.app).start()
+        self.server = ServerThread(self.router.app, http=hardened_http(self.config.header_timeout_s,
+                                                                       self.config.body_timeout_s)).start()
         self.url = self.server.url
         self.client = httpx.Client(base_url=self.url, timeout=10)
 

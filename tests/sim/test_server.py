@@ -123,7 +123,9 @@ def test_faults_error_after_and_crash():
 
 
 def test_hang_fault_set_at_run_time():
-    with sim_server(*FAST) as (url, _):
+    with sim_server(*FAST) as (url, _):  # without --fault-endpoint there is no fault endpoint
+        assert httpx.post(url + "/sim/faults", json={"hang_after": 1}).status_code == 404
+    with sim_server(*FAST, "--fault-endpoint") as (url, _):
         r = httpx.post(url + "/sim/faults", json={"hang_after": 1})
         assert r.status_code == 200 and r.json()["hang_after"] == 1
         with pytest.raises(httpx.TimeoutException):

@@ -64,6 +64,8 @@ def serve_cmd(
     error_after: Optional[int] = typer.Option(None, "--error-after", envvar="ZOE_SIM_ERROR_AFTER"),
     error_rate: float = typer.Option(0.0, "--error-rate", envvar="ZOE_SIM_ERROR_RATE"),
     slowdown: float = typer.Option(1.0, "--slowdown", envvar="ZOE_SIM_SLOWDOWN"),
+    fault_endpoint: bool = typer.Option(
+        False, "--fault-endpoint", help="Serve POST /sim/faults (unauthenticated fault injection; tests only)."),
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
     """Serve one simulated replica: OpenAI API, /health, /metrics (vLLM V1 names, or SGLang's)."""
@@ -99,12 +101,16 @@ def serve_cmd(
         served_model_name=served_model_name or recipe.served_model_name, time_scale=time_scale, seed=seed,
         load_time=load_time, startup_s=startup_s, metrics_mode=metrics_mode,  # type: ignore[arg-type]
         max_model_len=max_model_len, kv_tokens=kv_tokens, host_kv_gb=host_kv_gb, faults=faults,
+        fault_endpoint=fault_endpoint,
     )
     try:
         server = SimServer(recipe, name, config, _calibrate(recipe, name))
     except ValueError as e:
         fail(str(e))
-    uvicorn.run(server.app, host=host, port=port, log_level=log_level, access_log=False)
+    from zoe_cluster.router.http_server import hardened_http
+
+    uvicorn.run(server.app, host=host, port=port, log_level=log_level, access_log=False,
+                http=hardened_http(header_timeout_s=10.0, body_timeout_s=60.0))  # slow clients cannot hold it
 
 
 @sim_app.command("predict")

@@ -1,13 +1,13 @@
 """The router's non-proxy endpoints (a Starlette app): /health, /v1/models, /metrics and the admin API.
 
 The admin API (membership push, drain) needs the admin bearer key and is disabled (403) without one; see
-`zoe_cluster.router.membership` for the contract.
+`zoe_cluster.router.membership` for the contract. /metrics needs the `metrics_key` bearer key when one is set.
+Every error is in the one shape of `zoe_cluster.router.errors`.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -25,12 +25,24 @@ if TYPE_CHECKING:
     from zoe_cluster.router.app import Router
 
 
+def _error(status: int, message: str, kind: str) -> Response:
+    return Response(error_body(message, kind, status), status_code=status, media_type="application/json")
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return _error(404, f"no route {request.method} {request.url.path}", "not_found_error")
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    return _error(405, f"method {request.method} not allowed on {request.url.path}", "invalid_request_error")
+
+
 class AuxRoutes:
     """Endpoints other than the proxied /v1 POSTs, bound to one router."""
 
     def __init__(self, router: "Router") -> None:
         self.router = router
-        self.app = Starlette(routes=self._routes())
+        self.app = Starlette(routes=self._routes(), exception_handlers={404: _not_found, 405: _method_not_allowed})
 
     def _routes(self) -> list[Route]:
         return [
@@ -52,21 +64,22 @@ class AuxRoutes:
         if self.router._api_keys:
             auth = request.headers.get("authorization", "")
             if not auth.startswith("Bearer ") or auth[7:].strip().encode() not in self.router._api_keys:
-                return JSONResponse(json.loads(error_body("missing or invalid API key", "authentication_error", 401)),
-                                    status_code=401)
+                return _error(401, "missing or invalid API key", "authentication_error")
         data = [{"id": m, "object": "model", "owned_by": "zoe"} for m in sorted(self.router.served_models())]
         return JSONResponse({"object": "list", "data": data})
 
     async def _metrics(self, request: Request) -> Response:
+        key = self.router.config.metrics_key
+        if key is not None and not hmac.compare_digest(request.headers.get("authorization", "").encode(),
+                                                       f"Bearer {key}".encode()):
+            return _error(401, "missing or invalid metrics key", "authentication_error")
         return Response(generate_latest(self.router.registry), media_type=CONTENT_TYPE_LATEST)
 
     def _admin_denied(self, request: Request) -> Response | None:
         if self.router._admin_auth is None:
-            return JSONResponse({"error": {"message": "the admin API is disabled: start the router with an admin key",
-                                           "type": "permission_error", "code": 403}}, status_code=403)
+            return _error(403, "the admin API is disabled: start the router with an admin key", "permission_error")
         if not hmac.compare_digest(request.headers.get("authorization", "").encode(), self.router._admin_auth):
-            return JSONResponse({"error": {"message": "missing or invalid admin key", "type": "authentication_error",
-                                           "code": 401}}, status_code=401)
+            return _error(401, "missing or invalid admin key", "authentication_error")
         return None
 
     async def _admin_membership(self, request: Request) -> Response:
@@ -84,12 +97,11 @@ class AuxRoutes:
             m = Membership.model_validate_json(raw)
         except ValidationError as e:
             problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors())
-            return JSONResponse({"error": {"message": f"invalid membership: {problems}", "type": "invalid_request_error",
-                                           "code": 400}}, status_code=400)
+            return _error(400, f"invalid membership: {problems}", "invalid_request_error")
         try:
             changes = self.router.apply_membership(m)
         except StaleMembership as e:
-            return JSONResponse({"error": {"message": str(e), "type": "conflict", "code": 409}}, status_code=409)
+            return _error(409, str(e), "conflict")
         self.router.health.kick()
         return JSONResponse({"version": m.version, "replicas": len(m.replicas), **changes})
 
@@ -100,6 +112,5 @@ class AuxRoutes:
         try:
             st = self.router.replicas.set_draining(rid, request.url.path.endswith("/drain"))
         except KeyError:
-            return JSONResponse({"error": {"message": f"unknown replica '{rid}'", "type": "not_found_error",
-                                           "code": 404}}, status_code=404)
+            return _error(404, f"unknown replica '{rid}'", "not_found_error")
         return JSONResponse({"id": rid, "draining": st.view.draining, "active_requests": st.view.active_requests})

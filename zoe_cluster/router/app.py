@@ -6,13 +6,19 @@
 Endpoints: POST /v1/completions and /v1/chat/completions (proxied; SSE streamed chunk by chunk), GET /v1/models,
 GET /health, GET /metrics, and the admin API (bearer `admin_key`; see `zoe_cluster.router.membership`).
 
-Per request: authenticate (401) -> read the body under the size limit (413) -> parse JSON (400) -> known model
-(404) -> `RequestContext` (400 on a malformed request; 400 naming the context limit) -> wait for a replica that
-is not saturated (bounded queue: 429 when full, 503 after `queue_timeout_s`; 503 when no replica is routable)
--> `policy.select` -> send upstream over pooled keep-alive connections. A connection failure, a timeout before
-the response headers, or a 502/503/504 before any byte reached the client is retried on another replica (up to
-`max_retries`). Once a stream has started, an upstream failure ends it with an SSE error event and `[DONE]`. A
-client disconnect cancels the upstream request (its connection is closed, so the engine aborts it).
+Per request: authenticate (401) -> read the body under the size limit (413) -> parse JSON under the depth and
+number limits (400) -> sampling parameters and prompt form as vLLM checks them (400, `request_checks`) -> known
+model (404) -> `RequestContext` (400 naming the context limit) -> wait for a replica that is not saturated
+(bounded queue: 429 when full, 503 after `queue_timeout_s`; 503 when no replica is routable) -> a due recovery
+probe of a slow replica, else `policy.select` over the replicas not judged slow -> send upstream over pooled
+keep-alive connections. A connection failure, a timeout or a stall before the response headers, or a status of
+`retry_statuses` (500, 502-504) before any byte reached the client is retried on another replica (up to
+`max_retries`) and counts toward passive ejection. Once a stream has started, an upstream failure or a stall
+(`router.slowness.stall_verdict`: the replica's streams all silent for `stall_timeout_s`, which ejects it) ends
+it with an SSE error event and `[DONE]`. A client disconnect cancels the upstream request (its connection is
+closed, so the engine aborts it). Finished requests feed the replica's time-per-output-token average, from which
+`router.slowness` judges replicas slow. Errors, the router's and the engines', reach the client in one shape
+(`router.errors`). Header and body read timeouts and HTTP/1.0 framing are the server's (`router.http_server`).
 
 Hot path: the /v1 POST routes are a plain ASGI handler (no framework dispatch); the rest is a Starlette app.
 """
@@ -23,6 +29,7 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -35,17 +42,19 @@ from prometheus_client import CollectorRegistry
 from zoe_cluster.metrics import build_metrics
 from zoe_cluster.router.admin import AuxRoutes
 from zoe_cluster.router.config import RouterConfig
-from zoe_cluster.router.errors import HttpError, error_body
+from zoe_cluster.router.errors import HttpError, error_body, upstream_error_body
 from zoe_cluster.router.health import HealthChecker
 from zoe_cluster.router.membership import MemberReplica, Membership
 from zoe_cluster.router.replicas import ReplicaSet, ReplicaState
+from zoe_cluster.router.request_checks import RequestError, check_sampling, parse_json_body
+from zoe_cluster.router.slowness import next_stall_check_s, stall_verdict
 from zoe_cluster.router.upstream import UpstreamPool, UpstreamResponse
 from zoe_cluster.routing.context import BadRequest, RequestContext, RoutingDecision, context_from_openai
 from zoe_cluster.routing.policy import Policy, get_policy
 from zoe_cluster.routing.slo import slo_class_from_headers
 
 _PROXIED = {b"/v1/completions": "completions", b"/v1/chat/completions": "chat"}
-_RETRY_STATUSES = {502, 503, 504}
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*([0-9]+)')
 _SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
@@ -62,6 +71,45 @@ class _Attempt:
     cached_tokens: int
     prefilled: bool = False
     """The first streamed chunk arrived (the request's prefill left the replica's queue)."""
+    probe: bool = False
+    """A recovery probe of a replica judged slow (its latency sample replaces the replica's average)."""
+
+
+class _StallWatch:
+    """A deadline on a wait for one replica (its response headers or first event) that also ends the wait early
+    when `stall_verdict` finds the replica hung: `async with _StallWatch(...) as w: ...`; on TimeoutError,
+    `w.stalled` says which. Costs one timer per wait."""
+
+    __slots__ = ("st", "stall_s", "limit_s", "clock", "since", "stalled", "_cm", "_handle", "_loop")
+
+    def __init__(self, st: ReplicaState, stall_s: float, limit_s: float, clock: Callable[[], float]) -> None:
+        self.st, self.stall_s, self.limit_s, self.clock = st, stall_s, limit_s, clock
+        self.stalled = False
+        self._handle: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> "_StallWatch":
+        self._loop = asyncio.get_running_loop()
+        self.since = self.clock()
+        self._cm = asyncio.timeout(self.limit_s)
+        await self._cm.__aenter__()
+        self._handle = self._loop.call_later(self.stall_s, self._check)
+        return self
+
+    def _check(self) -> None:
+        now, st = self.clock(), self.st
+        verdict = stall_verdict(now, self.since, st.last_byte_at, st.decoding_streams, self.stall_s, self.limit_s)
+        if verdict == "stalled":
+            self.stalled = True
+            self._cm.reschedule(self._loop.time())  # the wait ends now with TimeoutError
+            return
+        if verdict == "wait":
+            self._handle = self._loop.call_later(
+                next_stall_check_s(now, self.since, st.last_byte_at, self.stall_s, self.limit_s), self._check)
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        if self._handle is not None:
+            self._handle.cancel()
+        return await self._cm.__aexit__(*exc)
 
 
 def static_membership(urls: list[str], pool: str = "default", **fields: Any) -> Membership:
@@ -98,7 +146,12 @@ class Router:
             unhealthy_after=config.unhealthy_after,
             clock=clock,
             on_change=self._wake,
+            slow_factor=config.slow_factor,
+            slow_min_samples=config.slow_min_samples,
+            slow_probe_s=config.slow_probe_s,
+            latency_ewma_alpha=config.latency_ewma_alpha,
         )
+        self._retry_statuses = frozenset(config.retry_statuses)
         self._children: dict[tuple, Any] = {}
         self._ids = itertools.count(1)
         self._id_prefix = f"zoe-{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}-"
@@ -190,7 +243,7 @@ class Router:
         headers = [(b"content-type", b"application/json")]
         if err.retry_after is not None:
             headers.append((b"retry-after", str(err.retry_after).encode()))
-        body = error_body(err.message, err.kind, err.status)
+        body = error_body(err.message, err.kind, err.status, err.param)
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": err.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -252,9 +305,9 @@ class Router:
                 break
         raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise HttpError(400, f"malformed JSON body: {e}") from None
+            body = parse_json_body(raw, self.config.max_json_depth, self.config.max_number_chars)
+        except RequestError as e:
+            raise HttpError(400, e.message) from None
         if not isinstance(body, dict):
             raise HttpError(400, "the JSON body must be an object")
         return raw, body
@@ -270,6 +323,10 @@ class Router:
     def _context(self, endpoint: str, body: dict, headers: dict) -> RequestContext:
         rid = headers.get(b"x-request-id")
         session = headers.get(b"x-session-id")
+        try:
+            check_sampling(endpoint, body)
+        except RequestError as e:
+            raise HttpError(400, e.message, param=e.param) from None
         try:
             ctx = context_from_openai(
                 endpoint,  # type: ignore[arg-type]
@@ -316,6 +373,10 @@ class Router:
             if not cands:
                 raise HttpError(503, f"no healthy replica serves model '{ctx.model}'", "service_unavailable",
                                 retry_after=self.config.retry_after_s)
+            probe = self.replicas.probe_target(ctx.model, self.default_models, tried)
+            if probe is not None and not probe.view.saturated and (
+                    probe.member.max_context_tokens is None or ctx.prompt_tokens <= probe.member.max_context_tokens):
+                return _Attempt(probe, RoutingDecision(probe.id, "probe"), 0, probe=True)
             if any(not s.view.saturated for s in cands):
                 views = [s.view for s in cands]
                 decision = self.policy.select(ctx, views)
@@ -397,10 +458,11 @@ class Router:
             tried.add(a.st.id)
             ok = False
             try:
-                resp = await self._open(a.st.view.url + path, payload, up_headers)
+                resp = await self._open(a, a.st.view.url + path, payload, up_headers)
                 try:
-                    if resp.status in _RETRY_STATUSES and attempt_no < cfg.max_retries:
-                        detail = (await resp.read())[:200].decode("utf-8", "replace")
+                    if resp.status in self._retry_statuses and attempt_no < cfg.max_retries:
+                        async with asyncio.timeout(cfg.read_timeout_s):
+                            detail = (await resp.read())[:200].decode("utf-8", "replace")
                         raise _UpstreamFailed("status", f"HTTP {resp.status} from {a.st.id}: {detail}")
                     ctype = resp.headers.get("content-type", "")
                     if ctype.startswith("text/event-stream"):
@@ -408,11 +470,17 @@ class Router:
                     else:
                         async with asyncio.timeout(cfg.read_timeout_s):
                             data = await resp.read()
+                        if resp.status >= 400:
+                            data, ctype = upstream_error_body(resp.status, data, a.st.id), "application/json"
                         await self._send_whole(send, resp.status, ctype, data, a)
                         ok = resp.status < 500
-                        self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
+                        e2e_s = time.perf_counter() - t0
+                        self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(e2e_s)
                         if not ok:
                             self.replicas.record_failure(a.st, "status")
+                        elif resp.status == 200 and (m := _COMPLETION_TOKENS.search(data, max(0, len(data) - 512))):
+                            if (n := int(m.group(1))) > 0:
+                                self.replicas.record_latency(a.st, "e2e_per_token_s", e2e_s / n, a.probe)
                 finally:
                     resp.release() if ok else resp.close()
                 if ok:
@@ -424,6 +492,9 @@ class Router:
             except TimeoutError:  # before OSError: TimeoutError is one
                 last_error = f"timeout waiting for {a.st.id}"
                 self.replicas.record_failure(a.st, "timeout")
+            except ValueError as e:  # a URL the upstream client cannot use: this replica fails, others may not
+                last_error = f"{a.st.id}: {e}"
+                self.replicas.record_failure(a.st, "connect")
             except OSError as e:  # refused, reset, closed early (UpstreamError)
                 last_error = f"{type(e).__name__} from {a.st.id}: {e}"
                 self.replicas.record_failure(a.st, "connect")
@@ -431,10 +502,17 @@ class Router:
                 self._release(ctx, a, ok)
         await self._respond_error(send, HttpError(502, f"upstream failed: {last_error}", "upstream_error"))
 
-    async def _open(self, url: str, payload: bytes, headers: dict) -> UpstreamResponse:
+    async def _open(self, a: _Attempt, url: str, payload: bytes, headers: dict) -> UpstreamResponse:
         assert self.upstream is not None, "router not started (use the ASGI lifespan or await router.start())"
-        async with asyncio.timeout(self.config.first_byte_timeout_s):
-            return await self.upstream.request("POST", url, payload, headers)
+        watch = _StallWatch(a.st, self.config.stall_timeout_s, self.config.first_byte_timeout_s, self.clock)
+        try:
+            async with watch:
+                return await self.upstream.request("POST", url, payload, headers)
+        except TimeoutError:
+            if watch.stalled:
+                raise _UpstreamFailed("stall", f"{a.st.id} is hung: none of its streams sent a byte for "
+                                               f"{self.config.stall_timeout_s:g} s") from None
+            raise
 
     async def _send_whole(self, send: Callable, status: int, ctype: str, data: bytes, a: _Attempt) -> None:
         headers = [
@@ -452,8 +530,16 @@ class Router:
         """Pass an SSE body through chunk by chunk; returns False when the replica failed mid-stream (the client
         got an error event and a clean end)."""
         # Wait for the first chunk before answering, so a replica that fails before any byte can be retried.
-        async with asyncio.timeout(self.config.first_byte_timeout_s):
-            first = await resp.readany()
+        cfg, st = self.config, a.st
+        watch = _StallWatch(st, cfg.stall_timeout_s, cfg.first_byte_timeout_s, self.clock)
+        try:
+            async with watch:
+                first = await resp.readany()
+        except TimeoutError:
+            if watch.stalled:
+                raise _UpstreamFailed("stall", f"{st.id} is hung: none of its streams sent a byte for "
+                                               f"{cfg.stall_timeout_s:g} s") from None
+            raise
         if not first:
             raise _UpstreamFailed("midstream", f"{a.st.id} closed the stream before any event")
         headers = [
@@ -468,19 +554,38 @@ class Router:
         a.st.view.prefill_done(ctx, a.cached_tokens)
         a.prefilled = True
         self._lab(self.metrics.responses, str(resp.status)).inc()
-        read_timeout = self.config.read_timeout_s
+        clock = self.clock
+        first_at = last_at = st.last_byte_at = clock()
+        events = first.count(b"data: ")
+        st.decoding_streams += 1
         try:
+            kind = None
             while True:
-                async with asyncio.timeout(read_timeout):
-                    chunk = await resp.readany()
+                try:
+                    async with asyncio.timeout(min(cfg.stall_timeout_s, cfg.read_timeout_s)):
+                        chunk = await resp.readany()
+                except TimeoutError:
+                    now = clock()
+                    verdict = stall_verdict(now, last_at, st.last_byte_at, st.decoding_streams, cfg.stall_timeout_s,
+                                            cfg.read_timeout_s)
+                    if verdict == "wait":
+                        continue
+                    kind = "stall" if verdict == "stalled" else "timeout"
+                    detail = f"no byte for {now - last_at:.1f} s"
+                    break
                 if not chunk:
                     break
+                last_at = st.last_byte_at = clock()
+                events += chunk.count(b"data: ")
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except OSError as e:  # UpstreamError, or TimeoutError (also an OSError)
-            kind = "timeout" if isinstance(e, TimeoutError) else "midstream"
-            self.replicas.record_failure(a.st, kind)
-            msg = f"replica {a.st.id} failed mid-stream ({kind}: {type(e).__name__}); the response is incomplete"
-            event = json.dumps({"error": {"message": msg, "type": "upstream_error", "code": 502}})
+        except OSError as e:  # UpstreamError
+            kind, detail = "midstream", type(e).__name__
+        finally:
+            st.decoding_streams -= 1
+        if kind is not None:
+            self.replicas.record_failure(st, kind)
+            msg = f"replica {st.id} failed mid-stream ({kind}: {detail}); the response is incomplete"
+            event = json.dumps({"error": {"message": msg, "type": "upstream_error", "param": None, "code": 502}})
             state.finished = True
             await send({"type": "http.response.body", "body": f"data: {event}\n\ndata: [DONE]\n\n".encode(),
                         "more_body": False})
@@ -489,6 +594,8 @@ class Router:
         state.finished = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
+        if events >= 4:  # [DONE] and a usage event end most streams; the gaps between token events remain
+            self.replicas.record_latency(st, "tpot_s", (last_at - first_at) / (events - 1), a.probe)
         return True
 
 def build_router(

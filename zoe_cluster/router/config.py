@@ -26,6 +26,24 @@ class RouterConfig(BaseModel):
         default=None, description="Bearer key of the /admin endpoints (membership, drain); None disables them."
     )
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0, description="Larger request bodies get 413.")
+    max_json_depth: int = Field(
+        default=128, gt=0, description="Deeper nesting of arrays and objects in a request body gets 400."
+    )
+    max_number_chars: int = Field(
+        default=100, gt=0, description="A number literal longer than this in a request body gets 400."
+    )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0,
+        description="A client must send a request's whole header within this time of its first byte (or of "
+        "connecting); else the connection is closed.",
+    )
+    body_timeout_s: float = Field(
+        default=60.0, gt=0, description="A client must send a request's whole body within this time of its header; "
+        "else it gets 408 and the connection is closed.",
+    )
+    metrics_key: str | None = Field(
+        default=None, description="Bearer key GET /metrics requires; None: /metrics is open (Prometheus scrapes it)."
+    )
     max_context_tokens: int | None = Field(
         default=None, gt=0, description="Prompts estimated longer than this get 400 naming the limit."
     )
@@ -38,6 +56,11 @@ class RouterConfig(BaseModel):
         default=300.0, gt=0, description="Longest silence between two chunks of a response body."
     )
     max_retries: int = Field(default=2, ge=0, description="Other replicas tried when one fails before any byte.")
+    retry_statuses: list[int] = Field(
+        default_factory=lambda: [500, 502, 503, 504],
+        description="Upstream HTTP statuses retried on another replica (before any byte reached the client); "
+        "each also counts toward passive ejection.",
+    )
     max_queue: int = Field(default=1024, ge=0, description="Requests that may wait for a free replica; more get 429.")
     queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest wait in the queue before 503.")
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After sent with 429/503.")
@@ -52,6 +75,25 @@ class RouterConfig(BaseModel):
     eject_s: float = Field(
         default=10.0, gt=0, description="How long a passive ejection lasts before the replica is tried again."
     )
+    stall_timeout_s: float = Field(
+        default=20.0, gt=0,
+        description="A replica whose streams all sent no byte for this long while one waits is hung: the waiting "
+        "stream ends with an error event and the replica is ejected for eject_s.",
+    )
+    slow_factor: float | None = Field(
+        default=3.0, gt=1,
+        description="A replica whose time per output token exceeds this many times its peers' median gets no new "
+        "requests until a probe shows it recovered (None: off).",
+    )
+    slow_min_samples: int = Field(
+        default=5, ge=1, description="Finished requests a replica (and a peer) needs before it can be judged slow."
+    )
+    slow_probe_s: float = Field(
+        default=2.0, gt=0, description="Period of the single probe request sent to a replica judged slow."
+    )
+    latency_ewma_alpha: float = Field(
+        default=0.2, gt=0, le=1, description="Weight of a new sample in a replica's moving average of latency."
+    )
     kv_events_endpoint: str | None = Field(
         default=None,
         description="Precise mode: ZMQ endpoint the router binds for the engines' KV events "
@@ -62,4 +104,7 @@ class RouterConfig(BaseModel):
     @model_validator(mode="after")
     def _policy_ok(self) -> "RouterConfig":
         validate_policy_config(self.policy, self.policy_config)
+        bad = [s for s in self.retry_statuses if not 500 <= s <= 599]
+        if bad:
+            raise ValueError(f"retry_statuses: only 5xx statuses may be retried, got {bad}")
         return self

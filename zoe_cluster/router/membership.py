@@ -23,6 +23,7 @@ then push a membership without it (or with the new generation's id) once its in-
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -35,7 +36,8 @@ class MemberReplica(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(pattern=REPLICA_ID_PATTERN, description='Replica identity "deployment/index/generation".')
-    url: str = Field(description="Base URL of the engine's OpenAI server, e.g. http://10.0.0.5:8000 (no /v1).")
+    url: str = Field(description="Base URL of the engine's OpenAI server, e.g. http://10.0.0.5:8000 (no /v1); "
+                     "http only: https is refused here, since the router cannot send to it.")
     pool: str = Field(default="default", min_length=1, description='Context pool; "long" for long-context replicas.')
     variant: str = Field(default="", description="Recipe variant the replica serves (shown in metrics and admin).")
     state: Literal["ready", "draining"] = Field(
@@ -65,8 +67,16 @@ class MemberReplica(BaseModel):
     @field_validator("url")
     @classmethod
     def _http_url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, got {v!r}")
+        if v.startswith("https://"):
+            raise ValueError(f"url {v!r}: https upstreams are not supported (the router's upstream client speaks "
+                             "plain HTTP/1.1 to engines on the cluster network); give the engine's http:// address")
+        u = urlsplit(v)
+        if u.scheme != "http" or not u.hostname:
+            raise ValueError(f"url must be http://host[:port], got {v!r}")
+        try:
+            u.port
+        except ValueError as e:
+            raise ValueError(f"url {v!r}: {e}") from None
         return v.rstrip("/")
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from zoe_cluster.router.membership import MemberReplica, Membership
+from zoe_cluster.router.slowness import LatencyFacts, probe_due, record_sample, slow_replicas
 from zoe_cluster.routing.context import ReplicaView
 from zoe_cluster.routing.policy import Policy
 
@@ -36,6 +37,13 @@ class ReplicaState:
     removed: bool = False
     """Left membership (in-flight requests may still hold this object)."""
     served: frozenset[str] = field(default_factory=frozenset)
+    latency: LatencyFacts = field(default_factory=LatencyFacts.empty)
+    """Moving averages of its time per output token, and since when it is judged slow (`router.slowness`)."""
+    last_byte_at: float = 0.0
+    """Monotonic time any of its streams last sent a byte (stall detection)."""
+    decoding_streams: int = 0
+    """Streams through the router past their first event (stall detection needs at least one)."""
+    slow_reason: str | None = None
 
     @property
     def id(self) -> str:
@@ -71,6 +79,10 @@ class ReplicaSet:
         unhealthy_after: int,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[], None] = lambda: None,
+        slow_factor: float | None = None,
+        slow_min_samples: int = 5,
+        slow_probe_s: float = 2.0,
+        latency_ewma_alpha: float = 0.2,
     ) -> None:
         self.policy = policy
         self.metrics = metrics
@@ -79,6 +91,8 @@ class ReplicaSet:
         self.unhealthy_after = unhealthy_after
         self.clock = clock
         self.on_change = on_change
+        self.slow_factor, self.slow_min_samples = slow_factor, slow_min_samples
+        self.slow_probe_s, self.latency_ewma_alpha = slow_probe_s, latency_ewma_alpha
         self.version: int | None = None
         self.membership: Membership | None = None
         self.by_id: dict[str, ReplicaState] = {}
@@ -140,16 +154,60 @@ class ReplicaSet:
         return st
 
     def candidates(self, model: str, default_models: frozenset[str], exclude: Iterable[str] = ()) -> list[ReplicaState]:
-        """Replicas that take new requests for `model` now (exclude: ids already tried for this request)."""
+        """Replicas that take new requests for `model` now (exclude: ids already tried for this request). Replicas
+        judged slow are left out while others remain."""
         now = self.clock()
         ex = set(exclude)
-        return [
+        out = [
             st
             for st in self.by_id.values()
             if st.routable(now)
             and st.id not in ex
             and (model in st.served if st.served else (not default_models or model in default_models))
         ]
+        fast = [st for st in out if st.slow_reason is None]
+        return fast or out
+
+    def probe_target(self, model: str, default_models: frozenset[str], exclude: Iterable[str] = ()
+                     ) -> ReplicaState | None:
+        """A slow replica whose recovery probe is due (it gets the next request), or None."""
+        now = self.clock()
+        ex = set(exclude)
+        for st in self.by_id.values():
+            if (st.slow_reason is not None and st.routable(now) and st.id not in ex
+                    and (model in st.served if st.served else (not default_models or model in default_models))
+                    and probe_due(st.latency, now, self.slow_probe_s)):
+                st.latency.last_probe_at = now
+                return st
+        return None
+
+    # --- latency: slow replicas ---
+    def record_latency(self, st: ReplicaState, measure: str, sample_s: float, probe: bool) -> None:
+        """One finished request's time per output token (`measure` of `router.slowness.MEASURES`), then the
+        slow set judged again."""
+        if st.removed or self.slow_factor is None:
+            return
+        record_sample(st.latency, measure, sample_s, self.latency_ewma_alpha, probe=probe)
+        self.judge_slow()
+
+    def judge_slow(self) -> None:
+        """Apply `slow_replicas` to the current facts: mark new slow replicas, clear recovered ones."""
+        if self.slow_factor is None:
+            return
+        slow = slow_replicas({rid: st.latency for rid, st in self.by_id.items()}, self.slow_factor,
+                             self.slow_min_samples)
+        now = self.clock()
+        changed = False
+        for rid, st in self.by_id.items():
+            why = slow.get(rid)
+            if why is not None and st.slow_reason is None:
+                st.latency.slow_since, changed = now, True
+                self.metrics.ejections.labels(replica=rid, cause="slow").inc()
+            elif why is None and st.slow_reason is not None:
+                st.latency.slow_since, changed = None, True
+            st.slow_reason = why
+        if changed:
+            self.on_change()
 
     def models(self) -> set[str]:
         out: set[str] = set()
@@ -162,14 +220,17 @@ class ReplicaSet:
         st.consecutive_failures = 0
 
     def record_failure(self, st: ReplicaState, kind: str) -> None:
+        """Count an upstream failure; `passive_failures` in a row eject the replica for `eject_s`. A stall (the
+        whole replica silent, `router.slowness.stall_verdict`) ejects at once."""
         if st.removed:  # it left membership while the request ran: no series for a replica that is gone
             return
         self.metrics.upstream_errors.labels(replica=st.id, kind=kind).inc()
         st.consecutive_failures += 1
-        if st.consecutive_failures >= self.passive_failures and self.clock() >= st.ejected_until:
-            st.ejected_until = self.clock() + self.eject_s
+        now = self.clock()
+        if (kind == "stall" or st.consecutive_failures >= self.passive_failures) and now >= st.ejected_until:
+            st.ejected_until = now + self.eject_s
             st.consecutive_failures = 0
-            self.metrics.ejections.labels(replica=st.id, cause="passive").inc()
+            self.metrics.ejections.labels(replica=st.id, cause="stall" if kind == "stall" else "passive").inc()
             self.refresh_gauges()
 
     # --- active health ---
@@ -207,6 +268,8 @@ class ReplicaSet:
                     "draining": v.draining,
                     "healthy": v.healthy,
                     "routable": st.routable(now),
+                    "slow": st.slow_reason,
+                    "tpot_ms": None if st.latency.tpot_s.value is None else round(st.latency.tpot_s.value * 1e3, 3),
                     "ejected_for_s": max(0.0, round(st.ejected_until - now, 3)),
                     "active_requests": v.active_requests,
                     "queued_prefill_tokens": v.queued_prefill_tokens,

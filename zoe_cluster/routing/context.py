@@ -144,7 +144,7 @@ class ReplicaView:
 
 
 RoutingReason = Literal[
-    "round_robin", "least_load", "prefix", "session", "pool_spill", "load_balance", "only_choice"
+    "round_robin", "least_load", "prefix", "session", "pool_spill", "load_balance", "only_choice", "probe"
 ]
 
 
@@ -232,7 +232,11 @@ def _hash_prompt(prompt: Any, block_tokens: int) -> tuple[list[int], int]:
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         # A batch of prompts: locality follows the first; the load is all of them.
         return hash_text(prompt[0], block_tokens), sum(estimate_tokens(p) for p in prompt)
-    raise BadRequest("'prompt' must be a string, a list of strings, or a list of token ids")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, list) and p for p in prompt) and all(
+        isinstance(t, int) and not isinstance(t, bool) for p in prompt for t in p
+    ):  # a batch of token-id prompts, as vLLM accepts: locality follows the first
+        return hash_token_ids(prompt[0], block_tokens), sum(len(p) for p in prompt)
+    raise BadRequest("'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids")
 
 
 def context_from_trace(

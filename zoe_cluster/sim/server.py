@@ -3,11 +3,14 @@
 Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (streaming with SSE and not; `usage` with
 `prompt_tokens_details.cached_tokens`; `stream_options.include_usage`), `GET /v1/models`, `GET /health`
 (503 while the weights "load"), `GET /metrics` (`zoe_cluster.sim.metrics`), `POST /reset_prefix_cache` (as
-vLLM), and the simulator's own `GET /sim/info` (calibration, KV capacity) and `POST /sim/faults`.
+vLLM), and the simulator's own `GET /sim/info` (calibration, KV capacity) and, only when started with
+`fault_endpoint` (`zoe sim serve --fault-endpoint`), `POST /sim/faults`.
 
 Every request generates exactly `max_tokens` tokens (there is no end-of-sequence; finish_reason "length").
-Errors look like vLLM's: `{"error": {"message", "type", "code"}}` with 400 (bad request, prompt too long for
-the context, naming the limit), 404 (unknown model), 500 (injected fault), 503 (still starting).
+Errors look like vLLM's: `{"error": {"message", "type", "param", "code"}}` with 400 (bad request: JSON nested
+too deep or with an over-long number, sampling parameters vLLM rejects, checked by the router's own
+`request_checks`; a prompt too long for the context, naming the limit), 404 (unknown model), 413 (a body over
+`max_body_bytes`), 500 (injected fault), 503 (still starting).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from zoe_cluster.recipes import Recipe
+from zoe_cluster.router.request_checks import RequestError, check_sampling, parse_json_body
 from zoe_cluster.routing.context import DEFAULT_MAX_TOKENS
 from zoe_cluster.sim.calibrate import Calibration, calibrate
 from zoe_cluster.sim.clock import WallClock
@@ -63,16 +67,20 @@ class ServerConfig:
     0: HBM only. Sized and priced by `sim.kv_cache.host_kv_tier`."""
     block_tokens: int = SERVER_BLOCK_TOKENS
     faults: FaultConfig | None = None
+    fault_endpoint: bool = False
+    """Serve `POST /sim/faults` (unauthenticated fault injection at run time): tests and fault benchmarks only."""
+    max_body_bytes: int = 32 * 1024 * 1024
+    """Larger request bodies get 413."""
 
 
 class _HttpError(Exception):
-    def __init__(self, status: int, message: str, etype: str = "BadRequestError") -> None:
+    def __init__(self, status: int, message: str, etype: str = "BadRequestError", param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.etype = status, message, etype
+        self.status, self.message, self.etype, self.param = status, message, etype, param
 
 
-def _error(status: int, message: str, etype: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": etype, "param": None, "code": status}}, status)
+def _error(status: int, message: str, etype: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": etype, "param": param, "code": status}}, status)
 
 
 class _Flow:
@@ -123,7 +131,7 @@ class SimServer:
                 Route("/metrics", self._metrics, methods=["GET"]),
                 Route("/reset_prefix_cache", self._reset_cache, methods=["POST"]),
                 Route("/sim/info", self._info, methods=["GET"]),
-                Route("/sim/faults", self._set_faults, methods=["POST"]),
+                *([Route("/sim/faults", self._set_faults, methods=["POST"])] if config.fault_endpoint else []),
             ],
             lifespan=self._lifespan,
         )
@@ -182,10 +190,20 @@ class SimServer:
 
     # --- request parsing ------------------------------------------------------------------------------
     async def _body(self, request: Request) -> dict[str, Any]:
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise _HttpError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _HttpError(413, f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise _HttpError(400, "request body is not valid JSON") from None
+            body = parse_json_body(b"".join(chunks), max_depth=128, max_number_chars=100)
+        except RequestError as e:
+            raise _HttpError(400, e.message) from None
         if not isinstance(body, dict):
             raise _HttpError(400, "request body must be a JSON object")
         model = body.get("model")
@@ -193,6 +211,10 @@ class SimServer:
             raise _HttpError(400, "'model' is required and must be a string")
         if model != self.config.served_model_name:
             raise _HttpError(404, f"The model `{model}` does not exist.", "NotFoundError")
+        try:
+            check_sampling("chat" if request.url.path.endswith("/chat/completions") else "completions", body)
+        except RequestError as e:
+            raise _HttpError(400, e.message, param=e.param) from None
         return body
 
     def _max_tokens(self, body: dict[str, Any], prompt_tokens: int) -> int:
@@ -255,8 +277,11 @@ class SimServer:
                 prompt_tokens, hashes = prompt_blocks(text, self.config.block_tokens)
             else:
                 prompt = body.get("prompt")
-                if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+                if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
                     prompt = prompt[0]
+                elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+                    raise _HttpError(400, f"the simulated engine serves one prompt per request, got a batch of "
+                                          f"{len(prompt)}", param="prompt")
                 if isinstance(prompt, str):
                     pass
                 elif isinstance(prompt, list) and prompt and all(
@@ -275,7 +300,7 @@ class SimServer:
             self._admit_fault()
             req = await self._start(prompt_tokens, hashes, max_tokens)
         except _HttpError as e:
-            return _error(e.status, e.message, e.etype)
+            return _error(e.status, e.message, e.etype, e.param)
         model = self.config.served_model_name
         rid = ("chatcmpl-" if chat else "cmpl-") + req.request_id[4:]
         created = int(time.time())
