@@ -109,6 +109,12 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
         stages = 3
         if gated and fmt != "bf16":
             bn = 64  # two accumulators (gate, up) plus the scaled partial product: keep registers in bounds
+        if fmt in FOUR_BIT_FORMATS:
+            # 4 warps and K steps of 64 (65 KB of shared memory, <= 255 registers): two programs per SM, so one
+            # program's decode overlaps the other's MMAs. H200, DeepSeek-V3.2 (`moe_large_m.py --tile-sweep`):
+            # w4a16 M=4096 11.8 against 13.7 ms with 8 warps and K steps of 128, M=16384 37.3-38.1 against 41.8;
+            # mxfp4 13.3 against 15.6 and 40.1 against 47.1. Retune with that sweep.
+            warps, bk = 4, 64
     else:
         bn = 64 if gated else 128
         while bn > 16 and tiles_m * -(-n // bn) < target_programs():

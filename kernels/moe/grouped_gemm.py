@@ -96,7 +96,7 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
         p = tl.load(w_base + wrows[None, :] * stride_wn + offs_kp[:, None] * stride_wk,
                     mask=wrow_mask[None, :] & (offs_kp[:, None] < KP))  # zero fill: cp.async, no select
         lo, hi = _int4_halves(p, a.dtype, PTX)
-        if JOIN_K:  # the group scale (BLOCK_K is one group) on the weights: one chain of MMAs into acc
+        if JOIN_K:  # the step's group scale (a K step lies in one group) on the weights: one MMA chain into acc
             w = (_join_k(lo, hi, BLOCK_K, BLOCK_N).to(tl.float32) * ws_pre[None, :]).to(a.dtype)
             acc = tl.dot(a, w, acc)
         else:

@@ -38,16 +38,23 @@ pytestmark = pytest.mark.kernels
 DEVICE = "cuda" if ON_GPU else "cpu"
 # The CPU interpreter computes bf16 wrongly (ENVIRONMENT.md): test fp16/fp32 there, bf16/fp16 on a GPU.
 DTYPES = [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16, torch.float32]
-# ||out - ref|| / ||ref|| by activation dtype; fp32 on a GPU runs tl.dot in tf32.
-TOL = {torch.float32: 5e-3 if ON_GPU else 1e-4, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
+# ||out - ref|| / ||ref|| by activation dtype; fp32 on a GPU runs tl.dot in tf32. bf16: the H200 measured at most
+# 1.7e-3 on the dot and GEMV paths of every format (2.5e-3 for the 4-bit GEMV's packed-half products), and the
+# "wide" numbers below 4.6e-3 (bench/kernels/moe_large_m.py --tolerance: H=1024, I=384, E=32, top-8, 4 seeds).
+TOL = {torch.float32: 5e-3 if ON_GPU else 1e-4, torch.float16: 3e-3, torch.bfloat16: 4e-3}
+# bf16 where the numbers differ by design: fp8 on tiles of 64+ rows (Hopper's wgmma sums fp8 products at reduced
+# precision within a K step: 4.6e-3 against 1.7e-3 on 16/32-row tiles, which run mma.sync) and int4 weights scaled
+# before rounding to bf16 (the joined K tiles and the dequant path: 4.0e-3).
+WIDE_TOL_BF16 = 7e-3
 
 
-def _tol(fmt: str, dtype: torch.dtype) -> float:
+def _tol(fmt: str, dtype: torch.dtype, wide: bool = False) -> float:
+    """Tolerance of a format in an activation dtype; `wide`: a fp8 or w4a16 run with the numbers of WIDE_TOL_BF16."""
     if fmt == "mxfp4" and dtype == torch.float32:
         dtype = torch.float16  # tl.dot_scaled takes 16-bit activations
-    tol = TOL[dtype]
-    # fp8: a one-ulp flip when re-quantizing the intermediate moves a product by 1/16 of an element.
-    return max(tol, 2e-2) if fmt == "fp8" and dtype == torch.bfloat16 else tol
+    if wide and dtype == torch.bfloat16 and fmt in ("fp8", "w4a16"):
+        return WIDE_TOL_BF16
+    return TOL[dtype]
 
 
 def _routing(m: int, e: int, k: int, *, experts: int | None = None, gen: torch.Generator):
@@ -475,7 +482,7 @@ def test_dot_path_4bit_halves_joined_or_split(fmt, join_k, monkeypatch):
         assert config.stage_config(m, 2, 6, 128, 200, fmt, gated=True, block_m=block_m)["JOIN_K"] == join_k
         out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, block_m=block_m, **kw)
         assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
-        assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype)
+        assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype, wide=join_k)
 
 
 @pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
@@ -520,9 +527,9 @@ def test_dequant_path_matches_reference(fmt, workspace_experts):
                           alloc=_nan_alloc, workspace_bytes=ws)
         assert out.shape == (m, 136) and out.dtype == dtype
         assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
-        assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype)
+        assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype, wide=True)
     out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dequant", **kw)  # the same through fused_moe
-    assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype)
+    assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype, wide=True)
     with pytest.raises(ValueError, match="4-bit"):
         fused_moe(*_problem(3, 64, 32, 4, 2, "fp8", dtype, seed=1)[:5], path="dequant",
                   **_problem(3, 64, 32, 4, 2, "fp8", dtype, seed=1)[5])
@@ -714,7 +721,7 @@ def test_gpu_production_tiles(fmt, m):
     act_quant = fp8_act_quant_for(block_m_for(m, 8, 32))
     ref = fused_moe_reference(x, w13, w2, tw, ti, fp8_act_quant=act_quant, **kw)
     assert torch.isfinite(out).all()
-    assert _rel_err(out, ref) < _tol(fmt, torch.bfloat16)
+    assert _rel_err(out, ref) < _tol(fmt, torch.bfloat16, wide=block_m_for(m, 8, 32) >= 64)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="production GEMV tiles need a GPU")
@@ -742,4 +749,4 @@ def test_gpu_dequant_path_production_tiles(fmt, m):
         out = dequant_moe(x, w13, w2, tw, ti, fmt=fmt, w13_scale=kw["w13_scale"], w2_scale=kw["w2_scale"],
                           alloc=_nan_alloc, workspace_bytes=workspace)
         assert torch.isfinite(out).all()
-        assert _rel_err(out, ref) < _tol(fmt, torch.bfloat16)
+        assert _rel_err(out, ref) < _tol(fmt, torch.bfloat16, wide=True)
