@@ -4,6 +4,7 @@ why; zoe_cluster's copy of the plugin's support table is current and read withou
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -93,3 +94,15 @@ def test_cli_plan_shows_why_a_kernel_variant_is_not_ranked():
     d = json.loads(out.stdout)
     fused = next(c for c in d["alternatives"] if c["variant"] == "fp8-tp8-fused-moe")
     assert fused["eligible"] is False and fused["kernels_blocked"] and "names no vllm release" in fused["why"]
+
+
+def test_cli_deploy_of_a_named_kernel_variant_warns_before_it_starts():
+    """`zoe deploy --variant` deploys what was asked, saying first that its kernels would fall back (the bogus
+    cluster address then ends the command: no Ray is needed to see the warning)."""
+    env = {**os.environ, "COLUMNS": "400"}
+    out = subprocess.run([sys.executable, "-m", "zoe_cluster.cli.main", "deploy", "glm-5.3", "--variant",
+                          "fp8-tp8-fused-moe", "--address", "127.0.0.1:1"], capture_output=True, text=True,
+                         timeout=120, env=env)  # fmt: skip
+    text = " ".join((out.stdout + out.stderr).split())
+    assert "warning: fp8-tp8-fused-moe: kernel fused_moe: image vllm/vllm-openai-rocm:nightly" in text
+    assert "the engine serves on its own kernels" in text
