@@ -49,7 +49,9 @@ from zoe_cluster.router.replicas import ReplicaSet, ReplicaState
 from zoe_cluster.router.request_checks import RequestError, check_sampling, parse_json_body
 from zoe_cluster.router.slowness import next_stall_check_s, stall_verdict
 from zoe_cluster.router.upstream import UpstreamPool, UpstreamResponse
+from zoe_cluster.routing.chat_prefix import ChatPrefixCache
 from zoe_cluster.routing.context import BadRequest, RequestContext, RoutingDecision, context_from_openai
+from zoe_cluster.routing.hashing import TextChain
 from zoe_cluster.routing.policy import Policy, get_policy
 from zoe_cluster.routing.slo import slo_class_from_headers
 
@@ -165,6 +167,9 @@ class Router:
         self.upstream: UpstreamPool | None = None
         self.kv_events = None  # KvEventSubscriber in precise mode
         self.health = HealthChecker(self, config)
+        self.chat_prefixes = ChatPrefixCache(
+            config.block_tokens, max_depth=config.max_json_depth, max_number_chars=config.max_number_chars
+        )
         self._aux = AuxRoutes(self).app
 
     def apply_membership(self, membership: Membership) -> dict[str, list[str]]:
@@ -257,8 +262,8 @@ class Router:
                 auth = headers.get(b"authorization", b"")
                 if not auth.startswith(b"Bearer ") or auth[7:].strip() not in self._api_keys:
                     raise HttpError(401, "missing or invalid API key", "authentication_error")
-            raw, body = await self._read_body(headers, receive)
-            ctx = self._context(endpoint, body, headers)
+            raw, body, chat_prompt = await self._read_body(endpoint, headers, receive)
+            ctx = self._context(endpoint, body, headers, chat_prompt)
         except HttpError as e:
             await self._respond_error(send, e)
             return
@@ -285,8 +290,11 @@ class Router:
             state.finished = True
             watcher.cancel()
 
-    async def _read_body(self, headers: dict, receive: Callable) -> tuple[bytes, dict]:
-        """The raw body (forwarded as it is) and its parsed JSON object."""
+    async def _read_body(
+        self, endpoint: str, headers: dict, receive: Callable
+    ) -> tuple[bytes, dict, TextChain | None]:
+        """The raw body (forwarded as it is), its parsed JSON object and, for a chat body, the prompt's chain (the
+        object then lacks `messages`; `chat_prefixes` parses only what extends the session's last body)."""
         limit = self.config.max_body_bytes
         cl = headers.get(b"content-length")
         if cl is not None and cl.isdigit() and int(cl) > limit:
@@ -304,13 +312,18 @@ class Router:
             if not msg.get("more_body"):
                 break
         raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if endpoint == "chat":
+            session = headers.get(b"x-session-id")
+            parsed = self.chat_prefixes.parse(raw, session.decode("latin-1") if session else None)
+            if parsed is not None:
+                return raw, parsed.fields, parsed.prompt
         try:
             body = parse_json_body(raw, self.config.max_json_depth, self.config.max_number_chars)
         except RequestError as e:
             raise HttpError(400, e.message) from None
         if not isinstance(body, dict):
             raise HttpError(400, "the JSON body must be an object")
-        return raw, body
+        return raw, body, None
 
     def _model_label(self, model: str) -> str:
         """The model as a metric label: clients choose it freely when no model list is configured, so then
@@ -320,7 +333,9 @@ class Router:
     def served_models(self) -> set[str]:
         return set(self.default_models) | self.replicas.models()
 
-    def _context(self, endpoint: str, body: dict, headers: dict) -> RequestContext:
+    def _context(
+        self, endpoint: str, body: dict, headers: dict, chat_prompt: TextChain | None = None
+    ) -> RequestContext:
         rid = headers.get(b"x-request-id")
         session = headers.get(b"x-session-id")
         try:
@@ -335,6 +350,7 @@ class Router:
                 session_header=session.decode("latin-1") if session else None,
                 slo_class=slo_class_from_headers(headers),
                 block_tokens=self.config.block_tokens,
+                chat_prompt=chat_prompt,
             )
         except BadRequest as e:
             raise HttpError(400, str(e)) from None

@@ -25,11 +25,13 @@ from zoe_cluster.engines.base import EngineStats
 from zoe_cluster.routing.hashing import (
     DEFAULT_BLOCK_TOKENS,
     MOONCAKE_BLOCK_TOKENS,
+    TextChain,
     chain_hashes,
     estimate_tokens,
     hash_text,
     hash_token_ids,
-    render_chat,
+    render_message,
+    render_tools,
 )
 
 DEFAULT_MAX_TOKENS = 256
@@ -185,14 +187,20 @@ def context_from_openai(
     session_header: str | None = None,
     slo_class: str | None = None,
     block_tokens: int = DEFAULT_BLOCK_TOKENS,
+    chat_prompt: TextChain | None = None,
 ) -> RequestContext:
     """Build the context of an OpenAI /v1/completions ("completions") or /v1/chat/completions ("chat") body.
+
+    `chat_prompt`: the chat prompt's chain when the caller already has it (`routing.chat_prefix`, which parsed
+    the body and left `messages` out of it); `block_tokens` must then be the chain's.
 
     Raises BadRequest naming the field when the body is not a valid request of that kind."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a string")
-    if endpoint == "chat":
+    if endpoint == "chat" and chat_prompt is not None:
+        hashes, tokens = chat_prompt.hashes, chat_prompt.tokens
+    elif endpoint == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("'messages' must be a non-empty list")
@@ -200,10 +208,12 @@ def context_from_openai(
         if tools is not None and not isinstance(tools, list):
             raise BadRequest("'tools' must be a list")
         try:
-            text = render_chat(messages, tools)
+            chain = TextChain(block_tokens).extend(
+                [render_tools(tools), *(render_message(i, m) for i, m in enumerate(messages))]
+            )
         except ValueError as e:
             raise BadRequest(str(e)) from None
-        hashes, tokens = hash_text(text, block_tokens), estimate_tokens(text)
+        hashes, tokens = chain.hashes, chain.tokens
     else:
         prompt = body.get("prompt")
         hashes, tokens = _hash_prompt(prompt, block_tokens)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from hashlib import blake2b
 from typing import Any
 
@@ -55,26 +56,68 @@ def estimate_tokens(text: str) -> int:
     return -(-len(text) // CHARS_PER_TOKEN)
 
 
-def _h(parent: bytes, data: bytes) -> bytes:
-    return blake2b(parent + data, digest_size=8).digest()
-
-
-def _chain(blocks: Iterable[bytes]) -> list[int]:
+def _chain(blocks: Iterable[bytes], parent: bytes = _SEED) -> list[int]:
     out: list[int] = []
-    parent = _SEED
+    append, from_bytes = out.append, int.from_bytes
     for data in blocks:
-        parent = _h(parent, data)
-        out.append(int.from_bytes(parent, "big"))
+        parent = blake2b(parent + data, digest_size=8).digest()
+        append(from_bytes(parent, "big"))
     return out
+
+
+def _chain_text(text: str, step: int, parent: bytes = _SEED) -> list[int]:
+    """Chain hashes of the full `step`-character blocks of `text`, continuing the chain from `parent`."""
+    end = len(text) // step * step
+    if text.isascii():  # one character is one byte: slice the encoded text instead of encoding every block
+        data = text.encode("ascii")
+        return _chain((data[i : i + step] for i in range(0, end, step)), parent)
+    return _chain((text[i : i + step].encode("utf-8", "surrogatepass") for i in range(0, end, step)), parent)
 
 
 def hash_text(text: str, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> list[int]:
     """Chain hashes of every full block of `text` (block = block_tokens * CHARS_PER_TOKEN characters)."""
     if block_tokens <= 0:
         raise ValueError(f"block_tokens must be positive, got {block_tokens}")
-    step = block_tokens * CHARS_PER_TOKEN
-    full = len(text) // step
-    return _chain(text[i * step : (i + 1) * step].encode("utf-8", "surrogatepass") for i in range(full))
+    return _chain_text(text, block_tokens * CHARS_PER_TOKEN)
+
+
+@dataclass(frozen=True, slots=True)
+class TextChain:
+    """The chain hashes of a text that grows at its end, kept so that only the appended text is hashed.
+
+    `TextChain(block_tokens).extend(pieces)` equals hashing `"".join(pieces)` with `hash_text`, and
+    `chain.extend(a).extend(b) == chain.extend([*a, *b])`: the state is the full blocks' hashes plus the characters
+    after the last full block (`tail`, shorter than one block)."""
+
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    hashes: tuple[int, ...] = ()
+    """Chain hashes of the full blocks so far, first block first."""
+    tail: str = ""
+    """The text after the last full block (fewer than block_tokens * CHARS_PER_TOKEN characters)."""
+    chars: int = 0
+    """Characters of the whole text so far."""
+
+    def __post_init__(self) -> None:
+        if self.block_tokens <= 0:
+            raise ValueError(f"block_tokens must be positive, got {self.block_tokens}")
+
+    @property
+    def tokens(self) -> int:
+        """Estimated tokens of the whole text (`estimate_tokens`)."""
+        return -(-self.chars // CHARS_PER_TOKEN)
+
+    def extend(self, pieces: Sequence[str]) -> TextChain:
+        """The chain of this text followed by `pieces`; hashes only the blocks the pieces complete."""
+        text = "".join([self.tail, *pieces]) if self.tail else "".join(pieces)
+        if not text:
+            return self
+        step = self.block_tokens * CHARS_PER_TOKEN
+        full = len(text) // step * step
+        hashes = self.hashes
+        if full:
+            parent = hashes[-1].to_bytes(8, "big") if hashes else _SEED
+            hashes = hashes + tuple(_chain_text(text, step, parent))
+        return TextChain(self.block_tokens, hashes, text[full:], self.chars + len(text) - len(self.tail))
 
 
 def hash_token_ids(token_ids: Sequence[int], block_tokens: int = DEFAULT_BLOCK_TOKENS) -> list[int]:
@@ -114,23 +157,29 @@ def _content_text(content: Any) -> str:
     return canonical_json(content)
 
 
+def render_tools(tools: Sequence[Any] | None) -> str:
+    """The rendering of a request's `tools` list (empty when there is none); it comes before the messages."""
+    return f"<|tools|>{canonical_json(list(tools))}<|end|>\n" if tools else ""
+
+
+def render_message(index: int, msg: Any) -> str:
+    """The rendering of one chat message (`index` names it in the error).
+
+    Raises ValueError when the message is not an object with a string `role`."""
+    if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+        raise ValueError(f"messages[{index}] must be an object with a string 'role'")
+    name = msg.get("name")
+    head = f"<|{msg['role']}|>name={name}\n" if isinstance(name, str) and name else f"<|{msg['role']}|>"
+    calls = msg.get("tool_calls")
+    return "".join((head, _content_text(msg.get("content")), canonical_json(calls) if calls else "", "<|end|>\n"))
+
+
 def render_chat(messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None = None) -> str:
-    """The text a chat request is hashed and counted as (see the module docstring for the exact format).
+    """The text a chat request is hashed and counted as (see the module docstring for the exact format): the
+    tools (`render_tools`), then each message (`render_message`).
 
     Raises ValueError when a message is not an object with a string `role`."""
-    out: list[str] = []
-    if tools:
-        out.append(f"<|tools|>{canonical_json(list(tools))}<|end|>\n")
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-            raise ValueError(f"messages[{i}] must be an object with a string 'role'")
-        name = msg.get("name")
-        head = f"<|{msg['role']}|>" + (f"name={name}\n" if isinstance(name, str) and name else "")
-        body = _content_text(msg.get("content"))
-        if msg.get("tool_calls"):
-            body += canonical_json(msg["tool_calls"])
-        out.append(f"{head}{body}<|end|>\n")
-    return "".join(out)
+    return "".join([render_tools(tools), *(render_message(i, m) for i, m in enumerate(messages))])
 
 
 def blocks_for_tokens(tokens: int, block_tokens: int) -> int:

@@ -1,0 +1,290 @@
+"""Chat bodies parsed and hashed once: a request that extends a body the router has seen pays only for its new part.
+
+An agentic client resends the whole conversation with every turn, so turn n+1's body is turn n's body with
+messages appended: at 1M tokens that is 4 MB of JSON to parse, render and hash per request, almost all of it
+known. `ChatPrefixCache.parse(raw, session)` returns the body's top-level fields and the prompt's
+`hashing.TextChain` (the chain hashes and the token estimate of `render_chat(messages, tools)`), and remembers,
+per session key, the body's bytes (the same object, not a copy), where its last message ends, and the chain after
+that message. A later body of the same session that starts with exactly those bytes (one memcmp) holds the same
+messages up to there, and the same fields before them; only the bytes after are decoded and parsed, and only the
+new messages are rendered and hashed. `tools` render before the messages: when the field comes after the messages
+its JSON text must equal the remembered one, else the body is parsed whole. The result always equals parsing and
+hashing the body from scratch (tests/routing/test_chat_prefix.py checks it on random edits).
+
+The parse is Python's JSON scanner (`json.JSONDecoder.scan_once`, what `json.loads` runs) driven member by member,
+so the end of each message is known. It refuses what the router's edge checks refuse (`router.request_checks`:
+nesting deeper than `max_depth`, a number literal with a run of more than `max_number_chars` digits, NaN and
+Infinity); on any of those, on malformed JSON, on a body that is not an object with a `messages` member, on a
+duplicated `messages` key or a body not in UTF-8, `parse` returns None and the caller parses the body its usual
+way (which also words the error).
+
+Sessions are keyed by what the caller passes (the router passes the `x-session-id` header); without a key the body
+is parsed in full and nothing is remembered. The cache holds at most `max_sessions` bodies and `max_bytes` bytes
+of them, least recently used out first.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from zoe_cluster.routing.hashing import DEFAULT_BLOCK_TOKENS, TextChain, render_message, render_tools
+
+DEFAULT_MAX_SESSIONS = 4096
+DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+"""Bytes of remembered bodies (the bodies themselves; the hashes add about 1/25 of that)."""
+
+_WS = re.compile(r"[ \t\n\r]*")
+_MESSAGES_KEY = b'"messages"'
+
+
+class _NotHandled(Exception):
+    """The body is not one this parser handles; the caller parses it its usual way."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedChat:
+    """A chat body as the router needs it."""
+
+    fields: dict[str, Any]
+    """The body's top-level members; `messages` is left out (the prompt is in `prompt`)."""
+    prompt: TextChain
+    """Chain hashes and token estimate of the rendered tools and messages."""
+    reused_chars: int = 0
+    """Characters of the rendered prompt taken from a remembered body instead of being rendered again."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """What is remembered of a session's last chat body."""
+
+    raw: bytes
+    end: int
+    """Byte offset just after the last message (the messages array's `]` and the rest follow)."""
+    head: dict[str, Any]
+    """Members before `messages` (covered by the byte comparison)."""
+    tools_json: str | None
+    """The JSON text of a `tools` member that comes after the messages (None: tools come before, or none)."""
+    prompt: TextChain
+    messages: int
+
+
+class ChatPrefixCache:
+    """Parses chat bodies and remembers each session's last one (see the module docstring)."""
+
+    def __init__(
+        self,
+        block_tokens: int = DEFAULT_BLOCK_TOKENS,
+        *,
+        max_depth: int = 128,
+        max_number_chars: int = 100,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        self.block_tokens = block_tokens
+        self.max_depth = max_depth
+        self.max_number_chars = max_number_chars
+        self.max_sessions = max_sessions
+        self.max_bytes = max_bytes
+        self._known: OrderedDict[str, _Known] = OrderedDict()
+        self._bytes = 0
+        long_digits = re.compile(r"[0-9]{%d}" % (max_number_chars + 1))
+
+        def number(literal: str, convert: type) -> Any:
+            if len(literal) > max_number_chars and long_digits.search(literal):
+                raise ValueError("number literal too long")
+            return convert(literal)
+
+        def refuse(name: str) -> Any:
+            raise ValueError(f"{name} is not a JSON number")
+
+        self._scan = json.JSONDecoder(
+            parse_int=lambda s: number(s, int), parse_float=lambda s: number(s, float), parse_constant=refuse
+        ).scan_once
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    @property
+    def remembered_bytes(self) -> int:
+        return self._bytes
+
+    def parse(self, raw: bytes, session: str | None = None) -> ParsedChat | None:
+        """The fields and prompt chain of a chat body, or None when the caller must parse it its usual way."""
+        known = self._known.get(session) if session is not None else None
+        try:
+            if known is not None and len(raw) > known.end and raw.startswith(memoryview(known.raw)[: known.end]):
+                parsed = self._extend(raw, known, session)  # type: ignore[arg-type]
+                if parsed is not None:
+                    return parsed
+            return self._parse_whole(raw, session)
+        except (_NotHandled, StopIteration, ValueError, IndexError, RecursionError):
+            return None
+
+    # ------------------------------------------------------------------ parsing
+    def _value(self, s: str, i: int, depth: int) -> tuple[Any, int]:
+        """The JSON value at s[i] and the index after it; `depth` is the nesting it sits in."""
+        value, j = self._scan(s, i)
+        if depth + s.count("[", i, j) + s.count("{", i, j) > self.max_depth and (
+            depth + _depth(value) > self.max_depth
+        ):
+            raise _NotHandled("nested too deep")
+        return value, j
+
+    def _members(self, s: str, i: int, fields: dict[str, Any]) -> tuple[int, str | None]:
+        """Parse the top-level `"key": value` members from s[i] to the object's `}`: (index after it, the JSON
+        text of the last `tools` value or None)."""
+        tools_json = None
+        i = _WS.match(s, i).end()
+        while True:
+            if s[i] != '"':
+                raise _NotHandled("expected a member name")
+            key, i = self._scan(s, i)
+            i = _WS.match(s, i).end()
+            if s[i] != ":":
+                raise _NotHandled("expected ':'")
+            i = _WS.match(s, i + 1).end()
+            if key == "messages":
+                raise _NotHandled("messages given twice")
+            start = i
+            fields[key], i = self._value(s, i, 1)
+            if key == "tools":
+                tools_json = s[start:i]
+            i = _WS.match(s, i).end()
+            if s[i] == "}":
+                return i + 1, tools_json
+            if s[i] != ",":
+                raise _NotHandled("expected ',' or '}'")
+            i = _WS.match(s, i + 1).end()
+
+    def _messages(self, s: str, i: int, start_index: int, first: bool) -> tuple[list[str], int, int]:
+        """Render the messages from s[i] (just inside the array, or after an element when not `first`) to the
+        array's `]`: (pieces, index after the last message, index after `]`)."""
+        pieces: list[str] = []
+        last_end = i
+        n = start_index
+        i = _WS.match(s, i).end()
+        if first and s[i] == "]":
+            return pieces, last_end, i + 1
+        if not first:
+            if s[i] == "]":
+                return pieces, last_end, i + 1
+            if s[i] != ",":
+                raise _NotHandled("expected ',' or ']'")
+            i = _WS.match(s, i + 1).end()
+        while True:
+            msg, i = self._value(s, i, 2)
+            pieces.append(render_message(n, msg))
+            n += 1
+            last_end = i
+            i = _WS.match(s, i).end()
+            if s[i] == "]":
+                return pieces, last_end, i + 1
+            if s[i] != ",":
+                raise _NotHandled("expected ',' or ']'")
+            i = _WS.match(s, i + 1).end()
+
+    def _parse_whole(self, raw: bytes, session: str | None) -> ParsedChat:
+        if raw[:3] == b"\xef\xbb\xbf":
+            raise _NotHandled("byte order mark")
+        s = raw.decode("utf-8", "surrogatepass")
+        i = _WS.match(s, 0).end()
+        if s[i] != "{":
+            raise _NotHandled("not an object")
+        head: dict[str, Any] = {}
+        i = _WS.match(s, i + 1).end()
+        if s[i] == "}":
+            raise _NotHandled("no messages")
+        while True:  # the members before `messages`
+            if s[i] != '"':
+                raise _NotHandled("expected a member name")
+            key, i = self._scan(s, i)
+            i = _WS.match(s, i).end()
+            if s[i] != ":":
+                raise _NotHandled("expected ':'")
+            i = _WS.match(s, i + 1).end()
+            if key == "messages":
+                break
+            head[key], i = self._value(s, i, 1)
+            i = _WS.match(s, i).end()
+            if s[i] != ",":
+                raise _NotHandled("no messages")  # `}` before any `messages`, or malformed
+            i = _WS.match(s, i + 1).end()
+        if s[i] != "[":
+            raise _NotHandled("messages is not a list")
+        pieces, msg_end, i = self._messages(s, i + 1, 0, True)
+        if not pieces:
+            raise _NotHandled("no messages")
+        after: dict[str, Any] = {}
+        i, tools_json = self._after_messages(s, i, after)
+        fields = {**head, **after}
+        tools = fields.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise _NotHandled("tools is not a list")
+        prompt = TextChain(self.block_tokens).extend([render_tools(tools), *pieces])
+        if session is not None:
+            if "tools" in head and "tools" in after:
+                return ParsedChat(fields, prompt)  # tools given twice: not remembered
+            end = msg_end if s.isascii() else len(s[:msg_end].encode("utf-8", "surrogatepass"))
+            self._remember(session, _Known(raw, end, head, tools_json, prompt, len(pieces)))
+        return ParsedChat(fields, prompt)
+
+    def _extend(self, raw: bytes, known: _Known, session: str) -> ParsedChat | None:
+        """Parse a body whose first `known.end` bytes equal the remembered body's."""
+        if raw.find(_MESSAGES_KEY, known.end) >= 0:
+            return None  # a second `messages` member may follow, or the word in a value: parse whole
+        s = raw[known.end :].decode("utf-8", "surrogatepass")
+        pieces, msg_end, i = self._messages(s, 0, known.messages, False)
+        after: dict[str, Any] = {}
+        i, tools_json = self._after_messages(s, i, after)
+        if tools_json != known.tools_json:
+            return None  # the tools, rendered before the messages, differ (or moved): parse whole
+        fields = {**known.head, **after}
+        prompt = known.prompt.extend(pieces) if pieces else known.prompt
+        end = known.end + (msg_end if s.isascii() else len(s[:msg_end].encode("utf-8", "surrogatepass")))
+        self._remember(session, _Known(raw, end, known.head, known.tools_json, prompt, known.messages + len(pieces)))
+        return ParsedChat(fields, prompt, reused_chars=known.prompt.chars)
+
+    def _after_messages(self, s: str, i: int, after: dict[str, Any]) -> tuple[int, str | None]:
+        """Parse what follows the messages array's `]` at s[i-1] to the end of the body: (end, tools JSON)."""
+        i = _WS.match(s, i).end()
+        if s[i] == ",":
+            i, tools_json = self._members(s, i + 1, after)
+        elif s[i] == "}":
+            i, tools_json = i + 1, None
+        else:
+            raise _NotHandled("expected ',' or '}'")
+        if _WS.match(s, i).end() != len(s):
+            raise _NotHandled("extra data")
+        return i, tools_json
+
+    # ------------------------------------------------------------------ the cache
+    def _remember(self, session: str, known: _Known) -> None:
+        old = self._known.pop(session, None)
+        if old is not None:
+            self._bytes -= len(old.raw)
+        if len(known.raw) > self.max_bytes:
+            return
+        self._known[session] = known
+        self._bytes += len(known.raw)
+        while len(self._known) > self.max_sessions or self._bytes > self.max_bytes:
+            _, gone = self._known.popitem(last=False)
+            self._bytes -= len(gone.raw)
+
+    def forget(self, session: str) -> None:
+        """Drop what is remembered of a session."""
+        old = self._known.pop(session, None)
+        if old is not None:
+            self._bytes -= len(old.raw)
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of arrays and objects in a parsed JSON value (0 for a scalar)."""
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
