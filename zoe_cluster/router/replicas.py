@@ -18,6 +18,10 @@ from zoe_cluster.routing.context import ReplicaView
 from zoe_cluster.routing.policy import Policy
 
 
+_JUDGE_EVERY_S = 0.2
+"""Slowness is judged again at most this often (each judgement is quadratic in the replicas of a group)."""
+
+
 class StaleMembership(ValueError):
     """A membership push not newer than the one applied."""
 
@@ -93,6 +97,7 @@ class ReplicaSet:
         self.on_change = on_change
         self.slow_factor, self.slow_min_samples = slow_factor, slow_min_samples
         self.slow_probe_s, self.latency_ewma_alpha = slow_probe_s, latency_ewma_alpha
+        self._judged_at = float("-inf")
         self.version: int | None = None
         self.membership: Membership | None = None
         self.by_id: dict[str, ReplicaState] = {}
@@ -188,15 +193,24 @@ class ReplicaSet:
         if st.removed or self.slow_factor is None:
             return
         record_sample(st.latency, measure, sample_s, self.latency_ewma_alpha, probe=probe)
-        self.judge_slow()
+        now = self.clock()
+        if probe or now - self._judged_at >= _JUDGE_EVERY_S:
+            self.judge_slow()
 
     def judge_slow(self) -> None:
-        """Apply `slow_replicas` to the current facts: mark new slow replicas, clear recovered ones."""
+        """Apply `slow_replicas` to the current facts, replicas compared with peers of the same pool and variant
+        (a long-context pool or another variant may be slower by design): mark new slow replicas, clear
+        recovered ones."""
         if self.slow_factor is None:
             return
-        slow = slow_replicas({rid: st.latency for rid, st in self.by_id.items()}, self.slow_factor,
-                             self.slow_min_samples)
         now = self.clock()
+        self._judged_at = now
+        groups: dict[tuple[str, str], dict] = {}
+        for rid, st in self.by_id.items():
+            groups.setdefault((st.view.pool, st.member.variant), {})[rid] = st.latency
+        slow: dict[str, str] = {}
+        for group in groups.values():
+            slow.update(slow_replicas(group, self.slow_factor, self.slow_min_samples))
         changed = False
         for rid, st in self.by_id.items():
             why = slow.get(rid)
