@@ -1,5 +1,5 @@
-"""CSA dual-scope decode in one pass, written in Gluon for Hopper (sm_90): `dual_scope_decode(..., schedule=4)`,
-the default there from batch 8.
+"""CSA dual-scope decode in one pass, written in Gluon for Hopper (sm_90): `dual_scope_decode(...,
+schedule=Schedule.FUSED_GLUON)`, the default there from batch 8.
 
 The same attention as `dual_scope_decode` (its docstring has the math, shapes and index conventions) for bf16
 q over fp8 e4m3 keys with per-entry scales and bf16 values without scales (the DeepSeek-V4 cache), with no
@@ -11,21 +11,20 @@ one warpgroup each, run an online softmax over tiles of BKV entries (64 by defau
 - the program's selected indices are loaded first and staged in shared memory; the gathered key rows (all D
   columns, fp8) and key scales land by cp.async in a ring of KBUF slots, KBUF - 1 tiles ahead, and the value
   rows (the program's DV columns) in a ring of two, one tile ahead: with 64-entry tiles the keys of two tiles
-  and the values of one are in flight while a tile is computed, within 227 KB of shared memory at D=512;
+  and the values of one are in flight while a tile is computed, within the H200's 227 KiB of shared memory at
+  D=512 (`dual_scope_decode._fused_shape_ok` checks the target's);
 - S = q K^T as two fp8 warpgroup MMAs (q's parts in shared memory); an entry's validity comes from the staged
   indices (window positions below win_len, selected indices >= 0), and the per-entry scale and the -inf of a
   masked entry fold into one multiply-add per score, the per-head scale into the exponent's multiply-add;
 - m, l and the [64, DV] float32 accumulator stay in the warpgroup's registers; P goes to the value MMA from
   registers (no shared-memory round trip), acc = alpha * acc + P V.
 
-What each part bought at B=64 on an H200 (sparse_README.md, runs 34-43): 64-entry tiles with the copies issued
-right after the score MMAs (the previous 32-entry, 3-slot ring: 33 us; 64-entry tiles with one tile of each in
-flight: 31.9), keys two tiles ahead (29.4), the loop's first wait for tile 0's keys and q alone (27.9 us, 60.8% of
-the 17 us byte floor). The q descriptors are computed in the loop from an opaque zero (held in registers they cost
-255 registers and 169 of 694 loop instructions a tile). Measured and removed: the score MMAs one tile ahead (ptxas
-serializes every warpgroup MMA once two accumulators are in flight across the loop), q split inside the program
-(31.4 against 29.4 us: 3,863 more instructions a thread), q by plain loads (33.2 against 27.9), one wait a tile for keys
-and values together (30.8 against 29.4), two warpgroups (runs 27-30). With one split the program normalizes, adds
+The copies of the next tiles are issued right after the score MMAs, and the loop's first wait is for tile 0's
+keys and q alone (each prologue copy is its own commit group), so the first MMAs start before the prologue's
+burst lands. The q descriptors are computed in the loop from an opaque zero (held in registers they would take
+a quarter of the loop's instructions). The score MMAs stay in the tile they belong to (ptxas serializes every
+warpgroup MMA once two accumulators are in flight across the loop); what each of these choices was measured
+against is in bench/kernels/sparse_README.md. With one split the program normalizes, adds
 the sink and writes the output; with several it writes a normalized partial with its log-sum-exp and
 `merge_partials_kernel` merges them. `_tile_sel` and `ring_landed` are `dual_scope_two_pass_gluon`'s.
 """
@@ -43,7 +42,7 @@ def _rows_of(t, win_tiles, win_len, t_end, rows, sel, win_base, comp_base, strid
     """Row pointers and valid mask of tile t: a window tile's positions below win_len, else the selected entries
     `sel` (-1: none); none at or past t_end. `dual_scope_two_pass_gluon._tile_row_ptrs` in branch form: a tile is
     all window or all selection, so the branch is uniform and each thread computes one side's pointers, not both
-    and a select (run 37-decode: the kernel 27.4 -> 26.9 us at B=64). A masked copy reads nothing, so a masked
+    and a select (fewer instructions a tile). A masked copy reads nothing, so a masked
     row's pointer is left as it is."""
     if t < win_tiles:
         pos = t * BKV + rows

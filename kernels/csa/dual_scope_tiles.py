@@ -91,9 +91,8 @@ def e4m3_round(x):
     """x (float32, |x| <= 448) rounded to nearest-even at e4m3's 3 mantissa bits, in float32, by integer
     arithmetic on its bits: representable in e4m3 wherever e4m3 is normal (|x| >= 2^-6), and x - e4m3_round(x) is
     exact in float32 with at most 4 significant bits. Triton 3.6 converted such fp8 values back to float32 wrongly
-    for half of the elements in `split_q_kernel`'s layout on an H200 (run 28-decode: lo off by up to 448 while
-    hi was right), and a bitcast of them to integers went wrong the same way (run 29), so the split never reads
-    an fp8 value back."""
+    for half of the elements in `split_q_kernel`'s layout on an H200 (and bitcasts of them to integers likewise),
+    so the split never reads an fp8 value back."""
     bits = x.to(tl.int32, bitcast=True)
     bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000  # round at bit 20, ties to even; carries into e
     return bits.to(tl.float32, bitcast=True)

@@ -13,7 +13,7 @@ so that neither pass carries an online softmax across tiles:
 
 Why: at one query token per sequence the [heads, D] accumulator of D=512 value columns and the score
 tiles of all 64 heads do not fit one program with loads in flight; a one-pass program of 32 heads waits
-on its own dots, reductions and barriers (sparse_README.md, runs 10-16). Here the scores pass holds no
+on its own dots, reductions and barriers (bench/kernels/sparse_README.md). Here the scores pass holds no
 accumulator and the values pass holds [heads, DV] with DV < D, and the scores are computed once, not per
 value block. Cost: P, [B, tiles, H, BKV] in the dot dtype (5.2 MB at B=64, H=64, 640 entries in bf16),
 written once and read once per value block, mostly from L2.
@@ -188,7 +188,7 @@ def two_pass_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, wvs
             q, win_k, win_len, comp_k, comp_idx, wks, cks, p, m, l_sum, heads, w_entries, k_sel, tiles, scale_log2,
             q.stride(0), q.stride(1), win_k.stride(0), win_k.stride(1), comp_k.stride(0), comp_k.stride(1),
             comp_idx.stride(0), wks.stride(0), cks.stride(0), D=d, BH=block_h, BKV=block_kv,
-            TILES_PER_PROG=tiles_per_prog, NUM_BUF=num_stages, num_warps=8)  # 8: run 23-decode (4: 0.6-2 us more)
+            TILES_PER_PROG=tiles_per_prog, NUM_BUF=num_stages, num_warps=8)  # 8 warps: faster than 4 at every B timed
     else:
         _scores_kernel[scores_grid](
             q, win_k, win_len, comp_k, comp_idx, wks, wvs, cks, cvs, p, m, l_sum, heads, w_entries, k_sel, tiles,

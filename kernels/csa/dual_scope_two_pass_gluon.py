@@ -2,15 +2,15 @@
 `dual_scope_two_pass`'s Triton kernels, with the loops written out by hand.
 
 Why: the Triton passes spend 1,800 (scores) and 635 (values) instructions per warp and 64-entry tile, with
-17 and 12 block barriers (H200 run 19-decode, `ncu` source counters): the gathered rows' addresses are
+17 and 12 block barriers (`ncu` source counters on an H200): the gathered rows' addresses are
 computed in layouts Triton picks, each tile's selected indices, scales and factors come out of preloaded
 tables by cross-warp sums, and Triton's pipeliner copies an index load that feeds the next load's addresses
 asynchronously, which made every tile wait for every copy in flight. Here each thread loads the indices of
 exactly the rows it copies, one tile ahead, in the layout of its copies; the gathered rows land in
 NVMMA-swizzled shared memory by cp.async through a ring of NUM_BUF buffers (NUM_BUF - 1 tiles in flight),
 and warpgroup MMAs read them there. One block barrier per tile makes every thread's copies visible to them.
-What it bought (H200 run 25-decode, the same run): at B=64 scores 23.1 against 24.6 us and values 20.4 against
-22.7 (44 against 47 us in all); at B=32 26.9 against 38.7 us in all. `_tile_row_ptrs` and the values
+Both passes are faster than the Triton ones on the H200 at every batch timed (bench/kernels/sparse_README.md).
+`_tile_row_ptrs` and the values
 pass's softmax statistics are Gluon twins of `dual_scope_tiles.tile_rows` and of the Triton values pass's
 (Triton's jit helpers take no layouts, so Gluon cannot call them); a change to one needs the other.
 

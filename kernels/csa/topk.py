@@ -35,36 +35,16 @@ Methods: "auto" (default) uses the radix select alone for fewer than 64 rows of 
 launch, faster there), "sample" (the above) otherwise.
 
 Launches: many rows (indexer prefill) or short rows use one program per row that does all three steps
-(`_topk_row_kernel`); few long rows (CSA decode) use three launches: one threshold program per row,
-one filter program per 2048-entry tile (1024 from 8 rows; or `splits` programs per row taking every splits-th
-tile), one finish program per row; on CUDA the one-tile filter loads 16 bytes wide and stores its candidates
-as inline PTX in that layout (`VECTOR_LOADS`; H200 run14-topk: B=32 x 1M 71.0 against 97.5 us). A single row
-takes two launches: its last filter program to arrive runs the finish (`FUSED_FINISH_MAX_ROWS`; 8-warp programs on
-4096-entry tiles: H200 run23-topk; run 8's fused finish, at the filter's 4 warps, had measured B=1 x 1M 25.6
-against 21.4 us and B=32 245.6 against 104.2: its registers halved the resident filter programs).
-With pdl (default for one row and from 32 rows on CUDA sm_90+) the filter and finish are programmatic dependent
+(`_topk_row_kernel`); few long rows (CSA decode) use three launches: one threshold program per row, one filter
+program per SPLIT_TILE-entry tile (SPLIT_TILE_MANY from MANY_ROWS rows; or `splits` programs per row taking every
+splits-th tile), one finish program per row. On CUDA the one-tile filter loads 16 bytes wide and stores its
+candidates as inline PTX in that layout (VECTOR_LOADS). A single row takes two launches: its last filter program to
+arrive runs the finish (FUSED_FINISH_MAX_ROWS, on FUSED_TILE-entry tiles at the finish's warps). With pdl (by
+default for one row and from PDL_MIN_ROWS rows on CUDA sm_90+) the filter and finish are programmatic dependent
 launches: they start while the launch before still runs (the filter issues its tile's load first), then wait for
-it (`gdc_wait`) before reading what it wrote; H200 run 9: B=1 x 1M 19.8 against 21.4 us; run18-topk: B=32 x 1M
-62.1 against 64.4 us. At one row the threshold launch is a dependent too (`PDL_THRESHOLD_MAX_ROWS`): it waits for
-the kernel before it (which may write the scores) before its first read, and only then lets the filter launch.
-Measured on the H200 and removed (runs 10-12-topk, bench/kernels/sparse_README.md): tiles writing their
-candidates to their own slots with a plain count instead of the atomic (slower at B=1, no faster at B=32), an
-interpolated finish search, register caps on the filter, tile loads that do not wait for the row's length,
-and programs streaming many tiles (manual prefetch or a cp.async pipeline); `git show ccd2ed4` has them. Smaller
-filter programs (1-2 warps, 256-1024-entry tiles: fewer instructions per entry, more tiles without candidates)
-measured slower (run16-topk: B=32 x 1M 70.5-101.2 against 69.3 us, B=8 x 256K 21.0-24.8 against 20.5).
-Run18-topk measured and removed: warp segments (each warp of a filter program reserving slots for its 128-entry
-share of the tile with its own atomic, no block barrier, 8 segments per tile for the finish): B=32 x 1M 80.9
-against 64.4 us, B=8 x 256K 26.2 against 20.2; and 32 threshold warps instead of 16 (B=32 x 1M 64.9 against 64.4,
-the launch alone 8.7 against 7.8; B=1 x 1M 18.6 against 17.7).
-Run21-topk measured and removed (`git show 2bff189` has it): over HISTOGRAM_MAX_ENTRIES entries, the finish counting
-its candidates into SLOTS bins itself (one `red` each, a gpu-scope fence, the bins read back) to start its search there:
-B=32 x 1M 62.8/62.8 against 61.8/61.8 us (the ~12 one-bit counts it saves cost less than the adds, fence and read-back).
-Run20-topk measured and removed (`git show 18963a9` has them): over HISTOGRAM_MAX_ENTRIES entries, a histogram the
-finish builds over its own candidates (one tl.histogram) to start its search from: B=32 x 1M 62.4/62.6 us at 128 bins,
-62.6/62.7 at 256, against 61.6/61.7; and the searches deciding two bits per count (three bounds in one packed int64
-reduction): B=32 63.4/63.5, B=8 x 256K 21.1 against 20.0, B=1 x 1M 18.8/18.9 against 17.4/17.4. Where the B=32 call's
-61.6 us go (the call cut after its launches, same run): threshold 7.8, with the filter 51.4, the finish ~10.
+it (`gdc_wait`) before reading what it wrote; at one row the threshold launch is a dependent too
+(PDL_THRESHOLD_MAX_ROWS). Every tuning constant below says why it has its value and how to retune it; the
+measurements behind them, and the variants measured slower and removed, are in bench/kernels/sparse_README.md.
 """
 
 from __future__ import annotations
@@ -78,110 +58,36 @@ from zoe_kernels.csa.topk_search import (MIN32, _bits_key, _group_top_two, _key_
                                          _select, _signed_key, _unsigned)
 from zoe_kernels.platform import gdc_launch_dependents, gdc_wait, has_pdl, has_ptx
 
-SAMPLE = 16384  # entries read to pick the threshold (64 KB of float32)
-SAMPLE_BLOCK = 8  # contiguous entries per sample block: one 32-byte sector, spread over the whole row
+# Retune any of these with bench/kernels/sparse_sweep.py (top-K variants at B=1, 8, 32 over 64K-1M entries) and
+# check them with bench/kernels/sparse_bench.py; each line says what its value buys.
+SAMPLE = 16384  # entries read to pick the threshold (64 KB of float32): enough that MARGIN * k candidates is a tight aim
+SAMPLE_BLOCK = 8  # contiguous entries per sample block: one 32-byte sector, the blocks spread over the whole row
 MARGIN = 3  # the threshold aims at MARGIN * k candidates: under k happens with ~1e-5 odds on i.i.d. rows
-SPLIT_TILE = 2048  # entries per filter tile (one candidate segment) in split mode, under MANY_ROWS rows
+SPLIT_TILE = 2048  # entries per filter tile (one candidate segment) in split mode under MANY_ROWS rows
 MAX_TILES = 512  # candidate segments per row under MANY_ROWS rows (the finish reads one per tile); longer rows
 # get larger tiles
-# from MANY_ROWS rows the split filter takes SPLIT_TILE_MANY-entry tiles, up to twice MAX_TILES per row (one program
-# each, 63 registers: 8 resident per multiprocessor instead of 5): H200 B=32 x 1M 98.1 against 104.5 us (run12-topk;
-# run11-topk 97.8 against 104.4), B=8 x 256K 24.1 against 24.2
-MANY_ROWS = 8
-SPLIT_TILE_MANY = 1024
-# one-tile split filter programs on CUDA load their tile 16 bytes wide and write the candidates with inline-PTX
-# stores in the loads' layout (no shared-memory layout conversion): H200 run14-topk, B=32 x 1M 71.0 against 97.5 us,
-# B=8 x 256K 22.2 against 24.0, B=1 x 1M 19.3 against 20.0
-VECTOR_LOADS = True
-FILTER_PROGRAMS = 1 << 15  # filter programs over all rows in split mode (see auto_splits)
+MANY_ROWS = 8  # from this many rows: SPLIT_TILE_MANY-entry tiles (more programs resident: fewer registers each)
+SPLIT_TILE_MANY = 1024  # with up to twice MAX_TILES segments per row (`max_tiles`)
+VECTOR_LOADS = True  # one-tile filters on CUDA: 16-byte loads and inline-PTX stores in their layout (no conversion)
+FILTER_PROGRAMS = 1 << 15  # filter programs over all rows in split mode (see auto_splits): B=32 x 1M, one per tile
 ROW_TILE = 4096  # entries per loop step in one-program-per-row mode
-# "auto" takes the radix select for few rows this short: H200 run 5, B=1, 4096 entries: 15.8 us against 31.1
-# for the sampled threshold, whose three launches and serial search steps cost ~30 us at any length
-RADIX_MAX_LEN = 4096
-THRESHOLD_WARPS = 16  # warps of the threshold program (S = 16384 sampled entries: 32 per thread)
+RADIX_MAX_LEN = 4096  # "auto" takes the one-launch radix select for few rows this short (three launches cost more)
+THRESHOLD_WARPS = 16  # warps of the threshold program (S = 16384 sampled entries: 32 per thread; 32 were no faster)
 FINISH_WARPS = 8  # warps of a finish launch per 4096 candidate slots (16 slots per thread), at most 16
-# filter and finish launched as programmatic dependents of the launch before (CUDA, compute capability >= 9),
-# by default for a single row only: H200 run 9, B=1 x 1M 19.8 against 21.4 us, 256K 14.5 against 16.0, but
-# B=8 x 256K 25.0 against 24.2 and B=32 x 1M 105.2 against 104.3
-PDL_MAX_ROWS = 1
-# and from this many rows: H200 run18-topk, B=32 x 1M 62.1/62.2 against 64.4/64.5 us (without HALF_SCAN; the two
-# together not timed), but B=8 x 256K still 21.6 against 20.2 (the filter's early programs wait holding slots)
-PDL_MIN_ROWS = 32
-# up to this many entries in all (rows x row width) the split filter counts its candidates in a histogram of SLOTS
-# bins above the threshold (bin width from the sampled keys' span) and the finish starts its search from the bin
-# holding the k-th largest (`_histogram_start`): H200 run15-topk, B=1 x 1M 17.6 against 18.1 us, recent 1M 16.4
-# against 18.0, 256K 13.1 against 13.6, 64K 17.4 against 18.3, B=8 x 256K 20.6 against 20.8; but B=32 x 1M 81.8
-# against 69.8: there the filter is bound by instruction issue (~45 SASS instructions per entry, ~3 per cycle per
-# multiprocessor) and the histogram's adds cost ~100 more per thread
-HISTOGRAM_MAX_ENTRIES = 1 << 21
-# from this many rows the split filter compares the floats against the threshold's float (`_key_float`; the
-# threshold launch lowers a threshold key of +0.0 to -0.0's, which has one), pads partial tiles with NaN (never
-# taken: no length check) and writes (float bits, position) as one 8-byte store; the finish converts the bits to
-# keys. sm_90a SASS of the B=32 filter 1427 instructions against 1621; H200 run17-topk: B=32 x 1M 63.9/64.0 against
-# 69.5/69.5 us, B=8 x 256K 20.1 against 20.5; not at one row: 1M 17.5/17.5 against 17.4/17.4, 256K 13.1 against
-# 12.9, 64K 17.4 against 17.1 (the finish's 8-byte loads and key conversion)
-FLOAT_FILTER_MIN_ROWS = MANY_ROWS
-# one-tile filter programs take their tile as two halves [2, TILE // 2] and count the halves' candidates as one packed
-# int32 (16 bits each): the slots come from one scan chain instead of a cumsum's two (sm_90a SASS of the B=32 filter,
-# Triton 3.6: 312 instructions per thread against 336; B=1 at 2048-entry tiles 784 against 872). H200 run18-topk:
-# B=32 x 1M 63.8/63.8 against 64.4/64.5 us, B=8 x 256K 20.1 against 20.2, B=1 x 1M 17.6/17.7 against 17.7/17.7,
-# 256K 12.8 against 13.0, 64K 17.3 against 17.3
-HALF_SCAN = True
-# the sampled threshold's search first runs over each group's two largest keys (`_sample_threshold`, PAIRS) when it
-# aims at few sampled entries (r + r // 2 <= PAIR_MAX_RANK: rows of >= ~700K entries at k = 512; on i.i.d. rows
-# a group of 32 then rarely holds three of them) in PAIR_GROUPS groups (a 16-warp program: one group per thread;
-# samples of >= 4 * PAIR_GROUPS entries). H200 run21-topk: B=32 x 1M 60.0/59.9 against 61.8/61.8 us, B=1 x 1M
-# 16.5/16.4 against 17.4/17.5
-PAIR_SEARCH = True
-# the finish loads its candidates, segments and histogram with the slot count instead of after it: run21-topk, B=32 x 1M
-# 61.5/61.5 against 61.8/61.8 us, B=1 x 1M 17.2/17.1 against 17.4/17.5
-FINISH_EARLY_LOADS = True
-# the threshold loads the sample of a full-width row before the row's length arrives (`_sample_threshold`, SPEC):
-# run21-topk, B=32 x 1M 61.3/61.2 against 61.8/61.8 us, B=1 x 1M 17.5/17.4 against 17.4/17.5 (the three together at
-# B=1: 16.3/16.1)
-SPECULATIVE_SAMPLE = True
-# H200 run23-topk timed the next three options each alone and together against run 22's default, 1M shapes twice (the
-# three together: B=1 x 1M 15.1/15.0 against 16.0/16.0 us, B=32 x 1M 58.6/58.5 against 59.3/59.4, every other shape
-# 0.0-0.8 us faster; alone each 0.0-0.2 us at B=1: the gains do not add up, the sum is larger)
-# the finish reads its segments' first and last taken counts with one tl.gather of the inclusive sums, not two:
-# run23-topk alone, B=32 x 1M 59.1 against 59.3 us, B=1 x 1M 16.0 against 16.0
-FINISH_ONE_GATHER = True
-# up to this many rows the row's last filter program to arrive (an acquire-release ticket) runs the finish: no third
-# launch. Its programs then run at the finish's warps (128 registers at 8 warps, 2 programs per multiprocessor) on
-# FUSED_TILE-entry tiles by default (16 entries per thread, as the 4-warp 2048-entry tiles; B=1 x 1M: 256 programs, one
-# wave on 132 multiprocessors). Run23-topk alone: B=1 x 1M 15.9/15.8 against 16.0/16.0 us (those 8-warp 4096-entry
-# filter programs without the finish: 16.1). Run 8 had timed a fused finish at the filter's 4 warps and 2048-entry
-# tiles: B=1 x 1M 25.6 against 21.4 us (the registers halved the resident filter programs)
-FUSED_FINISH_MAX_ROWS = 1
-FUSED_TILE = 4096
-# the pair search decides two bits per block-wide count (1: one), its first count taken with the groups' maximum
-# (`_pair_bound`); simulated on 16384-entry randn samples at r = 24: 2.9 counts against 5.4 (and the maximum's own).
-# Run23-topk alone: B=1 x 1M 15.8/15.9 against 16.0/16.0 us, B=32 x 1M 58.8 against 59.3; the threshold launch (the
-# call cut after it, with the other two) 5.7 against 6.0 at B=1, 5.6 against 6.0 at B=32
-PAIR_BITS = 2
-# H200 run24-topk timed the next four options with one more (RESET_FIRST, below), all five on and each one off alone,
-# against run 23's default (all off), B=1 x 1M three times, B=32 x 1M twice; all five on: B=1 x 1M 14.4/14.5/14.5
-# against 15.0/15.1/15.1 us. The finish stores its taken positions as inline PTX in the candidates' layout (CUDA): a
-# tl.store through the scattered output slots converted pointers, positions and mask through shared memory first, 14
-# block barriers in the sm_90a SASS of the fused program (130 -> 116). Off alone: B=1 x 1M 15.0/15.0/15.1, B=32
-# 60.6/60.5 against 59.8/59.9
-FINISH_PTX_STORE = True
-# its histogram start takes one int32 maximum (one `redux` per warp) instead of an int64 one; off alone: B=1 x 1M
-# 15.0/15.0/15.0 (not additive: off alone, either of these two costs all five's gain; not profiled why)
-PACKED_HIST_START = True
-# it loads the threshold and bin width with its slot count, not after the branch on that count; off alone: B=1 x 1M
-# 14.6/14.6/14.7, B=32 59.7/59.8
-FINISH_EARLY_THRESH = True
-# up to this many rows (with pdl) the threshold launch is a programmatic dependent of the kernel before it: it waits for
-# that grid before its first read or write, then lets the filter launch, so its own launch's latency passes while that
-# kernel ends (where that kernel lets its dependents launch early, as topk's own filter does; else it launches at that
-# kernel's end, as before). Off alone: B=1 x 1M 14.8/14.8/14.8; but at B=32 on (with a finish that let the next
-# launch start once the filter grid was done) 59.8/59.9 against 58.2/58.2 off, so one row only. After a plain torch
-# kernel (which lets nothing launch early) B=1 x 1M 16.4 against 16.9 for run 23's default, one fill kernel included
-PDL_THRESHOLD_MAX_ROWS = 1
-# Not kept (run24-topk): the threshold launch zeroing the counters and histogram before its search instead of after
-# (RESET_FIRST): B=1 x 1M with the other four 14.1/14.2/14.2 without it against 14.4/14.5/14.5 with it, B=32 (with the
-# dependent threshold launch) 59.6/59.6 against 59.8/59.9
+PDL_MAX_ROWS = 1  # pdl up to this many rows (it slowed B=8: the filter's early programs wait holding slots)
+PDL_MIN_ROWS = 32  # and from this many rows on
+HISTOGRAM_MAX_ENTRIES = 1 << 21  # up to this many entries in all the filter also fills a histogram of its candidates
+# (the finish then starts its search from the bin holding the k-th largest: `_histogram_start`); above it the
+# filter is bound by instruction issue and the histogram's adds cost more than the search steps they save
+FLOAT_FILTER_MIN_ROWS = MANY_ROWS  # from here the filter compares floats (`_key_float`) and stores 8-byte pairs:
+# fewer instructions per entry, where the filter's issue rate bounds the call (not at one row: the finish's loads grow)
+HALF_SCAN = True  # one-tile filters count two half-tiles' candidates as one packed int32: one scan chain, not two
+PAIR_SEARCH = True  # long rows' threshold search first runs over each 32-entry group's two largest keys (`_pair_bound`)
+SPECULATIVE_SAMPLE = True  # a full-width row's sample is loaded before its length arrives (no dependent load first)
+FUSED_FINISH_MAX_ROWS = 1  # up to this many rows the last filter program runs the finish: one launch fewer
+FUSED_TILE = 4096  # the fused filter's tiles: 16 entries per thread at the finish's 8 warps (one wave at B=1 x 1M)
+FINISH_PTX_STORE = True  # CUDA: the finish stores its positions as inline PTX in the candidates' layout (no barriers)
+PDL_THRESHOLD_MAX_ROWS = 1  # with pdl, up to this many rows the threshold launch waits on the kernel before it
 PAIR_MAX_RANK = tl.constexpr(48)
 PAIR_GROUPS = tl.constexpr(512)
 
@@ -239,7 +145,7 @@ def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARG
     # well inside the 8k slots); exact rows: a bound exactly min(k, n) entries reach, or the k-th largest
     slack = tl.where(sampled, r // 2, 0)
     if PAIRS:
-        c, top = _pair_search(key, r, slack, n_ok, sampled & (r + slack <= PAIR_MAX_RANK), PAIRS)
+        c, top = _pair_search(key, r, slack, n_ok, sampled & (r + slack <= PAIR_MAX_RANK))
     else:
         top = tl.max(key, axis=0)
         c, _ = _rank_bound(key, r, tl.zeros([], tl.int64), n_ok, _unsigned(top), slack)
@@ -247,16 +153,12 @@ def _sample_threshold(row_val, lo, n, K, S: tl.constexpr, SB: tl.constexpr, MARG
 
 
 @triton.jit
-def _pair_search(key, r, slack, n_ok, use_pairs, BITS: tl.constexpr = 1):
-    """`_sample_threshold`'s search with PAIRS: (bound c, largest key). BITS = 2: the groups' search decides two
-    bits per count, its first count taken with the maximum (`_pair_bound`)."""
+def _pair_search(key, r, slack, n_ok, use_pairs):
+    """`_sample_threshold`'s search with PAIRS: (bound c, largest key). The groups' search decides two bits per
+    count, its first count taken with the maximum (`_pair_bound`)."""
     if use_pairs:
         best = _group_top_two(key, PAIR_GROUPS)
-        if BITS == 2:
-            c, _, top = _pair_bound(best, r, slack)
-        else:
-            top = tl.max(tl.max(best, axis=1), axis=0)
-            c, _ = _rank_bound(best, r, tl.zeros([], tl.int64), 2 * PAIR_GROUPS, _unsigned(top), slack, True)
+        c, _, top = _pair_bound(best, r, slack)
         cnt = tl.sum((key >= (c - 2147483648).to(tl.int32)).to(tl.int32), axis=0)
         if cnt > r + slack:  # some group held more than two keys over c: the exact search goes on from c
             c, _ = _rank_bound(key, r, c, cnt, _unsigned(top), slack)
@@ -370,23 +272,20 @@ def _split_threshold_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_
 def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr,
                 out_ptr, n_cols, stride_row, K, row, HAS_LO: tl.constexpr, S: tl.constexpr, SLOTS: tl.constexpr,
                 MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr,
-                EARLY: tl.constexpr = False, ONE_GATHER: tl.constexpr = False, PTX_OUT: tl.constexpr = False,
-                PACKED: tl.constexpr = False, THRESH_EARLY: tl.constexpr = False):
+                PTX_OUT: tl.constexpr = False):
     """Step 3 for one row: selects among the row's candidate segments (one per tile) and writes the top k in
     position order. Reads what other programs wrote (after the launch boundary), through L2 (`.cg`).
 
     The output slot of a taken candidate i of tile t is (taken in tiles < t) + (taken before i in t's
     segment) = before[t] + E[i] - E[first[t]], with E the exclusive cumsum of `take` in slot order, read at the
-    segments' ends, and before[t] at each candidate's tile, by `tl.gather` in registers (H200 run15-topk: B=1 x 1M
-    18.1 against 19.8 us, 64K 18.3 against 19.5, B=8 x 256K 20.8 against 21.8, B=32 x 1M 69.8 against 70.8 for
-    global stores and loads: three round trips through L2). FLT: the slots hold (float bits, position) pairs,
-    int64 in cand_key_ptr. HIST: the search starts from the filter's histogram in hist_ptr. EARLY: the candidates,
-    segments and histogram are loaded with the slot count (not after it), so their latencies overlap. ONE_GATHER:
-    the segments' first and last taken counts come from one `tl.gather` of the inclusive sums (not two). PTX_OUT
+    segments' ends, and before[t] at each candidate's tile, by `tl.gather` in registers (not through global
+    memory: three round trips through L2); the segments' first and last taken counts come from one gather of the
+    inclusive sums. FLT: the slots hold (float bits, position) pairs, int64 in cand_key_ptr. HIST: the search
+    starts from the filter's histogram in hist_ptr. The candidates, segments, histogram, threshold and bin width
+    are loaded with the slot count (unmasked, before the branch on it), so their latencies overlap. PTX_OUT
     (CUDA): the taken positions are stored as inline PTX in the candidates' layout (`_store_scattered`): a tl.store
     through the scattered output slots converts the pointers, positions and mask to a layout of its own through
-    shared memory first (sm_90a SASS: 14 block barriers). PACKED: see `_histogram_start`. THRESH_EARLY: the
-    threshold and bin width are loaded with the slot count, not after the branch on it (one round trip less)."""
+    shared memory first (sm_90a SASS: 14 block barriers)."""
     lo, hi = _row_bounds(lo_ptr, hi_ptr, row, n_cols, HAS_LO)
     row_val = val_ptr + row.to(tl.int64) * stride_row
     out_row = out_ptr + row.to(tl.int64) * K
@@ -397,41 +296,31 @@ def _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_ke
     seg = seg_ptr + (row * MAXT + c) * 2
     if PDL:  # launched before the filter grid ended: wait for it (and its writes) here
         gdc_wait()
-    if EARLY:  # unmasked (16-byte) loads of all SLOTS: the slots past `total` hold garbage, never used
-        bits, pos, first, cnt, hist = _load_candidates(cand_key_ptr + base_row, cand_pos_ptr + base_row, seg,
-                                                       hist_ptr + base_row, c < n_tiles, SLOTS, HIST, FLT)
-    if THRESH_EARLY:
-        thresh = tl.load(thresh_ptr + row * 2)
-        shift = tl.load(thresh_ptr + row * 2 + 1)
+    # unmasked (16-byte) loads of all SLOTS: the slots past `total` hold garbage, never used
+    bits, pos, first, cnt, hist = _load_candidates(cand_key_ptr + base_row, cand_pos_ptr + base_row, seg,
+                                                   hist_ptr + base_row, c < n_tiles, SLOTS, HIST, FLT)
+    thresh = tl.load(thresh_ptr + row * 2)
+    shift = tl.load(thresh_ptr + row * 2 + 1)
     total = tl.load(fill_ptr + row, cache_modifier=".cg")
     kk = tl.minimum(K, hi - lo)
     if (total > SLOTS) | (total < kk):  # threshold missed: exact radix select
         _radix_topk_range(row_val, row_val, lo, hi, lo, out_row, out_row, K, False, False, 256, TILE)
     else:
-        if not EARLY:
-            bits, pos, first, cnt, hist = _load_candidates(cand_key_ptr + base_row, cand_pos_ptr + base_row, seg,
-                                                           hist_ptr + base_row, c < n_tiles, SLOTS, HIST, FLT)
         ok = r < total
         key = tl.where(ok, bits, MIN32)
-        if not THRESH_EARLY:
-            thresh = tl.load(thresh_ptr + row * 2)
-            shift = tl.load(thresh_ptr + row * 2 + 1)
         exact = hi - lo <= S
         if FLT:
             exact = exact & (thresh != -1)  # -1 may be a lowered +0.0 (see _split_threshold_kernel)
-        take = _select(key, pos, total, kk, thresh, exact, hist, shift, False, HIST, PACKED)
+        take = _select(key, pos, total, kk, thresh, exact, hist, shift, False, HIST)
         take_i = take.to(tl.int32)
         incl = tl.cumsum(take_i, axis=0)
         excl = incl - take_i
         has = (c < n_tiles) & (cnt > 0)  # (every segment ends inside the SLOTS here: total <= SLOTS)
-        if ONE_GATHER:  # both ends from the inclusive sums: the one before the first slot, and the last slot
-            ends = tl.gather(incl, tl.reshape(tl.join(tl.maximum(first - 1, 0), first + cnt - 1), [2 * MAXT]), 0)
-            before_first, at_last = tl.split(tl.reshape(ends, [MAXT, 2]))
-            e_first = tl.where(has & (first > 0), before_first, 0)
-            taken = tl.where(has, at_last, 0) - e_first
-        else:
-            e_first = tl.where(has, tl.gather(excl, tl.where(has, first, 0), 0), 0)
-            taken = tl.where(has, tl.gather(incl, tl.where(has, first + cnt - 1, 0), 0), 0) - e_first
+        # both ends from the inclusive sums: the one before the first slot, and the last slot
+        ends = tl.gather(incl, tl.reshape(tl.join(tl.maximum(first - 1, 0), first + cnt - 1), [2 * MAXT]), 0)
+        before_first, at_last = tl.split(tl.reshape(ends, [MAXT, 2]))
+        e_first = tl.where(has & (first > 0), before_first, 0)
+        taken = tl.where(has, at_last, 0) - e_first
         delta = tl.cumsum(taken, axis=0) - taken - e_first
         slot = tl.gather(delta, tl.where(take, pos // TILE, 0), 0) + excl
         if PTX_OUT:
@@ -590,9 +479,7 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
                          seg_ptr, out_ptr, n_cols, stride_row, K, P, HAS_LO: tl.constexpr, S: tl.constexpr,
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr,
                          ONE_TILE: tl.constexpr, VEC: tl.constexpr, FLT: tl.constexpr, PDL: tl.constexpr,
-                         HALVES: tl.constexpr = False, FUSED: tl.constexpr = False, EARLY: tl.constexpr = False,
-                         ONE_GATHER: tl.constexpr = False, PTX_OUT: tl.constexpr = False,
-                         PACKED: tl.constexpr = False, THRESH_EARLY: tl.constexpr = False):
+                         HALVES: tl.constexpr = False, FUSED: tl.constexpr = False, PTX_OUT: tl.constexpr = False):
     """Program (row, p) of P: tiles p, p + P, ... of the row. Per tile: count its candidates, reserve that
     many consecutive slots with one atomic add (each tile is one segment, in position order inside), write
     them, record the segment (first slot, count) in seg[row, tile]. The next tile's load is issued before the
@@ -601,7 +488,7 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
     PDL: launched while the threshold grid still runs, a program
     issues its tile's load, then waits for that grid (the threshold and the reset counters) and lets the
     finish launch start. FUSED: the row's last program to arrive (a ticket, fill[rows + row], taken with
-    acquire-release semantics after a block barrier) runs the finish (`_finish_row`; EARLY, ONE_GATHER there), so
+    acquire-release semantics after a block barrier) runs the finish (`_finish_row`; PTX_OUT there), so
     there is no finish launch."""
     row = tl.program_id(0)
     p = tl.program_id(1)
@@ -612,8 +499,7 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
     if ONE_TILE:  # P covers the row: no loop, fewer registers, more programs resident
         # without VEC a start of unknown alignment (min with n) gives one 4-byte load per entry in the layout
         # tl.store gives the scattered candidate stores; 16-byte loads would be converted to it through shared
-        # memory (159 against 118 us at B=32 x 1M, H200 run 7 vs run 5). VEC: 16-byte loads of an aligned tile
-        # and inline-PTX stores in their layout (run14-topk: 71.0 against 97.5 us)
+        # memory (slower). VEC: 16-byte loads of an aligned tile and inline-PTX stores in their layout
         if VEC | HALVES:
             offs = _tile_offsets(p * TILE, TILE, HALVES)
             x = _load_tile(row_val, p * TILE, n, TILE, FLT, HALVES)
@@ -643,21 +529,17 @@ def _split_filter_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr
         tl.debug_barrier()  # every thread's candidate stores precede the release
         if tl.atomic_add(fill_ptr + tl.num_programs(0) + row, 1, sem="acq_rel", scope="gpu") == P - 1:
             _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr,
-                        out_ptr, n_cols, stride_row, K, row, HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, False, EARLY,
-                        ONE_GATHER, PTX_OUT, PACKED, THRESH_EARLY)
+                        out_ptr, n_cols, stride_row, K, row, HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, False, PTX_OUT)
 
 
 @triton.jit
 def _split_finish_kernel(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr,
                          seg_ptr, out_ptr, n_cols, stride_row, K, HAS_LO: tl.constexpr, S: tl.constexpr,
                          SLOTS: tl.constexpr, MAXT: tl.constexpr, TILE: tl.constexpr, HIST: tl.constexpr,
-                         FLT: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr = False,
-                         ONE_GATHER: tl.constexpr = False, PTX_OUT: tl.constexpr = False,
-                         PACKED: tl.constexpr = False, THRESH_EARLY: tl.constexpr = False):
-    """Program per row: the finish (step 3; EARLY, ONE_GATHER, PTX_OUT, PACKED, THRESH_EARLY: see `_finish_row`)."""
+                         FLT: tl.constexpr, PDL: tl.constexpr, PTX_OUT: tl.constexpr = False):
+    """Program per row: the finish (step 3; PTX_OUT: see `_finish_row`)."""
     _finish_row(val_ptr, lo_ptr, hi_ptr, thresh_ptr, fill_ptr, hist_ptr, cand_key_ptr, cand_pos_ptr, seg_ptr, out_ptr,
-                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, PDL, EARLY,
-                ONE_GATHER, PTX_OUT, PACKED, THRESH_EARLY)
+                n_cols, stride_row, K, tl.program_id(0), HAS_LO, S, SLOTS, MAXT, TILE, HIST, FLT, PDL, PTX_OUT)
 
 
 def max_tiles(rows: int) -> int:
@@ -691,7 +573,7 @@ def splits_for(rows: int, n: int, splits: int | None, tile: int | None) -> int:
 
 def pdl_default(scores: torch.Tensor, rows: int) -> bool:
     """Whether split launches are programmatic dependents by default: at most PDL_MAX_ROWS or at least PDL_MIN_ROWS
-    rows on a device that has it (faster at B=1 and B=32 on an H200, slower at B=8: runs 9 and 18-topk)."""
+    rows on a device that has it (faster at B=1 and B=32 on an H200, slower at B=8)."""
     few_or_many = rows <= PDL_MAX_ROWS or rows >= PDL_MIN_ROWS
     return scores.is_cuda and few_or_many and has_pdl(scores.device.index or 0)
 
@@ -802,7 +684,7 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     ptx = scores.is_cuda and has_ptx()  # inline PTX: NVIDIA only
     _split_threshold_kernel[(rows,)](scores, lo_arg, ends, thresh, fill, hist, n, scores.stride(0), k, **common,
                                      **sampling, SLOTS=slots, HIST=with_hist, FLT=flt, PDL=pdl,
-                                     PAIRS=PAIR_BITS if PAIR_SEARCH and sample >= 4 * PAIR_GROUPS else 0,
+                                     PAIRS=PAIR_SEARCH and sample >= 4 * PAIR_GROUPS,
                                      SPEC=SPECULATIVE_SAMPLE and not has_lo and n > sample, PTX=ptx,
                                      FUSED=fused, WAIT=wait, num_warps=THRESHOLD_WARPS,
                                      **(dependent if wait else {}))
@@ -810,8 +692,7 @@ def topk_ranges(scores: torch.Tensor, starts: torch.Tensor | None, ends: torch.T
     # inline PTX: CUDA only; the programs taking several tiles were not timed with it
     vec = VECTOR_LOADS and one_tile and ptx
     finish_warps = min(16, FINISH_WARPS * slots // 4096)
-    finish = dict(EARLY=FINISH_EARLY_LOADS, ONE_GATHER=FINISH_ONE_GATHER, PTX_OUT=FINISH_PTX_STORE and ptx,
-                  PACKED=PACKED_HIST_START, THRESH_EARLY=FINISH_EARLY_THRESH)
+    finish = dict(PTX_OUT=FINISH_PTX_STORE and ptx)
     _split_filter_kernel[(rows, splits)](scores, lo_arg, ends, *bufs, splits, **shapes, ONE_TILE=one_tile, VEC=vec,
                                          HALVES=HALF_SCAN and one_tile, FUSED=fused, **finish,
                                          num_warps=finish_warps if fused else num_warps, num_stages=1, **dependent)

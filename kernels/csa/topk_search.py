@@ -6,16 +6,14 @@ hold MIN32 (unsigned 0): never counted.
 
 - `_rank_bound`: a bound that at least r keys reach, one block-wide count per bit, stopped early (the sampled
   threshold, and the finish by default); with PAIRS over `_group_top_two`'s [groups, 2] keys (each group's two
-  largest: the sampled threshold's first search on long rows, H200 run22-topk);
+  largest: the sampled threshold's first search on long rows);
 - `_select`: which candidates are the top kk (exact, ties by lowest position); the split finish starts its
   search from a histogram of the candidates the filter counted (`_histogram_start`), so it only pays for the
   bits under the histogram's bin width.
 
-A "band" variant (the finish's last bits searched in one warp over the at most 32 keys left in play) measured
-slower at every shape on the H200 (run 9, B=1 x 1M 23.7 against 21.4 us: copying the band out costs more
-than the block-wide counts it saves) and was removed; `git show 3174776:kernels/csa/topk_search.py` has it.
-Two bits per count (three bounds counted in one reduction of packed int64 fields) and, at B=32, a histogram the
-finish builds over its own candidates measured slower too (run20-topk, topk.py's doc; `git show 18963a9`).
+Block-wide counts are the searches' unit of cost; alternatives that trade them for other work (the last bits
+searched in one warp, three bounds per packed reduction in the finish, a histogram the finish builds itself)
+measured slower on the H200 and are not here (bench/kernels/sparse_README.md has the measurements).
 """
 
 from __future__ import annotations
@@ -131,17 +129,17 @@ def _pair_bound(best, r, slack):
 
 
 @triton.jit
-def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack, PAIRS: tl.constexpr = False):
+def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack):
     """A bound c (unsigned key order, int64 in [0, 2^32)) with count(key >= c) >= r, searched bit by bit from
     the top and stopped as soon as count(c) <= r + slack; returns (c, count(c)). Without an early stop c is
-    the r-th largest key. Invalid lanes must hold MIN32 (unsigned 0, never counted). PAIRS: key is [G, 2] (the
-    groups' two largest keys, `_group_top_two`), counted over both axes.
+    the r-th largest key. Invalid lanes must hold MIN32 (unsigned 0, never counted). (The groups' two largest keys
+    of the sampled threshold's first search are searched two bits a count by `_pair_bound`.)
 
     lo_u / cnt_lo: a bound every valid key reaches and their count (the finish: the threshold and the
     candidates' number), hi_u: the largest key. Bits whose candidate bound lies at or under lo_u are taken and
     bits whose bound exceeds hi_u dropped without a reduction, so the search only pays (one block-wide
-    reduction, ~0.4 us on an H200) for the bits between the two. A 16-way variant (4 bits per step, [16, n]
-    compares) measured 2x slower (run 4): the compares cost too, hence no multi-way steps."""
+    reduction, ~0.4 us on an H200) for the bits between the two. One bit per step: a 16-way step (4 bits, [16, n]
+    compares) measured 2x slower, the compares cost too."""
     c = tl.zeros([], tl.int64)
     if cnt_lo <= r + slack:  # lo_u is already such a bound (the loop below would not walk c up to it)
         c = lo_u
@@ -153,10 +151,7 @@ def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack, PAIRS: tl.constexpr = False):
             c = cand
         elif cand <= hi_u:
             ge = (key >= (cand - 2147483648).to(tl.int32)).to(tl.int32)
-            if PAIRS:
-                cnt = tl.sum(tl.sum(ge, axis=1), axis=0)
-            else:
-                cnt = tl.sum(ge, axis=0)
+            cnt = tl.sum(ge, axis=0)
             if cnt >= r:
                 c = cand
                 cnt_c = cnt
@@ -165,25 +160,20 @@ def _rank_bound(key, r, lo_u, cnt_lo, hi_u, slack, PAIRS: tl.constexpr = False):
 
 
 @triton.jit
-def _histogram_start(hist, total, kk, thresh, shift, key, PACKED: tl.constexpr = False):
+def _histogram_start(hist, total, kk, thresh, shift, key):
     """Where the finish's search starts, from the candidates' histogram: hist[b] counts the candidates whose
     key >> shift is (thresh >> shift) + b (the last bin: or more). Returns (lo_u, cnt_lo, hi_u) for
     `_rank_bound`: the lower bound of the highest bin that at least kk candidates reach (a multiple of
     2^shift), that count, and the largest key under the next bin (every bound above it is reached by fewer than
     kk), so the search pays only for the bits under `shift`: one scan and one reduction instead of the bits
-    from the threshold down to the bin's width. PACKED: that reduction is an int32 maximum of b * 2NB + count (NB
-    bins, total <= NB: under 2^31 for NB <= 2^15), one `redux` per warp instead of five rounds of int64 shuffles."""
+    from the threshold down to the bin's width. That reduction is an int32 maximum of b * 2NB + count (NB bins,
+    total <= NB: under 2^31 for NB <= 2^15), one `redux` per warp instead of rounds of int64 shuffles."""
     b = tl.arange(0, hist.shape[0])
     span = 2 * hist.shape[0]  # b * span + count: count <= total <= NB < span
     ge = total - tl.cumsum(hist, axis=0) + hist  # candidates in bins >= b (non-increasing)
-    if PACKED:
-        best = tl.max(tl.where(ge >= kk, b * span + ge, -1), axis=0)
-        top = best // span
-        cnt_lo = best % span
-    else:
-        best = tl.max(tl.where(ge >= kk, (b.to(tl.int64) << 32) | ge.to(tl.int64), -1), axis=0)
-        top = best >> 32
-        cnt_lo = (best & 0xFFFFFFFF).to(tl.int32)
+    best = tl.max(tl.where(ge >= kk, b * span + ge, -1), axis=0)
+    top = best // span
+    cnt_lo = best % span
     lo_u = ((_unsigned(thresh) >> shift) + top) << shift
     hi_u = lo_u + (tl.full([], 1, tl.int64) << shift) - 1
     if top == hist.shape[0] - 1:  # the last bin is open above
@@ -192,8 +182,7 @@ def _histogram_start(hist, total, kk, thresh, shift, key, PACKED: tl.constexpr =
 
 
 @triton.jit
-def _select(key, pos, total, kk, thresh, exact, hist, shift, IN_ORDER: tl.constexpr, HIST: tl.constexpr,
-            PACKED: tl.constexpr = False):
+def _select(key, pos, total, kk, thresh, exact, hist, shift, IN_ORDER: tl.constexpr, HIST: tl.constexpr):
     """Step 3: which of `total` candidates (invalid slots: key MIN32; every valid one >= thresh) are the top
     kk. A bound that exactly kk candidates reach takes them; otherwise (ties at the kk-th place) everything
     above the kk-th largest value v* is taken, and among entries equal to v* the lowest positions. The search
@@ -202,7 +191,7 @@ def _select(key, pos, total, kk, thresh, exact, hist, shift, IN_ORDER: tl.conste
     hold the candidates in position order (the first ties are the lowest positions); otherwise the last
     position to take is found by a second binary search (only when ties straddle the k-th place). HIST: the
     search starts from the candidates' histogram `hist` (bins of 2^shift keys from the threshold's,
-    `_histogram_start`; PACKED there)."""
+    `_histogram_start`)."""
     valid = key != MIN32
     if total <= kk:
         take = valid
@@ -211,7 +200,7 @@ def _select(key, pos, total, kk, thresh, exact, hist, shift, IN_ORDER: tl.conste
         cnt_c = total
         if not exact:
             if HIST:
-                lo_u, cnt_lo, hi_u = _histogram_start(hist, total, kk, thresh, shift, key, PACKED)
+                lo_u, cnt_lo, hi_u = _histogram_start(hist, total, kk, thresh, shift, key)
             else:
                 lo_u = c
                 cnt_lo = total

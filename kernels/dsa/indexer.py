@@ -21,8 +21,9 @@ position; the selected positions are returned in ascending order.
 Kernel: a program owns BM query rows (a [D, BM*H] fp8 Q^T tile, loaded once) and a run of key tiles;
 per key tile one fp8 `tl.dot` gives scores^T [BN, BM*H] float32, then relu, the weighted head sum along
 the columns, the k_scale factor (k_scale >= 0, so relu(s * k_scale) = k_scale * relu(s)) and the range
-mask; tiles entirely outside every row's range only write -inf. Run 1's kernel (heads along the rows,
-the head sum across warps) stays selectable as layout="heads" for comparison.
+mask; tiles entirely outside every row's range only write -inf. A second kernel with heads along the rows
+(the head sum across warps, slower on the H200) stays selectable as layout="heads": bench/kernels/sparse_bench.py
+times it beside the default.
 """
 
 from __future__ import annotations
@@ -162,11 +163,11 @@ def lightning_indexer(q_fp8: torch.Tensor, weights: torch.Tensor, k_fp8: torch.T
 
     k_scale must be >= 0 (a quantization scale), which the default kernel relies on. layout: "keys"
     (default; scores^T tiles [block_n keys, block_m * H], head sum along the accumulator's columns) or
-    "heads" (run 1's kernel: [block_m * H, block_n] tiles, head sum across warps). block_m query rows
+    "heads" ([block_m * H, block_n] tiles, head sum across warps; the benchmark's comparison). block_m query rows
     share one program (default: 128 // H, so a program's fp8 dot has 128 query-head columns or rows);
-    defaults per layout: "keys" 128-key tiles, all of a row block's key tiles in one program unless
-    that leaves under ~1000 programs, 4 warps (H200 run 3: 762 TFLOP/s on the 8K causal square against
-    597 with 8 warps); "heads" 64-key tiles, 8 per program, 4 warps (run 1's fastest, bench/kernels/sparse_README.md). `out` is an optional
+    defaults per layout: "keys" 128-key tiles, all of a row block's key tiles in one program unless that
+    leaves under _PROGRAMS_PER_SM programs per multiprocessor, 4 warps (faster than 8 on the H200); "heads"
+    64-key tiles, 8 per program, 4 warps (bench/kernels/sparse_README.md has both). `out` is an optional
     preallocated contiguous [M, N] float32 tensor to write into."""
     _check_inputs(q_fp8, weights, k_fp8, k_scale, ks, ke)
     if layout not in ("keys", "heads"):

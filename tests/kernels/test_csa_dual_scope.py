@@ -358,7 +358,7 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_launch_config_batch_regimes():
-    # the defaults H200 runs 10-16 measured fastest at H=64, D=512 (launch_config's docstring)
+    # the defaults measured fastest on the H200 at H=64, D=512 (launch_config's docstring)
     from zoe_kernels.csa.dual_scope_decode import launch_config
 
     pick = ("block_h", "num_warps", "block_kv", "schedule", "num_stages", "splits")
@@ -381,11 +381,11 @@ def test_launch_config_batch_regimes():
     assert (two["block_h"], two["block_dv"], two["block_kv"], two["splits"]) == (64, 128, 64, 10)
     assert launch_config(64, 64, 512, 640, schedule=3)["splits"] == 2  # 128 scores programs: one wave
     assert launch_config(64, 64, 512, 640, schedule=3, one_loop=False)["schedule"] == 0
-    # bf16 q over fp8 keys (fp8 score dots): the two-pass schedule from B=32 on (H200 run 20-decode)
+    # bf16 q over fp8 keys (fp8 score dots): the two-pass schedule from B=32 on
     two_pass = {b: launch_config(b, 64, 512, 640, fp8_scores=True) for b in (16, 32, 64, 128)}
     assert two_pass[16]["schedule"] == 0
     assert [(two_pass[b]["schedule"], two_pass[b]["splits"]) for b in (32, 64, 128)] == [(3, 4), (3, 2), (3, 1)]
-    # where Gluon runs (Hopper) the one-pass Gluon kernel from B=8 (run 36-decode), with 256-column value blocks,
+    # where Gluon runs (Hopper) the one-pass Gluon kernel from B=8, with 256-column value blocks,
     # 64-entry tiles at 3 key slots and splits to fill a wave; its shared memory does not fit D=1024, which keeps
     # the two passes; B=1 keeps the one pass
     gluon = {b: launch_config(b, 64, 512, 640, fp8_scores=True, gluon=True, selected=512) for b in (1, 4, 8, 16, 64)}

@@ -89,17 +89,18 @@ def test_split_programs_and_finish_launch(kind, splits):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch needs a CUDA device")
-@pytest.mark.parametrize("round7", [True, False])
+@pytest.mark.parametrize("dependent_threshold", [True, False])
 @pytest.mark.parametrize("b,n,kind", [(1, 1 << 20, "normal"), (1, 1 << 20, "recent"), (8, 262144, "normal"),
                                       (32, 65536, "rounded"), (2, 7000, "ties")])
-def test_dependent_launches_on_gpu(b, n, kind, round7, monkeypatch):
+def test_dependent_launches_on_gpu(b, n, kind, dependent_threshold, monkeypatch):
     """pdl=True: the filter and finish launches start before the launch they depend on has ended; repeated calls
     on fresh data (a missing wait would show as a race), then calls back to back on one tensor that a kernel
-    negates in place between them. round7: the defaults (PDL_THRESHOLD_MAX_ROWS = 1: at one row the threshold launch a
-    dependent of the kernel before it; the finish's inline-PTX output stores, FINISH_PTX_STORE), or both off; on, the
+    negates in place between them. dependent_threshold: the defaults (PDL_THRESHOLD_MAX_ROWS = 1: at one row the
+    threshold launch a dependent of the kernel before it; the finish's inline-PTX output stores, FINISH_PTX_STORE), or
+    both off; on, the
     threshold launch is a dependent at every row count here (also where the finish has its own launch)."""
-    monkeypatch.setattr(topk_module, "PDL_THRESHOLD_MAX_ROWS", 1 << 20 if round7 else 0)
-    monkeypatch.setattr(topk_module, "FINISH_PTX_STORE", round7)
+    monkeypatch.setattr(topk_module, "PDL_THRESHOLD_MAX_ROWS", 1 << 20 if dependent_threshold else 0)
+    monkeypatch.setattr(topk_module, "FINISH_PTX_STORE", dependent_threshold)
     gen = torch.Generator().manual_seed(n + b)
     for _ in range(3):
         scores = _scores(kind, b, n, gen)
@@ -167,22 +168,14 @@ def _sampled_positions(n: int, sample: int) -> torch.Tensor:
     return (i // SAMPLE_BLOCK) * step + i % SAMPLE_BLOCK
 
 
-@pytest.mark.parametrize("early,one_gather,round7", [(True, False, False), (False, False, False),
-                                                     (True, True, False), (True, True, True), (False, True, True)])
 @pytest.mark.parametrize("hist", [True, False])
 @pytest.mark.parametrize("case", ["unsampled_spikes", "rounded", "normal"])
-def test_finish_histogram_start(case, hist, early, one_gather, round7, monkeypatch):
+def test_finish_histogram_start(case, hist, monkeypatch):
     """The finish's search started from the candidates' histogram (the default up to HISTOGRAM_MAX_ENTRIES
-    entries) and from the threshold; FINISH_EARLY_LOADS (the default) on and off; FINISH_ONE_GATHER (the segments'
-    ends read with one gather) on and off; round7: the histogram start's packed int32 maximum (PACKED_HIST_START)
-    and the threshold loaded with the slot count (FINISH_EARLY_THRESH), both defaults, on or off. unsampled_spikes:
-    200 large entries where the sample never reads, so the k-th largest lies in the histogram's last bin (open above:
-    keys past the sample's maximum); rounded: ties at the k-th place."""
+    entries: its packed int32 maximum) and from the threshold. unsampled_spikes: 200 large entries where the sample
+    never reads, so the k-th largest lies in the histogram's last bin (open above: keys past the sample's maximum);
+    rounded: ties at the k-th place."""
     monkeypatch.setattr(topk_module, "HISTOGRAM_MAX_ENTRIES", 1 << 30 if hist else 0)
-    monkeypatch.setattr(topk_module, "FINISH_EARLY_LOADS", early)
-    monkeypatch.setattr(topk_module, "FINISH_ONE_GATHER", one_gather)
-    monkeypatch.setattr(topk_module, "PACKED_HIST_START", round7)
-    monkeypatch.setattr(topk_module, "FINISH_EARLY_THRESH", round7)
     gen = torch.Generator().manual_seed(hash((case, hist)) % 2**31)
     n, k = 9000, 100
     scores = _scores("normal" if case == "unsampled_spikes" else case, 2, n, gen)
@@ -199,20 +192,19 @@ def test_finish_histogram_start(case, hist, early, one_gather, round7, monkeypat
 
 @pytest.mark.parametrize("kind", ["normal", "sorted", "recent", "periodic", "rounded", "ties"])
 def test_threshold_pair_search_and_speculative_sample(kind, monkeypatch):
-    """PAIR_SEARCH: the sampled threshold's search over each group's two largest keys (PAIRS = 1: one bit per count,
-    2: two bits, `_pair_bound`), checked by one count over the whole sample and continued exactly where a group held
+    """PAIR_SEARCH: the sampled threshold's search over each group's two largest keys (two bits per count,
+    `_pair_bound`), checked by one count over the whole sample and continued exactly where a group held
     more than two keys over its bound (sorted rows: the sample's largest keys share groups). SPECULATIVE_SAMPLE: the
     sample of a full-width row loaded before its length, loaded again for a shorter row (row 1: other sampled
     positions). The threshold launch alone: its bound reaches r to r + r // 2 of the row's own sampled entries, or
-    (ties: no such bound) is the r-th largest sampled key, each way; then a whole call (the defaults, and two bits
-    per count) against the reference."""
+    (ties: no such bound) is the r-th largest sampled key, each way; then a whole call against the reference."""
     gen = torch.Generator().manual_seed(hash(kind) % 2**31)
     n, k, sample = 30000, 64, 2048  # r = 14 sampled entries, r + r // 2 = 21 <= PAIR_MAX_RANK
     scores = _scores(kind, 2, n, gen)
     lengths = torch.tensor([n, n - 10000])
     assert -(-3 * k * sample // 20000) * 3 // 2 <= topk_module.PAIR_MAX_RANK
     ptx = ON_GPU and topk_module.has_ptx()
-    for pairs, spec in ((1, False), (2, False), (0, False), (1, True), (2, True), (0, True)):
+    for pairs, spec in ((True, False), (False, False), (True, True), (False, True)):
         thresh = torch.empty((2, 2), dtype=torch.int32, device=DEVICE)
         fill = torch.empty((2,), dtype=torch.int32, device=DEVICE)
         ends = lengths.to(DEVICE, torch.int32)  # as the launcher passes them
@@ -229,11 +221,9 @@ def test_threshold_pair_search_and_speculative_sample(kind, monkeypatch):
             reached = int((keys >= bound[row]).sum())
             rth = int(torch.sort(keys, descending=True).values[r_row - 1])
             assert r_row <= reached <= r_row + r_row // 2 or bound[row] == rth, (pairs, spec, row, reached)
-    for bits in (topk_module.PAIR_BITS, 3 - topk_module.PAIR_BITS):
-        monkeypatch.setattr(topk_module, "PAIR_BITS", bits)
-        poisoned = torch.full((2, k), 12345, dtype=torch.int32, device=DEVICE)
-        out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, sample=sample, out=poisoned).cpu()
-        assert torch.equal(out, topk_reference(scores, lengths, k)), bits
+    poisoned = torch.full((2, k), 12345, dtype=torch.int32, device=DEVICE)
+    out = topk(scores.to(DEVICE), lengths.to(DEVICE), k, sample=sample, out=poisoned).cpu()
+    assert torch.equal(out, topk_reference(scores, lengths, k))
 
 
 def _float_keys(x: torch.Tensor) -> torch.Tensor:
@@ -316,7 +306,7 @@ def test_empty_rows_and_zero_lengths():
 
 def test_auto_splits_follow_length_and_rows():
     assert [auto_splits(1, n) for n in (2048, 65536, 262144, 524288, 1 << 20, 4 << 20)] == [1, 32, 128, 256, 512, 512]
-    # from 8 rows: 1024-entry tiles (H200 run12-topk), one program each up to 32768 programs
+    # from 8 rows: 1024-entry tiles (SPLIT_TILE_MANY), one program each up to 32768 programs
     assert [auto_splits(b, 1 << 20) for b in (1, 7, 8, 32, 63)] == [512, 512, 1024, 1024, 520]
     assert split_tile(1 << 20) == 2048 and split_tile(4 << 20) == 8192
     assert split_tile(1 << 20, rows=32) == 1024 and split_tile(4 << 20, rows=32) == 4096
@@ -340,7 +330,7 @@ def test_many_rows_take_smaller_filter_tiles(kind):
 
 def test_dependent_launches_default_to_one_row_or_many_on_cuda():
     """pdl defaults on only for a single row or from PDL_MIN_ROWS rows on a CUDA device of compute capability >= 9
-    (H200 runs 9 and 18-topk)."""
+    (measured on the H200)."""
     assert not pdl_default(torch.randn(1, 10), 1)  # CPU tensors (the interpreter) never
     assert not pdl_default(torch.randn(32, 10), 32)
     if ON_GPU:
