@@ -8,12 +8,13 @@
 #      `zoe recipes list --json` (every recipe of recipes/), `zoe plan glm-5.3 --concurrency 1 --json`;
 #   4. zoe-kernels in a fresh venv with --no-deps plus torch and triton only: both engine plugins import
 #      and load through their entry points, and Ray is absent.
-#   bash scripts/check_dist.sh [WORK_DIR]      # WORK_DIR is emptied first; default: a temporary folder
+#   bash scripts/check_dist.sh [WORK_DIR]      # WORK_DIR is emptied first and kept; default: a temporary
+#                                              # folder, removed at the end (the venvs take about 1.5 GB)
 # Environment: ZOE_BUILD_PYTHON (default .venv/bin/python: setuptools builds without network),
 # ZOE_BASE_PYTHON (the interpreter the fresh venvs are made from; default python3).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-work=${1:-$(mktemp -d -t zoe-dist.XXXXXX)}
+if [ $# -ge 1 ]; then work=$1; else work=$(mktemp -d -t zoe-dist.XXXXXX); trap 'rm -rf "$work"' EXIT; fi
 build_py=${ZOE_BUILD_PYTHON:-$repo/.venv/bin/python}
 base_py=${ZOE_BASE_PYTHON:-python3}
 torch_pin=torch==2.13.0 triton_pin=triton==3.9.0  # the releases CI tests the kernels with (setup_test_envs.sh)
