@@ -21,7 +21,7 @@ zoe_stamp=$(cat "$repo/pyproject.toml" "$repo/kernels/pyproject.toml" "$repo/con
 if [ "$(cat "$repo/.venv/.zoe-ready" 2>/dev/null)" != "$zoe_stamp" ]; then
   log "zoe venv (.venv)"
   [ -x "$repo/.venv/bin/python" ] || python3 -m venv "$repo/.venv"
-  pip_q "$repo/.venv" -U pip
+  pip_q "$repo/.venv" -U pip "setuptools>=77"  # setuptools: scripts/check_dist.sh builds the wheels with it
   pip_q "$repo/.venv" -c "$repo/constraints.txt" torch==2.13.0 triton==3.9.0
   pip_q "$repo/.venv" -c "$repo/constraints.txt" -e "$repo/kernels" -e "$repo[test]"
   pip_q "$repo/.venv" -c "$repo/constraints.txt" helm-python-sdk kubernetes-validate
