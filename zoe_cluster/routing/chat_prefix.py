@@ -91,6 +91,8 @@ class ChatPrefixCache:
         self.max_bytes = max_bytes
         self._known: OrderedDict[str, _Known] = OrderedDict()
         self._bytes = 0
+        self.extended = 0
+        """Bodies parsed only past a remembered prefix, since the cache was built."""
         long_digits = re.compile(r"[0-9]{%d}" % (max_number_chars + 1))
 
         def number(literal: str, convert: type) -> Any:
@@ -246,6 +248,7 @@ class ChatPrefixCache:
         prompt = known.prompt.extend(pieces) if pieces else known.prompt
         end = known.end + (msg_end if s.isascii() else len(s[:msg_end].encode("utf-8", "surrogatepass")))
         self._remember(session, _Known(raw, end, known.head, known.tools_json, prompt, known.messages + len(pieces)))
+        self.extended += 1
         return ParsedChat(fields, prompt, reused_chars=known.prompt.chars)
 
     def _after_messages(self, s: str, i: int, after: dict[str, Any]) -> tuple[int, str | None]:
