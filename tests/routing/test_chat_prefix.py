@@ -176,3 +176,19 @@ def test_refused_follow_up_is_left_to_the_caller_and_cache_is_bounded():
     assert len(cache) == 2 and cache.remembered_bytes == 2 * len(raw)
     cache.forget("c")
     assert len(cache) == 1
+
+
+def test_bodies_without_a_session_key_are_matched_by_their_bytes():
+    """Interleaved sessions of one agent (same system prompt, no session key) each extend their own last body."""
+    rng = random.Random(3)
+    cache = ChatPrefixCache(16)
+    system = {"role": "system", "content": "s" * 3000}
+    convs = [[system, {"role": "user", "content": f"task {i}"}] for i in range(5)]
+    reused = []
+    for turn in range(4):
+        for conv in convs:
+            conv.append(_message(rng, turn))
+            parsed = _check(cache, json.dumps({"model": "m", "messages": conv}).encode(), None, 16)
+            reused.append(parsed.reused_chars > 0)
+    assert reused == [False] * 5 + [True] * 15
+    assert len(cache) == 1  # one key: the bodies' common first bytes

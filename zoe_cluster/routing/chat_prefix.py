@@ -18,9 +18,11 @@ Infinity); on any of those, on malformed JSON, on a body that is not an object w
 duplicated `messages` key or a body not in UTF-8, `parse` returns None and the caller parses the body its usual
 way (which also words the error).
 
-Sessions are keyed by what the caller passes (the router passes the `x-session-id` header); without a key the body
-is parsed in full and nothing is remembered. The cache holds at most `max_sessions` bodies and `max_bytes` bytes
-of them, least recently used out first.
+Bodies are remembered by the session key the caller passes (the router passes the `x-session-id` header), one
+body per session. A body without a key is remembered by its first `PROBE_BYTES` bytes instead, up to
+`BODIES_PER_PROBE` bodies per such key (sessions of one agent share their system prompt, so they share the key);
+a new body is compared with each of them (a memcmp stops at the first differing byte). The cache holds at most
+`max_sessions` keys and `max_bytes` bytes of bodies, least recently used out first.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ from zoe_cluster.routing.hashing import DEFAULT_BLOCK_TOKENS, TextChain, render_
 DEFAULT_MAX_SESSIONS = 4096
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 """Bytes of remembered bodies (the bodies themselves; the hashes add about 1/25 of that)."""
+
+PROBE_BYTES = 1024
+"""Leading bytes that key a body sent without a session key."""
+BODIES_PER_PROBE = 16
+"""Bodies remembered per key of leading bytes (concurrent sessions of one agent)."""
 
 _WS = re.compile(r"[ \t\n\r]*")
 _MESSAGES_KEY = b'"messages"'
@@ -89,7 +96,8 @@ class ChatPrefixCache:
         self.max_number_chars = max_number_chars
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
-        self._known: OrderedDict[str, _Known] = OrderedDict()
+        self._known: OrderedDict[str | bytes, list[_Known]] = OrderedDict()
+        """Remembered bodies by key (a session, or leading bytes), most recent first."""
         self._bytes = 0
         self.extended = 0
         """Bodies parsed only past a remembered prefix, since the cache was built."""
@@ -116,13 +124,15 @@ class ChatPrefixCache:
 
     def parse(self, raw: bytes, session: str | None = None) -> ParsedChat | None:
         """The fields and prompt chain of a chat body, or None when the caller must parse it its usual way."""
-        known = self._known.get(session) if session is not None else None
+        key = session if session is not None else raw[:PROBE_BYTES]
         try:
-            if known is not None and len(raw) > known.end and raw.startswith(memoryview(known.raw)[: known.end]):
-                parsed = self._extend(raw, known, session)  # type: ignore[arg-type]
-                if parsed is not None:
-                    return parsed
-            return self._parse_whole(raw, session)
+            for known in self._known.get(key, ()):
+                if len(raw) > known.end and raw.startswith(memoryview(known.raw)[: known.end]):
+                    parsed = self._extend(raw, known, key)
+                    if parsed is not None:
+                        return parsed
+                    break
+            return self._parse_whole(raw, key)
         except (_NotHandled, StopIteration, ValueError, IndexError, RecursionError):
             return None
 
@@ -189,7 +199,7 @@ class ChatPrefixCache:
                 raise _NotHandled("expected ',' or ']'")
             i = _WS.match(s, i + 1).end()
 
-    def _parse_whole(self, raw: bytes, session: str | None) -> ParsedChat:
+    def _parse_whole(self, raw: bytes, cache_key: str | bytes) -> ParsedChat:
         if raw[:3] == b"\xef\xbb\xbf":
             raise _NotHandled("byte order mark")
         s = raw.decode("utf-8", "surrogatepass")
@@ -227,14 +237,13 @@ class ChatPrefixCache:
         if tools is not None and not isinstance(tools, list):
             raise _NotHandled("tools is not a list")
         prompt = TextChain(self.block_tokens).extend([render_tools(tools), *pieces])
-        if session is not None:
-            if "tools" in head and "tools" in after:
-                return ParsedChat(fields, prompt)  # tools given twice: not remembered
-            end = msg_end if s.isascii() else len(s[:msg_end].encode("utf-8", "surrogatepass"))
-            self._remember(session, _Known(raw, end, head, tools_json, prompt, len(pieces)))
+        if "tools" in head and "tools" in after:
+            return ParsedChat(fields, prompt)  # tools given twice: not remembered
+        end = msg_end if s.isascii() else len(s[:msg_end].encode("utf-8", "surrogatepass"))
+        self._remember(cache_key, _Known(raw, end, head, tools_json, prompt, len(pieces)))
         return ParsedChat(fields, prompt)
 
-    def _extend(self, raw: bytes, known: _Known, session: str) -> ParsedChat | None:
+    def _extend(self, raw: bytes, known: _Known, key: str | bytes) -> ParsedChat | None:
         """Parse a body whose first `known.end` bytes equal the remembered body's."""
         if raw.find(_MESSAGES_KEY, known.end) >= 0:
             return None  # a second `messages` member may follow, or the word in a value: parse whole
@@ -247,7 +256,7 @@ class ChatPrefixCache:
         fields = {**known.head, **after}
         prompt = known.prompt.extend(pieces) if pieces else known.prompt
         end = known.end + (msg_end if s.isascii() else len(s[:msg_end].encode("utf-8", "surrogatepass")))
-        self._remember(session, _Known(raw, end, known.head, known.tools_json, prompt, known.messages + len(pieces)))
+        self._remember(key, _Known(raw, end, known.head, known.tools_json, prompt, known.messages + len(pieces)), known)
         self.extended += 1
         return ParsedChat(fields, prompt, reused_chars=known.prompt.chars)
 
@@ -265,23 +274,25 @@ class ChatPrefixCache:
         return i, tools_json
 
     # ------------------------------------------------------------------ the cache
-    def _remember(self, session: str, known: _Known) -> None:
-        old = self._known.pop(session, None)
-        if old is not None:
-            self._bytes -= len(old.raw)
-        if len(known.raw) > self.max_bytes:
-            return
-        self._known[session] = known
+    def _remember(self, key: str | bytes, known: _Known, replaces: _Known | None = None) -> None:
+        """Remember `known` under `key` (in place of `replaces`, the body it extends, when given)."""
+        bodies = self._known.pop(key, [])
+        if replaces is not None and any(b is replaces for b in bodies):
+            bodies = [b for b in bodies if b is not replaces]
+            self._bytes -= len(replaces.raw)
+        keep = 1 if isinstance(key, str) else BODIES_PER_PROBE
+        bodies.insert(0, known)
         self._bytes += len(known.raw)
-        while len(self._known) > self.max_sessions or self._bytes > self.max_bytes:
-            _, gone = self._known.popitem(last=False)
+        for gone in bodies[keep:]:
             self._bytes -= len(gone.raw)
+        self._known[key] = bodies[:keep]
+        while self._known and (len(self._known) > self.max_sessions or self._bytes > self.max_bytes):
+            _, gone_bodies = self._known.popitem(last=False)
+            self._bytes -= sum(len(b.raw) for b in gone_bodies)
 
     def forget(self, session: str) -> None:
         """Drop what is remembered of a session."""
-        old = self._known.pop(session, None)
-        if old is not None:
-            self._bytes -= len(old.raw)
+        self._bytes -= sum(len(b.raw) for b in self._known.pop(session, ()))
 
 
 def _depth(value: Any) -> int:
