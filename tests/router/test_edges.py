@@ -15,6 +15,7 @@ import pytest
 
 from tests.router.test_proxy import ADMIN, Cluster, completion, sse_events
 from tests.sim.helpers import sim_server
+from zoe_cluster.router.request_checks import RequestError, nested_deeper_than, parse_json_body
 
 SHAPE = {"message", "type", "param", "code"}
 DEEP = b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
@@ -47,6 +48,18 @@ BAD = {
     "prompt object": (_body(prompt={"a": 1}), 400, "prompt must be a string", "prompt"),
     "1025 prompts": (_body(prompt=["a"] * 1025), 400, "prompt list length 1025 exceeds", "prompt"),
 }
+
+
+def test_json_limits_with_plain_values():
+    tree = b'[[], [[]], [[[]]]]'  # depth 4
+    assert nested_deeper_than(tree, 3) and not nested_deeper_than(tree, 4)
+    assert nested_deeper_than(b'{"a": ' * 200 + b"1" + b"}" * 200, 128)
+    assert not nested_deeper_than(b'{"m": [' + b'{"b": [1]},' * 500 + b"1]}", 128)  # wide, not deep
+    assert parse_json_body(b'{"p": "' + b"9" * 5000 + b'", "x": [1, 2]}', 128, 100)["x"] == [1, 2]  # digits in a string
+    for raw, needle in ((b'{"a": 1' + b"0" * 101 + b"}", "number longer than 100"), (b'{"a": -Infinity}', "Infinity"),
+                        (b"\xff", "utf-8"), (b"[" * 129 + b"]" * 129, "deeper than 128")):
+        with pytest.raises(RequestError, match=needle):
+            parse_json_body(raw, 128, 100)
 
 
 @pytest.fixture(scope="module")
