@@ -27,6 +27,13 @@ def test_copy_of_the_plugins_support_table_is_current():
     )
 
 
+def test_the_recipes_kernel_names_are_the_plugins():
+    from zoe_cluster.recipes.schema import KERNEL_NAMES
+    from zoe_kernels.integrations.support import KERNELS
+
+    assert KERNEL_NAMES == KERNELS
+
+
 def test_zoe_cluster_reads_the_table_without_zoe_kernels_or_torch():
     code = ("import sys; from zoe_cluster.planner import plan, Demand; from zoe_cluster.recipes import RecipeRegistry; "
             "plan(RecipeRegistry.default().get('glm-5.3'), Demand(1)); "
