@@ -83,6 +83,16 @@ def _error(status: int, message: str, etype: str, param: str | None = None) -> J
     return JSONResponse({"error": {"message": message, "type": etype, "param": param, "code": status}}, status)
 
 
+async def _route_error(request: Request, exc: Exception) -> JSONResponse:
+    status = getattr(exc, "status_code", 404)
+    return _error(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'no such route')}",
+                  "NotFoundError" if status == 404 else "BadRequestError")
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    return _error(500, f"internal error: {type(exc).__name__}: {exc}", "InternalServerError")
+
+
 class _Flow:
     """Per-request channel from the engine loop to the HTTP handler."""
 
@@ -134,6 +144,7 @@ class SimServer:
                 *([Route("/sim/faults", self._set_faults, methods=["POST"])] if config.fault_endpoint else []),
             ],
             lifespan=self._lifespan,
+            exception_handlers={404: _route_error, 405: _route_error, 500: _internal_error},
         )
 
     # --- engine loop ----------------------------------------------------------------------------------
