@@ -1,6 +1,6 @@
 """Dispatch by M: run zoe's fused MoE below the measured crossover and the fallback above it.
 
-The crossover table is data (`moe/crossover.json`), written by `bench/kernels/moe_bench.py` from
+The crossover table is data (`moe/crossover.json`), written by `bench/kernels/moe_large_m.py` from
 measurements per device and format. For a format, zoe runs when M <= `zoe_max_m` (null: at every M).
 Inside zoe, `path_by_m` ({M: "fused" | "dequant"}, optional) names the faster of zoe's paths at each measured M
 (`moe_path_for`). A device that was never measured uses the table's "default" entry.

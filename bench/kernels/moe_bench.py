@@ -6,8 +6,7 @@ Writes DIR/moe_results.json (one row per shape, M, format and provider: median m
 floor and the percentage of it reached) and DIR/pytest.log, and prints a compact table. Every point is a
 CUDA graph of R back-to-back MoE calls with R different random routings (so small-M points read different
 experts and are not served from L2), timed over many replays with CUDA events; the median over replays
-divided by R is the time per call. `python3 bench/kernels/moe_bench.py --crossover RESULTS.json` merges the
-crossover of a results file into kernels/moe/crossover.json (no GPU needed).
+divided by R is the time per call. kernels/moe/crossover.json is written from `moe_large_m.py`'s results.
 """
 
 from __future__ import annotations
@@ -430,18 +429,6 @@ def crossover(rows: list[dict]) -> dict:
     return table
 
 
-def merge_crossover(results_path: Path) -> None:
-    data = json.loads(results_path.read_text())
-    path = REPO / "kernels" / "moe" / "crossover.json"
-    table = json.loads(path.read_text())
-    entry = crossover(data["rows"])
-    for fmt in entry:
-        entry[fmt]["source"] = str(results_path.relative_to(REPO)) if results_path.is_relative_to(REPO) else str(results_path)
-    table["devices"][data["device"]] = entry
-    path.write_text(json.dumps(table, indent=2) + "\n")
-    print(f"wrote {path}: {data['device']}: " + ", ".join(f"{f}<= {e['zoe_max_m']}" for f, e in entry.items()))
-
-
 SWEEP = [  # (stage-1 BLOCK_N, stage-2 BLOCK_N, num_stages, num_warps) tried at M=1 on DeepSeek-V3.2
     (32, 128, 4, 4), (16, 64, 4, 4), (64, 128, 4, 4), (32, 64, 4, 4), (32, 128, 3, 4), (32, 128, 5, 4),
     (32, 128, 4, 8), (16, 128, 6, 4),
@@ -615,16 +602,12 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new points after this long")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--sweep", default="", help="formats whose M=1 block sizes to sweep first (e.g. fp8,w4a16)")
-    ap.add_argument("--crossover", type=Path, help="merge a results file into kernels/moe/crossover.json")
     ap.add_argument("--gemv-sweep", default="", help="shapes on which to sweep the GEMV tiles at M=1 first")
     ap.add_argument("--apply-sweep", action="store_true", help="use the sweep's best GEMV tiles for this run")
     ap.add_argument("--gemv-sweep-stages", default="1,2", help="which GEMV stages to sweep")
     ap.add_argument("--gemv-num-stages", default="", help="sweep num_stages (e.g. 1,3) of the configured tiles")
     ap.add_argument("--tests-k", default="", help="pytest -k expression selecting the GPU tests to run")
     args = ap.parse_args()
-    if args.crossover:
-        merge_crossover(args.crossover.resolve())
-        return
     if args.merge:
         merge_results(args.merge, args.out)
         return

@@ -20,7 +20,7 @@ if not ON_GPU:
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from zoe_kernels.dispatch import CROSSOVER_PATH, load_crossover_table, moe_impl_for  # noqa: E402
+from zoe_kernels.dispatch import CROSSOVER_PATH, load_crossover_table, moe_impl_for, moe_path_for  # noqa: E402
 from zoe_kernels.moe import FORMATS, fallback_moe, fused_moe, quantize_weights  # noqa: E402
 from zoe_kernels.moe.act_quant import quantize_act_fp8  # noqa: E402
 from zoe_kernels.moe.align import moe_align  # noqa: E402
@@ -706,6 +706,16 @@ def test_dispatch_reads_the_measured_table(tmp_path):
     with pytest.raises(ValueError, match="zoe_max_m"):
         load_crossover_table(bad)
     assert CROSSOVER_PATH.exists()
+    # zoe's path per measured M: the largest measured M at or below, the smallest's below it, "fused" unmeasured
+    paths = {"devices": {"default": {}, "Dev": {"w4a16": {"zoe_max_m": None, "path_by_m": {
+        "64": "fused", "4096": "dequant", "16384": "fused"}}}}}
+    assert [moe_path_for(m, "w4a16", "Dev", paths) for m in (1, 4095, 4096, 16383, 10**6)] == [
+        "fused", "fused", "dequant", "dequant", "fused"]
+    assert moe_path_for(10**6, "mxfp4", "Dev", paths) == "fused"
+    assert all(moe_path_for(m, f, "NVIDIA H200") in ("fused", "dequant") for m in (1, 16384) for f in FORMATS)
+    bad.write_text(json.dumps({"devices": {"default": {"w4a16": {"path_by_m": {"64": "gemv"}}}}}))
+    with pytest.raises(ValueError, match="path_by_m"):
+        load_crossover_table(bad)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="production block sizes need a GPU")
