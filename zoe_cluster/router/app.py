@@ -47,7 +47,8 @@ from zoe_cluster.router.health import HealthChecker
 from zoe_cluster.router.membership import MemberReplica, Membership
 from zoe_cluster.router.replicas import ReplicaSet, ReplicaState
 from zoe_cluster.router.request_checks import RequestError, check_sampling, parse_json_body
-from zoe_cluster.router.slowness import next_stall_check_s, stall_verdict
+from zoe_cluster.router.slowness import stall_verdict
+from zoe_cluster.router.stall_watch import StallWatch
 from zoe_cluster.router.upstream import UpstreamPool, UpstreamResponse
 from zoe_cluster.routing.chat_prefix import ChatPrefixCache
 from zoe_cluster.routing.context import BadRequest, RequestContext, RoutingDecision, context_from_openai
@@ -75,43 +76,6 @@ class _Attempt:
     """The first streamed chunk arrived (the request's prefill left the replica's queue)."""
     probe: bool = False
     """A recovery probe of a replica judged slow (its latency sample replaces the replica's average)."""
-
-
-class _StallWatch:
-    """A deadline on a wait for one replica (its response headers or first event) that also ends the wait early
-    when `stall_verdict` finds the replica hung: `async with _StallWatch(...) as w: ...`; on TimeoutError,
-    `w.stalled` says which. Costs one timer per wait."""
-
-    __slots__ = ("st", "stall_s", "limit_s", "clock", "since", "stalled", "_cm", "_handle", "_loop")
-
-    def __init__(self, st: ReplicaState, stall_s: float, limit_s: float, clock: Callable[[], float]) -> None:
-        self.st, self.stall_s, self.limit_s, self.clock = st, stall_s, limit_s, clock
-        self.stalled = False
-        self._handle: asyncio.TimerHandle | None = None
-
-    async def __aenter__(self) -> "_StallWatch":
-        self._loop = asyncio.get_running_loop()
-        self.since = self.clock()
-        self._cm = asyncio.timeout(self.limit_s)
-        await self._cm.__aenter__()
-        self._handle = self._loop.call_later(self.stall_s, self._check)
-        return self
-
-    def _check(self) -> None:
-        now, st = self.clock(), self.st
-        verdict = stall_verdict(now, self.since, st.last_byte_at, st.decoding_streams, self.stall_s, self.limit_s)
-        if verdict == "stalled":
-            self.stalled = True
-            self._cm.reschedule(self._loop.time())  # the wait ends now with TimeoutError
-            return
-        if verdict == "wait":
-            self._handle = self._loop.call_later(
-                next_stall_check_s(now, self.since, st.last_byte_at, self.stall_s, self.limit_s), self._check)
-
-    async def __aexit__(self, *exc: Any) -> bool | None:
-        if self._handle is not None:
-            self._handle.cancel()
-        return await self._cm.__aexit__(*exc)
 
 
 def static_membership(urls: list[str], pool: str = "default", **fields: Any) -> Membership:
@@ -520,7 +484,7 @@ class Router:
 
     async def _open(self, a: _Attempt, url: str, payload: bytes, headers: dict) -> UpstreamResponse:
         assert self.upstream is not None, "router not started (use the ASGI lifespan or await router.start())"
-        watch = _StallWatch(a.st, self.config.stall_timeout_s, self.config.first_byte_timeout_s, self.clock)
+        watch = StallWatch(a.st, self.config.stall_timeout_s, self.config.first_byte_timeout_s, self.clock)
         try:
             async with watch:
                 return await self.upstream.request("POST", url, payload, headers)
@@ -547,7 +511,7 @@ class Router:
         got an error event and a clean end)."""
         # Wait for the first chunk before answering, so a replica that fails before any byte can be retried.
         cfg, st = self.config, a.st
-        watch = _StallWatch(st, cfg.stall_timeout_s, cfg.first_byte_timeout_s, self.clock)
+        watch = StallWatch(st, cfg.stall_timeout_s, cfg.first_byte_timeout_s, self.clock)
         try:
             async with watch:
                 first = await resp.readany()

@@ -57,6 +57,11 @@ class ReplicaState:
         return not self.removed and self.view.routable and now >= self.ejected_until
 
 
+def _serves(st: ReplicaState, model: str, default_models: frozenset[str]) -> bool:
+    """Whether the replica serves `model`: its declared models, else the router's list (empty: any)."""
+    return model in st.served if st.served else (not default_models or model in default_models)
+
+
 def _view(m: MemberReplica) -> ReplicaView:
     return ReplicaView(
         replica_id=m.id,
@@ -163,13 +168,8 @@ class ReplicaSet:
         judged slow are left out while others remain."""
         now = self.clock()
         ex = set(exclude)
-        out = [
-            st
-            for st in self.by_id.values()
-            if st.routable(now)
-            and st.id not in ex
-            and (model in st.served if st.served else (not default_models or model in default_models))
-        ]
+        out = [st for st in self.by_id.values() if st.routable(now) and st.id not in ex
+               and _serves(st, model, default_models)]
         fast = [st for st in out if st.slow_reason is None]
         return fast or out
 
@@ -180,8 +180,7 @@ class ReplicaSet:
         ex = set(exclude)
         for st in self.by_id.values():
             if (st.slow_reason is not None and st.routable(now) and st.id not in ex
-                    and (model in st.served if st.served else (not default_models or model in default_models))
-                    and probe_due(st.latency, now, self.slow_probe_s)):
+                    and _serves(st, model, default_models) and probe_due(st.latency, now, self.slow_probe_s)):
                 st.latency.last_probe_at = now
                 return st
         return None
