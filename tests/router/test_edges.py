@@ -235,3 +235,19 @@ def test_the_simulated_engine_answers_the_same_bodies_with_400_and_has_a_body_li
         assert r.status_code == 413 and set(r.json()["error"]) == SHAPE
         r = httpx.post(url + "/sim/faults", json={"slowdown": 2})  # no fault endpoint without --fault-endpoint
         assert r.status_code == 404 and set(r.json()["error"]) == SHAPE
+
+
+def test_a_failure_inside_the_router_is_answered_in_the_shape():
+    c = Cluster(n=1)
+
+    def broken(ctx, views):
+        raise ZeroDivisionError("policy bug")
+
+    c.router.policy.select = broken
+    try:
+        r = completion(c.client)
+        err = r.json()["error"]
+        assert r.status_code == 500 and set(err) == SHAPE and "ZeroDivisionError: policy bug" in err["message"]
+        assert completion(c.client).status_code == 500  # and it keeps serving
+    finally:
+        c.close()

@@ -37,12 +37,16 @@ async def _method_not_allowed(request: Request, exc: Exception) -> Response:
     return _error(405, f"method {request.method} not allowed on {request.url.path}", "invalid_request_error")
 
 
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    return _error(500, f"internal router error: {type(exc).__name__}: {exc}", "server_error")
+
+
 class AuxRoutes:
     """Endpoints other than the proxied /v1 POSTs, bound to one router."""
 
     def __init__(self, router: "Router") -> None:
         self.router = router
-        self.app = Starlette(routes=self._routes(), exception_handlers={404: _not_found, 405: _method_not_allowed})
+        self.app = Starlette(routes=self._routes(), exception_handlers={404: _not_found, 405: _method_not_allowed, 500: _internal_error})
 
     def _routes(self) -> list[Route]:
         return [

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 import re
 import time
@@ -57,6 +58,7 @@ from zoe_cluster.routing.policy import Policy, get_policy
 from zoe_cluster.routing.slo import slo_class_from_headers
 
 _PROXIED = {b"/v1/completions": "completions", b"/v1/chat/completions": "chat"}
+_log = logging.getLogger(__name__)
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*([0-9]+)')
 _SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
@@ -231,6 +233,11 @@ class Router:
         except HttpError as e:
             await self._respond_error(send, e)
             return
+        except Exception as e:  # a bug, not the client's fault: still answered in the one error shape
+            _log.exception("request failed before routing")
+            await self._respond_error(send, HttpError(500, f"internal router error: {type(e).__name__}: {e}",
+                                                      "server_error"))
+            return
 
         task = asyncio.current_task()
         state = SimpleNamespace(disconnected=False, finished=False)
@@ -250,6 +257,13 @@ class Router:
             if not state.disconnected:
                 raise
             task.uncancel()  # type: ignore[union-attr]  the client left; nothing more to send
+        except Exception as e:
+            _log.exception("request %s failed", ctx.request_id)
+            try:  # answered in the one error shape unless the response already started (then it is cut)
+                await self._respond_error(send, HttpError(500, f"internal router error: {type(e).__name__}: {e}",
+                                                          "server_error"))
+            except RuntimeError:
+                raise e from None
         finally:
             state.finished = True
             watcher.cancel()
