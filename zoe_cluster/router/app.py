@@ -549,7 +549,8 @@ class Router:
         a.prefilled = True
         self._lab(self.metrics.responses, str(resp.status)).inc()
         clock = self.clock
-        first_at = last_at = st.last_byte_at = clock()
+        first_at = resp.arrived_at  # arrival times, so a client that reads slowly does not slow the replica's figure
+        last_at = st.last_byte_at = clock()
         events = first.count(b"data: ")
         st.decoding_streams += 1
         try:
@@ -589,7 +590,7 @@ class Router:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
         if events >= 4:  # [DONE] and a usage event end most streams; the gaps between token events remain
-            self.replicas.record_latency(st, "tpot_s", (last_at - first_at) / (events - 1), a.probe)
+            self.replicas.record_latency(st, "tpot_s", (resp.arrived_at - first_at) / (events - 1), a.probe)
         return True
 
 def build_router(

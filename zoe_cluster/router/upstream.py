@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections import deque
 from urllib.parse import urlsplit
 
@@ -96,6 +97,7 @@ class _Conn(asyncio.Protocol):
         if r is None:
             return
         r._chunks.append(body)
+        r.arrived_at = time.monotonic()
         r._buffered += len(body)
         if r._buffered > _MAX_BUFFER and not self._paused:
             self._paused = True
@@ -127,13 +129,14 @@ class _Conn(asyncio.Protocol):
 class UpstreamResponse:
     """Status, headers and a body read chunk by chunk."""
 
-    __slots__ = ("status", "headers", "keep_alive", "_conn", "_pool", "_head", "_chunks", "_buffered",
+    __slots__ = ("status", "headers", "keep_alive", "arrived_at", "_conn", "_pool", "_head", "_chunks", "_buffered",
                  "_complete", "_error", "_waiter", "_done")
 
     def __init__(self, conn: _Conn, pool: "UpstreamPool") -> None:
         self.status = 0
         self.headers: dict[str, str] = {}
         self.keep_alive = False
+        self.arrived_at = 0.0  # time.monotonic() when body bytes last arrived from the replica (not when read)
         self._conn, self._pool = conn, pool
         self._head: asyncio.Future = asyncio.get_running_loop().create_future()
         self._chunks: deque[bytes] = deque()
