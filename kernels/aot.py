@@ -140,16 +140,20 @@ def _short(value) -> str:
     return str(value).replace("triton.language.", "").replace(" ", "")
 
 
-def hip_target(arch: str) -> GPUTarget:
-    """Triton's compile target of an AMD architecture (wave64 on CDNA)."""
-    return GPUTarget("hip", arch, platform.TARGETS[arch].warp_size)
+def triton_target(arch: str) -> GPUTarget:
+    """Triton's compile target of a named target (`platform.TARGETS`): GPUTarget("hip", "gfx950", 64) (wave64 on
+    CDNA), GPUTarget("cuda", 90, 32)."""
+    target = platform.TARGETS[arch]
+    if target.is_hip:
+        return GPUTarget("hip", arch, target.warp_size)
+    return GPUTarget("cuda", int(arch.removeprefix("sm_")), target.warp_size)
 
 
 def specialise(launch: Launch, arch: str) -> Spec:
-    """The specialisation Triton's JIT makes for this launch on `arch`: its own binder and argument packer for
-    the HIP backend, fed the recorded arguments."""
+    """The specialisation Triton's JIT makes for this launch on `arch` (a `platform.TARGETS` name): its own binder
+    and argument packer for that backend, fed the recorded arguments."""
     fn = launch.fn
-    backend = make_backend(hip_target(arch))
+    backend = make_backend(triton_target(arch))
     kwargs = dict(launch.kwargs)
     kwargs.setdefault("debug", False)
     args = tuple(_PointerArg(a) if isinstance(a, torch.Tensor) else a for a in launch.args)
@@ -242,7 +246,7 @@ def compile_spec(spec: Spec) -> dict:
     try:
         fn = getattr(importlib.import_module(spec.module), spec.name)
         kernel = triton.compile(ASTSource(fn, spec.signature, spec.constexprs, spec.attrs),
-                                target=hip_target(spec.arch), options=spec.options)
+                                target=triton_target(spec.arch), options=spec.options)
         res = amdgcn_resources(kernel.asm["amdgcn"])
         lds = int(kernel.metadata.shared)
         target = platform.TARGETS[spec.arch]
@@ -278,7 +282,7 @@ def gluon_rows(arch: str) -> list[dict]:
 
 
 # -- the whole run -----------------------------------------------------------------------------------------------
-def collect(archs: list[str], only: str = "", cases=None) -> tuple[list[Spec], dict]:
+def collect(archs: list[str], only: str = "", cases=None, ci: bool = False) -> tuple[list[Spec], dict]:
     """The distinct specialisations of every case on every arch, and per specialisation the cases that chose it
     (with their phase: "decode" or "prefill")."""
     from zoe_kernels.aot_cases import all_cases
@@ -290,7 +294,7 @@ def collect(archs: list[str], only: str = "", cases=None) -> tuple[list[Spec], d
     used: dict[tuple, list] = {}
     for arch in archs:
         target = platform.TARGETS[arch]
-        for case in cases if cases is not None else all_cases(target):
+        for case in cases if cases is not None else all_cases(target, ci=ci):
             if only and only not in case.name:
                 continue
             for launch in capture(target, case.name, case.phase, case.call):
@@ -356,10 +360,11 @@ def compile_all(specs: list[Spec], jobs: int = 2, on_row: Callable[[Spec, dict],
     return rows
 
 
-def run(archs: list[str], *, only: str = "", jobs: int = 2, cases=None, progress=None) -> list[dict]:
+def run(archs: list[str], *, only: str = "", jobs: int = 2, cases=None, ci: bool = False,
+        progress=None) -> list[dict]:
     """Compile everything for `archs` (at most 2 compiles at a time) and return the rows, the Gluon kernels'
     not-applicable rows included."""
-    specs, used = collect(archs, only, cases)
+    specs, used = collect(archs, only, cases, ci)
     if progress:
         progress.start(len(specs))
 
@@ -410,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="also write {meta, rows} as JSON to this file")
     ap.add_argument("--only", default="", help="only the cases whose name contains this (e.g. 'moe', 'topk')")
     ap.add_argument("--jobs", type=int, default=2, help="compile processes (at most 2)")
+    ap.add_argument("--ci", action="store_true", help="the representative cases only (aot_cases.CI_CASES)")
     args = ap.parse_args(argv)
     archs = [a for a in args.arch.split(",") if a]
     unknown = [a for a in archs if a not in platform.TARGETS or not platform.TARGETS[a].is_hip]
@@ -419,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = None if args.json else _RichProgress()
     t0 = time.time()
     try:
-        rows = run(archs, only=args.only, jobs=args.jobs, progress=progress)
+        rows = run(archs, only=args.only, jobs=args.jobs, ci=args.ci, progress=progress)
     finally:
         if progress:
             progress.stop()

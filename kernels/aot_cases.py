@@ -225,7 +225,29 @@ def csa_cases(shapes: dict[str, dict]) -> list[Case]:
     return cases
 
 
-def all_cases(target: platform.Target, recipes_dir: Path = RECIPES_DIR) -> list[Case]:
-    """Every case for one target (the MoE dispatcher's choices depend on the target's name)."""
+# A representative subset (`--ci`, the CI test): each kernel at least once per family's regimes (MoE's M=1 mode,
+# small and large align-based tiles, the 4-bit GEMV and native mxfp4 tiles; the indexer at decode and prefill; top-K's
+# radix, split and row modes; dual-scope's ONE_LOOP, TWO_LOOPS, TWO_PASS and all-heads regimes; the paged decode).
+CI_CASES = (
+    "moe deepseek-v3.2 fp8 full M=1", "moe deepseek-v3.2 fp8 full M=16", "moe deepseek-v3.2 fp8 full M=4096",
+    "moe glm-5.3 mxfp4 full M=1", "moe glm-5.3 mxfp4 full M=256", "moe kimi-k2.6 w4a16 full M=1",
+    "moe zaya1 fp8 full M=1", "moe-forced gemv fp8 M=1",
+    "indexer deepseek-v3.2 H=64 M=1 N=65536", "indexer glm-5.3 H=32 M=4096 N=4096",
+    "topk deepseek-v4-pro B=1 N=1024", "topk deepseek-v4-pro B=1 N=262144", "topk deepseek-v4-pro B=32 N=65536",
+    "topk deepseek-v4-pro B=64 N=16384",
+    "dual_scope deepseek-v4-pro B=1 H=64", "dual_scope deepseek-v4-pro B=8 H=64",
+    "dual_scope deepseek-v4-pro B=32 H=64", "dual_scope deepseek-v4-pro B=128 H=64",
+    "paged_dual_scope deepseek-v4-pro B=1 H=64", "paged_dual_scope deepseek-v4-pro B=16 H=64",
+)
+
+
+def all_cases(target: platform.Target, recipes_dir: Path = RECIPES_DIR, *, ci: bool = False) -> list[Case]:
+    """Every case for one target (the MoE dispatcher's choices depend on the target's name); `ci`: CI_CASES only."""
     shapes = load_recipe_shapes(recipes_dir)
-    return moe_cases(target, shapes) + indexer_cases(shapes) + csa_cases(shapes)
+    cases = moe_cases(target, shapes) + indexer_cases(shapes) + csa_cases(shapes)
+    if ci:
+        cases = [c for c in cases if c.name in CI_CASES]
+        missing = set(CI_CASES) - {c.name for c in cases}
+        if missing:
+            raise ValueError(f"CI_CASES names cases that do not exist: {sorted(missing)}")
+    return cases
