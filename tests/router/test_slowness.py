@@ -74,6 +74,12 @@ def test_stall_verdict(now, since, last_byte, decoding, verdict):
     assert stall_verdict(now, since, last_byte, decoding, stall_timeout_s=5.0, limit_s=60.0) == verdict
 
 
+def test_a_replica_found_hung_releases_every_waiter():
+    # nothing decodes any more (its streams ended on the stall), but another request found it hung
+    assert stall_verdict(15.0, 14.0, 0.0, 0, 5.0, 60.0, replica_hung=True) == "stalled"
+    assert stall_verdict(75.0, 14.0, 0.0, 0, 5.0, 60.0, replica_hung=True) == "timeout"
+
+
 def test_next_stall_check_is_when_the_verdict_can_change():
     assert next_stall_check_s(10.0, 9.0, 9.5, 5.0, 60.0) == pytest.approx(4.5)  # replica silence reaches 5 s
     assert next_stall_check_s(10.0, 9.0, 0.0, 5.0, 60.0) == pytest.approx(4.0)  # own wait reaches 5 s

@@ -551,6 +551,7 @@ class Router:
         clock = self.clock
         first_at = resp.arrived_at  # arrival times, so a client that reads slowly does not slow the replica's figure
         last_at = st.last_byte_at = clock()
+        st.hung = False
         events = first.count(b"data: ")
         st.decoding_streams += 1
         try:
@@ -562,7 +563,7 @@ class Router:
                 except TimeoutError:
                     now = clock()
                     verdict = stall_verdict(now, last_at, st.last_byte_at, st.decoding_streams, cfg.stall_timeout_s,
-                                            cfg.read_timeout_s)
+                                            cfg.read_timeout_s, st.hung)
                     if verdict == "wait":
                         continue
                     kind = "stall" if verdict == "stalled" else "timeout"

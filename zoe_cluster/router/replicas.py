@@ -47,6 +47,9 @@ class ReplicaState:
     """Monotonic time any of its streams last sent a byte (stall detection)."""
     decoding_streams: int = 0
     """Streams through the router past their first event (stall detection needs at least one)."""
+    hung: bool = False
+    """A request found it hung (`router.slowness.stall_verdict`); cleared by its next stream event or a passed
+    /health check. Requests still waiting on it give up at their next check."""
     slow_reason: str | None = None
 
     @property
@@ -240,6 +243,8 @@ class ReplicaSet:
         self.metrics.upstream_errors.labels(replica=st.id, kind=kind).inc()
         st.consecutive_failures += 1
         now = self.clock()
+        if kind == "stall":
+            st.hung = True
         if (kind == "stall" or st.consecutive_failures >= self.passive_failures) and now >= st.ejected_until:
             st.ejected_until = now + self.eject_s
             st.consecutive_failures = 0
@@ -252,6 +257,7 @@ class ReplicaSet:
         was = st.view.healthy
         if ok:
             st.health_failures = 0
+            st.hung = False
             if not was:
                 st.view.healthy = True
                 st.ejected_until = 0.0

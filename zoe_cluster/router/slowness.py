@@ -82,15 +82,18 @@ def probe_due(facts: LatencyFacts, now: float, probe_s: float) -> bool:
 
 
 def stall_verdict(now: float, waiting_since: float, replica_last_byte_at: float, replica_decoding_streams: int,
-                  stall_timeout_s: float, limit_s: float) -> Literal["wait", "stalled", "timeout"]:
+                  stall_timeout_s: float, limit_s: float, replica_hung: bool = False
+                  ) -> Literal["wait", "stalled", "timeout"]:
     """What a request waiting on a replica since `waiting_since` (for its response, its first event, or its next
     chunk) should do: "timeout" once it waited `limit_s`; "stalled" (the replica is hung: eject it) once it waited
     `stall_timeout_s` while the replica has streams past their first event and none of them sent a byte for
     `stall_timeout_s` (an engine decodes every running request at each step, so a live one is never silent that
-    long; without decoding streams a long prefill cannot be told from a hang, and only `limit_s` applies);
-    else "wait"."""
+    long; without decoding streams a long prefill cannot be told from a hang, and only `limit_s` applies), or at
+    once when another request already found the replica hung (`replica_hung`); else "wait"."""
     if now - waiting_since >= limit_s:
         return "timeout"
+    if replica_hung:
+        return "stalled"
     if (replica_decoding_streams > 0 and now - waiting_since >= stall_timeout_s
             and now - replica_last_byte_at >= stall_timeout_s):
         return "stalled"

@@ -33,7 +33,8 @@ class StallWatch:
 
     def _check(self) -> None:
         now, st = self.clock(), self.st
-        verdict = stall_verdict(now, self.since, st.last_byte_at, st.decoding_streams, self.stall_s, self.limit_s)
+        verdict = stall_verdict(now, self.since, st.last_byte_at, st.decoding_streams, self.stall_s, self.limit_s,
+                                st.hung)
         if verdict == "stalled":
             self.stalled = True
             self._cm.reschedule(self._loop.time())  # the wait ends now with TimeoutError
