@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from zoe_kernels.integrations.report import KernelReporter
-from zoe_kernels.integrations.support import in_range, release
+from zoe_kernels.integrations.support import gap_reason, in_range, release
 
 __all__ = ["PatchSpec", "install_kernel", "release", "resolve", "uninstall", "version_supported"]
 
@@ -69,18 +69,21 @@ def param_names(fn: Callable) -> tuple[str, ...]:
 
 
 def install_kernel(
-    kernel: str, specs: list[PatchSpec], engine: str, engine_version: str, reporter: KernelReporter
+    kernel: str, specs: list[PatchSpec], engine: str, engine_version: str, reporter: KernelReporter,
+    platform: str | None = None,
 ) -> bool:
     """Install every spec of `kernel` verified for `engine_version`, or none of them (recording a fallback with
     the first reason). `specs` may hold one set per verified release range (a target renamed between releases);
-    only the set whose range holds the running release is checked and installed."""
+    only the set whose range holds the running release is checked and installed. With `platform`, a release
+    outside every range gets the support table's reason where it has one (`support.GAPS`)."""
     applicable = [s for s in specs if version_supported(engine_version, s.versions)]
     if not applicable:
         ranges = sorted({s.versions for s in specs}, key=lambda r: release(r[0]))
         verified = ", ".join(f"[{lo}, {hi})" for lo, hi in ranges)
+        known = gap_reason(kernel, engine, platform, engine_version) if platform else None
         reporter.fallback(
             kernel, specs[0].target if specs else "-", "engine_version",
-            f"{engine} {engine_version} is outside the verified range {verified}",
+            f"{engine} {engine_version} is outside the verified range {verified}" + (f": {known}" if known else ""),
         )  # fmt: skip
         return False
     checked: list[tuple[PatchSpec, Any, str, Any]] = []

@@ -181,7 +181,7 @@ def patch_sglang(kernels: list[str], reporter: KernelReporter, version: str) -> 
         except ImportError as e:
             reporter.fallback(kernel, "zoe_kernels", "kernel_unavailable", f"{type(e).__name__}: {e}")
             continue
-        if install_kernel(kernel, specs, "sglang", version, reporter):
+        if install_kernel(kernel, specs, "sglang", version, reporter, sglang_platform()):
             patched.append(kernel)
     return patched
 

@@ -104,6 +104,14 @@ def ranges(kernel: str, engine: str, platform: str) -> list[tuple[str, str]]:
     return sorted(found, key=lambda r: release(r[0]))
 
 
+def gap_reason(kernel: str, engine: str, platform: str, version: str) -> str | None:
+    """Why `kernel` is known not to work on `engine` `version` on `platform` (None: no checked gap there)."""
+    for g in GAPS:
+        if (g.kernel, g.engine) == (kernel, engine) and platform in g.platforms and in_range(version, g.versions):
+            return g.reason
+    return None
+
+
 def engine_span(engine: str) -> tuple[str, str]:
     """The lowest and the first unsupported release over every verified range of `engine` (gaps inside it are
     releases the plugin falls back on, loudly)."""

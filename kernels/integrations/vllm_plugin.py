@@ -40,7 +40,8 @@ AITER_MOE_ENV = "VLLM_ROCM_USE_AITER_MOE"
 
 
 def vllm_platform() -> str:
-    """"cpu", "cuda" or "rocm": the platform vLLM itself selected (so the patch matches what runs)."""
+    """"cpu", "cuda" or "rocm": the platform vLLM itself selected (so the patch matches what runs); else its
+    device type, or "unspecified"."""
     from vllm.platforms import current_platform
 
     if current_platform.is_rocm():
@@ -49,7 +50,8 @@ def vllm_platform() -> str:
         return "cuda"
     if current_platform.is_cpu():
         return "cpu"
-    return str(getattr(current_platform, "device_type", "unknown"))
+    # e.g. a CUDA build of vLLM on a machine without a GPU: vLLM's UnspecifiedPlatform, device_type ""
+    return str(getattr(current_platform, "device_type", "") or "unspecified")
 
 
 def vllm_version() -> str:
@@ -87,7 +89,7 @@ def patch_vllm(kernels: list[str], reporter: KernelReporter, platform: str, vers
         rocm_moe = kernel == "fused_moe" and platform == "rocm"
         if rocm_moe and aiter_moe_pinned(reporter, specs[-1].target):
             continue
-        if install_kernel(kernel, specs, "vllm", version, reporter):
+        if install_kernel(kernel, specs, "vllm", version, reporter, platform):
             if rocm_moe:
                 route_rocm_moe_to_triton(reporter)
             patched.append(kernel)

@@ -1,6 +1,6 @@
 """Runs under a vLLM test environment's python: loads the zoe vLLM plugin in one of a few set-ups, prints JSON.
 
-    python _vllm_probe.py ok|fake_version|bad_signature|other_backend|indexer|aiter REPORT_DIR
+    python _vllm_probe.py ok|fake_version|bad_signature|other_backend|indexer|aiter|entry_point REPORT_DIR
 """
 
 from __future__ import annotations
@@ -12,6 +12,15 @@ import sys
 mode, report_dir = sys.argv[1], sys.argv[2]
 os.environ["ZOE_KERNELS_REPORT_DIR"] = report_dir
 os.environ["ZOE_KERNELS"] = "fused_moe,lightning_indexer"
+
+if mode == "entry_point":  # vLLM's own plugin loader runs zoe's entry point
+    from vllm.plugins import load_general_plugins
+
+    from zoe_kernels.integrations.report import read_reports
+
+    load_general_plugins()
+    print(json.dumps({"reports": [r.__dict__ for r in read_reports(report_dir)]}))
+    sys.exit(0)
 
 if mode == "aiter":  # vLLM read the AITER switches (and cached vllm.envs) before the plugin runs
     import vllm.envs as envs

@@ -106,3 +106,19 @@ def test_mismatch_falls_back_loudly_and_installs_nothing(engine_module, tmp_path
     assert any("FALLBACK" in r.message and reason in r.message for r in caplog.records)
     data = json.loads((tmp_path / f"fake-{os.getpid()}.json").read_text())
     assert data["fallbacks"][0]["reason"] == reason
+
+
+def test_a_release_in_a_checked_gap_says_what_differs_there(engine_module, tmp_path):
+    """vLLM 0.29 on the CPU: the CPU experts' patch (verified on 0.32) falls back with the support table's
+    reason for 0.29, not only the range."""
+    from zoe_kernels.integrations.support import VLLM_032
+
+    rep = _reporter(tmp_path)
+    spec = PatchSpec("fused_moe", "fake_engine_mod:Experts.apply", ("self", "x", "w"), VLLM_032, _wrap_tag("zoe"))
+    assert not install_kernel("fused_moe", [spec], "vllm", "0.29.0", rep, "cpu")
+    (fb,) = rep.report.fallbacks
+    assert fb["reason"] == "engine_version"
+    assert fb["detail"].startswith("vllm 0.29.0 is outside the verified range [0.32.0, 0.33.0): vLLM 0.29's "
+                                   "CPUUnquantizedExperts.apply routes inside the experts")  # fmt: skip
+    assert install_kernel("fused_moe", [spec], "vllm", "0.32.1", _reporter(tmp_path), "cpu")
+    assert engine_module.Experts().apply(1, 2) == ("zoe", ("engine", 1))

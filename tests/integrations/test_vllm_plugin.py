@@ -59,6 +59,21 @@ def test_plugin_patches_the_cpu_experts_of_the_installed_vllm(vllm_python, tmp_p
     assert "FALLBACK: fused_moe" in log and "OtherExperts" in log
 
 
+def test_vllm_0_29_loads_the_plugin_through_its_entry_point(tmp_path):
+    """vLLM 0.29's own plugin loader runs zoe's entry point. Its CUDA build on this GPU-less machine selects no
+    platform, so both kernels fall back there, loudly and with the reason."""
+    python, env = engine_env("vllm", "0.29.0")
+    proc = subprocess.run([python, str(PROBE), "entry_point", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (rep,) = json.loads(proc.stdout.strip().splitlines()[-1])["reports"]
+    assert rep["engine_version"] == "0.29.0" and rep["patched"] == {}
+    fb = {f["kernel"]: (f["reason"], f["detail"]) for f in rep["fallbacks"]}
+    assert fb == {k: ("unsupported", f"no vLLM integration for {k} on unspecified")
+                  for k in ("fused_moe", "lightning_indexer")}  # fmt: skip
+    assert "FALLBACK: fused_moe" in proc.stderr
+
+
 @pytest.mark.parametrize("mode, reason", [("fake_version", "engine_version"), ("bad_signature", "signature")])
 def test_mismatch_keeps_vllms_own_path_loudly(vllm_python, tmp_path, mode, reason):
     out, log = _probe(vllm_python, mode, tmp_path)

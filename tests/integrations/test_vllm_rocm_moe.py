@@ -20,7 +20,7 @@ def fake_vllm_rocm(monkeypatch, tmp_path):
     spec = vllm_plugin.PatchSpec("fused_moe", "m:TritonExperts.apply", (), ("0", "1"), lambda f: f)
     monkeypatch.setattr(vllm_plugin, "KERNEL_SPECS", {"fused_moe": lambda platform, rep: [spec]})
 
-    def install(kernel, specs, engine, version, reporter):
+    def install(kernel, specs, engine, version, reporter, platform=None):
         installed.append(kernel)
         return True
 
