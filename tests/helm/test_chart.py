@@ -50,15 +50,33 @@ def test_crd_validation_catches_a_misspelled_field():
         jsonschema.validate(rc, crd_schema(*CRD_OBJECTS["RayCluster"]))
 
 
-def _worker(objs):
+def _groups(objs):
+    """Worker image -> its worker group of the rendered RayCluster."""
     (rc,) = by_kind(objs, "RayCluster")
-    (group,) = rc["spec"]["workerGroupSpecs"]
+    return {g["template"]["metadata"]["labels"]["zoe.dev/worker-image"]: g for g in rc["spec"]["workerGroupSpecs"]}
+
+
+def _worker(objs, image=None):
+    """(RayCluster, the group of `image` or the only group, its pod spec)."""
+    (rc,) = by_kind(objs, "RayCluster")
+    groups = _groups(objs)
+    group = groups[image] if image else next(iter(groups.values()))
+    assert image or len(groups) == 1, sorted(groups)
     return rc, group, group["template"]["spec"]
 
 
+def _ray_resources(group):
+    """The custom resources a group's nodes advertise: rayStartParams.resources as `ray start` gets it from the
+    shell KubeRay runs it in."""
+    import shlex
+
+    (text,) = shlex.split(group["rayStartParams"]["resources"])
+    return json.loads(text)
+
+
 def test_worker_group_takes_whole_mi355x_nodes():
-    rc, group, pod = _worker(docs({}))
-    assert group["groupName"] == "mi355x" and group["rayStartParams"]["num-gpus"] == "8"
+    rc, group, pod = _worker(docs({}), "zoe-vllm-rocm")
+    assert group["groupName"] == "mi355x-vllm-rocm" and group["rayStartParams"]["num-gpus"] == "8"
     (c,) = pod["containers"]
     assert c["resources"]["limits"]["amd.com/gpu"] == "8" and c["resources"]["requests"]["amd.com/gpu"] == "8"
     assert pod["hostIPC"] is True and "hostNetwork" not in pod
@@ -126,13 +144,78 @@ def test_extra_args_survive_the_shell():
     assert args[-2:] == ["--env", "NOTE=it's a test"]
 
 
-@pytest.mark.parametrize("model,image", [
-    ("glm-5.3", "ghcr.io/zoe-project/zoe-vllm-rocm"), ("deepseek-v3.2", "ghcr.io/zoe-project/zoe-vllm-rocm"),
-    ("kimi-k3", "ghcr.io/zoe-project/zoe-sglang-rocm"), ("deepseek-v4-pro", "ghcr.io/zoe-project/zoe-sglang-rocm"),
+@pytest.mark.parametrize("model,variant,candidates,images", [
+    # the planner picks among every variant of the model inside the RayJob: a group for each image they use
+    ("glm-5.3", "", [], ["zoe-vllm-rocm", "zoe-vllm-rocm-nightly"]),
+    ("glm-5.3", "mxfp4-tp8", [], ["zoe-vllm-rocm-nightly"]),
+    ("glm-5.3", "fp8-tp8-nightly", [], ["zoe-vllm-rocm-nightly"]),
+    ("glm-5.3", "fp8-tp8", [], ["zoe-vllm-rocm"]),
+    ("glm-5.3", "fp8-tp8-zoe", ["fp8-tp8-zoe", "mxfp4-tp8"], ["zoe-vllm-rocm", "zoe-vllm-rocm-nightly"]),
+    ("deepseek-v3.2", "", [], ["zoe-vllm-rocm"]),
+    ("kimi-k3", "", [], ["zoe-sglang-rocm"]),
+    ("deepseek-v4-pro", "fp8-tp8", [], ["zoe-sglang-rocm"]),
 ])
-def test_the_worker_image_is_the_models_engines(model, image):
-    _, _, pod = _worker(docs({"model": {"name": model}}))
-    assert pod["containers"][0]["image"] == f"{image}:0.1.0"
+def test_one_worker_group_per_image_of_the_variants_the_deployment_can_run(model, variant, candidates, images):
+    """Each group runs one worker image and advertises zoe-image/<image>; the RayJob tells `zoe deploy` which images
+    the groups run and what each is built FROM, so that a replica's bundles ask for its variant's image."""
+    from zoe_cluster.cluster.placement import image_resource
+
+    objs = docs({"model": {"name": model, "variant": variant}, "switching": {"candidates": candidates}})
+    groups = _groups(objs)
+    assert sorted(groups) == images
+    for image, group in groups.items():
+        assert group["groupName"] == "mi355x-" + image.removeprefix("zoe-")
+        assert group["template"]["spec"]["containers"][0]["image"] == f"ghcr.io/zoe-project/{image}:0.1.0"
+        assert _ray_resources(group) == {image_resource(image): 1}
+    args = _deploy_args(objs)
+    given = [args[i + 1] for i, a in enumerate(args) if a == "--image-resource"]
+    spec_images = yaml.safe_load((REPO / "docker" / "images.yaml").read_text())["images"]
+    assert given == [f"{image}={spec_images[image]['base']}" for image in images]
+
+
+def test_the_rendered_groups_hold_the_replicas_the_rendered_deploy_asks_for():
+    """Rendered RayJob -> the real `zoe deploy` parser -> DeploymentSpec -> bundles: what each variant's bundle asks
+    for is advertised by exactly the group of that variant's recipe image."""
+    import typer
+
+    from zoe_cluster.cli.deploy import _parse_image_resources
+    from zoe_cluster.cli.main import app
+    from zoe_cluster.cluster.spec import DeploymentSpec
+    from zoe_cluster.recipes import RecipeRegistry
+
+    objs = docs({})
+    params = typer.main.get_command(app).commands["deploy"].make_context("deploy", _deploy_args(objs)).params
+    recipe = RecipeRegistry.default().get(params["model"])
+    groups = _groups(objs)
+    for variant, v in recipe.variants.items():
+        spec = DeploymentSpec(name="glm", recipe=recipe, variant=variant, engine=params["engine"],
+                              worker_images=_parse_image_resources(params["image_resource"]))
+        (bundle,) = spec.shape(variant).bundles()
+        asked = {k for k in bundle if k.startswith("zoe-image/")}
+        offering = [image for image, g in groups.items() if asked <= set(_ray_resources(g))]
+        assert len(asked) == 1 and len(offering) == 1, (variant, asked, offering)
+        want = "zoe-vllm-rocm-nightly" if "nightly" in v.image else "zoe-vllm-rocm"
+        assert offering == [want], variant
+
+
+def test_nodes_per_image_and_extra_custom_resources():
+    objs = docs({"model": {"variant": "fp8-tp8-zoe"}, "switching": {"candidates": ["fp8-tp8-zoe", "mxfp4-tp8"]},
+                 "rayCluster": {"worker": {"replicas": 2, "replicasByImage": {"zoe-vllm-rocm-nightly": 3},
+                                           "customResources": {"rdma": 1},
+                                           "rayStartParams": {"object-store-memory": "100000000"}}}})
+    groups = _groups(objs)
+    assert {i: (g["replicas"], g["minReplicas"], g["maxReplicas"]) for i, g in groups.items()} == {
+        "zoe-vllm-rocm": (2, 2, 2), "zoe-vllm-rocm-nightly": (3, 3, 3)}
+    assert _ray_resources(groups["zoe-vllm-rocm"]) == {"zoe-image/zoe-vllm-rocm": 1, "rdma": 1}
+    assert groups["zoe-vllm-rocm"]["rayStartParams"]["object-store-memory"] == "100000000"
+    (rc,) = by_kind(objs, "RayCluster")
+    jsonschema.validate(rc, crd_schema(*CRD_OBJECTS["RayCluster"]))
+
+
+def test_an_existing_cluster_gets_no_image_resources():
+    """The chart does not know what an existing RayCluster's nodes advertise: replicas may run on any GPU node."""
+    assert "--image-resource" not in _deploy_args(docs(VALUES["existing-cluster"]))
+    assert "--image-resource" not in _deploy_args(docs(VALUES["sim-minimal"]))
 
 
 @pytest.mark.parametrize("case", list(VALUES))
@@ -273,7 +356,15 @@ BAD = [
     ({"auth": {"existingSecret": "keys", "apiKeys": ["0123456789abcdef0123"]}}, "keys come from one place"),
     ({"auth": {"enabled": False, "apiKeys": ["0123456789abcdef0123"]}}, "auth.enabled is false"),
     ({"rayCluster": {"worker": {"modelCache": {"type": "pvc"}}}}, "claimName is empty"),
-    ({"rayCluster": {"worker": {"replicas": 0}}}, "rayCluster.worker.replicas is 0 but glm-5.3 runs on vllm"),
+    ({"rayCluster": {"worker": {"replicas": 0}}}, "rayCluster.worker.replicas is 0 (and replicasByImage adds none) but glm-5.3 runs on vllm"),
+    ({"model": {"variant": "mxfp4-tp8"}, "rayCluster": {"worker": {"replicasByImage": {"zoe-vllm-rocm-nightly": 0}}}},
+     "model.variant mxfp4-tp8 runs in worker image zoe-vllm-rocm-nightly, whose worker group has 0 nodes"),
+    ({"model": {"variant": "mxfp4-tp8"}, "rayCluster": {"worker": {"replicasByImage": {"zoe-vllm-rocm": 2}}}},
+     "rayCluster.worker.replicasByImage.zoe-vllm-rocm: this deployment of glm-5.3 runs no variant in that image "
+     "(its worker images: zoe-vllm-rocm-nightly)"),
+    ({"rayCluster": {"worker": {"replicasByImage": {"zoe-trtllm": 2}}}}, "at '/rayCluster/worker/replicasByImage'"),
+    ({"rayCluster": {"worker": {"rayStartParams": {"resources": '"{}"'}}}},
+     "rayCluster.worker.rayStartParams.resources: the chart declares each worker group's Ray resources"),
     # what the recipes and the routing policy registry allow (values.schema.json, generated from them)
     ({"model": {"name": "llama-99"}},
      "at '/model/name': value must be one of 'deepseek-v3.2', 'deepseek-v4-pro', 'glm-5.3', 'kimi-k3'"),
@@ -281,10 +372,16 @@ BAD = [
     ({"model": {"name": "kimi-k3", "variant": "fp8-tp8-zoe"}}, "at '/model/variant': value must be one of '', 'mxfp4-tp8-dspark'"),
     ({"model": {"name": "kimi-k3", "engine": "vllm"}}, "at '/model/engine': value must be one of '', 'sim', 'sglang'"),
     ({"switching": {"candidates": ["fp8-tp8-zoe", "mxfp4-tp9"]}}, "at '/switching/candidates/1': value must be one of 'fp8-tp8'"),
-    # kimi-k3 (SGLang) on the vLLM worker image
-    ({"model": {"name": "kimi-k3"}, "rayCluster": {"worker": {"image": {"repositories": {"sglang": "ghcr.io/acme/zoe-vllm-rocm"}}}}},
-     "model kimi-k3 runs on sglang, but its worker image rayCluster.worker.image.repositories.sglang is "
-     "ghcr.io/acme/zoe-vllm-rocm, an image for vllm: use an sglang worker image (zoe-sglang-rocm)"),
+    # kimi-k3 (SGLang) on the vLLM worker image; glm-5.3's nightly variants on the release image
+    ({"model": {"name": "kimi-k3"}, "rayCluster": {"worker": {"image": {"repositories": {"zoe-sglang-rocm": "ghcr.io/acme/zoe-vllm-rocm"}}}}},
+     "kimi-k3's variants run in worker image zoe-sglang-rocm (sglang, FROM lmsysorg/sglang-rocm:v0.5.19-rocm720-mi35x-20260910), "
+     "but rayCluster.worker.image.repositories.zoe-sglang-rocm is ghcr.io/acme/zoe-vllm-rocm, the image zoe-vllm-rocm "
+     "(vllm, FROM vllm/vllm-openai-rocm:v0.29.0): name the zoe-sglang-rocm image there"),
+    ({"model": {"variant": "mxfp4-tp8"},
+      "rayCluster": {"worker": {"image": {"repositories": {"zoe-vllm-rocm-nightly": "ghcr.io/acme/zoe-vllm-rocm"}}}}},
+     "rayCluster.worker.image.repositories.zoe-vllm-rocm-nightly is ghcr.io/acme/zoe-vllm-rocm, the image zoe-vllm-rocm"),
+    ({"rayCluster": {"worker": {"image": {"repositories": {"vllm": "ghcr.io/zoe-project/zoe-vllm-rocm"}}}}},
+     "at '/rayCluster/worker/image/repositories': additional properties 'vllm' not allowed"),
     ({"rayCluster": {"worker": {"image": {"repository": "ghcr.io/zoe-project/zoe-vllm-rocm"}}}},
      "at '/rayCluster/worker/image': additional properties 'repository' not allowed"),
     ({"switching": {"classes": [{"name": "fast", "ttftS": 1, "itlS": 0.02}]}},
@@ -374,6 +471,9 @@ def test_notes_tell_how_to_reach_the_endpoint_and_what_is_missing():
     notes = render({})["zoe/templates/NOTES.txt"]
     assert "kubectl -n serving get rayjob zoe-deploy-1 -w" in notes and "-- ray job logs -f" in notes
     assert "1 vllm replica(s)" in notes
+    assert ("mi355x-vllm-rocm-nightly: 1 node(s) of ghcr.io/zoe-project/zoe-vllm-rocm-nightly:0.1.0 "
+            "(Ray resource zoe-image/zoe-vllm-rocm-nightly)") in notes
+    assert "mi355x-vllm-rocm: 1 node(s)" in notes
     assert "get secret zoe-auth -o jsonpath='{.data.api-keys}'" in notes
     assert "zoe k8s nodes --model glm-5.3" in notes
     assert "no ServiceMonitor or PrometheusRule was" in notes
@@ -383,8 +483,8 @@ def test_notes_tell_how_to_reach_the_endpoint_and_what_is_missing():
 
 
 def test_simulated_replicas_need_no_gpu_nodes():
-    rc, group, _ = _worker(docs(VALUES["sim-minimal"]))
-    assert group["replicas"] == 0
+    (rc,) = by_kind(docs(VALUES["sim-minimal"]), "RayCluster")
+    assert [g["replicas"] for g in rc["spec"]["workerGroupSpecs"]] == [0, 0]
     # the two simulated replicas run on the head, which declares their 2 x 8 GPUs (fake) so that Ray places them
     assert rc["spec"]["headGroupSpec"]["rayStartParams"]["num-gpus"] == "16"
     assert _deploy_args(docs(VALUES["sim-minimal"]))[_deploy_args(docs(VALUES["sim-minimal"])).index("--engine") + 1] == "sim"

@@ -51,7 +51,9 @@ def test_a_recipe_image_without_a_dockerfile_names_the_recipe():
 def test_the_charts_default_images_are_the_ones_docker_builds():
     values = yaml.safe_load((REPO / "helm" / "zoe" / "values.yaml").read_text())
     assert values["image"]["repository"].rsplit("/", 1)[-1] == "zoe" and "engine" not in IMAGES["zoe"]
-    for engine, repository in values["rayCluster"]["worker"]["image"]["repositories"].items():
-        name = repository.rsplit("/", 1)[-1]
-        assert IMAGES.get(name, {}).get("engine") == engine, (
-            f"helm/zoe/values.yaml: {repository} is not a {engine} image of docker/images.yaml")
+    repositories = values["rayCluster"]["worker"]["image"]["repositories"]
+    assert sorted(repositories) == sorted(n for n, e in IMAGES.items() if "engine" in e)  # every worker image
+    for name, repository in repositories.items():
+        assert repository.rsplit("/", 1)[-1] == name, (
+            f"helm/zoe/values.yaml: rayCluster.worker.image.repositories.{name} is {repository}, not the {name} image "
+            "of docker/images.yaml")

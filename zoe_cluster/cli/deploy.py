@@ -61,6 +61,20 @@ def _parse_env(items: list[str]) -> dict[str, str]:
     return env
 
 
+def _parse_image_resources(items: list[str]) -> dict[str, str]:
+    """`--image-resource IMAGE=BASE` items -> {BASE: IMAGE} (recipe image -> the worker image built FROM it)."""
+    images: dict[str, str] = {}
+    for item in items:
+        name, sep, base = item.partition("=")
+        if not sep or not name or not base:
+            fail(f"--image-resource expects IMAGE=BASE (e.g. zoe-vllm-rocm=vllm/vllm-openai-rocm:v0.29.0), got {item!r}")
+        if images.get(base, name) != name:
+            fail(f"--image-resource: {base} is the base of both {images[base]} and {name}; a variant's image must "
+                 "name one worker image")
+        images[base] = name
+    return images
+
+
 def _fmt_age(seconds: float) -> str:
     seconds = max(0, int(seconds))
     if seconds < 120:
@@ -206,6 +220,12 @@ def register(app: typer.Typer) -> None:
             "router runs the class-aware 'slo' policy and the switcher targets a mix of variants."),
         metrics_port: Optional[int] = typer.Option(
             None, help="Serve the controller's switching metrics on this port (0: a free one)."),
+        image_resource: list[str] = typer.Option(
+            [], "--image-resource", help="IMAGE=BASE (repeatable): the cluster's nodes running worker image IMAGE, "
+            "built FROM the engine image BASE (a recipe variant's `image`), advertise the Ray resource zoe-image/IMAGE "
+            "(the Helm chart's worker groups do, and its RayJob passes one per group). Each replica then runs only on "
+            "nodes of its variant's image, and the planner and `--switch auto` choose among the variants these "
+            "images run."),
     ) -> None:
         """Deploy MODEL as Ray actor gangs behind the router; prints the OpenAI endpoint when ready."""
         from pydantic import ValidationError
@@ -223,16 +243,21 @@ def register(app: typer.Typer) -> None:
             fail(f"--sim-load-time must be one of {', '.join(LOAD_TIMES)}, got {sim_load_time!r}")
         if variant and concurrency is not None:
             fail("give either --variant or --concurrency, not both")
+        worker_images = _parse_image_resources(image_resource)
         try:
             recipe = RecipeRegistry.default().get(model)
         except (UnknownModelError, RecipeError) as e:
             fail(str(e))
         chosen = variant or recipe.default_variant
+        runnable = [n for n, v in recipe.variants.items() if not worker_images or v.image in worker_images]
         if concurrency is not None:
             from zoe_cluster.planner import Demand, NoFeasibleVariant, plan
 
+            if not runnable:
+                fail(f"no variant of {model} runs in the worker images --image-resource names")
+            candidates = recipe.model_copy(update={"variants": {n: recipe.variants[n] for n in runnable}})
             try:
-                p = plan(recipe, Demand(concurrency=concurrency))
+                p = plan(candidates, Demand(concurrency=concurrency))
             except (NoFeasibleVariant, ValueError) as e:
                 fail(str(e))
             chosen = p.variant
@@ -253,6 +278,11 @@ def register(app: typer.Typer) -> None:
         classes = parse_service_classes(switch_class, "--switch-class")
         if classes and switch is None:
             fail("--switch-class needs --switch (the variants the mix is made of)")
+        switch_candidates = [c.strip() for c in (switch or "").split(",") if c.strip() and switch != "auto"]
+        if switch == "auto" and worker_images:  # 'auto' among the variants the cluster's worker images run
+            from zoe_cluster.switching import candidate_variants
+
+            switch_candidates = [n for n in candidate_variants(recipe, chosen, SwitchConfig()) if n in runnable]
         gcs = _connect(address, start_local=True, num_gpus=num_gpus)
         local = gcs.startswith("127.0.0.1:")
         if engine is None:
@@ -274,9 +304,8 @@ def register(app: typer.Typer) -> None:
                 health=HealthConfig(load_timeout_s=load_timeout),
                 router=RouterConfig(host=host or ("127.0.0.1" if local else "0.0.0.0"), port=port, policy=policy),
                 switching=None if switch is None else SwitchConfig(
-                    candidates=[] if switch == "auto" else [c.strip() for c in switch.split(",") if c.strip()],
-                    dwell_s=switch_dwell, classes=classes),
-                metrics_port=metrics_port,
+                    candidates=switch_candidates, dwell_s=switch_dwell, classes=classes),
+                metrics_port=metrics_port, worker_images=worker_images,
             )
         except ValidationError as e:
             fail("; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()))

@@ -748,6 +748,7 @@ class DeploymentController:
         engine = self.spec.recipe.variants[variant].engine
         if self.spec.engine != "sim" and engine != self.spec.engine:
             raise ValueError(f"variant '{variant}' runs on {engine}; this deployment runs {self.spec.engine}")
+        self.spec.worker_image(variant)  # a variant no worker image of the cluster runs is refused here
 
     async def logs(self, index: int | None = None, max_bytes: int = 20_000) -> dict[str, str]:
         """The tail of each engine log (replica index -> text), or the router's log with index -1."""

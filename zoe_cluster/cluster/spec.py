@@ -101,6 +101,12 @@ class DeploymentSpec(BaseModel):
         default=None, ge=0, le=65535,
         description="Port of the controller's own /metrics (switching); 0 picks a free one; None: not served.",
     )
+    worker_images: dict[str, str] = Field(
+        default_factory=dict,
+        description="Recipe image -> the worker image built FROM it, on a cluster whose nodes advertise the Ray "
+        "resource zoe-image/<worker image> (the Helm chart's worker groups): a replica then runs only on nodes of its "
+        "variant's image. Empty: any GPU node runs any variant.",
+    )
 
     @model_validator(mode="after")
     def _variants_exist(self) -> "DeploymentSpec":
@@ -111,11 +117,13 @@ class DeploymentSpec(BaseModel):
                 raise ValueError(
                     f"variant '{v}' of {self.recipe.name} runs on {self.recipe.variants[v].engine}, not {self.engine}"
                 )
+            self.worker_image(v)
         if self.switching is not None:
             for v in self.switching.candidates:
                 if v not in self.recipe.variants:
                     raise ValueError(f"switching.candidates: model '{self.recipe.name}' has no variant '{v}'; "
                                      f"known: {sorted(self.recipe.variants)}")
+                self.worker_image(v)
             if self.switching.classes and self.router.policy not in (None, "slo"):
                 raise ValueError(f"router.policy: switching.classes needs the class-aware 'slo' policy (it counts "
                                  f"requests per class for the mix decision), not '{self.router.policy}'")
@@ -136,10 +144,24 @@ class DeploymentSpec(BaseModel):
     def variant_of(self, index: int) -> str:
         return self.replica_variants.get(index, self.variant)
 
+    def worker_image(self, variant: str) -> str | None:
+        """The worker image whose nodes run `variant` (`worker_images` of its recipe image), or None where any node
+        does (no `worker_images`, or the simulated engine). Raises ValueError when no worker image carries it."""
+        if self.engine == "sim" or not self.worker_images:
+            return None
+        image = self.recipe.variant(variant).image
+        if image not in self.worker_images:
+            have = ", ".join(f"{name} (FROM {base})" for base, name in sorted(self.worker_images.items()))
+            raise ValueError(f"variant '{variant}' of {self.recipe.name} runs on {image}, and no worker image of the "
+                             f"cluster is built FROM it (worker images: {have})")
+        return self.worker_images[image]
+
     def shape(self, variant: str) -> GangShape:
         v = self.recipe.variant(variant)
-        # The simulated engine runs anywhere: it keeps the GPU count (so placement is realistic) but not the type.
-        return GangShape.of(v.parallelism, None if self.engine == "sim" else v.accelerator_type, self.engine)
+        # The simulated engine runs anywhere: it keeps the GPU count (so placement is realistic) but not the type
+        # or the image.
+        return GangShape.of(v.parallelism, None if self.engine == "sim" else v.accelerator_type, self.engine,
+                            self.worker_image(variant))
 
     def pool(self, variant: str) -> str:
         """Router pool of a replica: "long" when its variant is meant for contexts past LONG_CONTEXT_TOKENS (the

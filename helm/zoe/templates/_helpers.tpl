@@ -91,19 +91,61 @@ keep their variant's GPU count for placement, so the head then declares that man
 {{- default (include "zoe.recipeEngine" .) .Values.model.engine -}}
 {{- end -}}
 
-{{/* The worker image for the recipe's engine; an image named for another engine (zoe-vllm-rocm for an SGLang
-model) fails the render. */}}
+{{/* The worker images the deployment can use, as a JSON list of names (zoe.workerImages): those of model.variant and
+switching.candidates, or, when the planner picks the variant inside the RayJob, those of every variant of the model.
+One worker group runs one image, so each of these gets its own group. */}}
+{{- define "zoe.deploymentImages" -}}
+{{- $m := .Values.model -}}
+{{- $variants := get (include "zoe.recipes" . | fromJson) $m.name -}}
+{{- $images := list -}}
+{{- range $name, $v := $variants -}}
+{{- if or (not $m.variant) (eq $name $m.variant) (has $name $.Values.switching.candidates) }}{{ $images = append $images $v.image }}{{ end -}}
+{{- end -}}
+{{- $images | uniq | sortAlpha | toJson -}}
+{{- end -}}
+
+{{/* Worker nodes of the group of one worker image (dict "ctx" $ "image" NAME): rayCluster.worker.replicasByImage's
+count for it, else rayCluster.worker.replicas. */}}
+{{- define "zoe.imageReplicas" -}}
+{{- $w := .ctx.Values.rayCluster.worker -}}
+{{- if hasKey $w.replicasByImage .image }}{{ int (get $w.replicasByImage .image) }}{{ else }}{{ int $w.replicas }}{{ end -}}
+{{- end -}}
+
+{{/* The repository:tag of one worker image (dict "ctx" $ "image" NAME); a repository named for another worker image
+(zoe-vllm-rocm for the SGLang image) fails the render. */}}
 {{- define "zoe.workerImage" -}}
-{{- $w := .Values.rayCluster.worker.image -}}
-{{- $engine := include "zoe.recipeEngine" . -}}
-{{- $repo := get $w.repositories $engine -}}
-{{- $name := last (splitList "/" $repo) -}}
-{{- range $other := keys $w.repositories | sortAlpha -}}
-{{- if and (ne $other $engine) (contains $other $name) (not (contains $engine $name)) -}}
-{{- fail (printf "model %s runs on %s, but its worker image rayCluster.worker.image.repositories.%s is %s, an image for %s: use an %s worker image (zoe-%s-rocm)" $.Values.model.name $engine $engine $repo $other $engine $engine) -}}
+{{- $w := .ctx.Values.rayCluster.worker.image -}}
+{{- $known := include "zoe.workerImages" .ctx | fromJson -}}
+{{- $repo := get $w.repositories .image -}}
+{{- $base := last (splitList "/" $repo) -}}
+{{- if and (hasKey $known $base) (ne $base .image) -}}
+{{- $want := get $known .image -}}
+{{- $other := get $known $base -}}
+{{- fail (printf "%s's variants run in worker image %s (%s, FROM %s), but rayCluster.worker.image.repositories.%s is %s, the image %s (%s, FROM %s): name the %s image there" .ctx.Values.model.name .image $want.engine $want.base .image $repo $base $other.engine $other.base .image) -}}
 {{- end -}}
+{{- printf "%s:%s" $repo (default (default .ctx.Chart.AppVersion .ctx.Values.image.tag) $w.tag) -}}
 {{- end -}}
-{{- printf "%s:%s" $repo (default (default .Chart.AppVersion .Values.image.tag) $w.tag) -}}
+
+{{/* The RayCluster group of one worker image (dict "ctx" $ "image" NAME): its name, nodes and `ray start` parameters.
+Every node of the group advertises the Ray resource zoe-image/NAME (placement.image_resource), which the bundles of a
+replica of a variant of that image ask for (`zoe deploy --image-resource`). */}}
+{{- define "zoe.workerGroup" -}}
+{{- $w := .ctx.Values.rayCluster.worker -}}
+{{- $n := int (include "zoe.imageReplicas" .) -}}
+{{- $resources := merge (dict (printf "zoe-image/%s" .image) 1) $w.customResources -}}
+groupName: {{ printf "%s-%s" $w.groupName (trimPrefix "zoe-" .image) }}
+replicas: {{ $n }}
+minReplicas: {{ $n }}
+maxReplicas: {{ $n }}
+rayStartParams:
+  num-gpus: {{ $w.gpusPerNode | quote }}
+  {{- /* KubeRay passes the value to `ray start --resources=` through a shell: JSON inside double quotes */}}
+  resources: {{ printf "%q" (toJson $resources) | quote }}
+  {{- with (omit $w.rayStartParams "num-gpus") }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+template:
+  {{- include "zoe.rayWorkerPodTemplate" . | nindent 2 }}
 {{- end -}}
 
 {{- define "zoe.serviceAccountName" -}}
@@ -202,26 +244,22 @@ spec:
         {{- toYaml $head.resources | nindent 8 }}
 {{- end -}}
 
-{{/* ---------- Pod template: MI355X worker (8 GPUs, /dev/shm, host IPC; engines run here). ---------- */}}
+{{/* ---------- Pod template: MI355X worker of one worker image (dict "ctx" $ "image" NAME): 8 GPUs, /dev/shm, host
+IPC; engines run here. ---------- */}}
 {{- define "zoe.rayWorkerPodTemplate" -}}
-{{- $sw := .Values.switching -}}
-{{- if and $sw.classes (or (lt (len $sw.candidates) 2) (gt (len $sw.candidates) 4)) -}}
-{{- fail (printf "switching.classes needs 2 to 4 switching.candidates (the variants the mix is made of), got %d" (len $sw.candidates)) -}}
-{{- end -}}
-{{- if and $sw.classes (not (has .Values.router.policy (list "prefix" "slo"))) -}}
-{{- fail (printf "switching.classes runs the slo filter around prefix on every router; router.policy %s cannot be combined with it (set router.policy=prefix)" .Values.router.policy) -}}
-{{- end -}}
-{{- $w := .Values.rayCluster.worker -}}
+{{- $ctx := .ctx -}}
+{{- $w := $ctx.Values.rayCluster.worker -}}
 metadata:
   labels:
-    {{- include "zoe.componentLabels" (dict "ctx" . "component" "ray-worker") | nindent 4 }}
-    zoe.dev/worker-group: {{ $w.groupName }}
+    {{- include "zoe.componentLabels" (dict "ctx" $ctx "component" "ray-worker") | nindent 4 }}
+    zoe.dev/worker-group: {{ printf "%s-%s" $w.groupName (trimPrefix "zoe-" .image) }}
+    zoe.dev/worker-image: {{ .image }}
   {{- with $w.podAnnotations }}
   annotations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 spec:
-  {{- include "zoe.podCommon" . | nindent 2 }}
+  {{- include "zoe.podCommon" $ctx | nindent 2 }}
   {{- with (include "zoe.placement" $w) }}{{ . | nindent 2 }}{{ end }}
   hostIPC: {{ $w.hostIPC }}
   {{- if $w.hostNetwork }}
@@ -231,12 +269,12 @@ spec:
   containers:
     - name: ray-worker
       image: {{ include "zoe.workerImage" . }}
-      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      imagePullPolicy: {{ $ctx.Values.image.pullPolicy }}
       ports:
         - {name: ray-metrics, containerPort: 8080}
         - {name: engine, containerPort: {{ $w.enginePort }}}
       env:
-        {{- include "zoe.commonEnv" . | nindent 8 }}
+        {{- include "zoe.commonEnv" $ctx | nindent 8 }}
         - name: ZOE_ENGINE_BASE_PORT
           value: {{ $w.enginePort | quote }}
         {{- if ne $w.modelCache.type "none" }}
@@ -329,6 +367,13 @@ have its GPU workers yet when the RayJob runs, and zoe deploy would then pick th
 {{- range .Values.switching.classes }}
 - --switch-class
 - {{ printf "%s:%v:%v" .name .ttftS .itlS | quote }}
+{{- end }}
+{{- if and (not .Values.rayCluster.existingCluster) (ne (include "zoe.engine" .) "sim") }}
+{{- $known := include "zoe.workerImages" . | fromJson }}
+{{- range (include "zoe.deploymentImages" . | fromJsonArray) }}
+- --image-resource
+- {{ printf "%s=%s" . (get $known .).base | quote }}
+{{- end }}
 {{- end }}
 {{- range .Values.controller.extraArgs }}
 - {{ . | quote }}
@@ -465,8 +510,27 @@ spec:
 {{- if and (eq $w.modelCache.type "pvc") (not $w.modelCache.claimName) -}}
 {{- fail "rayCluster.worker.modelCache.type is pvc but rayCluster.worker.modelCache.claimName is empty" -}}
 {{- end -}}
+{{- if hasKey $w.rayStartParams "resources" -}}
+{{- fail "rayCluster.worker.rayStartParams.resources: the chart declares each worker group's Ray resources (zoe-image/<image>); put more in rayCluster.worker.customResources" -}}
+{{- end -}}
+{{- $images := include "zoe.deploymentImages" . | fromJsonArray -}}
+{{- range $image := keys $w.replicasByImage | sortAlpha -}}
+{{- if not (has $image $images) -}}
+{{- fail (printf "rayCluster.worker.replicasByImage.%s: this deployment of %s runs no variant in that image (its worker images: %s)" $image $.Values.model.name (join ", " $images)) -}}
+{{- end -}}
+{{- end -}}
 {{- $engine := include "zoe.engine" . -}}
-{{- if and (not .Values.rayCluster.existingCluster) (ne $engine "sim") (lt (int $w.replicas) 1) -}}
-{{- fail (printf "rayCluster.worker.replicas is 0 but %s runs on %s: GPU engines need MI355X worker nodes (or use model.engine=sim)" .Values.model.name $engine) -}}
+{{- if and (not .Values.rayCluster.existingCluster) (ne $engine "sim") -}}
+{{- with .Values.model.variant -}}
+{{- $image := (get (get (include "zoe.recipes" $ | fromJson) $.Values.model.name) .).image -}}
+{{- if lt (int (include "zoe.imageReplicas" (dict "ctx" $ "image" $image))) 1 -}}
+{{- fail (printf "model.variant %s runs in worker image %s, whose worker group has 0 nodes: set rayCluster.worker.replicasByImage.%s" . $image $image) -}}
+{{- end -}}
+{{- end -}}
+{{- $nodes := 0 -}}
+{{- range $images }}{{ $nodes = add $nodes (include "zoe.imageReplicas" (dict "ctx" $ "image" .)) }}{{ end -}}
+{{- if lt (int $nodes) 1 -}}
+{{- fail (printf "rayCluster.worker.replicas is 0 (and replicasByImage adds none) but %s runs on %s: GPU engines need MI355X worker nodes (or use model.engine=sim)" .Values.model.name $engine) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
