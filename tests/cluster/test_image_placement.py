@@ -117,3 +117,34 @@ def test_a_nightly_replica_lands_only_on_a_node_of_the_nightly_image(two_images)
     finally:
         for pg in groups:
             ray.util.remove_placement_group(pg)
+
+
+@pytest.mark.parametrize("flags,variant", [
+    ([], "mxfp4-tp8"),  # the planner's pick among every variant: a nightly-image one
+    (["--image-resource", "zoe-vllm-rocm=vllm/vllm-openai-rocm:v0.29.0"], "fp8-tp8-zoe"),  # release image only
+])
+def test_the_planner_picks_among_the_variants_the_worker_images_run(monkeypatch, flags, variant):
+    """`zoe deploy --concurrency` on a cluster of release-image nodes only plans a release-image variant (stopped
+    before it joins a Ray cluster)."""
+    from typer.testing import CliRunner
+
+    from zoe_cluster.cli import deploy
+    from zoe_cluster.cli.main import app
+
+    def stop(*_a, **_kw):
+        deploy.fail("stopped before joining Ray", code=2)
+
+    monkeypatch.setattr(deploy, "_connect", stop)
+    out = CliRunner().invoke(app, ["deploy", "glm-5.3", "--concurrency", "32", *flags])
+    assert "stopped before joining Ray" in out.output
+    assert f"plan: {variant} predicts" in out.output.replace("\n", " "), out.output
+    assert ("nightly" in glm().variants[variant].image) == (not flags)
+
+
+def test_a_malformed_image_resource_is_a_usage_error():
+    from typer.testing import CliRunner
+
+    from zoe_cluster.cli.main import app
+
+    out = CliRunner().invoke(app, ["deploy", "glm-5.3", "--image-resource", "zoe-vllm-rocm"])
+    assert out.exit_code == 2 and "--image-resource expects IMAGE=BASE" in out.output
