@@ -234,7 +234,7 @@ def occupancy(total_vgprs: int, sgprs: int, lds_bytes: int, num_warps: int, lds_
     groups = SIMDS_PER_CU * per_simd // num_warps
     if lds_bytes:
         groups = min(groups, lds_per_cu // lds_bytes)
-    return round(min(per_simd, groups * num_warps / SIMDS_PER_CU), 2)
+    return round(float(min(per_simd, groups * num_warps / SIMDS_PER_CU)), 2)
 
 
 def compile_spec(spec: Spec) -> dict:

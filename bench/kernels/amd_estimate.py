@@ -135,6 +135,8 @@ def main() -> None:
             "report": str(Path(args.report).name), "command": "python bench/kernels/amd_estimate.py"}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": out}, indent=1) + "\n")
     if args.markdown:
+        print(aot_markdown(rows))
+        print()
         print(markdown(out))
 
 
@@ -144,6 +146,28 @@ DOC_CASES = ("moe deepseek-v3.2 fp8 full M=1", "moe deepseek-v3.2 fp8 full M=256
              "moe kimi-k2.6 w4a16 full M=4096", "moe zaya1 fp8 full M=1", "indexer deepseek-v3.2 H=64 M=1 N=65536",
              "indexer glm-5.3 H=32 M=32 N=65536", "dual_scope deepseek-v4-pro B=128 H=64",
              "paged_dual_scope deepseek-v4-pro B=1 H=64", "paged_dual_scope deepseek-v4-pro B=32 H=64")
+
+
+def aot_markdown(rows: list[dict]) -> str:
+    """The compile report per kernel and arch: configurations, how many compiled, the largest register, scratch
+    and LDS use, the fewest waves per SIMD and the MFMAs."""
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        groups.setdefault((r["kernel"], r["arch"]), []).append(r)
+    lines = ["| kernel | arch | configs | ok | max VGPR+AGPR | max scratch (B) decode / all | max LDS (B) | min waves/SIMD "
+             "| MFMA |", "|---|---|---|---|---|---|---|---|---|"]
+    for (kernel, arch), rs in sorted(groups.items()):
+        if rs[0]["ok"] is None:
+            lines.append(f"| {kernel} | {arch} | - | n/a (Gluon, sm_90 only) | | | | | |")
+            continue
+        ok = [r for r in rs if r["ok"]]
+        dec = [r["spill_bytes"] for r in ok if r["decode"]]
+        mfma = sorted({m.removeprefix("v_mfma_") for r in ok for m in r["mfma"]})
+        lines.append(f"| {kernel} | {arch} | {len(rs)} | {len(ok)} | {max(r['total_vgprs'] for r in ok)} | "
+                     f"{max(dec) if dec else '-'} / {max(r['spill_bytes'] for r in ok)} | "
+                     f"{max(r['lds_bytes'] for r in ok)} | {min(r['waves_per_simd'] for r in ok)} | "
+                     f"{', '.join(mfma) or 'none'} |")
+    return "\n".join(lines)
 
 
 def markdown(out: list[dict]) -> str:
