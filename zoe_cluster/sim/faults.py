@@ -1,7 +1,7 @@
 """Fault injection for the simulated engine: the failures a real replica has, on demand and reproducibly.
 
-Knobs (CLI flags of `zoe sim serve`, environment variables `ZOE_SIM_*` from the engine adapter, or
-`POST /sim/faults` with a JSON body of the same field names at run time):
+Knobs (CLI flags of `zoe sim serve`, environment variables `ZOE_SIM_*` from the engine adapter, or, on a
+server started with `--fault-endpoint`, `POST /sim/faults` with a JSON body of the same field names at run time):
 
 - `crash_after`: the process exits (code 3) when request number N arrives: an engine crash.
 - `hang_after`: from request N on, the engine stops: no more steps, and /health, /metrics and new requests
