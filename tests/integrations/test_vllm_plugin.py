@@ -119,10 +119,10 @@ def test_aiter_moe_switch_takes_effect_after_vllm_read_it(release, tmp_path):
     assert "vllm.envs cache" in out["notes"][0] and "rocm_aiter_ops._FMOE_ENABLED" in out["notes"][0]
 
 
-@pytest.mark.parametrize("release", VLLM_RELEASES)
-def test_adapter_puts_the_aiter_moe_switch_in_the_engine_environment(release):
-    """The environment zoe's vLLM adapter launches a ROCm fused-MoE variant with, given to the real vLLM: the
-    switch is off from the first import of `vllm._aiter_ops`, whatever the plugin does later."""
+def test_adapter_puts_the_aiter_moe_switch_in_the_engine_environment():
+    """The environment zoe's vLLM adapter launches a ROCm fused-MoE variant with, given to the real vLLM of the
+    recipes' image (0.29.0): the switch is off from the first import of `vllm._aiter_ops`, whatever the plugin
+    does later."""
     from zoe_cluster.engines.base import LaunchContext
     from zoe_cluster.engines.vllm import VllmAdapter
     from zoe_cluster.recipes import RecipeRegistry
@@ -131,7 +131,7 @@ def test_adapter_puts_the_aiter_moe_switch_in_the_engine_environment(release):
                                 LaunchContext(gpu_ids=(0,), platform="rocm", host="127.0.0.1", port=1,
                                               served_model_name="m"))  # fmt: skip
     assert cmd.env["VLLM_ROCM_USE_AITER"] == "1" and cmd.env["VLLM_ROCM_USE_AITER_MOE"] == "0"
-    python, env = engine_env("vllm", release)
+    python, env = engine_env("vllm", "0.29.0")
     launch_env = {**env, **{k: v for k, v in cmd.env.items() if k.startswith("VLLM_")}}
     code = "from vllm._aiter_ops import rocm_aiter_ops as o; print(o._AITER_ENABLED, o._FMOE_ENABLED)"
     proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300, env=launch_env)
