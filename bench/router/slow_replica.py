@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--duration-s", type=float, default=20.0)
     ap.add_argument("--after-s", type=float, default=10.0, help="the share is reported for requests sent after this")
     ap.add_argument("--slowdown", type=float, default=10.0)
+    ap.add_argument("--faulty-flags", default=None,
+                    help="`zoe sim serve` flags of the third replica instead of --slowdown, e.g. '--error-rate 0.5'")
     ap.add_argument("--time-scale", type=float, default=0.1, help="real seconds per simulated second")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--router-args", default="", help="extra `zoe router` arguments")
@@ -47,7 +49,8 @@ def main() -> None:
     ports = [free_port() for _ in range(3)]
     sims = []
     for i, p in enumerate(ports):
-        flags = ["--slowdown", str(args.slowdown)] if i == 2 else []
+        faulty = shlex.split(args.faulty_flags) if args.faulty_flags else ["--slowdown", str(args.slowdown)]
+        flags = faulty if i == 2 else []
         sims.append(spawn([*ZOE, "sim", "serve", "--model", "glm-5.3", "--port", str(p), "--time-scale",
                            str(args.time_scale), "--startup-s", "0", "--served-model-name", "glm-5.3", *flags],
                           tmp / f"sim{i}.log"))
