@@ -77,16 +77,21 @@ def test_fp8_and_fp4_matrix_work_uses_f8f6f4_on_gfx950(rows):
 
 
 def test_configurations_follow_the_target(rows):
-    # the same case chooses differently on the two archs: dual-scope entry tiles from the LDS (gfx942's 64 KiB holds
-    # fewer), TWO_PASS only where the fp8 keys are e4m3fn (gfx950), top-K and MoE grids from the CU counts
-    by_case: dict[tuple, set] = {}
-    for r in rows:
-        for case in r.get("cases", []):
-            by_case.setdefault((case, r["kernel"]), {}).setdefault(r["arch"], set()).add(r["config"])
-    differing = {key for key, cfgs in by_case.items() if len(cfgs) == 2 and cfgs["gfx950"] != cfgs["gfx942"]}
-    assert ("dual_scope deepseek-v4-pro B=128 H=64", "csa.dual_scope_decode._dual_scope_partial_kernel") in {
-        (c, k) for c, k in by_case if "gfx942" in by_case[(c, k)]}
-    assert any("dual_scope" in c for c, _ in differing), differing
+    # the same call chooses differently on the two archs: a gated fp8 MoE stage takes 3 stages on gfx950 and 4 on
+    # gfx942; dual-scope decode at B=128 takes TWO_PASS on gfx950 (e4m3fn keys) and on gfx942 the one-pass kernel
+    # with 16-entry tiles, what its 64 KiB of LDS holds at three stages
+    def configs(case, kernel, arch):
+        return {r["config"] for r in rows if r["arch"] == arch and r["kernel"] == kernel and case in r.get("cases", [])}
+
+    gemm = "moe.grouped_gemm._expert_gemm_kernel"
+    gated = {arch: {c for c in configs("moe deepseek-v3.2 fp8 full M=16", gemm, arch) if "GATED=True" in c}
+             for arch in ARCHS}
+    assert all(len(c) == 1 for c in gated.values()), gated
+    assert "num_stages=3" in gated["gfx950"].pop() and "num_stages=4" in gated["gfx942"].pop()
+    case = "dual_scope deepseek-v4-pro B=128 H=64"
+    assert configs(case, "csa.dual_scope_two_pass._scores_kernel", "gfx950")
+    partial = configs(case, "csa.dual_scope_decode._dual_scope_partial_kernel", "gfx942")
+    assert partial and all(" BKV=16 " in c for c in partial), partial
 
 
 def test_moe_stages_follow_the_targets_lds():
