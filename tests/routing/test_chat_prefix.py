@@ -192,3 +192,25 @@ def test_bodies_without_a_session_key_are_matched_by_their_bytes():
             reused.append(parsed.reused_chars > 0)
     assert reused == [False] * 5 + [True] * 15
     assert len(cache) == 1  # one key: the bodies' common first bytes
+
+
+def test_refuses_exactly_what_the_edge_checks_refuse():
+    """Nesting and number-length limits agree with `router.request_checks.parse_json_body` at their boundaries."""
+    from zoe_cluster.router.request_checks import RequestError, parse_json_body
+
+    cache = ChatPrefixCache(16, max_depth=128, max_number_chars=100)
+    bodies = []
+    for k in (124, 125, 126):  # content nested k deep: the body is k + 3 deep
+        bodies.append(b'{"model":"m","messages":[{"role":"user","content":' + b"[" * k + b"]" * k + b"}]}")
+        bodies.append(b'{"model":"m","messages":[{"role":"user","content":"x"}],"x":' + b"[" * (k + 2)
+                      + b"]" * (k + 2) + b"}")
+    for n in (99, 100, 101):
+        bodies.append(b'{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":-' + b"1" * n + b".5e3}")
+        bodies.append(b'{"model":"m","messages":[{"role":"user","content":"' + b"1" * n * 2 + b'"}]}')
+    for raw in bodies:
+        try:
+            parse_json_body(raw, 128, 100)
+            accepted = True
+        except RequestError:
+            accepted = False
+        assert (cache.parse(raw, None) is not None) == accepted, raw[:80]

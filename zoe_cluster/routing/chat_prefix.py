@@ -140,9 +140,7 @@ class ChatPrefixCache:
     def _value(self, s: str, i: int, depth: int) -> tuple[Any, int]:
         """The JSON value at s[i] and the index after it; `depth` is the nesting it sits in."""
         value, j = self._scan(s, i)
-        if depth + s.count("[", i, j) + s.count("{", i, j) > self.max_depth and (
-            depth + _depth(value) > self.max_depth
-        ):
+        if isinstance(value, (dict, list)) and depth + _depth(value) > self.max_depth:
             raise _NotHandled("nested too deep")
         return value, j
 
@@ -297,8 +295,11 @@ class ChatPrefixCache:
 
 def _depth(value: Any) -> int:
     """Nesting depth of arrays and objects in a parsed JSON value (0 for a scalar)."""
-    if isinstance(value, dict):
-        return 1 + max((_depth(v) for v in value.values()), default=0)
-    if isinstance(value, list):
-        return 1 + max((_depth(v) for v in value), default=0)
-    return 0
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+    if items is None:
+        return 0
+    deepest = 0
+    for v in items:
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, _depth(v))
+    return 1 + deepest
