@@ -126,6 +126,11 @@ count for it, else rayCluster.worker.replicas. */}}
 {{- printf "%s:%s" $repo (default (default .ctx.Chart.AppVersion .ctx.Values.image.tag) $w.tag) -}}
 {{- end -}}
 
+{{/* The name of the worker group of one worker image (dict "ctx" $ "image" NAME), e.g. mi355x-vllm-rocm-nightly. */}}
+{{- define "zoe.workerGroupName" -}}
+{{- printf "%s-%s" .ctx.Values.rayCluster.worker.groupName (trimPrefix "zoe-" .image) -}}
+{{- end -}}
+
 {{/* The RayCluster group of one worker image (dict "ctx" $ "image" NAME): its name, nodes and `ray start` parameters.
 Every node of the group advertises the Ray resource zoe-image/NAME (placement.image_resource), which the bundles of a
 replica of a variant of that image ask for (`zoe deploy --image-resource`). */}}
@@ -133,7 +138,7 @@ replica of a variant of that image ask for (`zoe deploy --image-resource`). */}}
 {{- $w := .ctx.Values.rayCluster.worker -}}
 {{- $n := int (include "zoe.imageReplicas" .) -}}
 {{- $resources := merge (dict (printf "zoe-image/%s" .image) 1) $w.customResources -}}
-groupName: {{ printf "%s-%s" $w.groupName (trimPrefix "zoe-" .image) }}
+groupName: {{ include "zoe.workerGroupName" . }}
 replicas: {{ $n }}
 minReplicas: {{ $n }}
 maxReplicas: {{ $n }}
@@ -252,7 +257,7 @@ IPC; engines run here. ---------- */}}
 metadata:
   labels:
     {{- include "zoe.componentLabels" (dict "ctx" $ctx "component" "ray-worker") | nindent 4 }}
-    zoe.dev/worker-group: {{ printf "%s-%s" $w.groupName (trimPrefix "zoe-" .image) }}
+    zoe.dev/worker-group: {{ include "zoe.workerGroupName" . }}
     zoe.dev/worker-image: {{ .image }}
   {{- with $w.podAnnotations }}
   annotations:
