@@ -52,3 +52,16 @@ def test_pinned_aiter_moe_is_respected_with_a_loud_fallback(fake_vllm_rocm, monk
     monkeypatch.setenv("VLLM_ROCM_USE_AITER_MOE", "1")
     assert _run(rep) == [] and installed == []
     assert rep.report.fallbacks[0]["reason"] == "engine_backend"
+
+
+@pytest.mark.parametrize("kernels, platform, env, want", [
+    (["fused_moe"], "rocm", {"VLLM_ROCM_USE_AITER": "1"}, {"VLLM_ROCM_USE_AITER_MOE": "0"}),
+    (["fused_moe"], "rocm", {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "1"}, {}),  # pinned: wins
+    (["fused_moe"], "rocm", {}, {}),  # AITER off: nothing to switch
+    (["lightning_indexer"], "rocm", {"VLLM_ROCM_USE_AITER": "1"}, {}),  # AITER's MoE does not block the indexer
+    (["fused_moe"], "cuda", {"VLLM_ROCM_USE_AITER": "1"}, {}),
+])  # fmt: skip
+def test_adapter_switches_aiter_moe_off_at_launch_only_for_zoes_rocm_moe(kernels, platform, env, want):
+    from zoe_cluster.engines.vllm import aiter_moe_env
+
+    assert aiter_moe_env(kernels, platform, env) == want
