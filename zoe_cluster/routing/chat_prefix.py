@@ -170,21 +170,18 @@ class ChatPrefixCache:
                 raise _NotHandled("expected ',' or '}'")
             i = _WS.match(s, i + 1).end()
 
-    def _messages(self, s: str, i: int, start_index: int, first: bool) -> tuple[list[str], int, int]:
-        """Render the messages from s[i] (just inside the array, or after an element when not `first`) to the
-        array's `]`: (pieces, index after the last message, index after `]`)."""
+    def _messages(self, s: str, i: int, start_index: int) -> tuple[list[str], int, int]:
+        """Render the messages from s[i], just after a message of the array, to the array's `]`: (pieces, index
+        after the last message, index after `]`)."""
         pieces: list[str] = []
         last_end = i
         n = start_index
         i = _WS.match(s, i).end()
-        if first and s[i] == "]":
+        if s[i] == "]":
             return pieces, last_end, i + 1
-        if not first:
-            if s[i] == "]":
-                return pieces, last_end, i + 1
-            if s[i] != ",":
-                raise _NotHandled("expected ',' or ']'")
-            i = _WS.match(s, i + 1).end()
+        if s[i] != ",":
+            raise _NotHandled("expected ',' or ']'")
+        i = _WS.match(s, i + 1).end()
         while True:
             msg, i = self._value(s, i, 2)
             pieces.append(render_message(n, msg))
@@ -225,9 +222,13 @@ class ChatPrefixCache:
             i = _WS.match(s, i + 1).end()
         if s[i] != "[":
             raise _NotHandled("messages is not a list")
-        pieces, msg_end, i = self._messages(s, i + 1, 0, True)
-        if not pieces:
+        messages, i = self._value(s, i, 1)  # one scanner call for the array; its last object ends before `]`
+        if not messages:
             raise _NotHandled("no messages")
+        pieces = [render_message(n, m) for n, m in enumerate(messages)]
+        msg_end = i - 1
+        while s[msg_end - 1] in " \t\n\r":
+            msg_end -= 1
         after: dict[str, Any] = {}
         i, tools_json = self._after_messages(s, i, after)
         fields = {**head, **after}
@@ -246,7 +247,7 @@ class ChatPrefixCache:
         if raw.find(_MESSAGES_KEY, known.end) >= 0:
             return None  # a second `messages` member may follow, or the word in a value: parse whole
         s = raw[known.end :].decode("utf-8", "surrogatepass")
-        pieces, msg_end, i = self._messages(s, 0, known.messages, False)
+        pieces, msg_end, i = self._messages(s, 0, known.messages)
         after: dict[str, Any] = {}
         i, tools_json = self._after_messages(s, i, after)
         if tools_json != known.tools_json:
