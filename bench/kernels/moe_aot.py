@@ -79,8 +79,8 @@ def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap
             "topk_w_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "num_padded_ptr": "*i32",
             "zero_ptr": "*fp32"}
     const = dict(GATED=gated, ATOMIC=not gated, FMT=fmt, A_FMT="bf16", BLOCK_M=16, BLOCK_N=bn, BLOCK_K=128,
-                 FP8_GROUP=128, INT4_GROUP=128, MX_GROUP=32, EDGE_TILES=True, A_QUANT=False, FP8_MAX=448.0,
-                 ROUND_E4M3=False, SPLIT_K=split, ZBLOCK=16 if gated else 0, PTX=True, SPLIT_A=True,
+                 FP8_GROUP=128, INT4_GROUP=128, MX_GROUP=32, EDGE_TILES=True,
+                 SPLIT_K=split, ZBLOCK=16 if gated else 0, PTX=True, JOIN_K=False,
                  SWAP_AB=swap, MX_BF16_SHIFT=64,
                  stride_ak=1, stride_wk=1, stride_on=1, stride_ask=1, stride_wsk=1)  # unit strides: JIT constants
     sig = _signature(fn, ptrs, const)
@@ -187,7 +187,7 @@ def main() -> None:
         ptrs = {"a_ptr": "*bf16", "w_ptr": wty, "ws_ptr": sty, "out_ptr": "*bf16", "ids_ptr": "*i32",
                 "topk_w_ptr": "*fp32", "zero_ptr": "*fp32"}
         const = dict(GATED=gated, FMT=code, G=gemv.GROUP[code], GPI=cfg["GPI"], BLOCK_N=cfg["BLOCK_N"],
-                     FP8_MUL=0.0, ATOMIC=not gated, ZBLOCK=128 if gated else 0)  # M=1: slots split, stage 1 zeroes
+                     ATOMIC=not gated, ZBLOCK=128 if gated else 0)  # M=1: slots split, stage 1 zeroes
         row = compile_one(f"gemv {fmt} {'stage1' if gated else 'stage2'} BN={cfg['BLOCK_N']} GPI={cfg['GPI']}",
                           gemv._gemv_kernel, ptrs, const, cfg["num_warps"])
         rows.append(row)

@@ -505,16 +505,16 @@ def gemv_sweep(out_rows: list, formats: list[str], shapes: list[str], device_nam
                     for dt in (torch.bfloat16, torch.float32)}
             for stage in stages:
                 if num_stages:  # the configured tile only, software-pipelined num_stages deep
-                    variants = [(config.GEMV_TILES[fmt][stage], config.GEMV_FP8_BITS, 0, ns) for ns in num_stages]
+                    variants = [(config.GEMV_TILES[fmt][stage], 0, ns) for ns in num_stages]
                 else:
-                    variants = [(t, config.GEMV_FP8_BITS, c, 1) for t in GEMV_SWEEP[stage][fmt]
+                    variants = [(t, c, 1) for t in GEMV_SWEEP[stage][fmt]
                                 for c in (chunk_sweep if stage == 2 else (1,))]
-                for tile, bits, chunks, ns in variants:
+                for tile, chunks, ns in variants:
                     chunks = chunks or config.gemv_config(1, shape["H"], fmt, gated=False, top_k=k)["CHUNKS"]
                     rows = k if stage == 1 else 1
                     n = shape["I"] if stage == 1 else shape["H"]
                     cfg = config.gemv_config(rows, n, fmt, gated=stage == 1, tile=tile) | {
-                        "FP8_BITS": bits, "CHUNKS": chunks, "num_stages": ns}
+                        "CHUNKS": chunks, "num_stages": ns}
                     if stage == 1:
                         calls = [lambda i=i: gemv_gate_up(xs[i], w13, s13, inter[i], routes[i][1], fmt=fmt, cfg=cfg)
                                  for i in range(reps)]
@@ -530,7 +530,7 @@ def gemv_sweep(out_rows: list, formats: list[str], shapes: list[str], device_nam
                         print(f"[gemv-sweep] {name} {fmt} stage{stage} {tile}: {type(exc).__name__}: {exc}")
                         continue
                     row = {"shape": name, "fmt": fmt, "stage": stage, "BLOCK_N": tile[0], "GPI": tile[1],
-                           "num_warps": cfg["num_warps"], "fp8_bits": bits, "chunks": chunks, "num_stages": ns,
+                           "num_warps": cfg["num_warps"], "chunks": chunks, "num_stages": ns,
                            "median_us": round(us, 2), "pct_read_bw": round(100 * nbytes / READ_BW / (us * 1e-6), 1),
                            "device": device_name}
                     out_rows.append(row)
@@ -645,7 +645,6 @@ def main() -> None:
         from zoe_kernels.moe import config as _cfg
 
         meta["gemv_tiles_used"] = {f: {str(st): list(t) for st, t in v.items()} for f, v in _cfg.GEMV_TILES.items()}
-        meta["gemv_fp8_bits_used"] = _cfg.GEMV_FP8_BITS
         (args.out / "moe_results.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     for name in shapes:
         bench_shape(name, SHAPES[name], ms, deadline, dev, rows, args.formats.split(","),

@@ -4,24 +4,20 @@
         [--bench-shapes dsv32,glm5,dsv32-tp8] [--bench-ms 1,8,16,64,256] [--budget-s 150]
         [--steps breakdown,sweep,e2e | candidates]
 
-Steps 1-3 below are run10's (`--steps breakdown,sweep,e2e`, the default); run11 ran `--steps candidates`:
-every whole tile set of CANDIDATES (per stage: tile, quantization inside or by its own launch, split-K)
-checked end to end on every sweep shape (NaN-poisoned scratch, float32 reference) and timed at M=1 against
-the current default, interleaved twice; the best geometric mean is reported with whether it was faster on
+`--steps breakdown,sweep,e2e` (the default) runs steps 1-3 below; `--steps candidates` checks every whole tile
+set of CANDIDATES end to end on every sweep shape (NaN-poisoned scratch, float32 reference) and times it at M=1
+against the committed one, interleaved twice; the best geometric mean is reported with whether it was faster on
 every shape.
 
-1. Launch by launch, the current M=1 path (align, x quantization, stage 1, intermediate quantization, memset,
-   stage 2, cast), each timed alone in a CUDA graph of 4 calls with different routings (`moe_bench.time_graph`).
-2. The M=1 mode (`config.DOT_M1_TILES`: one tile per edge, no align, fp8 activations quantized inside the
-   stages, stage 1 zeroing the accumulator, optional split-K in stage 2): every stage-1 tile of STAGE1 (with
-   stage 2 at STAGE2[0]) and every stage-2 tile of STAGE2 (with stage 1 at STAGE1[0]) first runs fused_moe
-   on the first sweep shape with a NaN-poisoned scratch and is compared with the float32 reference
-   (`fused_moe_reference`, w8a8 rounding emulated; relative error < 2e-2, the tests' fp8/bf16 tolerance);
-   then each stage is timed alone on every sweep shape. The best geometric mean per stage becomes the
-   candidate `DOT_M1_TILES["fp8"]`, checked once more end to end.
-3. fused_moe end to end, current default (DOT_M1_TILES empty) against the candidate, interleaved A B A B at
-   M=1, at the bench shapes and Ms (identical code above M=1), with fp8 w8a16 in the M=1 mode, bf16 and the
-   torch baselines (`torch._grouped_mm` bf16, `_scaled_grouped_mm` fp8 rowwise) as dispatched.
+1. Launch by launch, the current M=1 path, each timed alone in a CUDA graph of 4 calls with different routings
+   (`moe_bench.time_graph`).
+2. The M=1 mode (`config.DOT_M1_TILES`: one tile per edge, no align, stage 1 zeroing the accumulator, split-K in
+   stage 2): every stage-1 tile of STAGE1 (with stage 2 at STAGE2[0]) and every stage-2 tile of STAGE2 (with
+   stage 1 at STAGE1[0]) first runs fused_moe on the first sweep shape with a NaN-poisoned scratch against the
+   float32 reference (w8a8 rounding emulated); then each stage is timed alone on every sweep shape. The best
+   geometric mean per stage becomes the candidate `DOT_M1_TILES["fp8"]`, checked once more end to end.
+3. fused_moe end to end, the align-based tiles (DOT_M1_TILES empty) against the candidate, interleaved A B A B at
+   M=1, at the bench shapes and Ms, with bf16 and the torch baselines as dispatched.
 Writes DIR/fp8_m1_sweep.json after every step (partial results survive a timeout).
 """
 
@@ -36,20 +32,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import moe_bench as mb  # noqa: E402
 
-# (BLOCK_N, num_warps, num_stages[, SPLIT_K], QUANT); the first of each is the current M=1 tile of `stage_config`
-# (runs 3-5: BLOCK_N 32 / 128, 4 warps, 4 stages; 16-wide stage-1 tiles and 8 warps were 20-45 % slower, run3).
-# run10 swept these with the activations quantized inside both stages.
-STAGE1 = [(32, 4, 4, True), (32, 4, 3, True), (64, 4, 3, True), (64, 4, 4, True), (32, 4, 5, True)]
-STAGE2 = [(128, 4, 4, 1, True), (128, 4, 3, 1, True), (64, 4, 4, 1, True), (128, 4, 4, 2, True),
-          (64, 4, 4, 2, True), (128, 4, 3, 4, True)]
-# run11: whole `DOT_M1_TILES["fp8"]` candidates built from run10's stage timings: x quantized by its own launch
-# (2.5 us, against 20 us inside stage 1), the intermediate inside stage 2 (0.3 us against a 2.6 us launch),
-# stage 2 split along K; the last keeps the intermediate's launch, to see what the in-kernel quantization costs.
+# (BLOCK_N, num_warps, num_stages[, SPLIT_K]) of each stage tried alone; the first of each is the committed tile.
+STAGE1 = [(32, 4, 4), (32, 4, 3), (64, 4, 3), (64, 4, 4), (32, 4, 5)]
+STAGE2 = [(128, 4, 4, 2), (128, 4, 4, 1), (128, 4, 3, 1), (64, 4, 4, 1), (64, 4, 4, 2), (128, 4, 3, 4)]
+# whole `DOT_M1_TILES["fp8"]` candidates timed end to end; the first is the committed one
 CANDIDATES = [
-    {1: (32, 4, 4, False), 2: (128, 4, 4, 2, True)},
-    {1: (64, 4, 4, False), 2: (128, 4, 4, 2, True)},
-    {1: (32, 4, 4, False), 2: (128, 4, 3, 4, True)},
-    {1: (32, 4, 4, False), 2: (128, 4, 4, 2, False)},
+    {1: (32, 4, 4), 2: (128, 4, 4, 2)},
+    {1: (64, 4, 4), 2: (128, 4, 4, 2)},
+    {1: (32, 4, 4), 2: (128, 4, 3, 4)},
 ]
 REPS = 4
 

@@ -27,7 +27,7 @@ import triton.language as tl
 from zoe_kernels.moe.align import moe_align
 from zoe_kernels.moe.config import DEQUANT_TILE, DEQUANT_WORKSPACE_BYTES, block_m_for, stage_config
 from zoe_kernels.moe.formats import INT4_GROUP, MX_GROUP
-from zoe_kernels.moe.grouped_gemm import down_combine, gate_up_swiglu
+from zoe_kernels.moe.grouped_gemm import KernelFormat, down_combine, gate_up_swiglu
 
 DEQUANT_FORMATS = ("w4a16", "mxfp4")
 
@@ -125,8 +125,9 @@ def dequant_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
     for lo in range(0, e, chunk):
         hi = min(e, lo + chunk)
         w13_f = dequantize_4bit(w13, w13_scale, fmt, h, work[: chunk * two_i * h].view(chunk, two_i, h), (lo, hi))
-        gate_up_swiglu(x, None, w13_f, None, inter, align, top_k=top_k, kfmt=0, cfg=cfg1, experts=(lo, hi))
+        gate_up_swiglu(x, None, w13_f, None, inter, align, top_k=top_k, kfmt=KernelFormat.FLOAT, cfg=cfg1,
+                       experts=(lo, hi))
         w2_f = dequantize_4bit(w2, w2_scale, fmt, i, work[: chunk * h * i].view(chunk, h, i), (lo, hi))
-        down_combine(inter, None, w2_f, None, out, topk_weights, align, top_k=top_k, kfmt=0, cfg=cfg2,
+        down_combine(inter, None, w2_f, None, out, topk_weights, align, top_k=top_k, kfmt=KernelFormat.FLOAT, cfg=cfg2,
                      experts=(lo, hi))
     return out if out.dtype == dtype else out.to(dtype)

@@ -5,7 +5,7 @@
 with vLLM's `fused_experts` layout: w13 [E, 2I, H] (rows: gate then up), w2 [E, H, I]. Launches: align
 (bucket edges by expert, `align.py`), stage 1 (gate+up GEMM, SwiGLU epilogue) and stage 2 (down GEMM,
 top-k weighted combine epilogue), `grouped_gemm.py`; fp8 (w8a8) adds two activation-quantization launches.
-At M=1 a format in `config.DOT_M1_TILES` (fp8; w4a16 from I = 1024) drops align (one tile per edge, experts read
+At M=1 a format in `config.DOT_M1_TILES` (fp8) drops align (one tile per edge, experts read
 from topk_ids) and the accumulator's memset (stage 1 zeroes it), and splits stage 2 along K.
 With few tokens per expert (decode) the GEMV path (`gemv.py`) runs instead: two launches, no align, no
 activation quantization (`config.use_gemv` picks by the expected edges per expert, measured per format).
@@ -34,7 +34,7 @@ from zoe_kernels.moe.config import (
 from zoe_kernels.moe.dequant import dequant_moe
 from zoe_kernels.moe.formats import FORMATS, FP8_BLOCK, INT4_GROUP, MX_GROUP
 from zoe_kernels.moe.gemv import gemv_down_combine, gemv_gate_up
-from zoe_kernels.moe.grouped_gemm import down_combine, gate_up_swiglu, kernel_format
+from zoe_kernels.moe.grouped_gemm import KernelFormat, down_combine, gate_up_swiglu, kernel_format
 from zoe_kernels.platform import device_name
 
 
@@ -173,7 +173,7 @@ def fused_moe(
         align = moe_align(topk_ids.contiguous(), e, bm)
 
     x_scale = None
-    if kfmt == 1 and not (m1 and cfg1["A_QUANT"]):  # else stage 1 quantizes x itself
+    if kfmt == KernelFormat.FP8_W8A8:
         x, x_scale = quantize_act_fp8(x)
     inter = alloc((m * top_k, i), dtype=dtype, device=dev)
     acc = None
@@ -184,7 +184,7 @@ def fused_moe(
                    zero=acc if m1 else None)
 
     inter_scale = None
-    if kfmt == 1 and not (m1 and cfg2["A_QUANT"]):  # else stage 2 quantizes the intermediate itself
+    if kfmt == KernelFormat.FP8_W8A8:
         inter, inter_scale = quantize_act_fp8(inter)
     if top_k == 1:
         out = torch.zeros((m, h), dtype=dtype, device=dev)

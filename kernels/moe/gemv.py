@@ -23,8 +23,7 @@ Dequantization uses bit tricks instead of int -> float conversions (slow on GPUs
 - int4 nibble u: bits 0x4B000000 | u are the float 2^23 + u, minus (2^23 + 8) is u - 8 exactly;
 - e2m1 nibble s|e1 e0|m: bits (s << 31) | (e1 e0 m << 22) are the float v * 2^-126 (e = 0 lands on a
   subnormal, which is also exact), times 2^126 is v;
-- e4m3 byte s|eeee|mmm: bits (s << 31) | (eeee mmm << 20) are v * 2^-120, times 2^120 is v (2^119 for
-  e4m3fnuz, whose bias is 8; its 0x80 NaN code is not decoded). `cfg["FP8_BITS"] = False` uses `.to()`.
+fp8 weights take the hardware conversion (`.to(float32)`), which measured faster than a bit trick on the H200.
 Plain float32 multiplies keep subnormals on NVIDIA and in the interpreter (tests check these codes exactly).
 """
 
@@ -44,7 +43,7 @@ FMT_CODE = {"bf16": 0, "fp8": 1, "w4a16": 2, "mxfp4": 3}
 @triton.jit
 def _dequant_group(w_base, ws_base, rows, row_mask, kk, K, KP, a,
                    stride_wn, stride_wsn, stride_wsk,
-                   FMT: tl.constexpr, G: tl.constexpr, FP8_MUL: tl.constexpr):
+                   FMT: tl.constexpr, G: tl.constexpr):
     """sum_k W[rows, kk:kk+G] * a[k] (float32 [BLOCK_N]) for one scale group starting at kk, scale applied.
     `a` is the group's activations, float32 [G], zero past K; KP is the bytes per weight row of the 4-bit
     formats (a separate argument, so that Triton sees its divisibility and loads 16 bytes at a time)."""
@@ -52,12 +51,7 @@ def _dequant_group(w_base, ws_base, rows, row_mask, kk, K, KP, a,
         offs_k = kk + tl.arange(0, G)
         w = tl.load(w_base + rows[:, None] * stride_wn + offs_k[None, :],
                     mask=row_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-        if FMT == 1 and FP8_MUL != 0.0:
-            b = w.to(tl.uint8, bitcast=True).to(tl.uint32)
-            bits = ((b & 0x7F) << 20) | ((b & 0x80) << 24)
-            wf = bits.to(tl.float32, bitcast=True) * FP8_MUL
-        else:
-            wf = w.to(tl.float32)
+        wf = w.to(tl.float32)
         part = tl.sum(wf * a[None, :], axis=1)
         if FMT == 1:
             s = tl.load(ws_base + (rows // 128) * stride_wsn + (kk // 128) * stride_wsk, mask=row_mask, other=0.0)
@@ -86,8 +80,7 @@ def _dequant_group(w_base, ws_base, rows, row_mask, kk, K, KP, a,
 
 @triton.jit
 def _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KP, stride_wn, stride_wsn, stride_wsk,
-              BOTH: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, GPI: tl.constexpr, BLOCK_N: tl.constexpr,
-              FP8_MUL: tl.constexpr):
+              BOTH: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, GPI: tl.constexpr, BLOCK_N: tl.constexpr):
     """(a_row . W[offs_n], a_row . W[N + offs_n] if BOTH else zeros) over the whole K, float32 [BLOCK_N] each:
     GPI scale groups per step, the activations of a group loaded once for both row sets."""
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -98,10 +91,10 @@ def _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KP, stride_wn, strid
             offs_k = kk + tl.arange(0, G)
             a = tl.load(a_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
             acc += _dequant_group(w_base, ws_base, offs_n, n_mask, kk, K, KP, a, stride_wn,
-                                  stride_wsn, stride_wsk, FMT, G, FP8_MUL)
+                                  stride_wsn, stride_wsk, FMT, G)
             if BOTH:
                 acc2 += _dequant_group(w_base, ws_base, N + offs_n, n_mask, kk, K, KP, a, stride_wn,
-                                       stride_wsn, stride_wsk, FMT, G, FP8_MUL)
+                                       stride_wsn, stride_wsk, FMT, G)
     return acc, acc2
 
 
@@ -111,7 +104,7 @@ def _gemv_kernel(
     num_rows, num_chunks, slots_per_chunk, top_k, num_experts, N, K, KP, zero_numel,
     stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_om,
     GATED: tl.constexpr, ATOMIC: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, GPI: tl.constexpr,
-    BLOCK_N: tl.constexpr, FP8_MUL: tl.constexpr, ZBLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr, ZBLOCK: tl.constexpr,
 ):
     """GATED: row r is an edge; out[r, n] = silu(a[token] . w[e, n]) * (a[token] . w[e, N + n]), and the
     programs first zero `zero_ptr[:zero_numel]` (float32; ZBLOCK > 0), stage 2's accumulator.
@@ -138,7 +131,7 @@ def _gemv_kernel(
         ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
         a_row = a_ptr + token.to(tl.int64) * stride_am
         acc, acc_up = _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KP, stride_wn, stride_wsn,
-                                stride_wsk, True, FMT, G, GPI, BLOCK_N, FP8_MUL)
+                                stride_wsk, True, FMT, G, GPI, BLOCK_N)
         h = acc / (1.0 + tl.exp(-acc)) * acc_up
         tl.store(out_ptr + r.to(tl.int64) * stride_om + offs_n, h.to(out_ptr.dtype.element_ty),
                  mask=n_mask)
@@ -153,19 +146,13 @@ def _gemv_kernel(
                 ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
                 a_row = a_ptr + edge.to(tl.int64) * stride_am
                 part, _ = _rows_dot(a_row, w_base, ws_base, offs_n, n_mask, N, K, KP, stride_wn, stride_wsn,
-                                    stride_wsk, False, FMT, G, GPI, BLOCK_N, FP8_MUL)
+                                    stride_wsk, False, FMT, G, GPI, BLOCK_N)
                 acc += weight * part
         o_ptrs = out_ptr + r.to(tl.int64) * stride_om + offs_n
         if ATOMIC:
             tl.atomic_add(o_ptrs, acc, mask=n_mask, sem="relaxed")
         else:
             tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
-
-
-def fp8_decode_multiplier(dtype: torch.dtype) -> float:
-    """2^(127 - bias): turns the float32 whose exponent and mantissa bits are an e4m3 byte's into its value
-    (bias 7 for e4m3fn, 8 for gfx942's e4m3fnuz)."""
-    return 2.0 ** (127 - (8 if dtype == torch.float8_e4m3fnuz else 7))
 
 
 def _launch(a, w, w_scale, out, ids, topk_w, *, num_rows, top_k, n, k, fmt, gated, cfg, chunks=1, zero=None):
@@ -180,14 +167,13 @@ def _launch(a, w, w_scale, out, ids, topk_w, *, num_rows, top_k, n, k, fmt, gate
     w_scale = w_scale if w_scale is not None else w
     ws_strides = (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2)) if w_scale.dim() == 3 else (0, 0, 0)
     grid = (num_rows * chunks * triton.cdiv(n, bn),)
-    fp8_mul = fp8_decode_multiplier(w.dtype) if code == 1 and cfg.get("FP8_BITS", True) else 0.0
     zblock = 0 if zero is None else max(128, triton.next_power_of_2(triton.cdiv(zero.numel(), grid[0])))
     _gemv_kernel[grid](
         a, w, w_scale, out, ids, topk_w if topk_w is not None else a, zero if zero is not None else out,
         num_rows, chunks, triton.cdiv(top_k, chunks), top_k, w.shape[0], n, k, w.shape[2],
         0 if zero is None else zero.numel(),
         a.stride(0), w.stride(0), w.stride(1), *ws_strides, out.stride(0),
-        GATED=gated, ATOMIC=chunks > 1, FMT=code, G=GROUP[code], GPI=cfg["GPI"], BLOCK_N=bn, FP8_MUL=fp8_mul,
+        GATED=gated, ATOMIC=chunks > 1, FMT=code, G=GROUP[code], GPI=cfg["GPI"], BLOCK_N=bn,
         ZBLOCK=zblock, num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1),
     )
 

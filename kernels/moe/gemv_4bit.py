@@ -41,8 +41,9 @@ as f16 pairs, and one asm block per (row, slice) chains its 16 f16x2 fmas and co
 which then takes the scale and 2^E back. Against float32 products on the same (16, 16, 2) tile, the sm_90a K loop
 of stage 1 spends 2.26 against 2.92 (w4a16) and 2.88 against 4.48 (mxfp4) instructions per weight (moe_aot.py,
 Triton 3.9; mxfp4 3.12 with per-pair shifts). Stage 1 at M=1 on DeepSeek-V3.2 (H200): w4a16 35.2 against 42.8 us
-(best tile each way, run27-m1), mxfp4 37.2 (run34-m1) against 40.8 with per-pair shifts (run31-m1) and 52.3 with
-float32 products (run27-m1). Rounding: about 6e-4 of the norm (float16 partial sums of 16 products).
+(best tile each way), mxfp4 37.2 against 40.8 with per-pair shifts and 52.3 with float32 products (history and
+the sweeps in bench/kernels/moe_README.md's git history). Rounding: about 6e-4 of the norm (float16 partial sums of
+16 products).
 """
 
 from __future__ import annotations

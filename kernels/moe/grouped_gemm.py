@@ -9,8 +9,7 @@ with the top-k weighted combine in the epilogue (fp32 atomics for top-k > 1, pla
 One program computes a BLOCK_M x BLOCK_N tile of one expert; tiles past `num_padded` exit at once, so the
 grid depends on the shapes alone (graph capture). With `align` = (topk_ids flattened, None, None) every edge
 is its own tile (row 0; the M=1 mode of `config.DOT_M1_TILES`, no align launch). Optional: stage 1 zeroes a
-float32 buffer (stage 2's accumulator), stage 2 splits K over SPLIT_K programs, and fp8 w8a8 quantizes the
-activations inside the stage when no activation scale is given (the numbers of `act_quant.py`). The K loop is software-pipelined (`num_stages`): the next
+float32 buffer (stage 2's accumulator) and stage 2 splits K over SPLIT_K programs. The K loop is software-pipelined (`num_stages`): the next
 weight tile is loaded while the current one is multiplied. The weight format is a compile-time constant
 (`kernel_format`). fp8 runs w8a8 (activations quantized per token group, fp8 products) by default; a w8a16
 mode (weights upcast in registers, activations kept in 16 bits) exists but measured slower on the H200,
@@ -27,26 +26,48 @@ operands, out^T = W @ x^T: the decoded weights become wgmma's register operand a
 
 from __future__ import annotations
 
+import enum
+
 import torch
 import triton
 import triton.language as tl
 
 from zoe_kernels.moe.dot_decode import MX_BF16_SHIFT, _e2m1_scaled_halves, _int4_halves
-from zoe_kernels.platform import fp8_max, has_ptx, interpreting
+from zoe_kernels.platform import has_ptx
 
 FP8_GROUP = 128
 INT4_GROUP = 128
 MX_GROUP = 32
 
 
+class KernelFormat(enum.IntEnum):
+    """The weight format the stage kernel is compiled for (its FMT constexpr; the kernel compares FMT with the
+    constexpr copies below, which Triton code can read)."""
+
+    FLOAT = 0  # weights in the activations' dtype
+    FP8_W8A8 = 1  # fp8 weights and activations quantized per token group, fp8 products, both scales on the result
+    INT4 = 2  # int4 with group scales of 128
+    MXFP4 = 3  # e2m1 with e8m0 scales per 32, dequantized in registers
+    FP8_W8A16 = 4  # fp8 weights upcast in registers, activations kept in 16 bits
+    MXFP4_NATIVE = 5  # e2m1 through `tl.dot_scaled` (hardware-scaled MMA)
+
+
+_FLOAT = tl.constexpr(int(KernelFormat.FLOAT))
+_FP8_W8A8 = tl.constexpr(int(KernelFormat.FP8_W8A8))
+_INT4 = tl.constexpr(int(KernelFormat.INT4))
+_MXFP4 = tl.constexpr(int(KernelFormat.MXFP4))
+_FP8_W8A16 = tl.constexpr(int(KernelFormat.FP8_W8A16))
+_MXFP4_NATIVE = tl.constexpr(int(KernelFormat.MXFP4_NATIVE))
+
+
 @triton.jit
 def _load_a(a_ptr, as_ptr, rows, row_mask, k0, K, stride_am, stride_ak, stride_asm, stride_ask,
             FMT: tl.constexpr, BLOCK_K: tl.constexpr, FP8_GROUP: tl.constexpr):
-    """The A tile of one K step and, for fp8 w8a8 (FMT 1), its activation scale per row."""
+    """The A tile of one K step and, for fp8 w8a8, its activation scale per row."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak,
                 mask=row_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-    if FMT == 1:
+    if FMT == _FP8_W8A8:
         a_s = tl.load(as_ptr + rows * stride_asm + (k0 // FP8_GROUP) * stride_ask, mask=row_mask, other=0.0)
     else:
         a_s = tl.zeros_like(rows).to(tl.float32)
@@ -67,29 +88,29 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
            FMT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr, PTX: tl.constexpr,
            JOIN_K: tl.constexpr):
-    """acc += A @ W[wrows, k0:k0+BLOCK_K].T for the weight format FMT; a2 is the activation scale (FMT 1)
-    or, for the 4-bit formats (FMT 2, 3) without JOIN_K, the odd-K half of A (`a` is then the even-K half). With
+    """acc += A @ W[wrows, k0:k0+BLOCK_K].T for the weight format FMT; a2 is the activation scale (fp8 w8a8)
+    or, for the 4-bit formats (int4, mxfp4) without JOIN_K, the odd-K half of A (`a` is then the even-K half). With
     JOIN_K the decoded even-k and odd-k weight halves are interleaved into one [BLOCK_K, BLOCK_N] tile and `a` is
     the whole A tile (one dot whose A operand stays in shared memory); ws_pre the int4 scales of this K step
-    (FMT 2, loaded ahead by the caller). KP is the packed row length (bytes) of the 4-bit formats: their
+    (int4, loaded ahead by the caller). KP is the packed row length (bytes) of the 4-bit formats: their
     masks use it, not K, so that the JIT's divisibility of KP keeps the byte loads 16 bytes wide (and
     pipelined: cp.async), which (K + 1) // 2 did not (one byte per load)."""
-    if FMT == 0:
+    if FMT == _FLOAT:
         offs_k = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_base + wrows[None, :] * stride_wn + offs_k[:, None] * stride_wk,
                     mask=wrow_mask[None, :] & (offs_k[:, None] < K), other=0.0)
         acc = tl.dot(a, w, acc)
-    elif FMT == 1 or FMT == 4:
+    elif FMT == _FP8_W8A8 or FMT == _FP8_W8A16:
         offs_k = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_base + wrows[None, :] * stride_wn + offs_k[:, None] * stride_wk,
                     mask=wrow_mask[None, :] & (offs_k[:, None] < K), other=0.0)
         w_s = tl.load(ws_base + (wrows // FP8_GROUP) * stride_wsn + (k0 // FP8_GROUP) * stride_wsk,
                       mask=wrow_mask, other=0.0)
-        if FMT == 1:  # w8a8: fp8 x fp8 products, both scales on the result
+        if FMT == _FP8_W8A8:  # w8a8: fp8 x fp8 products, both scales on the result
             acc += tl.dot(a, w) * a2[:, None] * w_s[None, :]
         else:  # w8a16: the weight tile is upcast in registers, its block scale goes on the result
             acc += tl.dot(a, w.to(a.dtype)) * w_s[None, :]
-    elif FMT == 2:
+    elif FMT == _INT4:
         # int4: low nibbles are the even k, high nibbles the odd k; two dots over the halves need no
         # interleave. The group scale (one per column and step) goes on the result.
         offs_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
@@ -162,17 +183,6 @@ def _dot_w_mx_native(acc, a, w_base, ws_base, wrows, wrow_mask, k0, K, stride_wn
 
 
 @triton.jit
-def _round_to_e4m3fn(q):
-    """float32 in [-448, 448] rounded to the nearest e4m3fn value (ties to even), still as float32. Only for
-    the CPU interpreter, whose fp32 -> fp8 cast is wrong where rounding carries into the exponent (31.2 -> 16):
-    the cast of an exactly representable value is right there."""
-    bits = q.to(tl.int32, bitcast=True)
-    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)  # 3 mantissa bits
-    sub = (q * 512.0 + 12582912.0) - 12582912.0  # subnormals: multiples of 2^-9, by the 1.5 * 2^23 trick
-    return tl.where(tl.abs(q) < 0.015625, sub / 512.0, normal)
-
-
-@triton.jit
 def _expert_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, topk_w_ptr,
     sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
@@ -184,7 +194,7 @@ def _expert_gemm_kernel(
     GATED: tl.constexpr, ATOMIC: tl.constexpr, FMT: tl.constexpr, A_FMT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr,
-    EDGE_TILES: tl.constexpr, A_QUANT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr,
+    EDGE_TILES: tl.constexpr,
     SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr, PTX: tl.constexpr, JOIN_K: tl.constexpr,
     SWAP_AB: tl.constexpr, MX_BF16_SHIFT: tl.constexpr,
 ):
@@ -229,7 +239,7 @@ def _expert_gemm_kernel(
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if SPLIT_K == 1:  # the loop as it was before split-K (same code at every measured tile)
+    if SPLIT_K == 1:  # the whole K (the common case keeps its bounds simple)
         k_lo = 0
         k_hi = K
     else:  # split-K: this program's share of K, whole K steps
@@ -237,24 +247,24 @@ def _expert_gemm_kernel(
         k_lo = pid_k * k_split
         k_hi = tl.minimum(K, k_lo + k_split)
     # int4 group scales (one per column and K step): loaded one K step ahead, since Triton's pipeliner does not
-    # pipeline these loads (they feed the result, not the dot) and the loop would wait on each (run12)
+    # pipeline these loads (they feed the result, not the dot) and the loop would wait on each
     ws_gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
     ws_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    if FMT == 2:
+    if FMT == _INT4:
         ws_gate = _int4_scales(ws_base, offs_n, n_mask, k_lo, k_hi, stride_wsn, stride_wsk, INT4_GROUP)
         if GATED:
             ws_up = _int4_scales(ws_base, N + offs_n, n_mask, k_lo, k_hi, stride_wsn, stride_wsk, INT4_GROUP)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ws_g = ws_gate
         ws_u = ws_up
-        if FMT == 2:
+        if FMT == _INT4:
             ws_gate = _int4_scales(ws_base, offs_n, n_mask, k0 + BLOCK_K, k_hi, stride_wsn, stride_wsk, INT4_GROUP)
             if GATED:
                 ws_up = _int4_scales(ws_base, N + offs_n, n_mask, k0 + BLOCK_K, k_hi, stride_wsn, stride_wsk,
                                      INT4_GROUP)
-        if FMT == 5:
+        if FMT == _MXFP4_NATIVE:
             a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
-                           stride_ask, 0, BLOCK_K, FP8_GROUP)
+                           stride_ask, _FLOAT, BLOCK_K, FP8_GROUP)
             if a.dtype == tl.float32:
                 a = a.to(tl.float16)
             acc = _dot_w_mx_native(acc, a, w_base, ws_base, offs_n, n_mask, k0, K, stride_wn, stride_wk,
@@ -263,23 +273,12 @@ def _expert_gemm_kernel(
                 acc_up = _dot_w_mx_native(acc_up, a, w_base, ws_base, N + offs_n, n_mask, k0, K, stride_wn,
                                           stride_wk, stride_wsn, stride_wsk, A_FMT, BLOCK_K, MX_GROUP)
         else:
-            if FMT == 2 or FMT == 3:
+            if FMT == _INT4 or FMT == _MXFP4:
                 # one contiguous (cp.async-pipelined) load; without JOIN_K split into the even-k and odd-k halves
                 a, a2 = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
-                                stride_ask, 0, BLOCK_K, FP8_GROUP)
+                                stride_ask, _FLOAT, BLOCK_K, FP8_GROUP)
                 if not JOIN_K:
                     a, a2 = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
-            elif A_QUANT:
-                # w8a8 with the activations quantized here, per row and group of 128 (BLOCK_K): the same
-                # numbers as `act_quant.py`, without its launch
-                a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
-                               stride_ask, 0, BLOCK_K, FP8_GROUP)
-                af = a.to(tl.float32)
-                a2 = tl.maximum(tl.max(tl.abs(af), axis=1), 1e-10) / FP8_MAX
-                q = tl.clamp(af / a2[:, None], -FP8_MAX, FP8_MAX)
-                if ROUND_E4M3:
-                    q = _round_to_e4m3fn(q)
-                a = q.to(w_ptr.dtype.element_ty)
             else:
                 a, a2 = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
                                 stride_ask, FMT, BLOCK_K, FP8_GROUP)
@@ -320,17 +319,16 @@ def _expert_gemm_kernel(
             tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def kernel_format(fmt: str, *, fp8_act_quant: bool, mx_native: bool) -> int:
-    """The kernel's FMT code: 0 float, 1 fp8 w8a8, 2 int4, 3 mxfp4 dequantized in registers,
-    4 fp8 w8a16 (weights upcast, activations kept in 16 bits), 5 mxfp4 through `tl.dot_scaled`."""
+def kernel_format(fmt: str, *, fp8_act_quant: bool, mx_native: bool) -> KernelFormat:
+    """The kernel's weight format for a MoE format (`formats.FORMATS`) and mode."""
     if fmt == "bf16":
-        return 0
+        return KernelFormat.FLOAT
     if fmt == "fp8":
-        return 1 if fp8_act_quant else 4
+        return KernelFormat.FP8_W8A8 if fp8_act_quant else KernelFormat.FP8_W8A16
     if fmt == "w4a16":
-        return 2
+        return KernelFormat.INT4
     if fmt == "mxfp4":
-        return 5 if mx_native else 3
+        return KernelFormat.MXFP4_NATIVE if mx_native else KernelFormat.MXFP4
     raise ValueError(f"unknown MoE format {fmt!r}")
 
 
@@ -351,21 +349,21 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
             atomic, cfg, zero=None, experts=None):
     sorted_ids, block_expert, num_padded = align
     edge_tiles = block_expert is None  # align = (topk_ids flattened, None, None): one tile per edge
-    a_quant = kfmt == 1 and a_scale is None
     split_k = cfg.get("SPLIT_K", 1)
-    if a_quant and cfg["BLOCK_K"] != FP8_GROUP:
-        raise ValueError("quantizing the activations in the kernel needs BLOCK_K == the fp8 group (128)")
+    if kfmt == KernelFormat.FP8_W8A8 and a_scale is None:
+        raise ValueError("fp8 w8a8 takes the activations quantized (`act_quant.quantize_act_fp8`) with their scales")
     if split_k > 1 and not atomic:
         raise ValueError("split-K adds partial sums with atomics: stage 2 with top_k > 1 only")
-    a_scale = a_scale if a_scale is not None else a  # read only by FMT 1 with scales given
+    a_scale = a_scale if a_scale is not None else a  # read only by fp8 w8a8
     w_scale = w_scale if w_scale is not None else w  # unused by the float format
     topk_w = topk_weights if topk_weights is not None else a
     tiles_m = num_edges if edge_tiles else block_expert.numel()
     programs = tiles_m * triton.cdiv(n, cfg["BLOCK_N"]) * split_k
     zblock = 0 if zero is None else max(16, triton.next_power_of_2(triton.cdiv(zero.numel(), max(1, programs))))
-    a_s_strides = (a_scale.stride(0), a_scale.stride(1)) if kfmt == 1 and not a_quant else (0, 0)
+    a_s_strides = (a_scale.stride(0), a_scale.stride(1)) if kfmt == KernelFormat.FP8_W8A8 else (0, 0)
     ws_strides = (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2)) if w_scale.dim() == 3 else (0, 0, 0)
-    swap = bool(cfg.get("SWAP_AB", False)) and kfmt == 3 and mx_swap_supported(w_scale, k, cfg["BLOCK_K"])
+    swap = (bool(cfg.get("SWAP_AB", False)) and kfmt == KernelFormat.MXFP4
+            and mx_swap_supported(w_scale, k, cfg["BLOCK_K"]))
     _expert_gemm_kernel[(programs,)](
         a, a_scale, w, w_scale, out, topk_w,
         sorted_ids, sorted_ids if edge_tiles else block_expert, sorted_ids if edge_tiles else num_padded,
@@ -374,11 +372,10 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         w.stride(0), w.stride(1), w.stride(2), *ws_strides,
         out.stride(0), out.stride(1),
         zero if zero is not None else out, 0 if zero is None else zero.numel(), *(experts or (0, w.shape[0])),
-        GATED=gated, ATOMIC=atomic, FMT=kfmt, A_FMT=_a_fmt(a.dtype),
+        GATED=gated, ATOMIC=atomic, FMT=int(kfmt), A_FMT=_a_fmt(a.dtype),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP,
-        EDGE_TILES=edge_tiles, A_QUANT=a_quant, FP8_MAX=fp8_max(w.dtype) if kfmt == 1 else 1.0,
-        ROUND_E4M3=a_quant and interpreting() and w.dtype == torch.float8_e4m3fn, SPLIT_K=split_k,
+        EDGE_TILES=edge_tiles, SPLIT_K=split_k,
         ZBLOCK=zblock, PTX=has_ptx(), JOIN_K=cfg.get("JOIN_K", False), SWAP_AB=swap,
         MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
@@ -389,8 +386,7 @@ def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, kfmt
                    zero: torch.Tensor | None = None, experts: tuple[int, int] | None = None) -> None:
     """Stage 1: inter[edge] = silu(x[token] W_gate^T) * (x[token] W_up^T), for every routed edge.
 
-    x [M, H] (kfmt 1: fp8 with x_scale [M, ceil(H/128)], or 16-bit with x_scale None to quantize it in the
-    kernel), w13 [E, 2I, H(/2)], inter [M*top_k, I]. `align` is `moe_align`'s triple, or (topk_ids
+    x [M, H] (fp8 w8a8: fp8 with x_scale [M, ceil(H/128)]; else 16-bit with x_scale None), w13 [E, 2I, H(/2)], inter [M*top_k, I]. `align` is `moe_align`'s triple, or (topk_ids
     flattened, None, None) for one tile per edge. `zero` (float32, contiguous) is zeroed on the way. `experts`
     = (lo, hi): only tiles of experts lo <= e < hi run, with w13[0] holding expert lo (a chunk of dequantized
     experts); None: every expert, w13 whole.
@@ -403,7 +399,7 @@ def down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, *, 
                  cfg: dict, experts: tuple[int, int] | None = None) -> None:
     """Stage 2: out[token] (+)= topk_weights[edge] * inter[edge] W2[e]^T.
 
-    inter [M*top_k, I] (kfmt 1 with inter_scale None: quantized in the kernel), w2 [E, H, I(/2)], out [M, H]:
+    inter [M*top_k, I] (fp8 w8a8: fp8 with inter_scale [M*top_k, ceil(I/128)]), w2 [E, H, I(/2)], out [M, H]:
     fp32 and accumulated with atomics when top_k > 1 (the caller zeroes it; cfg SPLIT_K > 1 then also
     splits K over programs), any float dtype and plainly stored when top_k == 1. `experts` as in `gate_up_swiglu`.
     """

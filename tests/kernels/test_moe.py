@@ -545,8 +545,8 @@ def test_mxfp4_native_scaled_dot_path(monkeypatch):
     assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol("mxfp4", dtype)
 
 
-# The M=1 mode of the tl.dot path (`config.DOT_M1_TILES`): one tile per edge, no align launch, fp8 activations
-# quantized inside the stages, stage 1 zeroing the (poisoned) accumulator, stage 2 split along K. Forced on for
+# The M=1 mode of the tl.dot path (`config.DOT_M1_TILES`): one tile per edge, no align launch, stage 1 zeroing
+# the (poisoned) accumulator, stage 2 split along K. Forced on for
 # every format; M1-i-odd has I off the 128 K step (the split-K tail, a partial quantization group).
 DOT_M1_CASES = [
     pytest.param(1, 200, 96, 8, 2, False, id="M1"),
@@ -556,10 +556,8 @@ DOT_M1_CASES = [
 ]
 
 
-# fp8 w8a8 quantizes x and the intermediate by their own launches, or one of them inside its stage.
-DOT_M1_TILE_SETS = {"quant-in-stage2": {1: (32, 4, 3, False), 2: (64, 4, 3, 2, True)},
-                    "quant-in-stage1": {1: (32, 4, 3, True), 2: (64, 4, 3, 2, False)},
-                    "quant-launches": {1: (32, 4, 3, False), 2: (64, 4, 3, 2, False)}}  # as committed for fp8
+# stage 2 split along K in two (as committed for fp8) or not
+DOT_M1_TILE_SETS = {"split-k": {1: (32, 4, 3), 2: (64, 4, 3, 2)}, "no-split": {1: (32, 4, 3), 2: (64, 4, 3, 1)}}
 
 
 @pytest.mark.parametrize("tiles", list(DOT_M1_TILE_SETS))
@@ -569,12 +567,11 @@ def test_dot_m1_mode_matches_reference(mode, m, h, i, e, k, invalid, tiles, monk
     from zoe_kernels.moe import config
 
     fmt, fp8 = _mode(mode)
-    if tiles != "quant-in-stage2" and mode != "fp8-w8a8":
-        pytest.skip("the quantization flags matter for fp8 w8a8 only")
+    if tiles != "split-k" and mode != "fp8-w8a8":
+        pytest.skip("the unsplit stage 2 is covered by fp8 w8a8")
     dtype = DTYPES[0]
     monkeypatch.setitem(config.DOT_M1_TILES, fmt, DOT_M1_TILE_SETS[tiles])
     monkeypatch.setattr(config, "DOT_M1_MIN_TOP_K", 1)
-    monkeypatch.setattr(config, "DOT_M1_MIN_I", {})  # the small test I would keep w4a16 off the mode
     monkeypatch.setattr(config, "MIN_K_STEPS_PER_SPLIT", 1)  # I = 200: two K steps, split in two
     x, w13, w2, tw, ti, kw = _problem(m, h, i, e, k, fmt, dtype, seed=zlib.crc32(f"m1{mode}{h}{k}".encode()))
     if invalid:
@@ -597,11 +594,11 @@ def test_dot_m1_mode_only_where_measured():
         assert (dot_m1_configs(1, fmt, 8, 2048) is not None) == (fmt in DOT_M1_TILES)
         assert dot_m1_configs(2, fmt, 8, 2048) is None
         assert dot_m1_configs(1, fmt, 1, 2048) is None  # top-1 (ZAYA1): not measured in this mode
-    assert dot_m1_configs(1, "w4a16", 8, 256) is None  # the TP8 slice's I: the GEMV was faster (run13)
+    assert dot_m1_configs(1, "w4a16", 8, 256) is None  # the 4-bit formats run the GEMV at M=1
     if "fp8" in DOT_M1_TILES:  # split-K only where each program keeps MIN_K_STEPS_PER_SPLIT steps
         assert dot_m1_configs(1, "fp8", 8, 256)[1]["SPLIT_K"] == 1
     for fmt, tiles in DOT_M1_TILES.items():
-        assert len(tiles[1]) == 4 and len(tiles[2]) == 5 and tiles[2][3] >= 1
+        assert len(tiles[1]) == 3 and len(tiles[2]) == 4 and tiles[2][3] >= 1
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
