@@ -13,8 +13,8 @@ Every timed configuration is first checked against the float32 reference of its 
 the norm, NaN-poisoned scratch for zoe). Each time is a CUDA graph of R back-to-back calls over R routings
 (R = 4 for M <= 64, 2 for M <= 512, 1 above), and the zoe and baseline rows also an isolated call after a
 write of 4x the L2 (clean L2): the median replay of [flush, call] minus that of [flush] alone.
---fp8-numerics adds fp8's error and time per tile height (16..128 rows); --tolerance the errors the GPU tests see, per format, path
-and tile height; --dequant-tiles times the dequantization alone.
+--fp8-numerics adds fp8's error and time per tile height (16..128 rows); --tolerance the errors the GPU tests see,
+per format, path and tile height; --dequant-tiles times the dequantization alone.
 Writes DIR/moe_large_m.json and prints one line per (shape, M).
 """
 

@@ -66,7 +66,8 @@ def plot(results: dict, out: Path) -> None:
     axes[0][0].legend(fontsize=7, loc="upper left")
     axes[1][0].legend(fontsize=7, loc="upper right")
     c = results["ceilings"]
-    fig.suptitle(f"Fused MoE on {results['device']}: ceilings measured in the run: read {c['read_Bps'] / 1e12:.2f} TB/s, "
+    fig.suptitle(f"Fused MoE on {results['device']}: ceilings measured in the run: "
+                 f"read {c['read_Bps'] / 1e12:.2f} TB/s, "
                  f"bf16 {c['bf16_flops'] / 1e12:.0f} TFLOP/s, fp8 {c['fp8_flops_fast_accum'] / 1e12:.0f} TFLOP/s",
                  fontsize=10)
     fig.tight_layout()

@@ -9,19 +9,21 @@ with the top-k weighted combine in the epilogue (fp32 atomics for top-k > 1, pla
 One program computes a BLOCK_M x BLOCK_N tile of one expert; tiles past `num_padded` exit at once, so the
 grid depends on the shapes alone (graph capture). With `align` = (topk_ids flattened, None, None) every edge
 is its own tile (row 0; the M=1 mode of `config.DOT_M1_TILES`, no align launch). Optional: stage 1 zeroes a
-float32 buffer (stage 2's accumulator) and stage 2 splits K over SPLIT_K programs. The K loop is software-pipelined (`num_stages`): the next
-weight tile is loaded while the current one is multiplied. The weight format is a compile-time constant
-(`kernel_format`). fp8 runs w8a8 (activations quantized per token group, fp8 products) by default; a w8a16
-mode (weights upcast in registers, activations kept in 16 bits) exists but measured slower on the H200,
-where e4m3 -> bf16 takes several instructions per element. The 4-bit formats decode each
-K tile's low nibbles (even k) and high nibbles (odd k) as two halves. On narrow tiles the activations, one
-pipelined load, are split into the matching halves in registers (two dots per step); on tiles of
+float32 buffer (stage 2's accumulator), stage 2 splits K over SPLIT_K programs, and a launch covers only the
+experts of a chunk (the dequant path's workspace). The K loop is software-pipelined (`num_stages`): the next
+weight tile is loaded while the current one is multiplied.
+
+The weight format is a compile-time constant (`KernelFormat`, from `kernel_format`). fp8 runs w8a8 (activations
+quantized per token group, fp8 products) by default; the w8a16 mode (weights upcast in registers, activations kept
+in 16 bits) measured slower on the H200, where e4m3 -> bf16 takes several instructions per element. The 4-bit
+formats decode each K tile's low nibbles (even k) and high nibbles (odd k) as two halves. On narrow tiles the
+activations, one pipelined load, are split into the matching halves in registers (two dots per step); on tiles of
 `config.JOIN_K_MIN_BLOCK_M` rows or more (`JOIN_K`) the decoded halves are interleaved into one K tile instead, so
-the activations feed the MMA from shared memory. int4 decodes by a magic-number or (PTX
-where `platform.has_ptx`, `dot_decode.py`); mxfp4 uses `tl.dot_scaled` where the hardware scales natively (gfx950) and
-in-register dequantization elsewhere. mxfp4 on 16-row tiles (`SWAP_AB`, from `config.stage_config`) swaps the
-operands, out^T = W @ x^T: the decoded weights become wgmma's register operand and the row's e8m0 scales one
-32-bit load per K step applied inside the decode (`_dot_w_mx_swapped`).
+the activations feed the MMA from shared memory. int4 decodes by a magic-number or (PTX where `platform.has_ptx`,
+`dot_decode.py`); mxfp4 uses `tl.dot_scaled` where the hardware scales natively (gfx950) and in-register
+dequantization elsewhere. mxfp4 on 16-row tiles (`SWAP_AB`, from `config.stage_config`) swaps the operands,
+out^T = W @ x^T: the decoded weights become wgmma's register operand and the row's e8m0 scales one 32-bit load per
+K step applied inside the decode (`_dot_w_mx_swapped`).
 """
 
 from __future__ import annotations
@@ -292,7 +294,8 @@ def _expert_gemm_kernel(
                                                stride_wn, stride_wk, stride_wsn, BLOCK_K, MX_GROUP, MX_BF16_SHIFT, PTX)
             else:
                 acc = _dot_w(acc, a, a2, w_base, ws_base, ws_g, offs_n, n_mask, k0, K, KP, stride_wn, stride_wk,
-                             stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP, PTX, JOIN_K)
+                             stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP, PTX,
+                             JOIN_K)
                 if GATED:
                     acc_up = _dot_w(acc_up, a, a2, w_base, ws_base, ws_u, N + offs_n, n_mask, k0, K, KP, stride_wn,
                                     stride_wk, stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP,
@@ -386,10 +389,10 @@ def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, kfmt
                    zero: torch.Tensor | None = None, experts: tuple[int, int] | None = None) -> None:
     """Stage 1: inter[edge] = silu(x[token] W_gate^T) * (x[token] W_up^T), for every routed edge.
 
-    x [M, H] (fp8 w8a8: fp8 with x_scale [M, ceil(H/128)]; else 16-bit with x_scale None), w13 [E, 2I, H(/2)], inter [M*top_k, I]. `align` is `moe_align`'s triple, or (topk_ids
-    flattened, None, None) for one tile per edge. `zero` (float32, contiguous) is zeroed on the way. `experts`
-    = (lo, hi): only tiles of experts lo <= e < hi run, with w13[0] holding expert lo (a chunk of dequantized
-    experts); None: every expert, w13 whole.
+    x [M, H] (fp8 w8a8: fp8 with x_scale [M, ceil(H/128)]; else 16-bit with x_scale None), w13 [E, 2I, H(/2)],
+    inter [M*top_k, I]. `align` is `moe_align`'s triple, or (topk_ids flattened, None, None) for one tile per edge.
+    `zero` (float32, contiguous) is zeroed on the way. `experts` = (lo, hi): only tiles of experts lo <= e < hi
+    run, with w13[0] holding expert lo (a chunk of dequantized experts); None: every expert, w13 whole.
     """
     _launch(x, x_scale, w13, w13_scale, inter, None, align, num_edges=inter.shape[0], top_k=top_k,
             n=inter.shape[1], k=x.shape[1], kfmt=kfmt, gated=True, atomic=False, cfg=cfg, zero=zero, experts=experts)
