@@ -43,9 +43,12 @@ from moe_bench import (  # noqa: E402
 MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384]
 FORMATS = ["bf16", "fp8", "w4a16", "mxfp4"]
 FOUR_BIT = ("w4a16", "mxfp4")
-# relative error of the norm a checked row must stay under (zoe: the tests' tolerances; baselines: their own
-# quantization, fp8 rowwise activations against an unquantized reference)
-TOLERANCE = {"bf16": 1.5e-2, "fp8": 2e-2, "w4a16": 1.5e-2, "mxfp4": 1.5e-2, "torch_scaled_grouped_mm": 6e-2}
+# Relative error of the norm a checked row must stay under: zoe's formats as the GPU tests' bf16 tolerances (fp8's
+# wgmma tiles and w4a16's scaled-then-rounded weights 7e-3, else 4e-3); the baselines by their own numbers
+# (`_grouped_mm` rounds the intermediate the reference keeps in float32; the fp8 rowwise baseline quantizes the
+# activations per row, against an unquantized reference).
+TOLERANCE = {"bf16": 4e-3, "fp8": 7e-3, "w4a16": 7e-3, "mxfp4": 4e-3, "torch_grouped_mm": 1e-2,
+             "torch_scaled_grouped_mm": 6e-2}
 
 
 def measure_ceilings() -> dict:
@@ -239,7 +242,6 @@ def bench_shape(name: str, ms: list[int], deadline: float, ceil: dict, rows: lis
             row = record(fmt, "zoe", zoe(), ref, TOLERANCE[fmt], iso=isolated)
             if fmt in FOUR_BIT:
                 row["path"] = "dequant" if fm._dequant_measured_faster(m, fmt, torch.device("cuda")) else "fused"
-            if fmt in FOUR_BIT:
                 record(fmt, "zoe_fused", zoe(), ref, TOLERANCE[fmt], ctx=_NoDequant)
                 if m >= 256:
                     record(fmt, "zoe_dequant", zoe("dequant"), ref, TOLERANCE[fmt])
@@ -249,7 +251,8 @@ def bench_shape(name: str, ms: list[int], deadline: float, ceil: dict, rows: lis
         w13, _, w2, _ = weights["bf16"]
         ref = fused_moe_reference(xs[0], w13, w2, routes[0][0], routes[0][1], emulate_kernel_rounding=False)
         record("bf16", "torch_grouped_mm", lambda r, alloc: (
-            lambda: grouped_mm_moe(xs[r], w13, w2, routes[r][0], routes[r][1])), ref, TOLERANCE["bf16"], iso=isolated)
+            lambda: grouped_mm_moe(xs[r], w13, w2, routes[r][0], routes[r][1])), ref, TOLERANCE["torch_grouped_mm"],
+            iso=isolated)
         w13, _, w2, _ = weights["fp8"]
         ref = rowwise_reference(xs[0], w13, w2, s13_row, s2_row, *routes[0])
         for fast in (False, True):
