@@ -24,7 +24,7 @@ def _post(cluster, body, session="s1"):
 
 
 def test_follow_up_turn_reuses_the_known_prefix_and_routes_to_its_replica(cluster):
-    msgs = [{"role": "system", "content": "rules " * 4000}, {"role": "user", "content": "read main.py"}]
+    msgs = [{"role": "system", "content": "rules " * 8000}, {"role": "user", "content": "read main.py"}]
     first = _post(cluster, {"model": "m", "messages": msgs, "max_tokens": 5})
     assert first.status_code == 200
     tokens = context_from_openai("chat", {"model": "m", "messages": msgs}, request_id="r").prompt_tokens
@@ -40,8 +40,9 @@ def test_follow_up_turn_reuses_the_known_prefix_and_routes_to_its_replica(cluste
 
 
 def test_bad_follow_ups_get_the_usual_errors(cluster):
-    msgs = [{"role": "user", "content": "x " * 3000}]
+    msgs = [{"role": "user", "content": "x " * 20000}]
     assert _post(cluster, {"model": "m", "messages": msgs}).status_code == 200
+    assert len(cluster.router.chat_prefixes) == 1  # the follow-ups below start with its bytes
     raw = json.dumps({"model": "m", "messages": msgs}).encode()
     for tail, words in [(b', {"role": "user"]}', "malformed JSON"),
                         (b', {"content": "no role"}]}', "messages[1]"),

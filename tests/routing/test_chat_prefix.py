@@ -77,7 +77,7 @@ def test_follow_ups_equal_from_scratch(seed):
     members) give exactly what parsing the body alone gives."""
     rng = random.Random(seed)
     bt = rng.choice([2, 16, 64])
-    cache = ChatPrefixCache(bt)
+    cache = ChatPrefixCache(bt, min_bytes=0)
     tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
     body = {"model": "m", "messages": [{"role": "system", "content": _text(rng, 500)}], "max_tokens": 5}
     if rng.random() < 0.5:
@@ -107,7 +107,7 @@ def test_follow_ups_equal_from_scratch(seed):
 
 
 def test_changed_earlier_block_reuses_nothing():
-    cache = ChatPrefixCache(16)
+    cache = ChatPrefixCache(16, min_bytes=0)
     first = {"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]}
     cache.parse(json.dumps(first).encode(), "s")
     edited = {"model": "m", "messages": [{"role": "user", "content": "x" * 100 + "y" + "x" * 4899},
@@ -120,7 +120,7 @@ def test_changed_earlier_block_reuses_nothing():
 
 
 def test_equal_prefixes_give_equal_chains_and_sessions_do_not_mix():
-    cache = ChatPrefixCache(16)
+    cache = ChatPrefixCache(16, min_bytes=0)
     base = [{"role": "system", "content": "s" * 3000}, {"role": "user", "content": "q" * 700}]
     a = cache.parse(json.dumps({"model": "m", "messages": base}).encode(), "a")
     b = cache.parse(json.dumps({"model": "m", "messages": base + [{"role": "user", "content": "z"}]}).encode(), "b")
@@ -133,7 +133,7 @@ def test_equal_prefixes_give_equal_chains_and_sessions_do_not_mix():
 
 
 def test_follow_up_reuses_and_tools_after_messages_must_match():
-    cache = ChatPrefixCache(16)
+    cache = ChatPrefixCache(16, min_bytes=0)
     msgs = [{"role": "user", "content": "u" * 4000}]
     tools = [{"type": "function", "function": {"name": "a"}}]
     cache.parse(json.dumps({"model": "m", "messages": msgs, "tools": tools}).encode(), "s")
@@ -159,13 +159,13 @@ def test_follow_up_reuses_and_tools_after_messages_must_match():
     b'{"model": "m"',
 ])
 def test_what_the_edge_checks_refuse_is_left_to_the_caller(raw):
-    cache = ChatPrefixCache(16, max_depth=128, max_number_chars=100)
+    cache = ChatPrefixCache(16, max_depth=128, max_number_chars=100, min_bytes=0)
     assert cache.parse(raw, "s") is None
     assert len(cache) == 0
 
 
 def test_refused_follow_up_is_left_to_the_caller_and_cache_is_bounded():
-    cache = ChatPrefixCache(16, max_sessions=2)
+    cache = ChatPrefixCache(16, max_sessions=2, min_bytes=0)
     msgs = [{"role": "user", "content": "u" * 100}]
     raw = json.dumps({"model": "m", "messages": msgs}).encode()
     cache.parse(raw, "s")
@@ -181,7 +181,7 @@ def test_refused_follow_up_is_left_to_the_caller_and_cache_is_bounded():
 def test_bodies_without_a_session_key_are_matched_by_their_bytes():
     """Interleaved sessions of one agent (same system prompt, no session key) each extend their own last body."""
     rng = random.Random(3)
-    cache = ChatPrefixCache(16)
+    cache = ChatPrefixCache(16, min_bytes=0)
     system = {"role": "system", "content": "s" * 3000}
     convs = [[system, {"role": "user", "content": f"task {i}"}] for i in range(5)]
     reused = []
@@ -198,7 +198,7 @@ def test_refuses_exactly_what_the_edge_checks_refuse():
     """Nesting and number-length limits agree with `router.request_checks.parse_json_body` at their boundaries."""
     from zoe_cluster.router.request_checks import RequestError, parse_json_body
 
-    cache = ChatPrefixCache(16, max_depth=128, max_number_chars=100)
+    cache = ChatPrefixCache(16, max_depth=128, max_number_chars=100, min_bytes=0)
     bodies = []
     for k in (124, 125, 126):  # content nested k deep: the body is k + 3 deep
         bodies.append(b'{"model":"m","messages":[{"role":"user","content":' + b"[" * k + b"]" * k + b"}]}")
@@ -214,3 +214,13 @@ def test_refuses_exactly_what_the_edge_checks_refuse():
         except RequestError:
             accepted = False
         assert (cache.parse(raw, None) is not None) == accepted, raw[:80]
+
+
+def test_short_bodies_are_not_remembered():
+    cache = ChatPrefixCache(16, min_bytes=2000)
+    short = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 100}]}).encode()
+    long = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 3000}]}).encode()
+    assert cache.parse(short, "a") is not None and cache.parse(short, None) is not None
+    assert len(cache) == 0
+    cache.parse(long, "a")
+    assert len(cache) == 1 and cache.remembered_bytes == len(long)

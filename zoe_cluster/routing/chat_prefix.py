@@ -22,7 +22,8 @@ Bodies are remembered by the session key the caller passes (the router passes th
 body per session. A body without a key is remembered by its first `PROBE_BYTES` bytes instead, up to
 `BODIES_PER_PROBE` bodies per such key (sessions of one agent share their system prompt, so they share the key);
 a new body is compared with each of them (a memcmp stops at the first differing byte). The cache holds at most
-`max_sessions` keys and `max_bytes` bytes of bodies, least recently used out first.
+`max_sessions` keys and `max_bytes` bytes of bodies, least recently used out first; bodies shorter than
+`min_bytes` are not remembered (they are cheap to parse, and would crowd out the long ones).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from zoe_cluster.routing.hashing import DEFAULT_BLOCK_TOKENS, TextChain, render_
 DEFAULT_MAX_SESSIONS = 4096
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 """Bytes of remembered bodies (the bodies themselves; the hashes add about 1/25 of that)."""
+DEFAULT_MIN_BYTES = 32 * 1024
+"""Bodies shorter than this (about 8K tokens) are parsed whole every time (under 0.5 ms) and not remembered."""
 
 PROBE_BYTES = 1024
 """Leading bytes that key a body sent without a session key."""
@@ -90,12 +93,14 @@ class ChatPrefixCache:
         max_number_chars: int = 100,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        min_bytes: int = DEFAULT_MIN_BYTES,
     ) -> None:
         self.block_tokens = block_tokens
         self.max_depth = max_depth
         self.max_number_chars = max_number_chars
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
+        self.min_bytes = min_bytes
         self._known: OrderedDict[str | bytes, list[_Known]] = OrderedDict()
         """Remembered bodies by key (a session, or leading bytes), most recent first."""
         self._bytes = 0
@@ -275,6 +280,8 @@ class ChatPrefixCache:
     # ------------------------------------------------------------------ the cache
     def _remember(self, key: str | bytes, known: _Known, replaces: _Known | None = None) -> None:
         """Remember `known` under `key` (in place of `replaces`, the body it extends, when given)."""
+        if len(known.raw) < self.min_bytes:
+            return
         bodies = self._known.pop(key, [])
         if replaces is not None and any(b is replaces for b in bodies):
             bodies = [b for b in bodies if b is not replaces]
