@@ -11,8 +11,9 @@ new messages are rendered and hashed. `tools` render before the messages: when t
 its JSON text must equal the remembered one, else the body is parsed whole. The result always equals parsing and
 hashing the body from scratch (tests/routing/test_chat_prefix.py checks it on random edits).
 
-The parse is Python's JSON scanner (`json.JSONDecoder.scan_once`, what `json.loads` runs) driven member by member,
-so the end of each message is known. It refuses what the router's edge checks refuse (`router.request_checks`:
+The parse is Python's JSON scanner (`json.JSONDecoder.scan_once`, what `json.loads` runs) driven member by member:
+a whole body's messages array is one scanner call (its last message ends at the last `}` before the `]`), a
+follow-up's new messages are scanned one by one from the remembered end. It refuses what the router's edge checks refuse (`router.request_checks`:
 nesting deeper than `max_depth`, a number literal with a run of more than `max_number_chars` digits, NaN and
 Infinity); on any of those, on malformed JSON, on a body that is not an object with a `messages` member, on a
 duplicated `messages` key or a body not in UTF-8, `parse` returns None and the caller parses the body its usual
@@ -38,7 +39,7 @@ from zoe_cluster.routing.hashing import DEFAULT_BLOCK_TOKENS, TextChain, render_
 
 DEFAULT_MAX_SESSIONS = 4096
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
-"""Bytes of remembered bodies (the bodies themselves; the hashes add about 1/25 of that)."""
+"""Bytes of remembered bodies (the bodies themselves; their hash chains, as Python ints, add about 1/7)."""
 DEFAULT_MIN_BYTES = 32 * 1024
 """Bodies shorter than this (about 8K tokens) are parsed whole every time (under 0.5 ms) and not remembered."""
 
