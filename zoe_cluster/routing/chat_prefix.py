@@ -11,13 +11,13 @@ new messages are rendered and hashed. `tools` render before the messages: when t
 its JSON text must equal the remembered one, else the body is parsed whole. The result always equals parsing and
 hashing the body from scratch (tests/routing/test_chat_prefix.py checks it on random edits).
 
-The parse is Python's JSON scanner (`json.JSONDecoder.scan_once`, what `json.loads` runs) driven member by member:
-a whole body's messages array is one scanner call (its last message ends at the last `}` before the `]`), a
-follow-up's new messages are scanned one by one from the remembered end. It refuses what the router's edge checks refuse (`router.request_checks`:
-nesting deeper than `max_depth`, a number literal with a run of more than `max_number_chars` digits, NaN and
-Infinity); on any of those, on malformed JSON, on a body that is not an object with a `messages` member, on a
-duplicated `messages` key or a body not in UTF-8, `parse` returns None and the caller parses the body its usual
-way (which also words the error).
+The parse is Python's JSON scanner (`json.JSONDecoder.scan_once`, what `json.loads` runs) driven member by
+member: a whole body's messages array is one scanner call (its last message ends at the last `}` before the
+`]`), a follow-up's new messages are scanned one by one from the remembered end. It refuses what the router's
+edge checks refuse (`router.request_checks`: nesting deeper than `max_depth`, a number literal with a run of more
+than `max_number_chars` digits, NaN and Infinity); on any of those, on malformed JSON, on a body that is not an
+object with a `messages` member, on a duplicated `messages` key or a body not in UTF-8, `parse` returns None and
+the caller parses the body its usual way (which also words the error).
 
 Bodies are remembered by the session key the caller passes (the router passes the `x-session-id` header), one
 body per session. A body without a key is remembered by its first `PROBE_BYTES` bytes instead, up to
