@@ -150,19 +150,23 @@ class ChatPrefixCache:
             raise _NotHandled("nested too deep")
         return value, j
 
+    def _member_name(self, s: str, i: int) -> tuple[str, int]:
+        """The member name at s[i] and the index of its value (after the `:` and whitespace)."""
+        if s[i] != '"':
+            raise _NotHandled("expected a member name")
+        key, i = self._scan(s, i)
+        i = _WS.match(s, i).end()
+        if s[i] != ":":
+            raise _NotHandled("expected ':'")
+        return key, _WS.match(s, i + 1).end()
+
     def _members(self, s: str, i: int, fields: dict[str, Any]) -> tuple[int, str | None]:
         """Parse the top-level `"key": value` members from s[i] to the object's `}`: (index after it, the JSON
         text of the last `tools` value or None)."""
         tools_json = None
         i = _WS.match(s, i).end()
         while True:
-            if s[i] != '"':
-                raise _NotHandled("expected a member name")
-            key, i = self._scan(s, i)
-            i = _WS.match(s, i).end()
-            if s[i] != ":":
-                raise _NotHandled("expected ':'")
-            i = _WS.match(s, i + 1).end()
+            key, i = self._member_name(s, i)
             if key == "messages":
                 raise _NotHandled("messages given twice")
             start = i
@@ -212,13 +216,7 @@ class ChatPrefixCache:
         if s[i] == "}":
             raise _NotHandled("no messages")
         while True:  # the members before `messages`
-            if s[i] != '"':
-                raise _NotHandled("expected a member name")
-            key, i = self._scan(s, i)
-            i = _WS.match(s, i).end()
-            if s[i] != ":":
-                raise _NotHandled("expected ':'")
-            i = _WS.match(s, i + 1).end()
+            key, i = self._member_name(s, i)
             if key == "messages":
                 break
             head[key], i = self._value(s, i, 1)
