@@ -14,8 +14,10 @@ No I/O happens here. A driver (the proxy, or the replay loop on a virtual clock)
     r.prefill_done(ctx, cached)     # first token out
     r.finish(ctx, cached)           # done;  then policy.on_finished(ctx, r.replica_id, ok=True)
 
-Modules: `hashing` (block hashing, chat rendering, token estimate: the one definition), `context`
-(`RequestContext`, `ReplicaView`, `RoutingDecision`, `context_from_openai`, `context_from_trace`), `policy`
+Modules: `hashing` (block hashing, chat rendering, token estimate: the one definition; `TextChain` continues a
+chain), `chat_prefix` (`ChatPrefixCache`: a chat body that extends its session's last one is parsed and hashed
+only past it), `context` (`RequestContext`, `ReplicaView`, `RoutingDecision`, `context_from_openai`,
+`context_from_trace`), `policy`
 (`Policy` base, `POLICIES` registry, `get_policy`, `policy_names`), `policies` (the built-in policies and the
 prefix score), `prefix_index` (`PrefixIndex`, per-replica LRU of block hashes), `pools` (context-length pools
 and spill-over), `kv_events` (precise mode: corrections from vLLM KV events).
