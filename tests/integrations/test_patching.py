@@ -10,7 +10,7 @@ import types
 import pytest
 
 from zoe_kernels.integrations.patching import PatchSpec, install_kernel, release, uninstall, version_supported
-from zoe_kernels.integrations.report import KernelReporter
+from zoe_kernels.integrations.report import KernelReporter, log
 
 
 @pytest.fixture
@@ -97,8 +97,11 @@ def test_mismatch_falls_back_loudly_and_installs_nothing(engine_module, tmp_path
         ("1.0", "2.0"),
         _wrap_tag("zoe"),
     )
-    with caplog.at_level("WARNING", logger="zoe_kernels.integrations"):
+    log.addHandler(caplog.handler)  # the plugin's logger does not propagate to the root, where caplog listens
+    try:
         assert not install_kernel("k", [good, bad], "fake", version, rep)
+    finally:
+        log.removeHandler(caplog.handler)
     assert engine_module.logits(1, 2, 3) == "engine"  # all or nothing: the good spec was not installed
     assert engine_module.Experts().apply(1, 2) == ("engine", 1)
     assert "k" not in rep.report.patched
