@@ -104,3 +104,8 @@ class KernelSupport:
         """Why some of a variant's `kernels` cannot activate on its image ("; "-joined), None when all can."""
         reasons = [r for r in (self.why_not(k, engine, image) for k in kernels) if r]
         return "; ".join(reasons) if reasons else None
+
+    def blocked_variants(self, recipe) -> dict[str, str]:
+        """{variant: why} for each of `recipe`'s variants whose kernels cannot all activate on its image."""
+        found = {n: self.blockers(list(v.kernels), v.engine, v.image) for n, v in recipe.variants.items()}
+        return {n: why for n, why in found.items() if why}

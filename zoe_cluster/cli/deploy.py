@@ -212,7 +212,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
         switch: Optional[str] = typer.Option(
             None, "--switch", help="Let the controller switch recipes by concurrency among these variants "
-            "(comma-separated; 'auto' = every non-speculative variant of the engine)."),
+            "(comma-separated; 'auto' = every non-speculative variant of the engine whose kernels can activate on its "
+            "image)."),
         switch_dwell: float = typer.Option(1800, help="Least seconds between two swaps of one replica."),
         switch_class: list[str] = typer.Option(
             [], "--switch-class", help="Service class NAME:TTFT_S:ITL_S, tightest first (repeatable), e.g. "
@@ -279,10 +280,18 @@ def register(app: typer.Typer) -> None:
         if classes and switch is None:
             fail("--switch-class needs --switch (the variants the mix is made of)")
         switch_candidates = [c.strip() for c in (switch or "").split(",") if c.strip() and switch != "auto"]
-        if switch == "auto" and worker_images:  # 'auto' among the variants the cluster's worker images run
+        if switch == "auto":  # among the variants the worker images run and whose kernels activate on their image
+            from zoe_cluster.kernel_support import KernelSupport
             from zoe_cluster.switching import candidate_variants
 
-            switch_candidates = [n for n in candidate_variants(recipe, chosen, SwitchConfig()) if n in runnable]
+            blocked = KernelSupport.load().blocked_variants(recipe)
+            switch_candidates = [n for n in candidate_variants(recipe, chosen, SwitchConfig(), blocked)
+                                 if n in runnable]  # fmt: skip
+            for n in candidate_variants(recipe, chosen, SwitchConfig()):
+                if n in blocked:
+                    console.print(f"--switch auto leaves out {n}: {blocked[n]}", highlight=False)
+            if not switch_candidates:
+                fail(f"--switch auto: no variant of {model} can run here (see above)")
         gcs = _connect(address, start_local=True, num_gpus=num_gpus)
         local = gcs.startswith("127.0.0.1:")
         if engine is None:

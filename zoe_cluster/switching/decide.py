@@ -18,6 +18,7 @@ that is how mixed fleets arise, and the router knows each replica's variant from
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -111,11 +112,15 @@ class SwitchDecision:
     cost_tokens: float = 0.0
 
 
-def candidate_variants(recipe: Recipe, current: str, config: SwitchConfig) -> list[str]:
+def candidate_variants(recipe: Recipe, current: str, config: SwitchConfig,
+                       blocked: Collection[str] = ()) -> list[str]:
+    """The variants a replica running `current` may switch among: `config.candidates` as named, else every
+    non-speculative variant of its engine with a decode-by-concurrency profile, less those in `blocked` (the
+    caller's list of variants whose kernels cannot activate on their image: `KernelSupport.blocked_variants`)."""
     engine = recipe.variant(current).engine
     names = config.candidates or [
         n for n, v in recipe.variants.items()
-        if v.engine == engine and not v.speculative and v.profile.decode
+        if v.engine == engine and not v.speculative and v.profile.decode and n not in blocked
     ]
     for n in names:
         recipe.variant(n)  # unknown names raise with the list of known ones
