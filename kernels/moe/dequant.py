@@ -25,12 +25,15 @@ import triton
 import triton.language as tl
 
 from zoe_kernels.moe.align import moe_align
-from zoe_kernels.moe.config import DEQUANT_TILE, DEQUANT_WORKSPACE_BYTES, block_m_for, stage_config
+from zoe_kernels.moe.config import (
+    DEQUANT_TILE,
+    DEQUANT_WORKSPACE_BYTES,
+    FOUR_BIT_FORMATS,
+    block_m_for,
+    stage_config,
+)
 from zoe_kernels.moe.formats import INT4_GROUP, MX_GROUP
 from zoe_kernels.moe.grouped_gemm import KernelFormat, down_combine, gate_up_swiglu
-
-DEQUANT_FORMATS = ("w4a16", "mxfp4")
-
 
 @triton.jit
 def _dequant_4bit_kernel(w_ptr, s_ptr, out_ptr, rows, K, KP, e0,
@@ -77,8 +80,8 @@ def dequantize_4bit(w: torch.Tensor, scale: torch.Tensor, fmt: str, k: int, out:
                     experts: tuple[int, int]) -> torch.Tensor:
     """Experts lo <= e < hi of the packed weight `w` [E, N, ceil(k/2)] (uint8) with its `scale` in `fmt`, into
     `out[: hi - lo, :, :k]` ([>= hi - lo, N, k], contiguous rows, the activations' dtype). Returns that view."""
-    if fmt not in DEQUANT_FORMATS:
-        raise ValueError(f"dequantize_4bit takes {DEQUANT_FORMATS}, got {fmt!r}")
+    if fmt not in FOUR_BIT_FORMATS:
+        raise ValueError(f"dequantize_4bit takes {FOUR_BIT_FORMATS}, got {fmt!r}")
     lo, hi = experts
     e, rows, kp = w.shape
     if not 0 <= lo < hi <= e or out.shape[0] < hi - lo or out.shape[1:] != (rows, k) or out.stride(2) != 1:
@@ -128,6 +131,6 @@ def dequant_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
         gate_up_swiglu(x, None, w13_f, None, inter, align, top_k=top_k, kfmt=KernelFormat.FLOAT, cfg=cfg1,
                        experts=(lo, hi))
         w2_f = dequantize_4bit(w2, w2_scale, fmt, i, work[: chunk * h * i].view(chunk, h, i), (lo, hi))
-        down_combine(inter, None, w2_f, None, out, topk_weights, align, top_k=top_k, kfmt=KernelFormat.FLOAT, cfg=cfg2,
-                     experts=(lo, hi))
+        down_combine(inter, None, w2_f, None, out, topk_weights, align, top_k=top_k, kfmt=KernelFormat.FLOAT,
+                     cfg=cfg2, experts=(lo, hi))
     return out if out.dtype == dtype else out.to(dtype)

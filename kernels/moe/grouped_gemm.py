@@ -35,11 +35,10 @@ import triton
 import triton.language as tl
 
 from zoe_kernels.moe.dot_decode import MX_BF16_SHIFT, _e2m1_scaled_halves, _int4_halves
+from zoe_kernels.moe.formats import FP8_BLOCK, INT4_GROUP, MX_GROUP
 from zoe_kernels.platform import has_ptx
 
-FP8_GROUP = 128
-INT4_GROUP = 128
-MX_GROUP = 32
+FP8_GROUP = FP8_BLOCK  # the fp8 activations' quantization group along K
 
 
 class KernelFormat(enum.IntEnum):
