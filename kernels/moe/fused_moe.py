@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from zoe_kernels.moe.act_quant import quantize_act_fp8
+from zoe_kernels.moe.act_quant_mx import quantize_act_mxfp8
 from zoe_kernels.moe.align import moe_align
 from zoe_kernels.moe.config import (
     FOUR_BIT_FORMATS,
@@ -119,7 +120,8 @@ def fused_moe(
 
     hidden_states [M, H] bf16/fp16/fp32; w13 [E, 2I, H] and w2 [E, H, I] in `fmt` (see `formats.py` for
     the layouts and scales: "bf16" means weights in the activation dtype, "fp8" 128x128 block scales with
-    per-token-group activation quantization, "w4a16" int4 with groups of 128, "mxfp4" e2m1 + e8m0 per 32);
+    per-token-group activation quantization, "w4a16" int4 with groups of 128, "mxfp4" e2m1 + e8m0 per 32, its dot
+    path with the activations quantized to MXFP8 where `config.mx_native`, i.e. gfx950);
     topk_weights [M, k] float32; topk_ids [M, k] int32 (ids outside [0, E) contribute nothing).
     fmt "fp8" quantizes the activations (w8a8) when `fp8_act_quant` is true and keeps them in 16 bits with
     the weights upcast in registers (w8a16) when false; None takes `config.fp8_act_quant_for` (w8a8, the
@@ -175,6 +177,8 @@ def fused_moe(
     x_scale = None
     if kfmt == KernelFormat.FP8_W8A8:
         x, x_scale = quantize_act_fp8(x)
+    elif kfmt == KernelFormat.MXFP4_NATIVE:  # both operands of the scaled f8f6f4 MFMA in 8 bits or fewer
+        x, x_scale = quantize_act_mxfp8(x)
     inter = alloc((m * top_k, i), dtype=dtype, device=dev)
     acc = None
     if top_k > 1:
@@ -186,6 +190,8 @@ def fused_moe(
     inter_scale = None
     if kfmt == KernelFormat.FP8_W8A8:
         inter, inter_scale = quantize_act_fp8(inter)
+    elif kfmt == KernelFormat.MXFP4_NATIVE:
+        inter, inter_scale = quantize_act_mxfp8(inter)
     if top_k == 1:
         out = torch.zeros((m, h), dtype=dtype, device=dev)
         down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, top_k=1, kfmt=kfmt, cfg=cfg2)

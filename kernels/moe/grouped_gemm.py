@@ -20,7 +20,8 @@ formats decode each K tile's low nibbles (even k) and high nibbles (odd k) as tw
 activations, one pipelined load, are split into the matching halves in registers (two dots per step); on tiles of
 `config.JOIN_K_MIN_BLOCK_M` rows or more (`JOIN_K`) the decoded halves are interleaved into one K tile instead, so
 the activations feed the MMA from shared memory. int4 decodes by a magic-number or (PTX where `platform.has_ptx`,
-`dot_decode.py`); mxfp4 uses `tl.dot_scaled` where the hardware scales natively (gfx950) and in-register
+`dot_decode.py`); mxfp4 uses `tl.dot_scaled` where the hardware scales natively (gfx950), with the activations
+quantized to MXFP8 (`act_quant_mx.py`) so both operands feed the scaled f8f6f4 MFMA, and in-register
 dequantization elsewhere. mxfp4 on 16-row tiles (`SWAP_AB`, from `config.stage_config`) swaps the operands,
 out^T = W @ x^T: the decoded weights become wgmma's register operand and the row's e8m0 scales one 32-bit load per
 K step applied inside the decode (`_dot_w_mx_swapped`).
@@ -50,7 +51,7 @@ class KernelFormat(enum.IntEnum):
     INT4 = 2  # int4 with group scales of 128
     MXFP4 = 3  # e2m1 with e8m0 scales per 32, dequantized in registers
     FP8_W8A16 = 4  # fp8 weights upcast in registers, activations kept in 16 bits
-    MXFP4_NATIVE = 5  # e2m1 through `tl.dot_scaled` (hardware-scaled MMA)
+    MXFP4_NATIVE = 5  # e2m1 weights and MXFP8 activations through `tl.dot_scaled` (hardware-scaled MMA)
 
 
 _FLOAT = tl.constexpr(int(KernelFormat.FLOAT))
@@ -171,16 +172,17 @@ def _dot_w_mx_swapped(acc_t, a_t, a2_t, w_base, ws_base, wrows, wrow_mask, k0, K
 
 
 @triton.jit
-def _dot_w_mx_native(acc, a, w_base, ws_base, wrows, wrow_mask, k0, K, stride_wn, stride_wk, stride_wsn,
+def _dot_w_mx_native(acc, a, a_s, w_base, ws_base, wrows, wrow_mask, k0, K, stride_wn, stride_wk, stride_wsn,
                      stride_wsk, A_FMT: tl.constexpr, BLOCK_K: tl.constexpr, MX_GROUP: tl.constexpr):
-    """mxfp4 through `tl.dot_scaled` (native scaled MFMA on gfx950); `a` is the whole K tile."""
+    """mxfp4 through `tl.dot_scaled` (native scaled MFMA on gfx950); `a` is the whole K tile (e4m3) and `a_s` its
+    e8m0 scales [BLOCK_M, BLOCK_K / MX_GROUP]."""
     offs_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     p = tl.load(w_base + wrows[None, :] * stride_wn + offs_kp[:, None] * stride_wk,
                 mask=wrow_mask[None, :] & (offs_kp[:, None] < (K + 1) // 2), other=0)
     offs_ks = k0 // MX_GROUP + tl.arange(0, BLOCK_K // MX_GROUP)
     w_s = tl.load(ws_base + wrows[:, None] * stride_wsn + offs_ks[None, :] * stride_wsk,
                   mask=wrow_mask[:, None] & (offs_ks[None, :] < (K + MX_GROUP - 1) // MX_GROUP), other=127)
-    return tl.dot_scaled(a, None, A_FMT, p, w_s, "e2m1", acc)
+    return tl.dot_scaled(a, a_s, A_FMT, p, w_s, "e2m1", acc)
 
 
 @triton.jit
@@ -266,12 +268,13 @@ def _expert_gemm_kernel(
         if FMT == _MXFP4_NATIVE:
             a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
                            stride_ask, _FLOAT, BLOCK_K, FP8_GROUP)
-            if a.dtype == tl.float32:
-                a = a.to(tl.float16)
-            acc = _dot_w_mx_native(acc, a, w_base, ws_base, offs_n, n_mask, k0, K, stride_wn, stride_wk,
+            offs_as = k0 // MX_GROUP + tl.arange(0, BLOCK_K // MX_GROUP)
+            a_s = tl.load(as_ptr + a_rows[:, None] * stride_asm + offs_as[None, :] * stride_ask,
+                          mask=row_mask[:, None] & (offs_as[None, :] < (K + MX_GROUP - 1) // MX_GROUP), other=127)
+            acc = _dot_w_mx_native(acc, a, a_s, w_base, ws_base, offs_n, n_mask, k0, K, stride_wn, stride_wk,
                                    stride_wsn, stride_wsk, A_FMT, BLOCK_K, MX_GROUP)
             if GATED:
-                acc_up = _dot_w_mx_native(acc_up, a, w_base, ws_base, N + offs_n, n_mask, k0, K, stride_wn,
+                acc_up = _dot_w_mx_native(acc_up, a, a_s, w_base, ws_base, N + offs_n, n_mask, k0, K, stride_wn,
                                           stride_wk, stride_wsn, stride_wsk, A_FMT, BLOCK_K, MX_GROUP)
         else:
             if FMT == _INT4 or FMT == _MXFP4:
@@ -335,6 +338,9 @@ def kernel_format(fmt: str, *, fp8_act_quant: bool, mx_native: bool) -> KernelFo
 
 
 def _a_fmt(dtype: torch.dtype) -> str:
+    """`tl.dot_scaled`'s name for the activations' element type (read by the MXFP4_NATIVE format only)."""
+    if dtype == torch.float8_e4m3fn:
+        return "e4m3"
     return "bf16" if dtype == torch.bfloat16 else "fp16"
 
 
@@ -354,15 +360,18 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
     split_k = cfg.get("SPLIT_K", 1)
     if kfmt == KernelFormat.FP8_W8A8 and a_scale is None:
         raise ValueError("fp8 w8a8 takes the activations quantized (`act_quant.quantize_act_fp8`) with their scales")
+    if kfmt == KernelFormat.MXFP4_NATIVE and (a_scale is None or a.dtype != torch.float8_e4m3fn):
+        raise ValueError("native mxfp4 takes MXFP8 activations (`act_quant_mx.quantize_act_mxfp8`) with their scales")
     if split_k > 1 and not atomic:
         raise ValueError("split-K adds partial sums with atomics: stage 2 with top_k > 1 only")
-    a_scale = a_scale if a_scale is not None else a  # read only by fp8 w8a8
+    a_scale = a_scale if a_scale is not None else a  # read only by fp8 w8a8 and native mxfp4
     w_scale = w_scale if w_scale is not None else w  # unused by the float format
     topk_w = topk_weights if topk_weights is not None else a
     tiles_m = num_edges if edge_tiles else block_expert.numel()
     programs = tiles_m * triton.cdiv(n, cfg["BLOCK_N"]) * split_k
     zblock = 0 if zero is None else max(16, triton.next_power_of_2(triton.cdiv(zero.numel(), max(1, programs))))
-    a_s_strides = (a_scale.stride(0), a_scale.stride(1)) if kfmt == KernelFormat.FP8_W8A8 else (0, 0)
+    scaled_a = kfmt in (KernelFormat.FP8_W8A8, KernelFormat.MXFP4_NATIVE)
+    a_s_strides = (a_scale.stride(0), a_scale.stride(1)) if scaled_a else (0, 0)
     ws_strides = (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2)) if w_scale.dim() == 3 else (0, 0, 0)
     swap = (bool(cfg.get("SWAP_AB", False)) and kfmt == KernelFormat.MXFP4
             and mx_swap_supported(w_scale, k, cfg["BLOCK_K"]))
@@ -388,7 +397,8 @@ def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, kfmt
                    zero: torch.Tensor | None = None, experts: tuple[int, int] | None = None) -> None:
     """Stage 1: inter[edge] = silu(x[token] W_gate^T) * (x[token] W_up^T), for every routed edge.
 
-    x [M, H] (fp8 w8a8: fp8 with x_scale [M, ceil(H/128)]; else 16-bit with x_scale None), w13 [E, 2I, H(/2)],
+    x [M, H] (fp8 w8a8: fp8 with x_scale [M, ceil(H/128)]; native mxfp4: e4m3 with e8m0 uint8 x_scale
+    [M, ceil(H/32)]; else 16-bit with x_scale None), w13 [E, 2I, H(/2)],
     inter [M*top_k, I]. `align` is `moe_align`'s triple, or (topk_ids flattened, None, None) for one tile per edge.
     `zero` (float32, contiguous) is zeroed on the way. `experts` = (lo, hi): only tiles of experts lo <= e < hi
     run, with w13[0] holding expert lo (a chunk of dequantized experts); None: every expert, w13 whole.
@@ -401,7 +411,8 @@ def down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, *, 
                  cfg: dict, experts: tuple[int, int] | None = None) -> None:
     """Stage 2: out[token] (+)= topk_weights[edge] * inter[edge] W2[e]^T.
 
-    inter [M*top_k, I] (fp8 w8a8: fp8 with inter_scale [M*top_k, ceil(I/128)]), w2 [E, H, I(/2)], out [M, H]:
+    inter [M*top_k, I] (fp8 w8a8: fp8 with inter_scale [M*top_k, ceil(I/128)]; native mxfp4: e4m3 with e8m0
+    inter_scale [M*top_k, ceil(I/32)]), w2 [E, H, I(/2)], out [M, H]:
     fp32 and accumulated with atomics when top_k > 1 (the caller zeroes it; cfg SPLIT_K > 1 then also
     splits K over programs), any float dtype and plainly stored when top_k == 1. `experts` as in `gate_up_swiglu`.
     """
