@@ -15,6 +15,7 @@ One row per (kernel, configuration, arch): ok / error, the registers (`vgprs`, `
 for Hopper (sm_90) and get not-applicable rows.
 
 Usage: python -m zoe_kernels.aot [--arch gfx950,gfx942] [--json] [--out FILE] [--only SUBSTRING] [--jobs 2]
+                                 [--merge REPORT]
 """
 
 from __future__ import annotations
@@ -94,6 +95,42 @@ def recording(launches: list, case: str, phase: str) -> Iterator[None]:
         triton_jit.JITFunction.run = original
 
 
+def _basic_index(t: torch.Tensor, index) -> torch.Tensor:
+    """`t[index]` for basic indexing (ints, slices, None, Ellipsis) through aten's view ops. A FakeTensor on a CUDA
+    device runs those without CUDA, while `Tensor.__getitem__`'s C++ path takes a CUDA device guard first (and fails
+    where PyTorch has no CUDA)."""
+    index = index if isinstance(index, tuple) else (index,)
+    if any(i is Ellipsis for i in index):
+        at = index.index(Ellipsis)
+        real = sum(i is not None and i is not Ellipsis for i in index)
+        index = index[:at] + (slice(None),) * (t.dim() - real) + index[at + 1:]
+    out, dim = t, 0
+    for i in index:
+        if i is None:
+            out = out.unsqueeze(dim)
+            dim += 1
+        elif isinstance(i, slice):
+            out = torch.ops.aten.slice.Tensor(out, dim, i.start, i.stop, 1 if i.step is None else i.step)
+            dim += 1
+        elif isinstance(i, int) and not isinstance(i, bool):
+            out = torch.ops.aten.select.int(out, dim, i)
+        else:
+            raise TypeError(f"a fake tensor takes basic indexing only (ints, slices, None, ...), got {i!r}")
+    return out
+
+
+@contextlib.contextmanager
+def _fake_basic_indexing() -> Iterator[None]:
+    """Within the block FakeTensors index through `_basic_index` (the launchers slice workspaces and weights)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    FakeTensor.__getitem__ = _basic_index
+    try:
+        yield
+    finally:
+        del FakeTensor.__getitem__
+
+
 def capture(target: platform.Target, case: str, phase: str, call: Callable[[], object]) -> list[Launch]:
     """The launches `call` makes on `target`: it runs on fake CUDA tensors (no memory, no device) with the
     platform answering for the target."""
@@ -102,7 +139,7 @@ def capture(target: platform.Target, case: str, phase: str, call: Callable[[], o
     launches: list[Launch] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # FakeTensor.data_ptr(): 0, which only alignment checks read
-        with platform.compile_for(target), FakeTensorMode(allow_non_fake_inputs=True), \
+        with platform.compile_for(target), FakeTensorMode(allow_non_fake_inputs=True), _fake_basic_indexing(), \
                 recording(launches, case, phase):
             call()
     return launches
@@ -382,6 +419,28 @@ def run(archs: list[str], *, only: str = "", jobs: int = 2, cases=None, ci: bool
     return rows
 
 
+def merge_rows(old: list[dict], new: list[dict], only: str) -> list[dict]:
+    """A report's rows with those of the cases named by `only` compiled again: every old row whose cases all contain
+    `only` gives way to the rows of `new` (a run with `--only only`); the rest stay, the not-applicable rows once.
+    An old row that some matching and some other cases share cannot be split: a ValueError asks for a wider `only`."""
+    kept = []
+    for row in old:
+        cases = row.get("cases")
+        if cases is None:  # a not-applicable row: not a compile
+            kept.append(row)
+            continue
+        matching = [c for c in cases if only in c]
+        if matching and len(matching) < len(cases):
+            raise ValueError(f"{row['arch']} {row['kernel']} [{row['config']}] serves cases in and out of "
+                             f"--only {only!r} ({matching[0]!r}, {next(c for c in cases if only not in c)!r}): "
+                             "compile a filter that takes all of its cases")
+        if not matching:
+            kept.append(row)
+    merged = kept + [r for r in new if r.get("cases") is not None]
+    merged.sort(key=lambda r: (r["arch"], r["kernel"], r["config"]))
+    return merged
+
+
 class _RichProgress:
     """A progress bar on stderr (rich), one step per compiled specialisation."""
 
@@ -416,7 +475,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="only the cases whose name contains this (e.g. 'moe', 'topk')")
     ap.add_argument("--jobs", type=int, default=2, help="compile processes (at most 2)")
     ap.add_argument("--ci", action="store_true", help="the representative cases only (aot_cases.CI_CASES)")
+    ap.add_argument("--merge", default="", help="a report (--out JSON) whose rows of the --only cases this run "
+                    "replaces; the merged report goes to --out")
     args = ap.parse_args(argv)
+    if args.merge and not (args.only and args.out):
+        ap.error("--merge takes --only (the cases compiled again) and --out (where the merged report goes)")
     archs = [a for a in args.arch.split(",") if a]
     unknown = [a for a in archs if a not in platform.TARGETS or not platform.TARGETS[a].is_hip]
     if unknown:
@@ -438,6 +501,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         meta = {"triton": triton.__version__, "archs": archs, "wall_s": wall_s, "jobs": min(2, args.jobs),
                 "command": "python -m zoe_kernels.aot " + " ".join(sys.argv[1:] if argv is None else argv)}
+        if args.merge:
+            with open(args.merge) as f:
+                report = json.load(f)
+            rows = merge_rows(report["rows"], rows, args.only)
+            meta = {**{k: v for k, v in report["meta"].items() if k != "merged"},
+                    "merged": report["meta"].get("merged", []) + [meta]}
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
             f.write("\n")

@@ -81,7 +81,7 @@ def _fake(shape, dtype, dev="cuda"):
 
 def moe_call(m: int, h: int, i: int, e: int, k: int, fmt: str, path: str | None = None) -> Callable[[], object]:
     """`fused_moe` at one shape and format on fake tensors (weights in the target's fp8 flavour); `path` forces
-    the GEMV or the tl.dot path as `fused_moe(path=...)` does."""
+    the GEMV, the tl.dot or the dequant path as `fused_moe(path=...)` does."""
     from zoe_kernels.moe import fused_moe
     from zoe_kernels.moe.formats import FP8_BLOCK, INT4_GROUP, MX_GROUP
 
@@ -122,6 +122,21 @@ def moe_cases(target: platform.Target, shapes: dict[str, dict]) -> list[Case]:
                     phase = "decode" if m in MOE_DECODE_M else "prefill"
                     cases.append(Case(f"moe {model} {fmt} {width} M={m}", phase, moe_call(m, h, i, e, k, fmt),
                                       dict(op="moe", model=model, fmt=fmt, width=width, M=m, H=h, I=i, E=e, k=k)))
+    # the 4-bit formats' dequant path (`dequant.py`) at the prefill M, where `dispatch.moe_path_for` takes it on a
+    # device whose crossover table measured it faster; forced, since no AMD device has such a measurement
+    for model, s in {**shapes, **EXTRA_MOE}.items():
+        if "moe_intermediate_size" not in s:
+            continue
+        h, e, k, full_i = s["hidden_size"], s["routed_experts"], s["experts_per_token"], s["moe_intermediate_size"]
+        for fmt in (f for f in s["formats"] if f in ("w4a16", "mxfp4")):
+            for width, i in (("full", full_i), ("tp8", full_i // TP)):
+                for m in MOE_PREFILL_M:
+                    if moe_impl_for(m, fmt, target.name) != "zoe":
+                        continue
+                    cases.append(Case(f"moe-forced dequant {model} {fmt} {width} M={m}", "prefill",
+                                      moe_call(m, h, i, e, k, fmt, "dequant"),
+                                      dict(op="moe", model=model, fmt=fmt, width=width, M=m, H=h, I=i, E=e, k=k,
+                                           path="dequant")))
     # the path the dispatcher does not pick at these shapes, as `fused_moe(path=...)` can force it (DeepSeek-V3.2)
     s = shapes.get("deepseek-v3.2", EXTRA_MOE["kimi-k2.6"])
     h, e, k, i = s["hidden_size"], s["routed_experts"], s["experts_per_token"], s["moe_intermediate_size"]
@@ -226,12 +241,13 @@ def csa_cases(shapes: dict[str, dict]) -> list[Case]:
 
 
 # A representative subset (`--ci`, the CI test): each kernel at least once per family's regimes (MoE's M=1 mode,
-# small and large align-based tiles, the 4-bit GEMV and native mxfp4 tiles; the indexer at decode and prefill; top-K's
-# radix, split and row modes; dual-scope's ONE_LOOP, TWO_LOOPS, TWO_PASS and all-heads regimes; the paged decode).
+# small and large align-based tiles, the 4-bit GEMV and native mxfp4 tiles, the dequant path; the indexer at decode
+# and prefill; top-K's radix, split and row modes; dual-scope's ONE_LOOP, TWO_LOOPS, TWO_PASS and all-heads regimes;
+# the paged decode).
 CI_CASES = (
     "moe deepseek-v3.2 fp8 full M=1", "moe deepseek-v3.2 fp8 full M=16", "moe deepseek-v3.2 fp8 full M=4096",
     "moe glm-5.3 mxfp4 full M=1", "moe glm-5.3 mxfp4 full M=256", "moe kimi-k2.6 w4a16 full M=1",
-    "moe zaya1 fp8 full M=1", "moe-forced gemv fp8 M=1",
+    "moe zaya1 fp8 full M=1", "moe-forced gemv fp8 M=1", "moe-forced dequant glm-5.3 mxfp4 tp8 M=1024",
     "indexer deepseek-v3.2 H=64 M=1 N=65536", "indexer glm-5.3 H=32 M=4096 N=4096",
     "topk deepseek-v4-pro B=1 N=1024", "topk deepseek-v4-pro B=1 N=262144", "topk deepseek-v4-pro B=32 N=65536",
     "topk deepseek-v4-pro B=64 N=16384",

@@ -40,12 +40,13 @@ SEED_DUAL_SCOPE_US = {1: 17.6, 2: 20.8, 4: 24.5, 8: 30.6, 16: 40.2, 32: 54.6}
 
 def moe_cost(s: dict) -> tuple[float, float, str]:
     """(bytes, FLOPs, matrix format): the routed experts' weights that M tokens touch under uniform routing
-    (E (1 - (1 - k/E)^M) experts), the bf16 activations in and out, the intermediate written and read."""
+    (E (1 - (1 - k/E)^M) experts), the bf16 activations in and out, the intermediate written and read. mxfp4 runs at
+    the fp8 rate: gfx950 multiplies its e2m1 weights by MXFP8 (e4m3) activations in the scaled f8f6f4 MFMA."""
     m, h, i, e, k, fmt = s["M"], s["H"], s["I"], s["E"], s["k"], s["fmt"]
     active = e * (1 - (1 - min(1.0, k / e)) ** m)
     weights = active * 3 * h * i * WEIGHT_BYTES[fmt]
     acts = m * h * 2 * 2 + m * k * i * 2 * 2
-    return weights + acts, 2.0 * m * k * 3 * h * i, "fp8" if fmt == "fp8" else "bf16"
+    return weights + acts, 2.0 * m * k * 3 * h * i, "fp8" if fmt in ("fp8", "mxfp4") else "bf16"
 
 
 def _valid_pairs(m: int, n: int) -> float:

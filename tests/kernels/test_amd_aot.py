@@ -20,10 +20,9 @@ pytestmark = [pytest.mark.kernels, pytest.mark.slow]
 ARCHS = ("gfx950", "gfx942")
 # fp4/fp8 element types of a dot's operands as the TTGIR prints them (tt.dot and tt.dot_scaled)
 LOW_PRECISION = ("f8E4M3FN", "f8E4M3FNUZ", "f8E5M2", "e4m3", "e5m2", "e2m1")
-# Where gfx950 runs fp8/MXFP4 weights through bf16 MFMAs by design: mxfp4 weights with bf16 activations
-# (`grouped_gemm` FMT=5, `tl.dot_scaled` with a bf16 lhs): the f8f6f4 scaled MFMA needs both operands in an
-# f8f6f4 format, i.e. activations quantized to fp8/fp4, which this format (w4a16 numerics) does not do.
-BF16_BY_DESIGN = ("FMT=5",)
+# gfx950's native mxfp4 stage kernel (`grouped_gemm` FMT=5): e2m1 weights and MXFP8 activations through
+# `tl.dot_scaled`, which must lower to the scaled f8f6f4 MFMAs
+MXFP4_NATIVE = "FMT=5"
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +42,14 @@ def test_every_kernel_compiles_for_both_archs(rows):
     for arch in ARCHS:  # every family is in the CI set, on both archs
         for kernel in ("moe.grouped_gemm._expert_gemm_kernel", "moe.gemv_4bit._gemv_4bit_kernel", "moe.gemv._gemv_kernel",
                        "moe.align._moe_align_kernel", "moe.act_quant._act_quant_fp8_kernel",
+                       "moe.dequant._dequant_4bit_kernel",
                        "dsa.indexer._indexer_logits_keys_kernel", "csa.topk._split_filter_kernel",
                        "csa.topk._topk_row_kernel", "csa.radix_select._chunk_topk_kernel",
                        "csa.dual_scope_decode._dual_scope_partial_kernel", "csa.paged_dual_scope._paged_partial_kernel"):
             assert (arch, kernel) in compiled, (arch, kernel)
+    # MXFP8 activation quantization runs where mxfp4 runs natively: gfx950 only
+    assert ("gfx950", "moe.act_quant_mx._act_quant_mxfp8_kernel") in compiled
+    assert ("gfx942", "moe.act_quant_mx._act_quant_mxfp8_kernel") not in compiled
     # the Hopper-only Gluon kernels are listed, not compiled
     na = [r for r in rows if r["ok"] is None]
     assert na and all("Gluon" in r["error"] for r in na)
@@ -71,9 +74,15 @@ def test_fp8_and_fp4_matrix_work_uses_f8f6f4_on_gfx950(rows):
     # CDNA3 has no f8f6f4: its fp8 dots run the fp8_fp8 MFMAs (e4m3fnuz operands)
     gfx942 = [r for r in rows if r["ok"] and r["arch"] == "gfx942" and any(t in LOW_PRECISION for t in r["dot_operands"])]
     assert gfx942 and all(any("fp8" in m for m in r["mfma"]) for r in gfx942)
-    # the one known bf16 path for 4-bit weights on gfx950 is mxfp4 with bf16 activations (BF16_BY_DESIGN)
-    mx = [r for r in rows if r["ok"] and r["arch"] == "gfx950" and "FMT=5" in r["config"]]
-    assert mx and all(r["mfma"] and all("bf16" in m for m in r["mfma"]) for r in mx)
+    # mxfp4 on gfx950: e2m1 weights x e4m3 activations, both scaled, in the scaled f8f6f4 MFMA
+    mx = [r for r in rows if r["ok"] and r["arch"] == "gfx950" and MXFP4_NATIVE in r["config"]]
+    assert mx, "no native mxfp4 stage compiled for gfx950"
+    for r in mx:
+        assert set(r["dot_operands"]) == {"e2m1", "e4m3"}, (r["config"], r["dot_operands"])
+        assert r["mfma"] and all(m.startswith("v_mfma_scale_f32_") and m.endswith("_f8f6f4") for m in r["mfma"]), \
+            (r["config"], r["mfma"])
+    # gfx942 has no scaled MFMA: its mxfp4 stage decodes the weights in registers (FMT=3)
+    assert not [r for r in rows if r["arch"] == "gfx942" and MXFP4_NATIVE in r["config"]]
 
 
 def test_configurations_follow_the_target(rows):
@@ -112,3 +121,18 @@ def test_moe_stages_follow_the_targets_lds():
     for arch, want in (("gfx950", 3), ("gfx942", 4)):
         with compile_for(TARGETS[arch]):
             assert dot_m1_configs(1, "fp8", 8, 2048)[0]["num_stages"] == want
+
+
+def test_merge_replaces_the_rows_of_the_recompiled_cases():
+    from zoe_kernels.aot import merge_rows
+
+    def row(arch, kernel, cases, vgprs=1):
+        return {"arch": arch, "kernel": kernel, "config": "c", "cases": cases, "vgprs": vgprs}
+
+    na = {"arch": "gfx950", "kernel": "g", "config": "", "ok": None}
+    old = [row("gfx950", "moe.k", ["moe a", "moe b"]), row("gfx950", "topk.k", ["topk x"]), na]
+    new = [row("gfx950", "moe.k", ["moe a", "moe b"], vgprs=2), na]
+    merged = merge_rows(old, new, "moe")
+    assert sorted((r["kernel"], r.get("vgprs")) for r in merged) == [("g", None), ("moe.k", 2), ("topk.k", 1)]
+    with pytest.raises(ValueError, match="serves cases in and out"):
+        merge_rows([row("gfx950", "moe.k", ["moe a", "topk x"])], new, "moe")
