@@ -271,8 +271,9 @@ def time_eager(fn, reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def scaled_grouped_mm_moe(x, w13, w2, s13_row, s2_row, tw, ti):
-    """FP8 rowwise baseline: per-row quantized activations, `torch._scaled_grouped_mm` for both GEMMs."""
+def scaled_grouped_mm_moe(x, w13, w2, s13_row, s2_row, tw, ti, fast: bool = False):
+    """FP8 rowwise baseline: per-row quantized activations, `torch._scaled_grouped_mm` for both GEMMs (`fast`:
+    its fast accumulation)."""
     import torch
 
     m, h = x.shape
@@ -290,10 +291,12 @@ def scaled_grouped_mm_moe(x, w13, w2, s13_row, s2_row, tw, ti):
         return (a.float() / s[:, None]).to(w13.dtype), s
 
     xq, xs = quant_rows(x[order // k])
-    gu = torch._scaled_grouped_mm(xq, w13.transpose(1, 2), xs, s13_row, offs=offs, out_dtype=torch.bfloat16)
+    gu = torch._scaled_grouped_mm(xq, w13.transpose(1, 2), xs, s13_row, offs=offs, out_dtype=torch.bfloat16,
+                                  use_fast_accum=fast)
     inter = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
     iq, is_ = quant_rows(inter)
-    y = torch._scaled_grouped_mm(iq, w2.transpose(1, 2), is_, s2_row, offs=offs, out_dtype=torch.bfloat16)
+    y = torch._scaled_grouped_mm(iq, w2.transpose(1, 2), is_, s2_row, offs=offs, out_dtype=torch.bfloat16,
+                                 use_fast_accum=fast)
     out = torch.zeros((m, h), dtype=torch.float32, device=x.device)
     out.index_add_(0, order // k, y.float() * tw.reshape(-1)[order, None])
     return out.to(torch.bfloat16)

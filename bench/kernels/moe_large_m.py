@@ -36,6 +36,7 @@ from moe_bench import (  # noqa: E402
     make_weights,
     nan_alloc,
     run_meta,
+    scaled_grouped_mm_moe,
     time_graph,
     time_isolated,
 )
@@ -121,36 +122,6 @@ def rowwise_reference(x, w13, w2, s13_row, s2_row, tw, ti):
         inter = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
         out.index_add_(0, tokens, (inter @ (w2[e].float() * s2_row[e, :, None]).T) * tw.reshape(-1)[edges, None])
     return out
-
-
-def scaled_grouped_mm_moe(x, w13, w2, s13_row, s2_row, tw, ti, fast: bool):
-    """fp8 rowwise: activations quantized per row, `torch._scaled_grouped_mm` for both products."""
-    import torch
-
-    m, h = x.shape
-    e, two_i = w13.shape[:2]
-    i = two_i // 2
-    k = ti.shape[1]
-    flat = ti.reshape(-1).long()
-    order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(e, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
-    offs = torch.cumsum(counts, 0).to(torch.int32)
-    fmax = torch.finfo(w13.dtype).max
-
-    def quant_rows(a):
-        s = a.float().abs().amax(1).clamp_min(1e-10) / fmax
-        return (a.float() / s[:, None]).to(w13.dtype), s
-
-    xq, xs = quant_rows(x[order // k])
-    gu = torch._scaled_grouped_mm(xq, w13.transpose(1, 2), xs, s13_row, offs=offs, out_dtype=torch.bfloat16,
-                                  use_fast_accum=fast)
-    inter = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
-    iq, is_ = quant_rows(inter)
-    y = torch._scaled_grouped_mm(iq, w2.transpose(1, 2), is_, s2_row, offs=offs, out_dtype=torch.bfloat16,
-                                 use_fast_accum=fast)
-    out = torch.zeros((m, h), dtype=torch.float32, device=x.device)
-    out.index_add_(0, order // k, y.float() * tw.reshape(-1)[order, None])
-    return out.to(torch.bfloat16)
 
 
 class _NoDequant:
