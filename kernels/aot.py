@@ -44,6 +44,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime import jit as triton_jit  # noqa: E402
 
 from zoe_kernels import platform  # noqa: E402
+from zoe_kernels.aot_merge import merge_rows  # noqa: E402
 
 GLUON_MODULES = ("zoe_kernels.csa.dual_scope_fused_gluon", "zoe_kernels.csa.dual_scope_two_pass_gluon")
 NOT_APPLICABLE = "not applicable: a Gluon kernel written for Hopper (sm_90 cp.async and warpgroup MMA) by design"
@@ -419,28 +420,6 @@ def run(archs: list[str], *, only: str = "", jobs: int = 2, cases=None, ci: bool
     return rows
 
 
-def merge_rows(old: list[dict], new: list[dict], only: str) -> list[dict]:
-    """A report's rows with those of the cases named by `only` compiled again: every old row whose cases all contain
-    `only` gives way to the rows of `new` (a run with `--only only`); the rest stay, the not-applicable rows once.
-    An old row that some matching and some other cases share cannot be split: a ValueError asks for a wider `only`."""
-    kept = []
-    for row in old:
-        cases = row.get("cases")
-        if cases is None:  # a not-applicable row: not a compile
-            kept.append(row)
-            continue
-        matching = [c for c in cases if only in c]
-        if matching and len(matching) < len(cases):
-            raise ValueError(f"{row['arch']} {row['kernel']} [{row['config']}] serves cases in and out of "
-                             f"--only {only!r} ({matching[0]!r}, {next(c for c in cases if only not in c)!r}): "
-                             "compile a filter that takes all of its cases")
-        if not matching:
-            kept.append(row)
-    merged = kept + [r for r in new if r.get("cases") is not None]
-    merged.sort(key=lambda r: (r["arch"], r["kernel"], r["config"]))
-    return merged
-
-
 class _RichProgress:
     """A progress bar on stderr (rich), one step per compiled specialisation."""
 
@@ -504,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.merge:
             with open(args.merge) as f:
                 report = json.load(f)
-            rows = merge_rows(report["rows"], rows, args.only)
+            rows = merge_rows(report["rows"], rows, args.only, archs)
             meta = {**{k: v for k, v in report["meta"].items() if k != "merged"},
                     "merged": report["meta"].get("merged", []) + [meta]}
         with open(args.out, "w") as f:

@@ -124,15 +124,17 @@ def test_moe_stages_follow_the_targets_lds():
 
 
 def test_merge_replaces_the_rows_of_the_recompiled_cases():
-    from zoe_kernels.aot import merge_rows
+    from zoe_kernels.aot_merge import merge_rows
 
     def row(arch, kernel, cases, vgprs=1):
         return {"arch": arch, "kernel": kernel, "config": "c", "cases": cases, "vgprs": vgprs}
 
     na = {"arch": "gfx950", "kernel": "g", "config": "", "ok": None}
-    old = [row("gfx950", "moe.k", ["moe a", "moe b"]), row("gfx950", "topk.k", ["topk x"]), na]
+    old = [row("gfx950", "moe.k", ["moe a", "moe b"]), row("gfx950", "topk.k", ["topk x"]), na,
+           row("gfx942", "moe.k", ["moe a"], vgprs=3)]
     new = [row("gfx950", "moe.k", ["moe a", "moe b"], vgprs=2), na]
-    merged = merge_rows(old, new, "moe")
-    assert sorted((r["kernel"], r.get("vgprs")) for r in merged) == [("g", None), ("moe.k", 2), ("topk.k", 1)]
+    merged = merge_rows(old, new, "moe", ["gfx950"])
+    assert sorted((r["arch"], r["kernel"], r.get("vgprs")) for r in merged) == [
+        ("gfx942", "moe.k", 3), ("gfx950", "g", None), ("gfx950", "moe.k", 2), ("gfx950", "topk.k", 1)]
     with pytest.raises(ValueError, match="serves cases in and out"):
-        merge_rows([row("gfx950", "moe.k", ["moe a", "topk x"])], new, "moe")
+        merge_rows([row("gfx950", "moe.k", ["moe a", "topk x"])], new, "moe", ["gfx950"])
