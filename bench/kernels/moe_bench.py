@@ -256,6 +256,8 @@ def time_isolated(fn, flush, *, target_ms: float = 100.0) -> float:
 
 
 def time_eager(fn, reps: int = 5) -> float:
+    """Median microseconds of `fn` launched eagerly, each call between two events (for calls of a millisecond or
+    more, where launch gaps do not count)."""
     import torch
 
     fn()

@@ -37,6 +37,7 @@ from moe_bench import (  # noqa: E402
     nan_alloc,
     run_meta,
     scaled_grouped_mm_moe,
+    time_eager,
     time_graph,
     time_isolated,
 )
@@ -59,7 +60,7 @@ def measure_ceilings() -> dict:
     n = 1 << 31
     a = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
     b = torch.empty_like(a)
-    copy_us = time_eager_median(lambda: b.copy_(a))  # a graph's memcpy node ran at 2/3 of the copy kernel
+    copy_us = time_eager(lambda: b.copy_(a), reps=20)  # a graph's memcpy node ran at 2/3 of the copy kernel
     half = a.view(torch.bfloat16)
     read_us = time_graph([lambda: half.sum(dtype=torch.float32)])
     del a, b, half
@@ -77,24 +78,6 @@ def measure_ceilings() -> dict:
          "l2_bytes": props.L2_cache_size, "sms": props.multi_processor_count}
     print("[ceilings] " + ", ".join(f"{k} {v:.4g}" for k, v in c.items()), flush=True)
     return c
-
-
-def time_eager_median(fn, reps: int = 20) -> float:
-    """Median microseconds of `fn` launched eagerly, each call between two events (for calls of a millisecond or
-    more, where launch gaps do not count)."""
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3)
-    return statistics.median(times)
 
 
 def roofline_us(shape: dict, fmt: str, m: int, unique: float, ceil: dict) -> tuple[float, float, float]:
