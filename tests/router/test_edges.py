@@ -15,7 +15,8 @@ import pytest
 
 from tests.router.test_proxy import ADMIN, Cluster, completion, sse_events
 from tests.sim.helpers import sim_server
-from zoe_cluster.router.request_checks import RequestError, nested_deeper_than, parse_json_body
+from zoe_cluster.router.request_checks import RequestError, parse_json_body
+from zoe_cluster.routing.json_limits import nested_deeper_than
 
 SHAPE = {"message", "type", "param", "code"}
 DEEP = b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"

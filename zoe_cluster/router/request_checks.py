@@ -20,18 +20,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
+
+from zoe_cluster.routing.json_limits import limit_violation
 
 MAX_COMPLETION_PROMPTS = 1024
 """vLLM's VLLM_MAX_COMPLETION_PROMPTS default: the longest batch of prompts one request may carry."""
-
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string, escapes included
-_DIGITS = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))
-"""bytes.translate table: digits become "0", every other byte a space (a digit run becomes a run of "0")."""
-_BRACKETS = bytes(91 if i in b"[{" else 93 if i in b"]}" else i for i in range(256))
-_NOT_BRACKETS = bytes(i for i in range(256) if i not in b"[]{}")
-
 
 class RequestError(ValueError):
     """A request an engine would reject: the message says why, `param` names the field (or None)."""
@@ -49,35 +43,14 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constant)
 """One decoder for every body (json.loads with a keyword argument builds a new one per call)."""
 
 
-def nested_deeper_than(raw: bytes, limit: int) -> bool:
-    """Whether the arrays and objects of a JSON text nest deeper than `limit`.
-
-    The text is reduced to its brackets (one C-speed pass); each `bytes.replace` of "[]" then removes every
-    innermost level, so the levels removed before nothing is left are the depth, found in at most `limit` passes
-    over the (short) bracket string. Brackets inside strings are counted as structure, which can only make a
-    text look deeper or unbalanced; what is really deeper than the parser allows fails to parse anyway."""
-    br = raw.translate(_BRACKETS, _NOT_BRACKETS)
-    if len(br) <= limit:  # fewer openers than the limit
-        return False
-    for _ in range(limit):
-        shorter = br.replace(b"[]", b"")
-        if len(shorter) == len(br):
-            return False
-        br = shorter
-    return b"[]" in br
-
-
 def parse_json_body(raw: bytes, max_depth: int, max_number_chars: int) -> Any:
     """The parsed JSON of a request body; RequestError when it is not JSON, is nested deeper than `max_depth`,
     or has a number literal longer than `max_number_chars` characters.
 
-    Both checks are C-speed passes over the body (`nested_deeper_than`; digit runs found in a translated copy);
-    the string-aware number check, a regular expression, runs only when some digit run is too long."""
-    if nested_deeper_than(raw, max_depth):
-        raise RequestError(f"the JSON body is nested deeper than {max_depth} levels")
-    run = b"0" * (max_number_chars + 1)
-    if run in raw.translate(_DIGITS) and run in _STRING.sub(b'""', raw).translate(_DIGITS):
-        raise RequestError(f"the JSON body has a number longer than {max_number_chars} characters")
+    Both bounds are checked on the bytes before parsing (`routing.json_limits`)."""
+    violation = limit_violation(raw, max_depth, max_number_chars)
+    if violation is not None:
+        raise RequestError(violation)
     try:
         return _DECODER.decode(raw.decode("utf-8"))
     except RecursionError:

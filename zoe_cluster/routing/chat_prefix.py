@@ -13,9 +13,10 @@ hashing the body from scratch (tests/routing/test_chat_prefix.py checks it on ra
 
 The parse is Python's JSON scanner (`json.JSONDecoder.scan_once`, what `json.loads` runs) driven member by
 member: a whole body's messages array is one scanner call (its last message ends at the last `}` before the
-`]`), a follow-up's new messages are scanned one by one from the remembered end. It refuses what the router's
-edge checks refuse (`router.request_checks`: nesting deeper than `max_depth`, a number literal with a run of more
-than `max_number_chars` digits, NaN and Infinity); on any of those, on malformed JSON, on a body that is not an
+`]`), a follow-up's new messages are scanned one by one from the remembered end. The bytes it parses are held
+to the router's bounds first (`routing.json_limits`: nesting deeper than `max_depth`, a number literal longer
+than `max_number_chars` characters; the whole body, or a follow-up's new bytes), and the scanner refuses NaN and
+Infinity; on any of those, on malformed JSON, on a body that is not an
 object with a `messages` member, on a duplicated `messages` key or a body not in UTF-8, `parse` returns None and
 the caller parses the body its usual way (which also words the error).
 
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zoe_cluster.routing.hashing import DEFAULT_BLOCK_TOKENS, TextChain, render_message, render_tools
+from zoe_cluster.routing.json_limits import limit_violation
 
 DEFAULT_MAX_SESSIONS = 4096
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
@@ -107,19 +109,10 @@ class ChatPrefixCache:
         self._bytes = 0
         self.extended = 0
         """Bodies parsed only past a remembered prefix, since the cache was built."""
-        long_digits = re.compile(r"[0-9]{%d}" % (max_number_chars + 1))
-
-        def number(literal: str, convert: type) -> Any:
-            if len(literal) > max_number_chars and long_digits.search(literal):
-                raise ValueError("number literal too long")
-            return convert(literal)
-
         def refuse(name: str) -> Any:
             raise ValueError(f"{name} is not a JSON number")
 
-        self._scan = json.JSONDecoder(
-            parse_int=lambda s: number(s, int), parse_float=lambda s: number(s, float), parse_constant=refuse
-        ).scan_once
+        self._scan = json.JSONDecoder(parse_constant=refuse).scan_once
 
     def __len__(self) -> int:
         return len(self._known)
@@ -143,13 +136,6 @@ class ChatPrefixCache:
             return None
 
     # ------------------------------------------------------------------ parsing
-    def _value(self, s: str, i: int, depth: int) -> tuple[Any, int]:
-        """The JSON value at s[i] and the index after it; `depth` is the nesting it sits in."""
-        value, j = self._scan(s, i)
-        if isinstance(value, (dict, list)) and depth + _depth(value) > self.max_depth:
-            raise _NotHandled("nested too deep")
-        return value, j
-
     def _member_name(self, s: str, i: int) -> tuple[str, int]:
         """The member name at s[i] and the index of its value (after the `:` and whitespace)."""
         if s[i] != '"':
@@ -170,7 +156,7 @@ class ChatPrefixCache:
             if key == "messages":
                 raise _NotHandled("messages given twice")
             start = i
-            fields[key], i = self._value(s, i, 1)
+            fields[key], i = self._scan(s, i)
             if key == "tools":
                 tools_json = s[start:i]
             i = _WS.match(s, i).end()
@@ -193,7 +179,7 @@ class ChatPrefixCache:
             raise _NotHandled("expected ',' or ']'")
         i = _WS.match(s, i + 1).end()
         while True:
-            msg, i = self._value(s, i, 2)
+            msg, i = self._scan(s, i)
             pieces.append(render_message(n, msg))
             n += 1
             last_end = i
@@ -207,6 +193,8 @@ class ChatPrefixCache:
     def _parse_whole(self, raw: bytes, cache_key: str | bytes) -> ParsedChat:
         if raw[:3] == b"\xef\xbb\xbf":
             raise _NotHandled("byte order mark")
+        if limit_violation(raw, self.max_depth, self.max_number_chars) is not None:
+            raise _NotHandled("over a JSON limit")
         s = raw.decode("utf-8", "surrogatepass")
         i = _WS.match(s, 0).end()
         if s[i] != "{":
@@ -219,14 +207,14 @@ class ChatPrefixCache:
             key, i = self._member_name(s, i)
             if key == "messages":
                 break
-            head[key], i = self._value(s, i, 1)
+            head[key], i = self._scan(s, i)
             i = _WS.match(s, i).end()
             if s[i] != ",":
                 raise _NotHandled("no messages")  # `}` before any `messages`, or malformed
             i = _WS.match(s, i + 1).end()
         if s[i] != "[":
             raise _NotHandled("messages is not a list")
-        messages, i = self._value(s, i, 1)  # one scanner call for the array; its last object ends before `]`
+        messages, i = self._scan(s, i)  # one scanner call for the array; its last object ends before `]`
         if not messages:
             raise _NotHandled("no messages")
         pieces = [render_message(n, m) for n, m in enumerate(messages)]
@@ -250,7 +238,12 @@ class ChatPrefixCache:
         """Parse a body whose first `known.end` bytes equal the remembered body's."""
         if raw.find(_MESSAGES_KEY, known.end) >= 0:
             return None  # a second `messages` member may follow, or the word in a value: parse whole
-        s = raw[known.end :].decode("utf-8", "surrogatepass")
+        tail = raw[known.end :]
+        # the new messages sit in the array at depth 2; members after it (depth 1) are held to the same, stricter
+        # bound, and a body refused here for that is parsed whole
+        if limit_violation(tail, self.max_depth - 2, self.max_number_chars) is not None:
+            return None
+        s = tail.decode("utf-8", "surrogatepass")
         pieces, msg_end, i = self._messages(s, 0, known.messages)
         after: dict[str, Any] = {}
         i, tools_json = self._after_messages(s, i, after)
@@ -299,14 +292,3 @@ class ChatPrefixCache:
         """Drop what is remembered of a session."""
         self._bytes -= sum(len(b.raw) for b in self._known.pop(session, ()))
 
-
-def _depth(value: Any) -> int:
-    """Nesting depth of arrays and objects in a parsed JSON value (0 for a scalar)."""
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
-    if items is None:
-        return 0
-    deepest = 0
-    for v in items:
-        if isinstance(v, (dict, list)):
-            deepest = max(deepest, _depth(v))
-    return 1 + deepest
