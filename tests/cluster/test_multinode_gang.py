@@ -65,9 +65,10 @@ def test_two_node_gang_spreads_launches_every_rank_and_restarts_as_a_whole(two_n
         assert len(set(node_ids)) == 2  # STRICT_SPREAD: one bundle per node
         # ready means rank 0 answers /health; rank 1's process may still be starting (a loaded CI machine), so
         # wait for its start line rather than read the log once
-        log = wait_for(lambda: (t := ray.get(handle.logs.remote(0))["0"]).count("dist-init-addr") >= 2 and t, 30,
+        start_line = re.compile(r"rank (\d)/2 dist-init-addr (\S+)")  # the flag alone also shows in other lines
+        log = wait_for(lambda: len(start_line.findall(t := ray.get(handle.logs.remote(0))["0"])) >= 2 and t, 30,
                        what="both node ranks' start lines in the replica log")
-        ranks = re.findall(r"rank (\d)/2 dist-init-addr (\S+)", log)
+        ranks = start_line.findall(log)
         assert sorted(r for r, _ in ranks) == ["0", "1"]
         assert len({addr for _, addr in ranks}) == 1 and ranks[0][1].startswith("127.0.0.1:")
         assert "--tp-size 8" in log and "--pp-size 2" in log
