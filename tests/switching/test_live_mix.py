@@ -17,7 +17,7 @@ from zoe_cluster.cluster.spec import DeploymentSpec, RouterConfig
 from zoe_cluster.recipes.loader import RecipeRegistry
 from zoe_cluster.routing import validate_policy_config
 from zoe_cluster.switching import SwitchConfig
-from zoe_cluster.switching.decide import ServiceClass
+from zoe_cluster.switching.vocabulary import ServiceClass
 
 A, B = "fp8-tp8-nightly", "mxfp4-tp8"
 CLASSES = [ServiceClass(name="interactive", ttft_s=1.0, itl_s=0.020),

@@ -74,7 +74,7 @@ def test_a_failed_swap_is_counted_failed():
 
 
 def test_with_classes_the_loop_steers_a_mix_from_the_controllers_per_class_counts():
-    from zoe_cluster.switching.classes import ServiceClass
+    from zoe_cluster.switching.vocabulary import ServiceClass
 
     class ClassCountingController(FakeController):
         def __init__(self):

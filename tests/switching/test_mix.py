@@ -7,7 +7,9 @@ from pydantic import ValidationError
 
 from zoe_cluster.recipes import RecipeRegistry
 from zoe_cluster.switching import ReplicaObservation, SwitchConfig, decide
-from zoe_cluster.switching.classes import ServiceClass, class_limit, class_limits, predicted_itl_s
+from zoe_cluster.switching.classes import class_limit, class_limits
+from zoe_cluster.switching.predict import predicted_itl_s
+from zoe_cluster.switching.vocabulary import ServiceClass
 from zoe_cluster.switching.mix import best_mix, mixes, place, predict
 
 GLM = RecipeRegistry.default().get("glm-5.3")

@@ -39,7 +39,7 @@ def parse_service_classes(items: list[str], flag: str) -> list:
     --switch-class` and `zoe router --slo-class` take the same form."""
     from pydantic import ValidationError
 
-    from zoe_cluster.switching.decide import ServiceClass
+    from zoe_cluster.switching.vocabulary import ServiceClass
 
     out = []
     for item in items:

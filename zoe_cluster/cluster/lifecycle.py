@@ -35,6 +35,8 @@ class ReplicaState(str, Enum):
 TERMINAL = frozenset({ReplicaState.STOPPED, ReplicaState.FAILED})
 SERVING = frozenset({ReplicaState.READY})
 ACTIVE = frozenset({ReplicaState.STARTING, ReplicaState.LOADING, ReplicaState.READY, ReplicaState.DRAINING})
+TRANSITIONING = frozenset({ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.LOADING, ReplicaState.DRAINING})
+"""On its way into or out of service (the switcher counts these as swaps in flight)."""
 
 
 def replica_id(deployment: str, index: int, generation: int) -> str:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from zoe_cluster.cluster.placement import GangShape
 from zoe_cluster.recipes.schema import Recipe
-from zoe_cluster.switching.decide import SwitchConfig
+from zoe_cluster.switching.vocabulary import SwitchConfig
 
 LONG_CONTEXT_TOKENS = 131072
 """A variant meant for contexts beyond this (its recipe's `intended.context_tokens`) serves the router's "long" pool."""

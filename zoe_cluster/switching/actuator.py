@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from zoe_cluster.recipes import Recipe
-from zoe_cluster.switching.decide import ReplicaObservation, SwitchConfig, SwitchDecision, decide
+from zoe_cluster.switching.decide import decide
+from zoe_cluster.switching.vocabulary import ReplicaObservation, SwitchConfig, SwitchDecision
 from zoe_cluster.switching.window import ConcurrencyWindow, RateWindow
 
 

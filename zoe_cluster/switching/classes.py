@@ -1,7 +1,7 @@
 """Service classes: per-class latency objectives, and what they imply for each variant.
 
 A class is a TTFT and an inter-token-latency (ITL) objective that a share of the traffic asks for. From a
-variant's measured decode profile (seed table A8 via `replica_tok_s`) the per-user ITL of a replica holding n
+variant's measured decode profile (seed table A8 via `predict.replica_tok_s`) the per-user ITL of a replica holding n
 requests is n / T_v(n); `class_limit` is the largest n whose predicted ITL stays within `headroom` x the
 objective. Those limits feed the router's `slo` policy (`slo_policy_config`) and the mix decision
 (`switching.mix`), so the router and the switcher agree on which replica can serve which class.
@@ -10,29 +10,10 @@ objective. Those limits feed the router's `slo` policy (`slo_policy_config`) and
 from __future__ import annotations
 
 from zoe_cluster.recipes import Recipe
-from zoe_cluster.switching.decide import ServiceClass, replica_tok_s
+from zoe_cluster.switching.predict import predicted_itl_s, prefill_s_per_token
+from zoe_cluster.switching.vocabulary import ServiceClass
 
-__all__ = ["ServiceClass", "class_limit", "class_limits", "predicted_itl_s", "prefill_s_per_token", "slo_policy_config"]
-
-
-def predicted_itl_s(recipe: Recipe, variant: str, concurrency: float) -> float:
-    """Per-user time per output token on one replica of `variant` holding `concurrency` requests (profile)."""
-    tok_s = replica_tok_s(recipe, variant, concurrency)
-    return concurrency / tok_s if tok_s > 0 else float("inf")
-
-
-def prefill_s_per_token(recipe: Recipe, variant: str) -> float:
-    """Marginal seconds per uncached prompt token on one replica: the slope of the variant's TTFT table (hit rate
-    0) between its two shortest inputs (seed table A5 for GLM-5.3: 8K -> 16K, about 48 us/token), the part where
-    attention's quadratic cost is still small, as for chat prompts; 0 without a table.
-
-    Chunked prefill shares the replica's steps with decode, so a replica that spends a fraction f of its time on
-    prefill stretches every decoding request's ITL by 1 / (1 - f) (`switching.mix.predict`)."""
-    pts = sorted((p for p in recipe.ttft_points(variant) if p.hit_rate == 0), key=lambda p: p.input_tokens)
-    if len(pts) < 2:
-        return 0.0
-    lo, hi = pts[0], pts[1]
-    return max(0.0, (hi.ttft_s.value - lo.ttft_s.value) / (hi.input_tokens - lo.input_tokens))
+__all__ = ["ServiceClass", "class_limit", "class_limits", "predicted_itl_s", "slo_policy_config"]
 
 
 def class_limit(recipe: Recipe, variant: str, itl_s: float, headroom: float = 0.95) -> int:

@@ -18,127 +18,12 @@ that is how mixed fleets arise, and the router knows each replica's variant from
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
-from dataclasses import dataclass
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
+from zoe_cluster.cluster.lifecycle import TRANSITIONING, ReplicaState
 from zoe_cluster.recipes import Recipe
-from zoe_cluster.recipes.profile import decode_tok_s_per_node
-
-ReplicaState = Literal["pending", "starting", "loading", "ready", "draining", "stopped", "failed"]
-IN_FLIGHT_STATES = frozenset({"pending", "starting", "loading", "draining"})
-
-
-class ServiceClass(BaseModel):
-    """One service class and its objective (a request meets it when TTFT <= ttft_s and ITL <= itl_s)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(min_length=1, description="Class name, as requests send it (`x-zoe-slo` header).")
-    ttft_s: float = Field(gt=0, description="Time-to-first-token objective, seconds.")
-    itl_s: float = Field(gt=0, description="Inter-token latency objective (time per output token), seconds.")
-
-
-class SwitchConfig(BaseModel):
-    """Switching settings of a deployment (validated; part of the deployment spec)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = Field(default=True, description="Let the controller swap variants by itself.")
-    candidates: list[str] = Field(
-        default_factory=list,
-        description="Variants the switcher may choose among; empty = every non-speculative variant of the "
-        "replica's engine with a decode-by-concurrency profile.",
-    )
-    window_s: float = Field(default=300.0, gt=0, description="Sliding window of the concurrency estimate, seconds.")
-    interval_s: float = Field(default=30.0, gt=0, description="How often the actuator evaluates, seconds.")
-    dwell_s: float = Field(default=1800.0, ge=0, description="Least time between two swaps of one replica, s.")
-    horizon_s: float = Field(default=7200.0, gt=0, description="Time over which a swap's gain is counted, s.")
-    hysteresis: float = Field(default=0.02, ge=0, description="Least relative throughput gain that justifies a swap.")
-    drain_s: float = Field(default=60.0, ge=0, description="Expected drain time of a replica before it stops, s.")
-    min_ready_fraction: float = Field(default=0.5, ge=0, le=1, description="Never fewer replicas ready than this.")
-    max_concurrent_swaps: int = Field(default=1, ge=1, description="Swaps in flight at once (rolling budget).")
-    load_time_scale: float = Field(
-        default=1.0, gt=0, description="Multiplier on the profile's weights load time (the sim's time scale)."
-    )
-
-    classes: list[ServiceClass] = Field(
-        default_factory=list,
-        description="Service classes with their objectives, tightest first; when set and the driver reports "
-        "in-flight requests per class, the switcher targets a mix of variants (`switching.mix`).",
-    )
-    slo_headroom: float = Field(
-        default=0.95, gt=0, le=1,
-        description="The router's per-class limits keep a replica's predicted ITL at most this share of the "
-        "class's objective (margin for prefill interference and load swings).",
-    )
-
-    @model_validator(mode="after")
-    def _horizon_covers_dwell(self) -> "SwitchConfig":
-        if self.horizon_s < self.interval_s:
-            raise ValueError("horizon_s must be at least interval_s")
-        names = [c.name for c in self.classes]
-        if len(set(names)) != len(names):
-            raise ValueError(f"classes: duplicate names in {names}")
-        if self.classes and not 2 <= len(self.candidates) <= 4:
-            raise ValueError("classes: name 2 to 4 candidates (the mix search covers every split of the replicas "
-                             "over them)")
-        return self
-
-
-@dataclass(frozen=True)
-class ReplicaObservation:
-    index: int
-    variant: str
-    state: ReplicaState
-    concurrency: float
-    """Mean concurrent requests on this replica over the window (router's counts)."""
-    last_swap_at: float | None = None
-    """When this replica last finished a swap (None: never swapped)."""
-
-
-@dataclass(frozen=True)
-class SwitchDecision:
-    replica: int
-    action: Literal["swap", "hold"]
-    variant: str
-    """Target variant for a swap; the current variant for a hold."""
-    reason: str
-    predicted_tok_s_current: float = 0.0
-    predicted_tok_s_target: float = 0.0
-    gain_tokens: float = 0.0
-    cost_tokens: float = 0.0
-
-
-def candidate_variants(recipe: Recipe, current: str, config: SwitchConfig,
-                       blocked: Collection[str] = ()) -> list[str]:
-    """The variants a replica running `current` may switch among: `config.candidates` as named, else every
-    non-speculative variant of its engine with a decode-by-concurrency profile, less those in `blocked` (the
-    caller's list of variants whose kernels cannot activate on their image: `KernelSupport.blocked_variants`)."""
-    engine = recipe.variant(current).engine
-    names = config.candidates or [
-        n for n, v in recipe.variants.items()
-        if v.engine == engine and not v.speculative and v.profile.decode and n not in blocked
-    ]
-    for n in names:
-        recipe.variant(n)  # unknown names raise with the list of known ones
-    return names
-
-
-def replica_tok_s(recipe: Recipe, variant: str, concurrency: float) -> float:
-    """Decode tok/s of one replica of `variant` at `concurrency` (tables are per node; a replica spans nodes)."""
-    pred = decode_tok_s_per_node(recipe, variant, max(concurrency, 1e-6))
-    if pred is None:
-        return 0.0
-    return pred.value * recipe.variant(variant).parallelism.nodes
-
-
-def _load_s(recipe: Recipe, variant: str, config: SwitchConfig) -> float:
-    load = recipe.variant(variant).profile.weights_load_s
-    return (load.value if load else 600.0) * config.load_time_scale
-
+from zoe_cluster.switching.mix import decide_mix
+from zoe_cluster.switching.predict import candidate_variants, load_s, replica_tok_s
+from zoe_cluster.switching.vocabulary import ReplicaObservation, SwitchConfig, SwitchDecision
 
 def decide(recipe: Recipe, replicas: list[ReplicaObservation], config: SwitchConfig, now: float,
            demand: dict[str, float] | None = None,
@@ -152,10 +37,8 @@ def decide(recipe: Recipe, replicas: list[ReplicaObservation], config: SwitchCon
     if not config.enabled:
         return [SwitchDecision(r.index, "hold", r.variant, "switching disabled") for r in replicas]
     if config.classes and demand is not None:
-        from zoe_cluster.switching.mix import decide_mix  # mix builds on this module's helpers
-
         return decide_mix(recipe, replicas, config, now, demand, prefill_tok_s)
-    in_flight = sum(1 for r in replicas if r.state in IN_FLIGHT_STATES)
+    in_flight = sum(1 for r in replicas if ReplicaState(r.state) in TRANSITIONING)
     ready = sum(1 for r in replicas if r.state == "ready")
     min_ready = math.ceil(config.min_ready_fraction * len(replicas))
     out: list[SwitchDecision] = []
@@ -175,7 +58,7 @@ def decide(recipe: Recipe, replicas: list[ReplicaObservation], config: SwitchCon
             continue
         rel = target / current - 1.0 if current > 0 else math.inf
         gain = (target - current) * config.horizon_s
-        cost = current * (config.drain_s + _load_s(recipe, best, config))
+        cost = current * (config.drain_s + load_s(recipe, best, config))
         nums.update(gain_tokens=gain, cost_tokens=cost)
         what = (f"{best} {target:.1f} vs {r.variant} {current:.1f} tok/s at concurrency {r.concurrency:.1f} "
                 f"({rel:+.1%})")

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 from zoe_cluster.metrics import build_metrics
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.switching.actuator import FleetReplica, SwitchActuator
-from zoe_cluster.switching.decide import SwitchConfig, SwitchDecision, replica_tok_s
+from zoe_cluster.switching.predict import replica_tok_s
+from zoe_cluster.switching.vocabulary import SwitchConfig, SwitchDecision
 
 log = logging.getLogger(__name__)
 

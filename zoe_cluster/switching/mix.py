@@ -10,7 +10,7 @@ applies (`zoe_cluster.routing.slo`, limits from `switching.classes.class_limits`
            no other class, else onto all (spread evenly)
   predict  a replica of variant v holding l requests on average gives each 1 / ITL tok/s, ITL = ITL_v(k) / (1 - f)
            with k = 1 + Poisson(l) requests seen by a request (Poisson arrivals, M/G/inf occupancy):
-           ITL_v(k) = k / T_v(k) from the decode profile (seed table A8, `classes.predicted_itl_s`), and f the
+           ITL_v(k) = k / T_v(k) from the decode profile (seed table A8, `predict.predicted_itl_s`), and f the
            share of the replica's time that chunked prefill takes (the uncached prompt tokens/s it receives, in
            proportion to its share of each class, times `prefill_s_per_token`, seed table A5); a class's
            requests there count as good when ITL <= its objective (the router's limits keep `slo_headroom` of
@@ -34,14 +34,9 @@ import math
 from collections.abc import Sequence
 
 from zoe_cluster.recipes import Recipe
-from zoe_cluster.switching.classes import class_limits, predicted_itl_s, prefill_s_per_token
-from zoe_cluster.switching.decide import (
-    ReplicaObservation,
-    SwitchConfig,
-    SwitchDecision,
-    _load_s,
-    candidate_variants,
-)
+from zoe_cluster.switching.classes import class_limits
+from zoe_cluster.switching.predict import candidate_variants, load_s, predicted_itl_s, prefill_s_per_token
+from zoe_cluster.switching.vocabulary import ReplicaObservation, SwitchConfig, SwitchDecision
 
 
 def place(variants: Sequence[str], demand: dict[str, float], limits: dict[str, dict[str, int]],
@@ -178,7 +173,7 @@ def _path(recipe: Recipe, current: dict[str, int], target: dict[str, int], good_
                 nxt = {**state, f: state[f] - 1, t: state[t] + 1}
                 options.append((value(nxt), value({**state, f: state[f] - 1}), f, t, nxt))
         _, good_away, f, t, state = max(options, key=lambda o: o[:2])
-        step_s = config.drain_s + _load_s(recipe, t, config)
+        step_s = config.drain_s + load_s(recipe, t, config)
         lost += max(0.0, good_now - good_away) * step_s
         secs += step_s
         first = first or (f, t)
