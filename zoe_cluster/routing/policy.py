@@ -82,9 +82,8 @@ class Policy:
 
 
 def policy_names() -> list[str]:
-    """Registered policy names (CLI choices), the default first."""
-    from zoe_cluster.routing import policies  # noqa: F401  (registers the built-in policies)
-
+    """Registered policy names (CLI choices), the default first. The built-in policies are registered by the
+    package's __init__, which Python runs before this module."""
     names = sorted(POLICIES)
     if DEFAULT_POLICY in names:
         names.remove(DEFAULT_POLICY)

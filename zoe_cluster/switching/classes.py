@@ -10,7 +10,7 @@ objective. Those limits feed the router's `slo` policy (`slo_policy_config`) and
 from __future__ import annotations
 
 from zoe_cluster.recipes import Recipe
-from zoe_cluster.switching.predict import predicted_itl_s, prefill_s_per_token
+from zoe_cluster.switching.predict import predicted_itl_s
 from zoe_cluster.switching.vocabulary import ServiceClass
 
 __all__ = ["ServiceClass", "class_limit", "class_limits", "predicted_itl_s", "slo_policy_config"]
