@@ -127,15 +127,6 @@ def test_saturated_replicas_are_skipped_while_another_is_open():
     assert d2.replica_id != d.replica_id
 
 
-def test_session_affinity_is_a_hint_not_a_hot_spot():
-    p, reps = get_policy("prefix"), replicas(3)
-    d, r = route(p, ctx("a", [1], session="s"), reps)
-    d2 = p.select(ctx("b", [2], session="s"), reps)  # small load gap: stays
-    assert d2.replica_id == d.replica_id and d2.reason == "session"
-    r.queued_prefill_tokens += 50_000  # busy: affinity yields
-    assert p.select(ctx("c", [3], session="s"), reps).replica_id != d.replica_id
-
-
 @pytest.mark.parametrize("name", ["prefix", "least_load"])
 def test_long_prompts_go_to_the_long_pool_and_spill_when_it_is_saturated(name):
     p = get_policy(name, long_context_tokens=65536)

@@ -56,6 +56,9 @@ class RequestContext:
     """Tokens per block of `block_hashes`."""
     slo_class: str | None = None
     """Service class of the request (`x-zoe-slo` header), for class-aware routing (`routing.slo`); None: default."""
+    arrival_s: float | None = None
+    """When the request arrived on the driver's clock, seconds (`zoe sim replay`'s virtual clock); None: policies
+    that keep time (session pauses) read `time.monotonic()`."""
 
     @property
     def prefix_blocks(self) -> int:
@@ -146,7 +149,8 @@ class ReplicaView:
 
 
 RoutingReason = Literal[
-    "round_robin", "least_load", "prefix", "session", "pool_spill", "load_balance", "only_choice", "probe"
+    "round_robin", "least_load", "prefix", "session", "session_move", "session_hash", "pool_spill", "load_balance",
+    "only_choice", "probe"
 ]
 
 
@@ -257,6 +261,7 @@ def context_from_trace(
     output_tokens: int,
     session: str | None = None,
     block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+    arrival_s: float | None = None,
 ) -> RequestContext:
     """Context of one trace request (Mooncake: `hash_ids`, `input_length`, `output_length`).
 
@@ -270,4 +275,5 @@ def context_from_trace(
         max_tokens=output_tokens,
         session=session,
         block_tokens=block_tokens,
+        arrival_s=arrival_s,
     )

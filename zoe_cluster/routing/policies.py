@@ -1,9 +1,10 @@
-"""The built-in routing policies: `round_robin`, `least_load` and `prefix` (the default).
+"""The built-in routing policies: `round_robin`, `least_load`, `session_hash` and `prefix` (the default).
 
 `prefix` scores every candidate replica r with an estimated cost, in prompt-token equivalents, of serving the
 request there, and picks the cheapest:
 
-    saved(r)  = min(prompt_tokens, matched_blocks(r) * block_tokens)   # from r's PrefixIndex
+    hbm, host = r's PrefixIndex.match_tiers(blocks)                    # leading blocks in HBM, then in host memory
+    saved(r)  = hbm_tokens + (1 - host_transfer_cost) * host_tokens    # a host-tier hit costs its transfer
     cost(r)   = prefill_weight * (queued_prefill_tokens(r) + prompt_tokens - hit_weight * saved(r))
               + decode_weight  * active_decode_tokens(r)
               + request_weight * active_requests(r)
@@ -20,26 +21,42 @@ send (other routers), when the scrape is younger than `engine_stats_max_age_s`. 
 (`active_requests >= max_active_requests`) are skipped while another is open. Ties go to fewer active requests,
 then rotate.
 
-Session affinity (`ctx.session`) is a hint: the session's last replica wins only if its cost is within
-`max(session_slack_tokens, session_slack_ratio * best_cost)` of the best, so one busy session cannot make a hot
-spot. Context-length pools (`routing.pools`) apply to `least_load` and `prefix`.
+Sessions (`ctx.session`; `routing.sessions`):
+
+- **Affinity held until saturation.** A session's request goes to the replica holding its chain while that
+  replica is not saturated for sessions (`session_saturated`: queued prefill >= `session_saturation_prefill_tokens`,
+  or active requests >= `session_saturation_active` x its max) and still holds some of the chain. When it is
+  saturated, the request moves to the cheapest unsaturated replica if that costs less than staying, and the
+  session moves with it ("session_move"): its later turns follow the new replica, and it does not move back
+  unless that one saturates in turn. When every replica is saturated nobody moves (no death spiral of re-prefills).
+- **Placement of a new session** (or one whose chain is gone) adds what the replica has already promised:
+  `session_tokens` per live session bound there (thinking sessions come back), `sibling_tokens` per live sub-agent
+  of the same parent there (a burst of sub-agents spreads; each still matches the parent's shared prefix wherever
+  it is cached), and the KV pressure: tokens by which the live sessions' chains plus this request exceed the
+  replica's HBM cost `kv_pressure_weight` each (the host-tier share at `host_transfer_cost`), so a new session
+  does not evict the chains of sessions in a tool pause.
+- A session is live from its first request until it has been idle (nothing in flight) for `session_idle_s`.
+
+Context-length pools (`routing.pools`) apply to `least_load` and `prefix`.
 
 Reasons reported: "prefix" (the chosen replica had the longest match and it mattered), "load_balance" (load
 outweighed a longer match elsewhere), "least_load" (no replica matched more than the others), "session",
-"pool_spill" (the request left its context pool), "only_choice" (one candidate).
+"session_move", "session_hash", "pool_spill" (the request left its context pool), "only_choice" (one candidate).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import time
 from collections.abc import Sequence
 
 from pydantic import Field
 
 from zoe_cluster.routing.context import ReplicaView, RequestContext, RoutingDecision
+from zoe_cluster.routing.hash_ring import HashRing
 from zoe_cluster.routing.policy import Policy, PolicyConfig
 from zoe_cluster.routing.pools import PoolConfig, pool_candidates
 from zoe_cluster.routing.prefix_index import PrefixIndex
+from zoe_cluster.routing.sessions import SessionTable, session_family
 
 
 def _open(replicas: Sequence[ReplicaView]) -> Sequence[ReplicaView]:
@@ -91,11 +108,56 @@ class LeastLoadPolicy(Policy, name="least_load"):
         return RoutingDecision(r.replica_id, "pool_spill" if spilled else "least_load", spilled=spilled)
 
 
+class SessionHashConfig(PolicyConfig):
+    points_per_replica: int = Field(
+        default=100, gt=0, description="Points each replica owns on the hash ring (more: shares closer to 1/N)."
+    )
+
+
+class SessionHashPolicy(Policy, name="session_hash"):
+    """Consistent hashing by session (what AMD's InferenceX recipes route by): a session always goes to the replica
+    its key hashes to on a ring over replica ids (`routing.hash_ring`), so adding or removing a replica moves only
+    that replica's share of sessions. A request without a session hashes its prompt's first block (so requests
+    sharing a system prompt meet), and one without a full block its request id. A saturated or unroutable owner
+    passes the request on clockwise. Ignores load otherwise: the baseline for session-aware `prefix`."""
+
+    Config = SessionHashConfig
+    config: SessionHashConfig
+
+    def __init__(self, config: SessionHashConfig | None = None) -> None:
+        super().__init__(config)
+        self.ring = HashRing(self.config.points_per_replica)
+
+    def select(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> RoutingDecision:
+        for r in replicas:
+            self.ring.add(r.replica_id)  # membership is learned as replicas appear
+        by_id = {r.replica_id: r for r in replicas}
+        key: str | int = ctx.session if ctx.session is not None else (
+            ctx.block_hashes[0] if ctx.block_hashes else ctx.request_id)
+        rid = self.ring.lookup(key, lambda r: r in by_id and not by_id[r].saturated)
+        if rid is None:  # every candidate saturated: its owner among them all
+            rid = self.ring.lookup(key, lambda r: r in by_id)
+        assert rid is not None
+        return RoutingDecision(rid, "session_hash" if len(replicas) > 1 else "only_choice")
+
+    def on_replica_removed(self, replica_id: str) -> None:
+        self.ring.remove(replica_id)
+
+
 class PrefixConfig(PoolConfig):
     prefill_weight: float = Field(default=1.0, ge=0, description="Cost per prefill token queued or new.")
     hit_weight: float = Field(
         default=4.0, ge=0,
         description="Multiplier on prefix tokens saved (>1 also values keeping a conversation's later turns local).",
+    )
+    placement_hit_weight: float = Field(
+        default=1.0, ge=0,
+        description="hit_weight when a session is placed or moved (its later turns follow it wherever it goes).",
+    )
+    host_transfer_cost: float = Field(
+        default=0.05, ge=0, le=1,
+        description="Cost of loading one token's KV from a host-memory tier, as a share of prefilling it (the host "
+        "link's load time per token over the engine's prefill time per token).",
     )
     decode_weight: float = Field(
         default=0.01, ge=0, description="Cost per context token of requests decoding on the replica."
@@ -105,17 +167,35 @@ class PrefixConfig(PoolConfig):
         default=1024.0, ge=0, description="Cost per request the engine reports beyond this router's own count."
     )
     engine_stats_max_age_s: float = Field(default=5.0, gt=0, description="Ignore /metrics scrapes older than this.")
-    session_slack_tokens: float = Field(
-        default=2048.0, ge=0, description="Session affinity holds while its replica costs at most this much more."
+    session_saturation_prefill_tokens: float = Field(
+        default=65536.0, gt=0,
+        description="A session's replica counts as saturated (the session may move) with this much prefill queued.",
     )
-    session_slack_ratio: float = Field(
-        default=0.1, ge=0, description="... or this share of the best cost, whichever is larger."
+    session_saturation_active: float = Field(
+        default=0.9, gt=0, le=1,
+        description="... or with this share of its max_active_requests in flight.",
+    )
+    session_tokens: float = Field(
+        default=2048.0, ge=0,
+        description="Placing a new session: cost per live session already bound to the replica.",
+    )
+    sibling_tokens: float = Field(
+        default=8192.0, ge=0,
+        description="Placing a new sub-agent: cost per live sub-agent of the same parent on the replica.",
+    )
+    kv_pressure_weight: float = Field(
+        default=1.0, ge=0,
+        description="Placing a new session: cost per token by which live sessions' KV plus the request would "
+        "exceed the replica's HBM (host-tier share at host_transfer_cost).",
+    )
+    session_idle_s: float = Field(
+        default=900.0, gt=0, description="A session idle this long (nothing in flight) is forgotten."
     )
     max_sessions: int = Field(default=100_000, gt=0, description="Sessions remembered for affinity (LRU).")
 
 
 class PrefixPolicy(Policy, name="prefix"):
-    """Prefix-cache locality weighed against load (see the module docstring for the score)."""
+    """Prefix-cache locality weighed against load, with session affinity (see the module docstring)."""
 
     Config = PrefixConfig
     config: PrefixConfig
@@ -125,27 +205,46 @@ class PrefixPolicy(Policy, name="prefix"):
         self._indexes: dict[str, PrefixIndex] = {}
         self._block_tokens: dict[str, int] = {}  # block size each index was built with (for evictions in tokens)
         self._evict_residual: dict[str, int] = {}
-        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self.sessions = SessionTable(self.config.max_sessions, self.config.session_idle_s)
         self._turn = 0
+        self._virtual_now: float | None = None  # latest driver clock seen (ctx.arrival_s), for on_finished
 
     def index(self, replica: ReplicaView, block_tokens: int) -> PrefixIndex:
-        """The replica's prefix index, sized to its KV capacity in blocks of `block_tokens`."""
-        cap = replica.kv_capacity_blocks(block_tokens)
+        """The replica's prefix index, sized to its HBM and host-tier KV capacity in blocks of `block_tokens`."""
+        bt = max(1, block_tokens)
+        cap = max(1, replica.kv_capacity_tokens // bt)
+        host = replica.host_kv_capacity_tokens // bt
         idx = self._indexes.get(replica.replica_id)
         if idx is None:
-            idx = self._indexes[replica.replica_id] = PrefixIndex(cap)
+            idx = self._indexes[replica.replica_id] = PrefixIndex(cap, host)
             self._block_tokens[replica.replica_id] = block_tokens
-        elif idx.capacity_blocks != cap:
-            idx.resize(cap)
+        elif idx.capacity_blocks != cap or idx.host_capacity_blocks != host:
+            idx.resize(cap, host)
         return idx
 
     def index_of(self, replica_id: str) -> PrefixIndex | None:
         return self._indexes.get(replica_id)
 
-    def cost(self, ctx: RequestContext, r: ReplicaView, matched_blocks: int, now: float | None = None) -> float:
+    def _now(self, ctx: RequestContext) -> float:
+        if ctx.arrival_s is None:
+            return time.monotonic()
+        if self._virtual_now is None or ctx.arrival_s > self._virtual_now:
+            self._virtual_now = ctx.arrival_s
+        return ctx.arrival_s
+
+    def saved_tokens(self, ctx: RequestContext, hbm_blocks: int, host_blocks: int) -> float:
+        """Prefill tokens a hit saves, the host-tier part net of its transfer."""
+        hbm = min(ctx.prompt_tokens, hbm_blocks * ctx.block_tokens)
+        host = min(ctx.prompt_tokens - hbm, host_blocks * ctx.block_tokens)
+        return hbm + (1.0 - self.config.host_transfer_cost) * host
+
+    def cost(self, ctx: RequestContext, r: ReplicaView, matched_blocks: int, now: float | None = None,
+             host_blocks: int = 0, hit_weight: float | None = None) -> float:
+        """The module docstring's cost(r); `hit_weight` overrides the configured one."""
         c = self.config
-        saved = min(ctx.prompt_tokens, matched_blocks * ctx.block_tokens)
-        cost = c.prefill_weight * (r.queued_prefill_tokens + ctx.prompt_tokens - c.hit_weight * saved)
+        saved = self.saved_tokens(ctx, matched_blocks, host_blocks)
+        hw = c.hit_weight if hit_weight is None else hit_weight
+        cost = c.prefill_weight * (r.queued_prefill_tokens + ctx.prompt_tokens - hw * saved)
         cost += c.decode_weight * r.active_decode_tokens + c.request_weight * r.active_requests
         if c.external_request_tokens and r.stats is not None:
             engine = r.engine_requests(c.engine_stats_max_age_s, now)
@@ -153,47 +252,87 @@ class PrefixPolicy(Policy, name="prefix"):
                 cost += c.external_request_tokens * (engine - r.active_requests)
         return cost
 
+    def placement_cost(self, ctx: RequestContext, r: ReplicaView) -> float:
+        """What placing a new session on r adds to `cost`: the sessions it already holds, sibling sub-agents there,
+        and the KV the request would push out of HBM."""
+        c = self.config
+        held = self.sessions.on_replica(r.replica_id)
+        extra = c.session_tokens * held.sessions
+        family, agent = session_family(ctx.session or "")
+        if agent is not None:
+            extra += c.sibling_tokens * self.sessions.siblings_on(family, r.replica_id)
+        if c.kv_pressure_weight:
+            need = held.context_tokens + ctx.prompt_tokens + ctx.max_tokens
+            past_hbm = max(0, need - r.kv_capacity_tokens)
+            past_all = max(0, need - max(r.kv_capacity_tokens, r.host_kv_capacity_tokens))
+            extra += c.kv_pressure_weight * (c.host_transfer_cost * (past_hbm - past_all) + past_all)
+        return extra
+
+    def session_saturated(self, r: ReplicaView) -> bool:
+        c = self.config
+        return (r.saturated or r.queued_prefill_tokens >= c.session_saturation_prefill_tokens
+                or r.active_requests >= c.session_saturation_active * r.max_active_requests)
+
     def select(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> RoutingDecision:
         cands, spilled_from = pool_candidates(ctx, replicas, self.config)
         cands = _open(cands)
         self._turn += 1
         n = len(cands)
-        scored = []
-        for i, r in enumerate(cands):
-            m = self.index(r, ctx.block_tokens).match(ctx.block_hashes)
-            scored.append((self.cost(ctx, r, m), r.active_requests, (i - self._turn) % n, m, r))
-        best = min(scored, key=lambda s: s[:3])
-        best_cost, _, _, matched, chosen = best
-        max_match = max(s[3] for s in scored)
-        min_match = min(s[3] for s in scored)
-        reason = "prefix" if matched > min_match else ("load_balance" if matched < max_match else "least_load")
-
-        if ctx.session is not None:
-            sticky = self._sessions.get(ctx.session)
-            if sticky is not None and sticky != chosen.replica_id:
-                for s in scored:
-                    if s[4].replica_id == sticky:
-                        slack = max(self.config.session_slack_tokens, self.config.session_slack_ratio * best_cost)
-                        if s[0] <= best_cost + slack:
-                            _, _, _, matched, chosen = s
-                            reason = "session"
-                        break
-        if n == 1 and reason != "session":
-            reason = "only_choice" if len(replicas) == 1 else reason
-        spilled = spilled_from is not None and chosen.replica_id not in spilled_from
+        session = ctx.session
+        st = None
+        if session is not None:
+            self.sessions.expire(self._now(ctx))
+            st = self.sessions.get(session)
+        matches = [self.index(r, ctx.block_tokens).match_tiers(ctx.block_hashes) for r in cands]
+        home = None
+        if st is not None:
+            home = next((i for i, r in enumerate(cands) if r.replica_id == st.replica_id and sum(matches[i])), None)
+        if home is not None and not self.session_saturated(cands[home]):
+            chosen, reason = home, "session"
+        else:
+            # Placing (or moving) a session: its later turns follow it wherever it goes, so a hit counts for the
+            # prefill it saves now (placement_hit_weight), not for the locality it keeps (hit_weight).
+            hw = self.config.placement_hit_weight if session is not None else self.config.hit_weight
+            scored = []
+            for i, r in enumerate(cands):
+                cost = self.cost(ctx, r, matches[i][0], host_blocks=matches[i][1], hit_weight=hw)
+                if session is not None and i != home:
+                    cost += self.placement_cost(ctx, r)
+                scored.append((cost, r.active_requests, (i - self._turn) % n, i))
+            if home is not None:  # saturated: move to the cheapest unsaturated replica if that beats waiting
+                others = [s for s in scored if s[3] != home and not self.session_saturated(cands[s[3]])]
+                best = min(others) if others else scored[home]
+                chosen, reason = (best[3], "session_move") if best[0] < scored[home][0] else (home, "session")
+            else:
+                chosen = min(scored)[3]
+                total = [h + g for h, g in matches]
+                reason = ("prefix" if total[chosen] > min(total)
+                          else ("load_balance" if total[chosen] < max(total) else "least_load"))
+                if n == 1:
+                    reason = "only_choice" if len(replicas) == 1 else reason
+        rid = cands[chosen].replica_id
+        spilled = spilled_from is not None and rid not in spilled_from
         if spilled:
             reason = "pool_spill"
-        return RoutingDecision(chosen.replica_id, reason, matched_blocks=matched, spilled=spilled)
+        return RoutingDecision(rid, reason, matched_blocks=sum(matches[chosen]), spilled=spilled)
 
     def on_routed(self, ctx: RequestContext, decision: RoutingDecision) -> None:
         idx = self._indexes.get(decision.replica_id)
         if idx is not None:
             idx.insert(ctx.block_hashes)
         if ctx.session is not None:
-            self._sessions[ctx.session] = decision.replica_id
-            self._sessions.move_to_end(ctx.session)
-            if len(self._sessions) > self.config.max_sessions:
-                self._sessions.popitem(last=False)
+            self.sessions.routed(ctx.session, decision.replica_id, ctx.prompt_tokens + ctx.max_tokens,
+                                 self._now(ctx))
+
+    def on_finished(self, ctx: RequestContext, replica_id: str, ok: bool) -> None:
+        if ctx.session is None:
+            return
+        now = self._virtual_now if ctx.arrival_s is not None and self._virtual_now is not None else time.monotonic()
+        self.sessions.finished(ctx.session, now)
+        if ok:
+            idx = self._indexes.get(replica_id)
+            if idx is not None:  # the engine frees the chain now: it is most recent in its LRU from here
+                idx.insert(ctx.block_hashes)
 
     def on_cache_evicted(self, replica_id: str, tokens: int | None) -> None:
         idx = self._indexes.get(replica_id)
@@ -212,5 +351,4 @@ class PrefixPolicy(Policy, name="prefix"):
         self._block_tokens.pop(replica_id, None)
         self._evict_residual.pop(replica_id, None)
         self._indexes.pop(replica_id, None)
-        for s in [s for s, rid in self._sessions.items() if rid == replica_id]:
-            del self._sessions[s]
+        self.sessions.drop_replica(replica_id)

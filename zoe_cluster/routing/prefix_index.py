@@ -1,12 +1,18 @@
-"""An approximate picture of one replica's prefix cache: an LRU set of chain block hashes.
+"""An approximate picture of one replica's prefix cache: LRU sets of chain block hashes, one per KV tier.
 
 The router records the blocks of every prompt it sends to a replica (`insert`) and asks how many leading
-blocks of a new prompt are there (`match`). The set holds at most `capacity_blocks` hashes (the replica's KV
-capacity in blocks), evicting the least recently used, so the router's picture forgets roughly what the engine
-had to forget. Because hashes are chained, a hit on block i implies the whole prefix up to i was the same.
+blocks of a new prompt are there (`match`, or `match_tiers` split by tier). The HBM set holds at most
+`capacity_blocks` hashes (the replica's KV capacity in blocks), evicting the least recently used, so the
+router's picture forgets roughly what the engine had to forget. Because hashes are chained, a hit on block i
+implies the whole prefix up to i was the same.
 
-Precise mode corrects it from the engine's KV events: `evict_lru(n)` when the engine reports n blocks removed,
-`clear()` when it reports all blocks cleared (see `routing.kv_events`).
+Engines that keep a host-memory KV tier (`host_capacity_blocks` > 0: vLLM's offloading connector, LMCache,
+SGLang HiCache) write every computed block through to it; the index keeps a second LRU set of that size with the
+same recency, so a block gone from HBM may still be a host-tier hit (it loads over the host link instead of
+being recomputed), as in the simulated engine (`sim.kv_cache`).
+
+Precise mode corrects the HBM set from the engine's KV events: `evict_lru(n)` when the engine reports n blocks
+removed, `clear()` when it reports all blocks cleared (see `routing.kv_events`).
 """
 
 from __future__ import annotations
@@ -15,32 +21,54 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 
+def _leading(block_hashes: Sequence[int], present: OrderedDict[int, None], start: int = 0) -> int:
+    n = 0
+    for h in block_hashes[start:]:
+        if h not in present:
+            break
+        n += 1
+    return n
+
+
 class PrefixIndex:
-    """LRU set of block hashes of one replica."""
+    """LRU sets of block hashes of one replica: HBM, and optionally its host-memory tier."""
 
-    __slots__ = ("capacity_blocks", "_lru")
+    __slots__ = ("capacity_blocks", "host_capacity_blocks", "_lru", "_host")
 
-    def __init__(self, capacity_blocks: int) -> None:
+    def __init__(self, capacity_blocks: int, host_capacity_blocks: int = 0) -> None:
         if capacity_blocks <= 0:
             raise ValueError(f"capacity_blocks must be positive, got {capacity_blocks}")
+        if host_capacity_blocks < 0:
+            raise ValueError(f"host_capacity_blocks must be >= 0, got {host_capacity_blocks}")
         self.capacity_blocks = capacity_blocks
+        self.host_capacity_blocks = host_capacity_blocks
         self._lru: OrderedDict[int, None] = OrderedDict()
+        self._host: OrderedDict[int, None] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._lru)
+        """Distinct blocks the replica can serve a hit from (either tier)."""
+        if not self._host:
+            return len(self._lru)
+        return len(self._host) + sum(1 for h in self._lru if h not in self._host)
 
     def __contains__(self, block_hash: int) -> bool:
-        return block_hash in self._lru
+        return block_hash in self._lru or block_hash in self._host
+
+    @property
+    def hbm_blocks(self) -> int:
+        return len(self._lru)
 
     def match(self, block_hashes: Sequence[int]) -> int:
-        """Leading blocks of `block_hashes` present (stops at the first miss); does not change recency."""
-        lru = self._lru
-        n = 0
-        for h in block_hashes:
-            if h not in lru:
-                break
-            n += 1
-        return n
+        """Leading blocks of `block_hashes` present in either tier (stops at the first miss); no recency change."""
+        hbm, host = self.match_tiers(block_hashes)
+        return hbm + host
+
+    def match_tiers(self, block_hashes: Sequence[int]) -> tuple[int, int]:
+        """(leading blocks in HBM, blocks right after them in the host tier): what the engine would hit in HBM and
+        load back from host memory."""
+        hbm = _leading(block_hashes, self._lru)
+        host = _leading(block_hashes, self._host, hbm) if self._host else 0
+        return hbm, host
 
     def insert(self, block_hashes: Sequence[int]) -> None:
         """Record that the replica now holds these blocks, evicting the least recently used beyond capacity.
@@ -49,27 +77,40 @@ class PrefixIndex:
         from the tail (as engines free a request's blocks); a hit on a head keeps serving the whole prefix.
         A prompt longer than the capacity keeps only its first `capacity_blocks` blocks: a later prompt can only
         reuse a prefix, so the head is what is worth remembering."""
-        lru = self._lru
-        for h in reversed(block_hashes[: self.capacity_blocks]):
-            if h in lru:
-                lru.move_to_end(h)
-            else:
-                lru[h] = None
-        while len(lru) > self.capacity_blocks:
-            lru.popitem(last=False)
+        _touch(self._lru, block_hashes, self.capacity_blocks)
+        if self.host_capacity_blocks:
+            _touch(self._host, block_hashes, self.host_capacity_blocks)
 
-    def resize(self, capacity_blocks: int) -> None:
+    def resize(self, capacity_blocks: int, host_capacity_blocks: int | None = None) -> None:
         if capacity_blocks <= 0:
             raise ValueError(f"capacity_blocks must be positive, got {capacity_blocks}")
         self.capacity_blocks = capacity_blocks
         self.evict_lru(len(self._lru) - capacity_blocks)
+        if host_capacity_blocks is not None:
+            if host_capacity_blocks < 0:
+                raise ValueError(f"host_capacity_blocks must be >= 0, got {host_capacity_blocks}")
+            self.host_capacity_blocks = host_capacity_blocks
+            while len(self._host) > host_capacity_blocks:
+                self._host.popitem(last=False)
 
     def evict_lru(self, n_blocks: int) -> int:
-        """Forget the n least recently used blocks; returns how many were forgotten."""
+        """Forget the n least recently used HBM blocks; returns how many were forgotten."""
         n = max(0, min(n_blocks, len(self._lru)))
         for _ in range(n):
             self._lru.popitem(last=False)
         return n
 
     def clear(self) -> None:
+        """Forget both tiers (the engine reset its prefix cache, which drops its host tier too)."""
         self._lru.clear()
+        self._host.clear()
+
+
+def _touch(lru: OrderedDict[int, None], block_hashes: Sequence[int], capacity: int) -> None:
+    for h in reversed(block_hashes[:capacity]):
+        if h in lru:
+            lru.move_to_end(h)
+        else:
+            lru[h] = None
+    while len(lru) > capacity:
+        lru.popitem(last=False)
