@@ -9,6 +9,7 @@ from tests.cluster.conftest import glm
 from zoe_cluster.cluster.lifecycle import ReplicaFacts, ReplicaState, backoff_s, replica_id
 from zoe_cluster.cluster.placement import GangShape, accelerator_resource, fits_cluster
 from zoe_cluster.cluster.spec import DeploymentSpec
+from zoe_cluster.engines import get_adapter
 from zoe_cluster.recipes.schema import Parallelism
 
 
@@ -57,10 +58,10 @@ def test_backoff_doubles_up_to_the_cap():
 
 
 def test_one_node_gang_packs_and_multi_node_gang_spreads():
-    one = GangShape.of(Parallelism(tp=8, nodes=1, gpus_per_node=8), "AMD-Instinct-MI355X-OAM", "vllm")
+    one = GangShape.of(Parallelism(tp=8, nodes=1, gpus_per_node=8), "AMD-Instinct-MI355X-OAM", get_adapter("vllm").places_own_workers)
     assert one.strategy == "STRICT_PACK" and one.gpus == 8
     assert one.bundles() == [{"GPU": 8.0, "accelerator_type:AMD-Instinct-MI355X-OAM": 0.001}]
-    two = GangShape.of(Parallelism(tp=8, pp=2, nodes=2, gpus_per_node=8), None, "sglang")
+    two = GangShape.of(Parallelism(tp=8, pp=2, nodes=2, gpus_per_node=8), None, get_adapter("sglang").places_own_workers)
     assert two.strategy == "STRICT_SPREAD" and two.bundles() == [{"GPU": 8.0}, {"GPU": 8.0}]
 
 
@@ -96,11 +97,11 @@ def test_spec_rejects_unknown_variant_and_wrong_engine():
 
 def test_multi_node_vllm_leaves_gpu_placement_to_its_ray_executor():
     par = Parallelism(tp=8, pp=2, nodes=2, gpus_per_node=8)
-    vllm = GangShape.of(par, "AMD-Instinct-MI355X-OAM", "vllm")
+    vllm = GangShape.of(par, "AMD-Instinct-MI355X-OAM", get_adapter("vllm").places_own_workers)
     assert vllm.engine_places_workers and vllm.members == 1 and vllm.member_gpus == 0 and vllm.gpus == 16
     assert vllm.bundles() == [{"CPU": 0.01, "accelerator_type:AMD-Instinct-MI355X-OAM": 0.001}]
     assert "16 GPUs" in fits_cluster(vllm, 1, {"GPU": 8.0, accelerator_resource("AMD-Instinct-MI355X-OAM"): 1})
-    sglang = GangShape.of(par, "AMD-Instinct-MI355X-OAM", "sglang")
+    sglang = GangShape.of(par, "AMD-Instinct-MI355X-OAM", get_adapter("sglang").places_own_workers)
     assert not sglang.engine_places_workers and sglang.members == 2 and sglang.member_gpus == 8
     assert sglang.strategy == "STRICT_SPREAD" and len(sglang.bundles()) == 2
-    assert not GangShape.of(Parallelism(tp=8), None, "vllm").engine_places_workers
+    assert not GangShape.of(Parallelism(tp=8), None, get_adapter("vllm").places_own_workers).engine_places_workers

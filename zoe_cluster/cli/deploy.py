@@ -15,8 +15,8 @@ from typing import Optional
 import typer
 
 from zoe_cluster.cli.common import EXIT_RUNTIME, console, fail, parse_service_classes, print_json
+from zoe_cluster.engines import ENGINE_NAMES, get_adapter, simulated_engine
 
-ENGINES = ("vllm", "sglang", "sim")
 SIM_DEFAULT_REPLICAS = 2
 """Replicas `zoe deploy` starts on the simulated engine when none are asked for: two, so the router has a choice."""
 
@@ -183,7 +183,8 @@ def register(app: typer.Typer) -> None:
             None, min=0, help=f"Replica count (default: the plan's; else 1, or {SIM_DEFAULT_REPLICAS} on the simulated "
             "engine where the cluster's GPUs hold them)."),
         engine: Optional[str] = typer.Option(
-            None, help="vllm, sglang, or sim (simulated; needs no GPUs). Default: the variant's engine, or sim when "
+            None, help=f"{', '.join(ENGINE_NAMES)} ({simulated_engine()} is simulated; needs no GPUs). Default: the "
+            f"variant's engine, or {simulated_engine()} when "
             "the Ray cluster has no GPUs."),
         address: Optional[str] = typer.Option(
             None, help="Ray cluster to join (else $RAY_ADDRESS, a running local one, or a new local one)."),
@@ -238,8 +239,8 @@ def register(app: typer.Typer) -> None:
 
         from zoe_cluster.sim.load_time import LOAD_TIMES
 
-        if engine is not None and engine not in ENGINES:
-            fail(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if engine is not None and engine not in ENGINE_NAMES:
+            fail(f"--engine must be one of {', '.join(ENGINE_NAMES)}, got {engine!r}")
         if sim_load_time not in LOAD_TIMES:
             fail(f"--sim-load-time must be one of {', '.join(LOAD_TIMES)}, got {sim_load_time!r}")
         if variant and concurrency is not None:
@@ -299,10 +300,11 @@ def register(app: typer.Typer) -> None:
             if not _cluster_has_gpus(local):
                 console.print(f"no GPUs in the Ray cluster at {gcs}: serving on the simulated engine (pass "
                               f"--engine {engine} to wait for GPU nodes instead)", highlight=False)
-                engine = "sim"
-        if replicas is None and engine == "sim":
+                engine = simulated_engine()
+        simulated = get_adapter(engine).is_simulated
+        if replicas is None and simulated:
             replicas = _sim_replicas(recipe.variants[chosen].parallelism.gpus)
-        if engine == "sim":
+        if simulated:
             engine_env.setdefault("ZOE_SIM_LOAD_TIME", sim_load_time)
         try:
             spec = DeploymentSpec(
@@ -320,7 +322,7 @@ def register(app: typer.Typer) -> None:
             fail("; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()))
         console.print(f"deploying {spec.name}: {spec.replicas} x {chosen} on {engine} (Ray {gcs})", highlight=False)
         load = recipe.variants[chosen].profile.weights_load_s
-        if engine == "sim" and load and engine_env["ZOE_SIM_LOAD_TIME"] == "real":
+        if simulated and load and engine_env["ZOE_SIM_LOAD_TIME"] == "real":
             console.print(f"the simulated engine loads for {load.value:.0f} s like the real one ({load.source})",
                           highlight=False)
         try:
@@ -335,7 +337,7 @@ def register(app: typer.Typer) -> None:
             st = _call(handle.status.remote())
         else:
             st = _wait_with_progress(handle, spec.replicas, timeout, spec.name,
-                                     expected_load_s=_expected_load(recipe, engine_env if engine == "sim" else {}))
+                                     expected_load_s=_expected_load(recipe, engine_env if simulated else {}))
         if json_out:
             print_json(st)
         else:

@@ -25,7 +25,7 @@ from zoe_cluster.cluster.placement import GangShape, fits_cluster
 from zoe_cluster.cluster.router_link import RouterLink, router_argv
 from zoe_cluster.cluster.spec import DeploymentSpec
 from zoe_cluster.engines import LaunchContext, get_adapter
-from zoe_cluster.recipes.profile import host_kv_tokens, kv_capacity_tokens
+from zoe_cluster.recipes.profile import host_kv_tokens
 from zoe_cluster.router.membership import Membership
 
 log = logging.getLogger(__name__)
@@ -338,7 +338,7 @@ class DeploymentController:
     def _platform(self, info: dict) -> str:
         if self.spec.platform != "auto":
             return self.spec.platform
-        return "cpu" if self.spec.engine == "sim" else info["platform"]
+        return "cpu" if self.adapter.is_simulated else info["platform"]
 
     async def _start_engine(self, slot: Slot, facts: ReplicaFacts) -> None:
         gang = slot.gang
@@ -583,9 +583,8 @@ class DeploymentController:
         return {"version": self.membership_version, "replicas": reps}
 
     def _kv_tokens(self, variant: str) -> int:
-        """KV capacity the router sizes its prefix index to: the simulated engine's override, else the recipe's."""
-        override = self.spec.engine_env.get("ZOE_SIM_KV_TOKENS") if self.spec.engine == "sim" else None
-        return int(override) if override else max(1, kv_capacity_tokens(self.spec.recipe, variant))
+        """KV capacity the router sizes its prefix index to (the adapter's: a simulated engine may override it)."""
+        return self.adapter.kv_capacity_tokens(self.spec.recipe, variant, self.spec.engine_env)
 
     async def _push_membership(self) -> None:
         self.membership_version += 1
@@ -746,7 +745,7 @@ class DeploymentController:
             raise ValueError(f"model {self.spec.recipe.name} has no variant '{variant}'; "
                              f"known: {sorted(self.spec.recipe.variants)}")
         engine = self.spec.recipe.variants[variant].engine
-        if self.spec.engine != "sim" and engine != self.spec.engine:
+        if not self.adapter.serves(engine):
             raise ValueError(f"variant '{variant}' runs on {engine}; this deployment runs {self.spec.engine}")
         self.spec.worker_image(variant)  # a variant no worker image of the cluster runs is refused here
 

@@ -43,9 +43,11 @@ class GangShape:
     """The worker image every node of the replica must run (their resource `zoe-image/<image>`); None: any node."""
 
     @classmethod
-    def of(cls, par: Parallelism, accelerator_type: str | None, engine: str, image: str | None = None) -> "GangShape":
+    def of(cls, par: Parallelism, accelerator_type: str | None, places_own_workers: bool = False,
+           image: str | None = None) -> "GangShape":
+        """The gang of a variant's parallelism; `places_own_workers` is the engine adapter's (multi-node vLLM)."""
         return cls(nodes=par.nodes, gpus_per_node=par.gpus_per_node, accelerator_type=accelerator_type,
-                   engine_places_workers=engine == "vllm" and par.nodes > 1, image=image)
+                   engine_places_workers=places_own_workers and par.nodes > 1, image=image)
 
     @property
     def gpus(self) -> int:

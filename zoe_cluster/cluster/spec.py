@@ -13,13 +13,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from zoe_cluster.cluster.placement import GangShape
+from zoe_cluster.engines import EngineAdapter, EngineName, get_adapter
 from zoe_cluster.recipes.schema import Recipe
 from zoe_cluster.switching.vocabulary import SwitchConfig
 
 LONG_CONTEXT_TOKENS = 131072
 """A variant meant for contexts beyond this (its recipe's `intended.context_tokens`) serves the router's "long" pool."""
 
-EngineName = Literal["vllm", "sglang", "sim"]
 PlatformChoice = Literal["auto", "rocm", "cuda", "cpu"]
 
 
@@ -113,7 +113,7 @@ class DeploymentSpec(BaseModel):
         for v in {self.variant, *self.replica_variants.values()}:
             if v not in self.recipe.variants:
                 raise ValueError(f"model '{self.recipe.name}' has no variant '{v}'; known: {sorted(self.recipe.variants)}")
-            if self.engine != "sim" and self.recipe.variants[v].engine != self.engine:
+            if not self.adapter().serves(self.recipe.variants[v].engine):
                 raise ValueError(
                     f"variant '{v}' of {self.recipe.name} runs on {self.recipe.variants[v].engine}, not {self.engine}"
                 )
@@ -141,13 +141,17 @@ class DeploymentSpec(BaseModel):
         options = slo_policy_config(self.recipe, sw.classes, sw.candidates, sw.slo_headroom)
         return "slo", [a for k, v in options.items() for a in ("--policy-config", f"{k}={json.dumps(v)}")]
 
+    def adapter(self) -> EngineAdapter:
+        """The adapter of the deployment's engine (what it can do, how it starts, how its metrics read)."""
+        return get_adapter(self.engine)
+
     def variant_of(self, index: int) -> str:
         return self.replica_variants.get(index, self.variant)
 
     def worker_image(self, variant: str) -> str | None:
         """The worker image whose nodes run `variant` (`worker_images` of its recipe image), or None where any node
-        does (no `worker_images`, or the simulated engine). Raises ValueError when no worker image carries it."""
-        if self.engine == "sim" or not self.worker_images:
+        does (no `worker_images`, or a simulated engine). Raises ValueError when no worker image carries it."""
+        if self.adapter().is_simulated or not self.worker_images:
             return None
         image = self.recipe.variant(variant).image
         if image not in self.worker_images:
@@ -158,10 +162,11 @@ class DeploymentSpec(BaseModel):
 
     def shape(self, variant: str) -> GangShape:
         v = self.recipe.variant(variant)
-        # The simulated engine runs anywhere: it keeps the GPU count (so placement is realistic) but not the type
+        # A simulated engine runs anywhere: it keeps the GPU count (so placement is realistic) but not the type
         # or the image.
-        return GangShape.of(v.parallelism, None if self.engine == "sim" else v.accelerator_type, self.engine,
-                            self.worker_image(variant))
+        adapter = self.adapter()
+        return GangShape.of(v.parallelism, None if adapter.is_simulated else v.accelerator_type,
+                            adapter.places_own_workers, self.worker_image(variant))
 
     def pool(self, variant: str) -> str:
         """Router pool of a replica: "long" when its variant is meant for contexts past LONG_CONTEXT_TOKENS (the

@@ -1,18 +1,25 @@
-"""The contract every engine adapter (vllm, sglang, sim) fulfils.
+"""The contract every engine adapter fulfils, and the registry that finds an adapter by its engine's name.
 
 An adapter turns (recipe, variant, where it runs) into the exact argv and env of the engine process, names
-the health endpoint, and parses the engine's Prometheus text into `EngineStats`. Engine differences live in
-the adapters and nowhere else.
+the health endpoint and the metric names it reads, parses the engine's Prometheus text into `EngineStats`, and
+answers what the rest of zoe asks of an engine (is it simulated, does it place its own workers, which variants
+can it serve, what KV capacity does a replica report). Engine differences live in the adapters and nowhere
+else: code outside `zoe_cluster.engines` asks an adapter, it never compares an engine's name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import ClassVar, Literal, get_args
 
 from zoe_cluster.recipes import Recipe
+from zoe_cluster.recipes.profile import kv_capacity_tokens
 
 Platform = Literal["rocm", "cuda", "cpu"]
+
+EngineName = Literal["vllm", "sglang", "sim"]
+"""The engines zoe runs: the one list of names (each has an adapter registered under it)."""
+ENGINE_NAMES: tuple[str, ...] = get_args(EngineName)
 
 
 @dataclass(frozen=True)
@@ -63,13 +70,52 @@ class EngineStats:
     """Kernels the zoe plugin reports as patched in (metric `zoe_kernel_active`), not what the recipe asks."""
 
 
-class EngineAdapter(Protocol):
-    name: str
-    health_path: str
+_ADAPTERS: dict[str, type["EngineAdapter"]] = {}
 
-    def command(self, recipe: Recipe, variant: str, ctx: LaunchContext) -> EngineCommand: ...
 
-    def parse_metrics(self, text: str, scraped_at: float) -> EngineStats: ...
+class EngineAdapter:
+    """One engine's adapter. A subclass registers itself under its `name` (one of `EngineName`)."""
+
+    name: ClassVar[str]
+    health_path: ClassVar[str] = "/health"
+    """Path of the engine's liveness/readiness endpoint (200 when it serves)."""
+    metric_names: ClassVar[dict[str, str]] = {}
+    """`EngineStats` field -> the Prometheus sample name this engine exposes it under (summed over labels)."""
+    is_simulated: ClassVar[bool] = False
+    """A simulated engine: needs no GPU, device platform or engine image, and may serve any variant of a recipe."""
+    places_own_workers: ClassVar[bool] = False
+    """A multi-node replica's engine reserves its other nodes' GPUs itself (through Ray); zoe starts one launcher."""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name not in ENGINE_NAMES:
+            raise TypeError(f"{cls.__name__}.name {cls.name!r} is not one of EngineName {ENGINE_NAMES}")
+        if cls.name in _ADAPTERS:
+            raise TypeError(f"two adapters for engine {cls.name!r}: {_ADAPTERS[cls.name].__name__}, {cls.__name__}")
+        _ADAPTERS[cls.name] = cls
+
+    def command(self, recipe: Recipe, variant: str, ctx: LaunchContext) -> EngineCommand:
+        raise NotImplementedError
+
+    def parse_metrics(self, text: str, scraped_at: float) -> EngineStats:
+        """`EngineStats` from the engine's /metrics text (a pure function of the text)."""
+        raise NotImplementedError
+
+    def serves(self, variant_engine: str) -> bool:
+        """Whether this engine runs a recipe variant written for `variant_engine`."""
+        return self.is_simulated or variant_engine == self.name
+
+    def kv_capacity_tokens(self, recipe: Recipe, variant: str, engine_env: dict[str, str]) -> int:
+        """KV-cache tokens one replica of `variant` holds (what the router sizes its prefix index to)."""
+        return max(1, kv_capacity_tokens(recipe, variant))
+
+
+def adapter_class(name: str) -> type[EngineAdapter]:
+    """The adapter class registered for engine `name`; ValueError naming the known engines."""
+    try:
+        return _ADAPTERS[name]
+    except KeyError:
+        raise ValueError(f"unknown engine '{name}'; known: {', '.join(ENGINE_NAMES)}") from None
 
 
 def visible_devices_env(platform: Platform, gpu_ids: tuple[int, ...]) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zoe_cluster.engines.base import EngineCommand, EngineStats, LaunchContext, visible_devices_env
+from zoe_cluster.engines.base import EngineAdapter, EngineCommand, EngineStats, LaunchContext, visible_devices_env
 from zoe_cluster.engines.metrics_text import engine_stats
 from zoe_cluster.engines.vllm import kernel_env
 from zoe_cluster.recipes import Recipe, SglangVariant
@@ -25,9 +25,9 @@ _METRICS = {
 }
 
 
-class SglangAdapter:
+class SglangAdapter(EngineAdapter):
     name = "sglang"
-    health_path = "/health"
+    metric_names = _METRICS
 
     def command(self, recipe: Recipe, variant: str, ctx: LaunchContext) -> EngineCommand:
         v = recipe.variant(variant)
@@ -82,4 +82,4 @@ class SglangAdapter:
         return EngineCommand(argv=argv, env=env)
 
     def parse_metrics(self, text: str, scraped_at: float) -> EngineStats:
-        return engine_stats(text, scraped_at, _METRICS)
+        return engine_stats(text, scraped_at, self.metric_names)

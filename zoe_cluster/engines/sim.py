@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import sys
 
-from zoe_cluster.engines.base import EngineCommand, EngineStats, LaunchContext
+from zoe_cluster.engines.base import EngineAdapter, EngineCommand, EngineStats, LaunchContext
+from zoe_cluster.engines.sglang import SglangAdapter
+from zoe_cluster.engines.vllm import VllmAdapter
 from zoe_cluster.recipes import Recipe
 
-class SimAdapter:
+
+class SimAdapter(EngineAdapter):
     name = "sim"
-    health_path = "/health"
+    metric_names = VllmAdapter.metric_names  # the default `--metrics vllm`; SGLang's with `--metrics sglang`
+    is_simulated = True
 
     def command(self, recipe: Recipe, variant: str, ctx: LaunchContext) -> EngineCommand:
         recipe.variant(variant)  # KeyError naming the known variants
@@ -37,9 +41,10 @@ class SimAdapter:
         """vLLM V1 names (the default), or SGLang's when the sim runs with `--metrics sglang`: the same parsers
         the real engines' adapters use."""
         if "sglang:" in text and "vllm:" not in text:
-            from zoe_cluster.engines.sglang import SglangAdapter
-
             return SglangAdapter().parse_metrics(text, scraped_at)
-        from zoe_cluster.engines.vllm import VllmAdapter
-
         return VllmAdapter().parse_metrics(text, scraped_at)
+
+    def kv_capacity_tokens(self, recipe: Recipe, variant: str, engine_env: dict[str, str]) -> int:
+        """`ZOE_SIM_KV_TOKENS` when the deployment sets it (the simulated engine's own capacity), else the recipe's."""
+        override = engine_env.get("ZOE_SIM_KV_TOKENS")
+        return int(override) if override else super().kv_capacity_tokens(recipe, variant, engine_env)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from zoe_cluster.engines.base import EngineCommand, EngineStats, LaunchContext, visible_devices_env
+from zoe_cluster.engines.base import EngineAdapter, EngineCommand, EngineStats, LaunchContext, visible_devices_env
 from zoe_cluster.engines.metrics_text import engine_stats
 from zoe_cluster.recipes import Recipe, VllmVariant
 
@@ -52,9 +52,10 @@ def kernel_args(kernels: list[str], platform: str, extra_engine_args: list[str])
     return []
 
 
-class VllmAdapter:
+class VllmAdapter(EngineAdapter):
     name = "vllm"
-    health_path = "/health"
+    metric_names = _METRICS
+    places_own_workers = True  # multi-node: `vllm serve` on node 0 places its workers through Ray
 
     def command(self, recipe: Recipe, variant: str, ctx: LaunchContext) -> EngineCommand:
         v = recipe.variant(variant)
@@ -105,4 +106,4 @@ class VllmAdapter:
         return EngineCommand(argv=argv, env=env)
 
     def parse_metrics(self, text: str, scraped_at: float) -> EngineStats:
-        return engine_stats(text, scraped_at, _METRICS)
+        return engine_stats(text, scraped_at, self.metric_names)

@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from zoe_cluster.engines.base import EngineName
+
 REPLICA_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]*/[0-9]+/[0-9]+$"
 
 
@@ -43,7 +45,7 @@ class MemberReplica(BaseModel):
     state: Literal["ready", "draining"] = Field(
         default="ready", description="ready: receives requests; draining: in-flight requests finish, no new ones."
     )
-    engine: Literal["vllm", "sglang", "sim"] = Field(
+    engine: EngineName = Field(
         default="vllm", description="Engine behind the URL; picks the parser of its /metrics."
     )
     models: list[str] = Field(
