@@ -63,6 +63,9 @@ METRICS: list[MetricSpec] = [
                "Upstream failures by replica and kind (connect, timeout, status, midstream, stall).", ("replica", "kind")),
     MetricSpec("router", "retries", "zoe_router_retries", "counter",
                "Requests retried on another replica after a failure before any byte was sent.", ("replica",)),
+    MetricSpec("router", "migrations", "zoe_router_migrations", "counter",
+               "Streams continued on another replica after theirs failed mid-stream, by outcome "
+               "(zoe_cluster.router.migration.OUTCOMES).", ("outcome",)),
     MetricSpec("router", "ejections", "zoe_router_ejections", "counter",
                "Replicas taken out of rotation, by cause (passive: errors; active: /health; stall: no bytes "
                "mid-request; slow: slower than its peers).",

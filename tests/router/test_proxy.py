@@ -143,7 +143,7 @@ def test_retry_on_another_replica_before_any_byte(cluster):
     assert cluster.metric("zoe_router_ejections_total", cause="passive") >= 1
 
 
-@pytest.mark.parametrize("cluster", [{"modes": {0: "die", 1: "die"}}], indirect=True)
+@pytest.mark.parametrize("cluster", [{"modes": {0: "die", 1: "die"}, "migration_limit": 0}], indirect=True)
 def test_replica_dying_mid_stream_ends_with_an_error_event(cluster):
     r = completion(cluster.client, stream=True)
     ev = sse_events(r.text)

@@ -46,6 +46,14 @@ from zoe_cluster.router.config import RouterConfig
 from zoe_cluster.router.errors import HttpError, error_body, upstream_error_body
 from zoe_cluster.router.health import HealthChecker
 from zoe_cluster.router.membership import MemberReplica, Membership
+from zoe_cluster.router.migration import (
+    NotContinuable,
+    SpliceRewriter,
+    StreamLedger,
+    ask_token_ids,
+    continuable,
+    continuation_body,
+)
 from zoe_cluster.router.replicas import ReplicaSet, ReplicaState
 from zoe_cluster.router.request_checks import RequestError, check_sampling, parse_json_body
 from zoe_cluster.router.slowness import stall_verdict
@@ -252,7 +260,7 @@ class Router:
         watcher = asyncio.ensure_future(receive())
         watcher.add_done_callback(on_message)
         try:
-            await self._forward(endpoint, send, raw, ctx, t0, state)
+            await self._forward(endpoint, send, raw, body, ctx, t0, state)
         except asyncio.CancelledError:
             if not state.disconnected:
                 raise
@@ -430,11 +438,18 @@ class Router:
         self._wake()
 
     async def _forward(
-        self, endpoint: str, send: Callable, payload: bytes, ctx: RequestContext, t0: float, state
+        self, endpoint: str, send: Callable, raw: bytes, body: dict, ctx: RequestContext, t0: float, state
     ) -> None:
         cfg = self.config
         path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
         up_headers = {"content-type": "application/json", "x-request-id": ctx.request_id}
+        payload, ledger = raw, None
+        if body.get("stream") is True and cfg.migration_limit and continuable(body, endpoint) is None:
+            ask = (endpoint == "completions" and "return_token_ids" not in body
+                   and ctx.prompt_tokens <= cfg.migration_token_ids_max_prompt)
+            if ask:
+                payload = ask_token_ids(raw)
+            ledger = StreamLedger(endpoint, strip_token_ids=ask)
         tried: set[str] = set()
         last_error = "no attempt"
         for attempt_no in range(cfg.max_retries + 1):
@@ -451,6 +466,7 @@ class Router:
             self._admit(ctx, a)
             tried.add(a.st.id)
             ok = False
+            broken: str | None = None  # why the stream failed after the client's response started
             try:
                 resp = await self._open(a, a.st.view.url + path, payload, up_headers)
                 try:
@@ -460,7 +476,10 @@ class Router:
                         raise _UpstreamFailed("status", f"HTTP {resp.status} from {a.st.id}: {detail}")
                     ctype = resp.headers.get("content-type", "")
                     if ctype.startswith("text/event-stream"):
-                        ok = await self._stream(send, resp, ctx, a, t0, state)  # False: failed mid-stream (recorded)
+                        broken = await self._stream(send, resp, ctx, a, t0, ledger.take if ledger else None)
+                        ok = broken is None
+                        if ok and ledger is not None and (rest := ledger.rest()):
+                            await send({"type": "http.response.body", "body": rest, "more_body": True})
                     else:
                         async with asyncio.timeout(cfg.read_timeout_s):
                             data = await resp.read()
@@ -479,7 +498,9 @@ class Router:
                     resp.release() if ok else resp.close()
                 if ok:
                     self.replicas.record_success(a.st)
-                return
+                    if ctype.startswith("text/event-stream"):
+                        await self._end_stream(send, state, ctx, t0)
+                    return
             except _UpstreamFailed as e:
                 last_error = str(e)
                 self.replicas.record_failure(a.st, e.kind)
@@ -494,7 +515,90 @@ class Router:
                 self.replicas.record_failure(a.st, "connect")
             finally:
                 self._release(ctx, a, ok)
+            if broken is not None:
+                if ledger is not None:
+                    broken = await self._migrate(endpoint, path, send, raw, ctx, ledger, tried, broken)
+                if broken is None:
+                    await self._end_stream(send, state, ctx, t0)
+                    return
+                msg = f"{broken}; the response is incomplete"
+                event = json.dumps({"error": {"message": msg, "type": "upstream_error", "param": None, "code": 502}})
+                state.finished = True
+                await send({"type": "http.response.body", "body": f"data: {event}\n\ndata: [DONE]\n\n".encode(),
+                            "more_body": False})
+                self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
+                return
         await self._respond_error(send, HttpError(502, f"upstream failed: {last_error}", "upstream_error"))
+
+    async def _end_stream(self, send: Callable, state, ctx: RequestContext, t0: float) -> None:
+        state.finished = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
+
+    async def _migrate(self, endpoint: str, path: str, send: Callable, raw: bytes, ctx: RequestContext,
+                       ledger: StreamLedger, tried: set[str], broken: str) -> str | None:
+        """Continue a broken stream on other replicas (up to `migration_limit` continuations, see
+        `router.migration`); None when the client's stream is complete, else why it is not."""
+        ledger.settle()
+        body = json.loads(raw)  # the whole body (a chat body's parsed fields lack `messages`)
+        wants_ids = bool(body.get("return_token_ids"))
+        want_ids = wants_ids or ledger.strip_token_ids
+        up_headers = {"content-type": "application/json", "x-request-id": ctx.request_id}
+        count = self.metrics.migrations.labels
+        for n in range(1, self.config.migration_limit + 1):
+            if ledger.output_ended:
+                count("completed").inc()
+                if not ledger.done:
+                    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+                return None
+            try:
+                payload = continuation_body(body, endpoint, ledger, want_ids)
+            except NotContinuable as e:
+                count("not_continuable").inc()
+                return f"{broken}; not continued: {e}"
+            try:
+                a = await self._acquire(ctx, tried)
+            except HttpError as e:
+                count("no_replica").inc()
+                return f"{broken}; no replica to continue on: {e.message}"
+            _log.warning("request %s: %s; continuing on %s after %d tokens (migration %d of at most %d)",
+                         ctx.request_id, broken, a.st.id, ledger.generated_tokens, n, self.config.migration_limit)
+            self._admit(ctx, a)
+            tried.add(a.st.id)
+            ok = False
+            rewriter = SpliceRewriter(ledger, wants_ids)
+            try:
+                resp = await self._open(a, a.st.view.url + path, payload, up_headers)
+                try:
+                    if resp.status != 200 or not resp.headers.get("content-type", "").startswith("text/event-stream"):
+                        async with asyncio.timeout(self.config.read_timeout_s):
+                            detail = (await resp.read())[:200].decode("utf-8", "replace")
+                        raise _UpstreamFailed("status", f"HTTP {resp.status} from {a.st.id}: {detail}")
+                    failed = await self._stream(send, resp, ctx, a, 0.0, rewriter.take, started=True)
+                    ok = failed is None
+                finally:
+                    resp.release() if ok else resp.close()
+                if ok:
+                    if rest := rewriter.rest():
+                        await send({"type": "http.response.body", "body": rest, "more_body": True})
+                    self.replicas.record_success(a.st)
+                    count("continued").inc()
+                    return None
+                broken = failed  # type: ignore[assignment]
+            except _UpstreamFailed as e:
+                broken = str(e)
+                self.replicas.record_failure(a.st, e.kind)
+            except TimeoutError:
+                broken = f"timeout waiting for {a.st.id}"
+                self.replicas.record_failure(a.st, "timeout")
+            except (ValueError, OSError) as e:
+                broken = f"{type(e).__name__} from {a.st.id}: {e}"
+                self.replicas.record_failure(a.st, "connect")
+            finally:
+                self._release(ctx, a, ok)
+            count("failed").inc()
+        count("exhausted").inc()
+        return f"{broken}; {self.config.migration_limit} continuations failed"
 
     async def _open(self, a: _Attempt, url: str, payload: bytes, headers: dict) -> UpstreamResponse:
         assert self.upstream is not None, "router not started (use the ASGI lifespan or await router.start())"
@@ -520,9 +624,11 @@ class Router:
         self._lab(self.metrics.responses, str(status)).inc()
 
     async def _stream(self, send: Callable, resp: UpstreamResponse, ctx: RequestContext, a: _Attempt,
-                      t0: float, state) -> bool:
-        """Pass an SSE body through chunk by chunk; returns False when the replica failed mid-stream (the client
-        got an error event and a clean end)."""
+                      t0: float, take: Callable[[bytes], bytes] | None = None, started: bool = False) -> str | None:
+        """Pass an SSE body through chunk by chunk (through `take` when given: whole events, rewritten); None when
+        it ended cleanly, else what failed mid-stream (recorded against the replica; the client's stream stays
+        open for the caller to continue or end). `started`: the client's response already began (a
+        continuation). Failing before the first chunk raises, so the request can be retried."""
         # Wait for the first chunk before answering, so a replica that fails before any byte can be retried.
         cfg, st = self.config, a.st
         watch = StallWatch(st, cfg.stall_timeout_s, cfg.first_byte_timeout_s, self.clock)
@@ -536,18 +642,21 @@ class Router:
             raise
         if not first:
             raise _UpstreamFailed("midstream", f"{a.st.id} closed the stream before any event")
-        headers = [
-            (b"content-type", b"text/event-stream"),
-            (b"x-zoe-replica", a.st.id.encode()),
-            (b"x-zoe-route-reason", a.decision.reason.encode()),
-            *_SSE_HEADERS,
-        ]
-        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-        await send({"type": "http.response.body", "body": first, "more_body": True})
-        self._lab(self.metrics.ttft, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
+        if not started:
+            headers = [
+                (b"content-type", b"text/event-stream"),
+                (b"x-zoe-replica", a.st.id.encode()),
+                (b"x-zoe-route-reason", a.decision.reason.encode()),
+                *_SSE_HEADERS,
+            ]
+            await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+            self._lab(self.metrics.ttft, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
+            self._lab(self.metrics.responses, str(resp.status)).inc()
+        data = take(first) if take is not None else first
+        if data or not started:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
         a.st.view.prefill_done(ctx, a.cached_tokens)
         a.prefilled = True
-        self._lab(self.metrics.responses, str(resp.status)).inc()
         clock = self.clock
         first_at = resp.arrived_at  # arrival times, so a client that reads slowly does not slow the replica's figure
         last_at = st.last_byte_at = clock()
@@ -573,6 +682,8 @@ class Router:
                     break
                 last_at = st.last_byte_at = clock()
                 events += chunk.count(b"data: ")
+                if take is not None and not (chunk := take(chunk)):
+                    continue
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except OSError as e:  # UpstreamError
             kind, detail = "midstream", type(e).__name__
@@ -580,19 +691,10 @@ class Router:
             st.decoding_streams -= 1
         if kind is not None:
             self.replicas.record_failure(st, kind)
-            msg = f"replica {st.id} failed mid-stream ({kind}: {detail}); the response is incomplete"
-            event = json.dumps({"error": {"message": msg, "type": "upstream_error", "param": None, "code": 502}})
-            state.finished = True
-            await send({"type": "http.response.body", "body": f"data: {event}\n\ndata: [DONE]\n\n".encode(),
-                        "more_body": False})
-            self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
-            return False
-        state.finished = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
+            return f"replica {st.id} failed mid-stream ({kind}: {detail})"
         if events >= 4:  # [DONE] and a usage event end most streams; the gaps between token events remain
             self.replicas.record_latency(st, "tpot_s", (resp.arrived_at - first_at) / (events - 1), a.probe)
-        return True
+        return None
 
 def build_router(
     config: RouterConfig,

@@ -61,6 +61,18 @@ class RouterConfig(BaseModel):
         description="Upstream HTTP statuses retried on another replica (before any byte reached the client); "
         "each also counts toward passive ejection.",
     )
+    migration_limit: int = Field(
+        default=3, ge=0,
+        description="Continuations of one stream on other replicas after its replica failed mid-stream (died, reset "
+        "or stalled): the client sees one stream (zoe_cluster.router.migration); 0: the stream ends with an error "
+        "event instead.",
+    )
+    migration_token_ids_max_prompt: int = Field(
+        default=32768, ge=0,
+        description="Longest prompt, tokens (the router's estimate), for which a streamed completion asks the engine "
+        "for token ids (`return_token_ids`), so a continuation resumes at the exact token; longer prompts continue "
+        "from text (the first event would carry every prompt token id).",
+    )
     max_queue: int = Field(default=1024, ge=0, description="Requests that may wait for a free replica; more get 429.")
     queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest wait in the queue before 503.")
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After sent with 429/503.")

@@ -1,7 +1,8 @@
 """The simulated engine's HTTP surface: an OpenAI-compatible server backed by `EngineCore` on a wall clock.
 
 Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (streaming with SSE and not; `usage` with
-`prompt_tokens_details.cached_tokens`; `stream_options.include_usage`), `GET /v1/models`, `GET /health`
+`prompt_tokens_details.cached_tokens`; `stream_options.include_usage`; vLLM's `return_token_ids` and, for chat,
+`continue_final_message`, which the router's mid-stream migration uses), `GET /v1/models`, `GET /health`
 (503 while the weights "load"), `GET /metrics` (`zoe_cluster.sim.metrics`), `POST /reset_prefix_cache` (as
 vLLM), and the simulator's own `GET /sim/info` (calibration, KV capacity) and, only when started with
 `fault_endpoint` (`zoe sim serve --fault-endpoint`), `POST /sim/faults`.
@@ -21,6 +22,7 @@ import json
 import os
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +73,15 @@ class ServerConfig:
     """Serve `POST /sim/faults` (unauthenticated fault injection at run time): tests and fault benchmarks only."""
     max_body_bytes: int = 32 * 1024 * 1024
     """Larger request bodies get 413."""
+
+
+def token_ids(prompt: str | list[int]) -> list[int]:
+    """Token ids of a prompt or an output (`return_token_ids`): a token-id prompt as it is; text as one id per
+    4-character token (`sim.tokens`), derived from the characters, so a continuation prompt made of a prompt's
+    and an output's ids has the same token count as the text it stands for."""
+    if not isinstance(prompt, str):
+        return list(prompt)
+    return [zlib.crc32(prompt[i:i + 4].encode()) & 0xFFFF for i in range(0, len(prompt), 4)]
 
 
 class _HttpError(Exception):
@@ -281,11 +292,15 @@ class SimServer:
                 messages = body.get("messages")
                 if not isinstance(messages, list) or not messages:
                     raise _HttpError(400, "'messages' must be a non-empty list")
+                if body.get("continue_final_message") and body.get("add_generation_prompt"):  # as vLLM
+                    raise _HttpError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` "
+                                          "to True.")
                 try:
                     text = render_chat(messages, body.get("tools"))
                 except ValueError as e:
                     raise _HttpError(400, str(e)) from None
                 prompt_tokens, hashes = prompt_blocks(text, self.config.block_tokens)
+                prompt = text
             else:
                 prompt = body.get("prompt")
                 if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -308,6 +323,7 @@ class SimServer:
             stream = bool(body.get("stream", False))
             opts = body.get("stream_options") or {}
             include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
+            prompt_ids = token_ids(prompt) if body.get("return_token_ids") else None
             self._admit_fault()
             req = await self._start(prompt_tokens, hashes, max_tokens)
         except _HttpError as e:
@@ -317,7 +333,7 @@ class SimServer:
         created = int(time.time())
         if stream:
             return StreamingResponse(
-                self._sse(req, chat, rid, created, model, include_usage), media_type="text/event-stream"
+                self._sse(req, chat, rid, created, model, include_usage, prompt_ids), media_type="text/event-stream"
             )
         flow: _Flow = req.payload
         parts = []
@@ -333,6 +349,8 @@ class SimServer:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}
             obj = "text_completion"
+        if prompt_ids is not None:
+            choice.update(prompt_token_ids=prompt_ids, token_ids=token_ids(text))
         return JSONResponse({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
                              "usage": usage})
 
@@ -346,9 +364,10 @@ class SimServer:
         }
 
     async def _sse(self, req: SimRequest, chat: bool, rid: str, created: int, model: str,
-                   include_usage: bool) -> AsyncIterator[bytes]:
+                   include_usage: bool, prompt_ids: list[int] | None = None) -> AsyncIterator[bytes]:
         flow: _Flow = req.payload
         obj = "chat.completion.chunk" if chat else "text_completion"
+        ids_asked = prompt_ids is not None
 
         def chunk(choice: dict[str, Any] | None, usage: dict[str, Any] | None = None) -> bytes:
             payload: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model,
@@ -359,8 +378,11 @@ class SimServer:
 
         try:
             if chat:
-                yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None})
+                opening = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                           "finish_reason": None}
+                if prompt_ids is not None:  # as vLLM: the prompt's ids in the first chunk, then each chunk's own
+                    opening["prompt_token_ids"], prompt_ids = prompt_ids, None
+                yield chunk(opening)
             done = 0
             while done < req.max_tokens:
                 n = await flow.queue.get()
@@ -369,10 +391,14 @@ class SimServer:
                 last = done >= req.max_tokens
                 fin = "length" if last else None
                 if chat:
-                    yield chunk({"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": fin})
+                    choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": fin}
                 else:
-                    yield chunk({"index": 0, "text": text, "logprobs": None, "finish_reason": fin,
-                                 "stop_reason": None})
+                    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": fin, "stop_reason": None}
+                if ids_asked:
+                    if prompt_ids is not None:
+                        choice["prompt_token_ids"], prompt_ids = prompt_ids, None
+                    choice["token_ids"] = token_ids(text)
+                yield chunk(choice)
             if include_usage:
                 yield chunk(None, self._usage(req))
             yield b"data: [DONE]\n\n"
