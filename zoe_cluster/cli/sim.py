@@ -176,20 +176,33 @@ def calibrate_cmd(
 
 @sim_app.command("replay")
 def replay_cmd(
-    trace: Path = typer.Argument(..., help="Mooncake JSONL trace (timestamp, input_length, output_length, hash_ids)."),
+    trace: Path = typer.Argument(..., help="Mooncake JSONL trace (timestamp, input_length, output_length, hash_ids), "
+                                           "or with --sessions a session file or directory (docs/agentic.md)."),
     model: str = typer.Option(..., "--model"),
     variant: Optional[str] = typer.Option(None, "--variant"),
     replicas: int = typer.Option(1, "--replicas", help="Simulated replicas behind the router."),
     policy: str = typer.Option("prefix", "--policy", help="Routing policy (zoe_cluster.routing registry)."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N requests."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N requests (with --sessions: files)."),
     kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="KV capacity per replica override, tokens."),
     host_kv_gb: float = typer.Option(
         0.0, "--host-kv-gb", min=0.0,
         help="Host memory per replica for a second KV tier (KV offloading), GB; 0: none (docs/router.md).",
     ),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    sessions: Optional[int] = typer.Option(
+        None, "--sessions", help="Closed loop: agentic sessions live at once (a finished one is replaced)."),
+    total_sessions: Optional[int] = typer.Option(
+        None, "--total-sessions", help="Session instances in all (default: max(--sessions, files)); files cycle."),
+    think_cap_s: float = typer.Option(60.0, "--think-cap-s", help="Longest think time between requests, s."),
+    block_tokens: Optional[int] = typer.Option(
+        None, "--block-tokens", help="Tokens per hash id (default: the trace's block_size); prompts scale with it."),
+    max_input_tokens: Optional[int] = typer.Option(
+        None, "--max-input-tokens", help="Cut longer prompts to this many tokens (default: the model's context)."),
+    max_output_tokens: Optional[int] = typer.Option(None, "--max-output-tokens", help="Cap output tokens."),
+    warmup_requests: int = typer.Option(0, "--warmup-requests", help="First N requests left out of the metrics."),
 ) -> None:
-    """Replay a trace on N simulated replicas behind the router's real policy code, on the virtual clock."""
+    """Replay a trace on N simulated replicas behind the router's real policy code, on the virtual clock: a
+    Mooncake trace open-loop, or agentic sessions closed-loop (--sessions)."""
     from zoe_cluster.routing import policy_names
     from zoe_cluster.sim.replay import TraceError, load_mooncake, replay
 
@@ -200,6 +213,15 @@ def replay_cmd(
     if limit is not None and limit <= 0:
         fail(f"--limit must be positive, got {limit}")
     recipe, name = _recipe_variant(model, variant)
+    if sessions is not None:
+        from zoe_cluster.agentic.cli import replay_sessions_cmd
+        from zoe_cluster.agentic.options import SessionOptions
+
+        opts = SessionOptions(sessions, total_sessions, think_cap_s, block_tokens,
+                              max_input_tokens or recipe.architecture.max_context_tokens, max_output_tokens,
+                              warmup_requests, limit_files=limit)
+        return replay_sessions_cmd(trace, opts, recipe, name, _calibrate(recipe, name), replicas, policy,
+                                   kv_tokens, host_kv_gb, json_out)
     try:
         rows = load_mooncake(trace, limit)
     except TraceError as e:

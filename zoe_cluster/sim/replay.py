@@ -1,6 +1,10 @@
 """`zoe sim replay`: a trace through N simulated replicas behind the router's real policy code, on the virtual
 clock.
 
+Requests come from a `RequestSource`: `RowSource` releases an open-loop trace's rows at their arrival times; a
+closed-loop source (`zoe_cluster.agentic.replay`, the agentic session driver) creates arrivals as earlier
+requests finish, told through `finished`.
+
 Per request, exactly what the live router does (`zoe_cluster.routing`): build the `RequestContext` (for a
 Mooncake trace, `context_from_trace` from its `hash_ids`), `policy.select` among the routable replicas,
 `policy.on_routed`, and the `ReplicaView` load accounting (`admit`, `prefill_done`, `finish`); then the
@@ -17,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.routing import ReplicaView, context_from_trace, get_policy
@@ -40,6 +44,77 @@ class TraceRow:
 
 class TraceError(ValueError):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One request a source hands to the replay: the row, its id, its session key and block size."""
+
+    request_id: str
+    row: TraceRow
+    session: str | None = None
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
+    """Tokens per `row.hash_ids` entry."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a request ended: dropped (never served), or completed with its latencies (simulated seconds)."""
+
+    dropped: bool
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    tpot_s: float | None = None
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    host_cached_tokens: int = 0
+
+
+class RequestSource(Protocol):
+    """Where a replay's requests come from. One block size for all of a source's requests."""
+
+    block_tokens: int
+
+    def next_arrival_s(self) -> float:
+        """Arrival time of the next known request; inf when none is pending."""
+
+    def pop(self) -> Arrival:
+        """Take the next known request (the one `next_arrival_s` timed)."""
+
+    def exhausted(self) -> bool:
+        """No request will arrive any more (none pending, and none can be created)."""
+
+    def horizon_s(self, next_event_s: float) -> float:
+        """How far a replica may run decode steps unattended: the next arrival, or for a source that creates
+        arrivals on completions, also the next simulation event `next_event_s` (a completion may come there)."""
+
+    def finished(self, arrival: Arrival, now: float, outcome: Outcome) -> None:
+        """`arrival` left the fleet at `now` (dropped or completed)."""
+
+
+class RowSource:
+    """An open-loop trace: rows released at their `arrival_s`, in order."""
+
+    def __init__(self, rows: list[TraceRow], block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> None:
+        self.rows, self.block_tokens, self.k = rows, block_tokens, 0
+
+    def next_arrival_s(self) -> float:
+        return self.rows[self.k].arrival_s if self.k < len(self.rows) else float("inf")
+
+    def pop(self) -> Arrival:
+        k = self.k
+        self.k += 1
+        return Arrival(f"r{k}", self.rows[k], None, self.block_tokens)
+
+    def exhausted(self) -> bool:
+        return self.k >= len(self.rows)
+
+    def horizon_s(self, next_event_s: float) -> float:
+        return self.next_arrival_s()
+
+    def finished(self, arrival: Arrival, now: float, outcome: Outcome) -> None:
+        pass
 
 
 def load_mooncake(path: str | Path, limit: int | None = None) -> list[TraceRow]:
@@ -126,8 +201,9 @@ class ReplayFleet:
 
     def __init__(self, recipe: Recipe, variants: list[str], cal_for: Callable[[str], Calibration],
                  kv_tokens: int | None, load_time_scale: float = 1.0, host_kv_gb: float = 0.0,
-                 host_link_gb_s: float = HOST_LINK_GB_S):
+                 host_link_gb_s: float = HOST_LINK_GB_S, block_tokens: int = MOONCAKE_BLOCK_TOKENS):
         self.recipe, self.cal_for, self.kv_tokens = recipe, cal_for, kv_tokens
+        self.block_tokens = block_tokens
         self.host_kv_gb, self.host_link_gb_s = host_kv_gb, host_link_gb_s
         self.load_time_scale = load_time_scale
         self.now = 0.0
@@ -152,7 +228,7 @@ class ReplayFleet:
     def _build(self, i: int, variant: str) -> tuple[EngineCore, ReplicaView]:
         v = self.recipe.variant(variant)
         cap = self.kv_tokens if self.kv_tokens is not None else kv_capacity(self.recipe, variant).tokens
-        bs = MOONCAKE_BLOCK_TOKENS
+        bs = self.block_tokens
         host = host_kv_tier(self.recipe, variant, self.host_kv_gb, self.host_link_gb_s)
         cache = PrefixCache(max(1, cap // bs), bs, host.tokens // bs, host.load_s_per_token)
         core = EngineCore(self.cal_for(variant).model, cache, v.max_num_seqs, v.max_num_batched_tokens)
@@ -202,7 +278,7 @@ class ReplayFleet:
 def replay(
     recipe: Recipe,
     variant: str,
-    rows: list[TraceRow],
+    rows: list[TraceRow] | RequestSource,
     replicas: int,
     policy: str = "prefix",
     policy_options: dict[str, Any] | None = None,
@@ -220,7 +296,8 @@ def replay(
     host_kv_gb: float = 0.0,
     host_link_gb_s: float = HOST_LINK_GB_S,
 ) -> ReplayResult:
-    """Serve `rows` on `replicas` simulated replicas of `variant` routed by `policy`; see the module docstring.
+    """Serve `rows` (an open-loop trace, or any `RequestSource`) on `replicas` simulated replicas of `variant`
+    routed by `policy`; see the module docstring.
 
     `variants` gives each replica its own starting variant (mixed fleets). `controller(fleet)` is called every
     `tick_s` simulated seconds with the `ReplayFleet` (e.g. a switching actuator's `step`); ticks also record the
@@ -241,8 +318,9 @@ def replay(
             cals[name] = calibrate(recipe, name)
         return cals[name]
 
+    source: RequestSource = RowSource(rows) if isinstance(rows, list) else rows
     fleet = ReplayFleet(recipe, list(variants or [variant] * replicas), cal_for, kv_tokens, load_time_scale,
-                        host_kv_gb, host_link_gb_s)
+                        host_kv_gb, host_link_gb_s, source.block_tokens)
     cores, views = fleet.cores, fleet.views
     busy = [False] * replicas
     heap: list[tuple[float, int, int, Any]] = []
@@ -254,8 +332,8 @@ def replay(
     dropped = completed = 0
     prompt_tokens = cached_tokens = host_tokens = out_tokens = good_tokens = 0
     last_finish = 0.0
-    n_rows = len(rows)
-    k = 0  # next arrival
+    k = 0  # arrivals so far
+    first_arrival = source.next_arrival_s()
     timeline: list[dict[str, Any]] = []
     tick_tokens = 0
     removed_preemptions = 0
@@ -264,7 +342,7 @@ def replay(
     def start(i: int, now: float) -> None:
         nonlocal seq
         core = cores[i]
-        horizon = rows[k].arrival_s if k < n_rows else float("inf")
+        horizon = source.horizon_s(heap[0][0] if heap else float("inf"))
         if heap_tick[0] is not None:
             horizon = min(horizon, heap_tick[0])
         step = core.fast_forward(now, horizon) or core.schedule(now)
@@ -280,25 +358,32 @@ def replay(
         heapq.heappush(heap, (now + step.duration_s, seq, i, step))
 
     heap_tick: list[float | None] = [None]
-    if controller is not None and rows:
-        heap_tick[0] = rows[0].arrival_s
+    if controller is not None and first_arrival < float("inf"):
+        heap_tick[0] = first_arrival
         seq += 1
-        heapq.heappush(heap, (rows[0].arrival_s, seq, -1, "tick"))
+        heapq.heappush(heap, (first_arrival, seq, -1, "tick"))
 
     # per-class counts as the live router's `slo` policy keeps them (a request naming no class is the default's)
     class_key = pol.class_of if hasattr(pol, "class_of") else (lambda c: c.slo_class or "")
 
-    while k < n_rows or heap:
-        if k < n_rows and (not heap or rows[k].arrival_s <= heap[0][0]):
-            row = rows[k]
+    while not source.exhausted() or heap:
+        next_arrival = source.next_arrival_s()
+        if not heap and next_arrival == float("inf"):
+            raise RuntimeError("replay: the request source is not exhausted but has nothing pending or in flight")
+        if next_arrival < float("inf") and (not heap or next_arrival <= heap[0][0]):
+            arrival = source.pop()
+            row = arrival.row
             now = row.arrival_s
-            ctx = context_from_trace(f"r{k}", recipe.name, row.hash_ids, row.input_tokens, max(1, row.output_tokens))
+            ctx = context_from_trace(arrival.request_id, recipe.name, row.hash_ids, row.input_tokens,
+                                     max(1, row.output_tokens), session=arrival.session,
+                                     block_tokens=arrival.block_tokens)
             if row.slo_class is not None:
                 ctx = replace(ctx, slo_class=row.slo_class)
             k += 1
             cands = [view for view in views if view.routable]
             if not cands:
                 dropped += 1
+                source.finished(arrival, now, Outcome(dropped=True))
                 continue
             d = pol.select(ctx, cands)
             pol.on_routed(ctx, d)
@@ -310,7 +395,7 @@ def replay(
             fleet.class_in_flight[cls] = fleet.class_in_flight.get(cls, 0) + 1
             fleet.class_prefill_tokens[cls] = fleet.class_prefill_tokens.get(cls, 0) + max(0, row.input_tokens - est)
             req = SimRequest(ctx.request_id, row.input_tokens, max(1, row.output_tokens), ctx.block_hashes,
-                             arrival_s=now, payload=[ctx, est, False, views[i]])
+                             arrival_s=now, payload=[ctx, est, False, views[i], arrival])
             try:
                 cores[i].add(req)
             except RequestTooLarge:
@@ -318,6 +403,7 @@ def replay(
                 views[i].finish(ctx, est, prefilled=False)
                 fleet.class_in_flight[cls] -= 1
                 pol.on_finished(ctx, d.replica_id, False)
+                source.finished(arrival, now, Outcome(dropped=True))
                 continue
             if not busy[i]:
                 start(i, now)
@@ -335,7 +421,7 @@ def replay(
             for j in range(replicas):  # a replica told to drain while idle starts loading now
                 if fleet.state[j] == "draining" and not busy[j]:
                     start(j, end)
-            more = k < n_rows or any(busy) or "loading" in fleet.state
+            more = not source.exhausted() or any(busy) or "loading" in fleet.state
             heap_tick[0] = end + tick_s if more else None
             if more:
                 seq += 1
@@ -375,10 +461,14 @@ def replay(
                 out_tokens += req.output
                 tick_tokens += req.output
                 last_finish = max(last_finish, end)
+                source.finished(pay[4], end, Outcome(
+                    dropped=False, ttft_s=ttft, e2e_s=e2es[-1], tpot_s=tpot if req.output > 1 else None,
+                    output_tokens=req.output, prompt_tokens=req.prompt_tokens, cached_tokens=max(0, req.cached_tokens),
+                    host_cached_tokens=req.host_cached_tokens))
         start(i, end)
     if progress is not None:
-        progress(n_rows)
-    span = last_finish - (rows[0].arrival_s if rows else 0.0)
+        progress(k)
+    span = last_finish - (first_arrival if k else 0.0)
     per = []
     for view, core in zip(views, cores):
         c = core.counters
@@ -387,7 +477,7 @@ def replay(
                     "prefix_hit_rate": c.prefix_hits_tokens / c.prefix_queries_tokens if c.prefix_queries_tokens else 0.0})
     with_slo = slo_ttft_s is not None or slo_tpot_s is not None
     return ReplayResult(
-        model=recipe.name, variant=variant, policy=policy, replicas=replicas, requests=n_rows, completed=completed,
+        model=recipe.name, variant=variant, policy=policy, replicas=replicas, requests=k, completed=completed,
         dropped=dropped, prefix_hit_rate=cached_tokens / prompt_tokens if prompt_tokens else 0.0,
         ttft_p50_s=_pct(ttfts, 0.5), ttft_p90_s=_pct(ttfts, 0.9), ttft_p99_s=_pct(ttfts, 0.99),
         tpot_p50_s=_pct(tpots, 0.5), e2e_p50_s=_pct(e2es, 0.5), e2e_p99_s=_pct(e2es, 0.99),

@@ -1,0 +1,96 @@
+"""Agentic sessions on the virtual clock: the session driver feeds `zoe_cluster.sim.replay.replay` (simulated
+replicas behind the router's real policy code) as a closed-loop `RequestSource`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from zoe_cluster.agentic.driver import Call, SessionDriver
+from zoe_cluster.agentic.metrics import CallRecord, summarize, ttft_floor_s
+from zoe_cluster.recipes import Recipe
+from zoe_cluster.sim.calibrate import Calibration, calibrate
+from zoe_cluster.sim.kv_cache import HOST_LINK_GB_S
+from zoe_cluster.sim.replay import Arrival, Outcome, TraceRow, replay
+
+
+class SessionSource:
+    """A `RequestSource` whose arrivals the session driver releases as earlier requests finish. Keeps one
+    `CallRecord` per request, with the twin's zero-wait TTFT floor (`metrics.ttft_floor_s`)."""
+
+    def __init__(self, driver: SessionDriver, floor: Callable[[Call], float]) -> None:
+        self.driver = driver
+        self.floor = floor
+        self.calls: dict[str, Call] = {}
+        self.records: list[CallRecord] = []
+        self.cached_tokens = 0
+        self.prompt_tokens = 0
+        self.host_cached_tokens = 0
+        sizes = {driver.scaling.block_tokens or s.block_size for s in driver.sessions}
+        if len(sizes) != 1:
+            raise ValueError(f"sessions of different block sizes ({sorted(sizes)}) cannot share one replay; "
+                             "give the block size to scale them to")
+        self.block_tokens = sizes.pop()
+        driver.start(0.0)
+
+    def next_arrival_s(self) -> float:
+        return self.driver.next_release_s()
+
+    def pop(self) -> Arrival:
+        call = self.driver.pop()
+        self.calls[call.request_id] = call
+        row = TraceRow(call.release_s, call.input_tokens, call.output_tokens, call.block_keys)
+        return Arrival(call.request_id, row, call.session_key, call.block_tokens)
+
+    def exhausted(self) -> bool:
+        return self.driver.done
+
+    def horizon_s(self, next_event_s: float) -> float:
+        return min(self.driver.next_release_s(), next_event_s)
+
+    def finished(self, arrival: Arrival, now: float, outcome: Outcome) -> None:
+        call = self.calls.pop(arrival.request_id)
+        rec = CallRecord(call, ok=not outcome.dropped, start_s=call.release_s, dropped=outcome.dropped,
+                         error="dropped" if outcome.dropped else None, ttft_s=outcome.ttft_s, e2e_s=outcome.e2e_s,
+                         output_tokens=outcome.output_tokens, tpot_s=outcome.tpot_s)
+        if not outcome.dropped:
+            rec.ttft_floor_s = self.floor(call)
+            if not call.warmup:
+                self.prompt_tokens += outcome.prompt_tokens
+                self.cached_tokens += outcome.cached_tokens
+                self.host_cached_tokens += outcome.host_cached_tokens
+        self.records.append(rec)
+        # the client sees the end after the frontend latency the e2e time includes; its think time starts there
+        seen_s = call.release_s + outcome.e2e_s if outcome.e2e_s is not None else now
+        self.driver.finished(call, max(now, seen_s), ok=not outcome.dropped)
+
+
+def replay_sessions(
+    recipe: Recipe, variant: str, driver: SessionDriver, replicas: int, policy: str = "prefix", *,
+    policy_options: dict[str, Any] | None = None, calibration: Calibration | None = None,
+    kv_tokens: int | None = None, host_kv_gb: float = 0.0, host_link_gb_s: float = HOST_LINK_GB_S,
+    progress: Callable[[int], None] | None = None, records_out: list[CallRecord] | None = None,
+) -> dict[str, Any]:
+    """Run `driver`'s sessions on `replicas` simulated replicas of `variant`; the agentic report
+    (`metrics.summarize`) with the twin's prefix hit rate, plus the replay's own counters. `records_out`, when
+    given, receives every request's `CallRecord`."""
+    cal = calibration or calibrate(recipe, variant)
+    v = recipe.variant(variant)
+    source = SessionSource(driver, lambda c: ttft_floor_s(cal.model, v.max_num_batched_tokens, c.input_tokens,
+                                                          c.reusable_blocks * c.block_tokens))
+    res = replay(recipe, variant, source, replicas, policy, policy_options, cal, kv_tokens, progress,
+                 host_kv_gb=host_kv_gb, host_link_gb_s=host_link_gb_s)
+    gpus = replicas * v.parallelism.gpus
+    if records_out is not None:
+        records_out.extend(source.records)
+    hit = source.cached_tokens / source.prompt_tokens if source.prompt_tokens else 0.0
+    report = summarize(source.records, gpus=gpus, prefix_hit_rate=hit)
+    report.update(
+        clock="virtual", model=recipe.name, variant=variant, policy=policy, replicas=replicas, gpus=gpus,
+        live_sessions=driver.live_sessions, total_sessions=driver.total_sessions, think_cap_s=driver.think_cap_s,
+        host_kv_gb=host_kv_gb,
+        host_hit_rate=source.host_cached_tokens / source.prompt_tokens if source.prompt_tokens else 0.0,
+        preemptions=res.preemptions, routing_reasons=res.routing_reasons, simulated_s=res.simulated_s,
+        wall_s=res.wall_s, ttft_floor_source="twin step model (each request alone, every reusable block hit)",
+    )
+    return report
