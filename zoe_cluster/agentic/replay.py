@@ -4,10 +4,12 @@ replicas behind the router's real policy code) as a closed-loop `RequestSource`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from zoe_cluster.agentic.driver import Call, SessionDriver
 from zoe_cluster.agentic.metrics import CallRecord, summarize, ttft_floor_s
+from zoe_cluster.agentic.options import SessionOptions
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.sim.calibrate import Calibration, calibrate
 from zoe_cluster.sim.kv_cache import HOST_LINK_GB_S
@@ -94,3 +96,24 @@ def replay_sessions(
         wall_s=res.wall_s, ttft_floor_source="twin step model (each request alone, every reusable block hit)",
     )
     return report
+
+
+def run_closed_loop(
+    path: str | Path, sessions: int, replicas: int, policy: str = "prefix", *, model: str = "glm-5.3",
+    variant: str | None = None, policy_options: dict[str, Any] | None = None, host_kv_gb: float = 0.0,
+    kv_tokens: int | None = None, options: SessionOptions | None = None,
+) -> dict[str, Any]:
+    """`zoe sim replay PATH --sessions N` in-process: the agentic report of `sessions` live sessions from the
+    files under `path` on `replicas` replicas of `model` (benchmarks sweep this). `options` overrides the
+    session options (its `live_sessions` is replaced by `sessions`); prompts are cut to the model's context."""
+    from dataclasses import replace
+
+    from zoe_cluster.recipes import RecipeRegistry
+
+    recipe = RecipeRegistry.default().get(model)
+    name = variant or recipe.default_variant
+    opts = replace(options or SessionOptions(sessions), live_sessions=sessions)
+    if opts.max_input_tokens is None:
+        opts = replace(opts, max_input_tokens=recipe.architecture.max_context_tokens)
+    return replay_sessions(recipe, name, opts.driver(path), replicas, policy, policy_options=policy_options,
+                           kv_tokens=kv_tokens, host_kv_gb=host_kv_gb)

@@ -376,7 +376,7 @@ def replay(
             now = row.arrival_s
             ctx = context_from_trace(arrival.request_id, recipe.name, row.hash_ids, row.input_tokens,
                                      max(1, row.output_tokens), session=arrival.session,
-                                     block_tokens=arrival.block_tokens)
+                                     block_tokens=arrival.block_tokens, arrival_s=now)
             if row.slo_class is not None:
                 ctx = replace(ctx, slo_class=row.slo_class)
             k += 1
