@@ -42,3 +42,73 @@ def replay_sessions_cmd(path: Path, opts: SessionOptions, recipe, variant: str, 
                                  kv_tokens=kv_tokens, host_kv_gb=host_kv_gb,
                                  progress=lambda n: prog.update(task, completed=n))
     show_report(report, json_out)
+
+
+def twin_profile(model: str, variant: str | None):  # type: ignore[no-untyped-def]
+    """The twin's step model of `model`/`variant` for the live TTFT floor (a bad name exits with the reason)."""
+    from zoe_cluster.agentic.live import TwinProfile
+    from zoe_cluster.recipes import RecipeError, RecipeRegistry, UnknownModelError
+    from zoe_cluster.sim.calibrate import CalibrationError, calibrate
+
+    try:
+        recipe = RecipeRegistry.default().get(model)
+        name = variant or recipe.default_variant
+        v = recipe.variant(name)
+        cal = calibrate(recipe, name)
+    except (UnknownModelError, RecipeError, CalibrationError, KeyError, ValueError) as e:
+        fail(f"--twin-model: {e}")
+    return TwinProfile(f"{recipe.name}/{name}", cal.model, v.max_num_batched_tokens)
+
+
+async def _resolve(url: str, model: str | None, engine_urls: list[str], time_scale: float | None,
+                   timeout_s: float) -> tuple[str, float]:
+    """The model to request and the server time scale (a simulated engine's /sim/info, behind a router too)."""
+    import aiohttp
+
+    from zoe_cluster.bench.server import probe_server
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        info = await probe_server(session, url, model)
+        sim = info.sim
+        for engine in engine_urls:
+            if sim is not None:
+                break
+            try:
+                async with session.get(engine.rstrip("/") + "/sim/info") as resp:
+                    if resp.status == 200:
+                        sim = await resp.json(content_type=None)
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                pass
+    scale = time_scale or float((sim or {}).get("time_scale") or 1.0)
+    return info.model, scale
+
+
+def bench_agentic_cmd(path: Path, opts: SessionOptions, url: str, model: str | None, engine_urls: list[str],
+                      gpus: int | None, twin, timeout_s: float, time_scale: float | None,  # type: ignore[no-untyped-def]
+                      out: Path | None, json_out: bool) -> None:
+    import asyncio
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from zoe_cluster.agentic.live import LiveConfig, run_live
+    from zoe_cluster.bench.server import ServerUnreachable
+    from zoe_cluster.cli.common import EXIT_RUNTIME
+
+    driver = build_driver(path, opts)
+    try:
+        served, scale = asyncio.run(_resolve(url, model, engine_urls, time_scale, timeout_s))
+    except ServerUnreachable as e:
+        fail(str(e), EXIT_RUNTIME)
+    config = LiveConfig(url, served, gpus, engine_urls, twin, timeout_s, scale)
+    total = driver.planned_requests()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[live]} sessions live"))
+    with Progress(*columns, console=console, transient=True) as prog:
+        task = prog.add_task(f"{driver.total_sessions} sessions -> {url}", total=total, live=0)
+        report, records = asyncio.run(run_live(
+            driver, config, lambda n, live: prog.update(task, completed=n, live=live)))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    show_report(report, json_out)

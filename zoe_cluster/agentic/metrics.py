@@ -27,6 +27,10 @@ class CallRecord:
     tpot_s: float | None = None
     """Mean inter-token latency of the request: (end - first token) / (output tokens - 1)."""
     ttft_floor_s: float | None = None
+    prompt_tokens: int | None = None
+    """Prompt tokens the server reported (`usage`), when it did."""
+    cached_tokens: int | None = None
+    """Prompt tokens the server reported as cache hits (`usage.prompt_tokens_details.cached_tokens`)."""
 
 
 def _pct(values: list[float], q: float) -> float | None:

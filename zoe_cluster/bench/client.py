@@ -32,6 +32,8 @@ class RequestSpec:
     top_p: float = 1.0
     tag: str = ""
     """A label the workload uses to group results (e.g. the length x hit-rate cell)."""
+    session: str | None = None
+    """Session key, sent as the `x-session-id` header and the OpenAI `user` field (routers' affinity hint)."""
 
 
 @dataclass
@@ -95,6 +97,8 @@ def request_body(spec: RequestSpec, model: str) -> dict[str, Any]:
         # vLLM, SGLang and the simulated engine accept these extensions; they make the output length exact.
         body["ignore_eos"] = True
         body["min_tokens"] = spec.max_tokens
+    if spec.session is not None:
+        body["user"] = spec.session
     if spec.api == "chat":
         body["messages"] = [{"role": "user", "content": spec.prompt}]
     else:
@@ -165,7 +169,9 @@ class StreamingClient:
         result = RequestResult(tag=spec.tag, ok=False, start_s=start)
         last: float | None = None
         try:
-            async with self.session.post(self.base_url + path, json=request_body(spec, self.model)) as resp:
+            headers = {"x-session-id": spec.session} if spec.session is not None else None
+            async with self.session.post(self.base_url + path, json=request_body(spec, self.model),
+                                         headers=headers) as resp:
                 if resp.status != 200:
                     text = (await resp.text())[:500]
                     result.error = f"HTTP {resp.status}: {text}"

@@ -1,4 +1,4 @@
-"""`zoe bench prefill|decode|trace|compare`: measure a deployment from the client side, the way the seed did.
+"""`zoe bench prefill|decode|trace|agentic|compare`: measure a deployment from the client side, the way the seed did.
 
 Thin commands: parse and check the options, run a workload from `zoe_cluster.bench` under a rich progress
 bar, write the JSON report and its PNG, print a table."""
@@ -285,6 +285,51 @@ def trace(
     console.print(table)
     _save(report, out, plot)
     _check_errors(report.rows)
+
+
+@bench_app.command("agentic")
+def agentic_cmd(
+    path: Path = typer.Argument(..., help="A session file or a directory of them (kv-cache-tester format)."),
+    url: str = URL,
+    sessions: int = typer.Option(..., "--sessions", help="Sessions live at once (a finished one is replaced)."),
+    model: Optional[str] = MODEL,
+    engine_url: list[str] = typer.Option(
+        [], "--engine-url", help="An engine behind --url whose /metrics prefix-cache counters give the hit rate "
+        "(repeat per engine; default: --url itself)."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="GPUs behind --url (for output tok/s per GPU)."),
+    twin_model: Optional[str] = typer.Option(
+        None, "--twin-model", help="Recipe whose twin prices the zero-wait TTFT floor (default: no floor)."),
+    twin_variant: Optional[str] = typer.Option(None, "--twin-variant", help="Variant of --twin-model."),
+    total_sessions: Optional[int] = typer.Option(
+        None, "--total-sessions", help="Session instances in all (default: max(--sessions, files)); files cycle."),
+    think_cap_s: float = typer.Option(60.0, "--think-cap-s", help="Longest think time between requests, s."),
+    block_tokens: Optional[int] = typer.Option(
+        None, "--block-tokens", help="Tokens per hash id (default: the trace's block_size); prompts scale with it."),
+    max_input_tokens: Optional[int] = typer.Option(None, "--max-input-tokens", help="Cut longer prompts."),
+    max_output_tokens: Optional[int] = typer.Option(None, "--max-output-tokens", help="Cap output tokens."),
+    warmup_requests: int = typer.Option(0, "--warmup-requests", help="First N requests left out of the metrics."),
+    cache_bust: bool = typer.Option(
+        True, "--cache-bust/--no-cache-bust",
+        help="Salt every block's text with a fresh run salt, so first turns miss whatever earlier runs cached."),
+    salt: Optional[int] = typer.Option(None, "--salt", help="The run salt (0-255) instead of a random one."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N session files."),
+    timeout: float = TIMEOUT,
+    server_time_scale: Optional[float] = SERVER_TIME_SCALE,
+    out: Optional[Path] = OUT,
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Closed-loop agentic sessions against an OpenAI endpoint (docs/agentic.md): the same driver as
+    `zoe sim replay --sessions`, on the wall clock."""
+    import random
+
+    from zoe_cluster.agentic.cli import bench_agentic_cmd, twin_profile
+    from zoe_cluster.agentic.options import SessionOptions
+
+    run_salt = salt if salt is not None else (random.randrange(1, 256) if cache_bust else 0)
+    opts = SessionOptions(sessions, total_sessions, think_cap_s, block_tokens, max_input_tokens, max_output_tokens,
+                          warmup_requests, run_salt, limit)
+    twin = twin_profile(twin_model, twin_variant) if twin_model else None
+    bench_agentic_cmd(path, opts, url, model, engine_url, gpus, twin, timeout, server_time_scale, out, json_out)
 
 
 @bench_app.command("compare")
