@@ -47,6 +47,7 @@ import triton  # noqa: E402
 from zoe_kernels.csa import dual_scope_decode, topk  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sparse_decode_limits as limits  # noqa: E402
 from moe_bench import time_isolated  # noqa: E402
 from zoe_kernels.dsa import indexer_topk, lightning_indexer  # noqa: E402
 
@@ -288,48 +289,203 @@ def _torch_dual_scope_bmm(*args):
     return torch.bmm(p.to(torch.bfloat16), vals)
 
 
+def _reference_f32(*args):
+    """The float32 reference: the same gather and dequantization in float32, float32 matmuls (no TF32) and
+    softmax."""
+    q = args[0].float()
+    keys, vals, valid = _gather_dequant_f32(*args)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        scores = torch.bmm(q, keys.transpose(1, 2)) * q.shape[2] ** -0.5
+        p = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1)
+        return torch.bmm(p, vals)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _gather_dequant_f32(q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks):
+    """`_gather_dequant` in float32."""
+    d = q.shape[2]
+    sel = idx.clamp_min(0).long()
+    ck = torch.gather(comp_k.view(torch.uint8), 1, sel[..., None].expand(-1, -1, d)).view(torch.float8_e4m3fn)
+    ck = ck.float() * torch.gather(comp_ks, 1, sel)[..., None]
+    cv = torch.gather(comp_v, 1, sel[..., None].expand(-1, -1, d)).float()
+    keys = torch.cat([win_k.float() * win_ks[..., None], ck], 1)
+    vals = torch.cat([win_v.float(), cv], 1)
+    valid = torch.cat([torch.arange(win_k.shape[1], device="cuda")[None] < win_len[:, None], idx >= 0], 1)
+    return keys, vals, valid
+
+
+def _poisoned_call(fn):
+    """fn() with every floating CUDA tensor that torch.empty returns during the call filled with NaN, so an output
+    element a kernel fails to write shows as not finite."""
+    plain = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = plain(*args, **kwargs)
+        if t.is_cuda and t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    torch.empty = poisoned
+    try:
+        return fn()
+    finally:
+        torch.empty = plain
+
+
+def _rel_err(out, ref) -> float:
+    """Relative error (Frobenius) of out against ref; NaN when out has a non-finite element."""
+    out = out.float()
+    return float((out - ref).norm() / ref.norm()) if bool(out.isfinite().all()) else float("nan")
+
+
 def _isolated_us(fn) -> float:
     """One call with a clean L2 (`moe_bench.time_isolated`: a write of 4x the L2 before it, subtracted)."""
     flush = torch.empty(torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.float32, device="cuda")
     return time_isolated(fn, flush)
 
 
+# launch parameters of the one-pass kernel timed beside the default in the `limits` section
+FUSED_VARIANTS = [("default", {}), ("2 key slots", dict(num_stages=2)), ("32-entry tiles", dict(block_kv=32)),
+                  ("32-entry tiles, 2 key slots", dict(block_kv=32, num_stages=2))]
+DECODE_TOL = 1e-2  # relative error against the float32 reference: bf16 outputs and bf16 P in the value MMAs
+
+
+def _decode_floor(inputs) -> tuple[int, float]:
+    """The call's minimum bytes (every valid entry's key row, value row and key scale, the indices, q in and the
+    output out) and the time they take at the run's copy bandwidth."""
+    q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = inputs
+    bytes_min = limits.gathered_bytes(win_len, idx, q.shape[2]) + 2 * q.numel() * q.element_size()
+    return bytes_min, bytes_min / (META["copy_tbps"] * 1e6)
+
+
 def bench_decode(quick: bool) -> None:
     for b in (1, 8, 32, 64, 128):
-        q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = _decode_inputs(b)
+        inputs = _decode_inputs(b)
+        q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = inputs
         h, d = q.shape[1], q.shape[2]
-        entries = win_k.shape[1] + idx.shape[1]
-        bytes_min = b * entries * (d * (1 + 2) + 4 + 4) + 2 * q.numel() * 2
-        floor_us = bytes_min / (META["copy_tbps"] * 1e6)
+        bytes_min, floor_us = _decode_floor(inputs)
         shape = f"B={b} H={h} D={d} W=128 k=512"
-        args = (q, win_k, win_v, win_len, comp_k, comp_v, idx)
-        kw = dict(win_k_scale=win_ks, comp_k_scale=comp_ks)
-        ref = _torch_dual_scope_bmm(*args, win_ks, comp_ks).float()
+        ragged = _decode_inputs(b, ragged=True)
+        refs = (_reference_f32(*inputs), _reference_f32(*ragged))
+        providers = [("torch gather+bmm", lambda a: _torch_dual_scope_bmm(*a)),
+                     ("torch gather+SDPA", lambda a: _torch_dual_scope_sdpa(*a)),
+                     ("zoe default", lambda a: dual_scope_decode(*a[:7], win_k_scale=a[7], comp_k_scale=a[8]))]
         times = {}
-        for provider, fn in (("torch gather+bmm", lambda: _torch_dual_scope_bmm(*args, win_ks, comp_ks)),
-                             ("torch gather+SDPA", lambda: _torch_dual_scope_sdpa(*args, win_ks, comp_ks)),
-                             ("zoe default", lambda: dual_scope_decode(*args, **kw))):
+        for provider, fn in providers:
             try:
-                out = fn().float()
-                err = float((out - ref).norm() / ref.norm())
-                us = median_us(fn, graph=True)
-                iso = _isolated_us(fn)
+                errs = [_rel_err(_poisoned_call(lambda a=a: fn(a)), ref) for a, ref in zip((inputs, ragged), refs)]
+                us = median_us(lambda: fn(inputs), graph=True)
+                iso = _isolated_us(lambda: fn(inputs))
             except Exception as exc:  # noqa: BLE001 - a path that fails is reported, not fatal
                 add_row(op="csa_dual_scope_decode", shape=shape, provider=provider, error=repr(exc)[:200])
                 continue
             times[provider] = (us, iso)
             add_row(op="csa_dual_scope_decode", shape=shape, provider=provider, config="", median_us=us,
-                    isolated_us=iso, gbps=bytes_min / us / 1e3, pct_roofline=100 * floor_us / us,
-                    isolated_pct_roofline=100 * floor_us / iso, rel_err_vs_bmm=err, correct=err < 2e-2)
+                    isolated_us=iso, bytes_min=bytes_min, floor_us=floor_us, gbps=bytes_min / us / 1e3,
+                    pct_roofline=100 * floor_us / us, isolated_pct_roofline=100 * floor_us / iso,
+                    rel_err_f32=errs[0], rel_err_f32_ragged=errs[1],
+                    correct=all(e < DECODE_TOL for e in errs))
         base = times.get("torch gather+bmm", (float("nan"),) * 2)
-        for r in ROWS[-3:]:
-            if r.get("shape") == shape and "median_us" in r:
+        for r in ROWS:
+            if r.get("op") == "csa_dual_scope_decode" and r.get("shape") == shape and "median_us" in r:
                 r["speedup_vs_torch"] = base[0] / r["median_us"]
                 r["isolated_speedup_vs_torch"] = base[1] / r["isolated_us"]
         zoe = times.get("zoe default", (float("nan"),) * 2)
         log(f"dual-scope B={b}: torch gather+bmm {base[0]:.1f} us (isolated {base[1]:.1f}), zoe {zoe[0]:.1f} "
             f"(isolated {zoe[1]:.1f}, {100 * floor_us / zoe[0]:.1f} % of the byte floor {floor_us:.1f} us), "
             f"{base[0] / zoe[0]:.2f}x")
+        del inputs, ragged, refs
+        torch.cuda.empty_cache()
+
+
+def bench_decode_limits(quick: bool) -> None:
+    """Where the B=64 call's time goes (`sparse_decode_limits`): the access pattern's own bandwidth, each launch
+    apart, the cost outside the entry loop and per tile, the launch against the device."""
+    import sparse_decode_profile
+
+    inputs = _decode_inputs(64)
+    q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = inputs
+    h, d = q.shape[1], q.shape[2]
+    META["stream_read_tbps"] = limits.stream_read_tbps(median_us)
+    gather, grid = limits.gather_call(inputs)
+    gbytes = limits.gathered_bytes(win_len, idx, d)
+    gather()
+    us, iso = median_us(gather, graph=True), _isolated_us(gather)
+    META["gather_tbps"], META["gather_isolated_tbps"] = gbytes / us / 1e6, gbytes / iso / 1e6
+    add_row(op="decode_limits", shape="B=64 H=64 D=512 W=128 k=512", provider="gather of the call's rows",
+            config=f"grid {list(grid)}, 64 rows a program", median_us=us, isolated_us=iso, bytes=gbytes,
+            gbps=gbytes / us / 1e3, isolated_gbps=gbytes / iso / 1e3)
+    log(f"limits: streaming read {META['stream_read_tbps']:.2f} TB/s, the call's gather {gbytes / 1e6:.1f} MB in "
+        f"{us:.1f} us = {META['gather_tbps']:.2f} TB/s (isolated {iso:.1f} us = {META['gather_isolated_tbps']:.2f})")
+    call = lambda: dual_scope_decode(*inputs[:7], win_k_scale=win_ks, comp_k_scale=comp_ks)  # noqa: E731
+    launches = sparse_decode_profile.per_kernel_us(call)
+    whole = median_us(call, graph=True)
+    fused = limits.fused_alone_us(call, median_us)
+    split = limits.split_alone_us(q, median_us)
+    occ = limits.occupancy(64, h, d, win_k.shape[1] + idx.shape[1], idx.shape[1])
+    add_row(op="decode_limits", shape="B=64 H=64 D=512 W=128 k=512", provider="zoe default, per launch",
+            config=json.dumps(occ), median_us=whole, launches_us=launches, fused_alone_us=fused, split_alone_us=split)
+    log(f"limits: call {whole:.1f} us; per launch {launches}; one-pass kernel alone {fused:.1f} us, q split alone "
+        f"{split:.1f} us; launch {occ}")
+    del inputs
+    for heads, warps in ((4, 4), (1, 1), (2, 1), (4, 2), (8, 4), (16, 4), (16, 8)):
+        dsd_mod = limits.dsd
+        saved = dsd_mod._SPLIT_HEADS, dsd_mod._SPLIT_WARPS
+        dsd_mod._SPLIT_HEADS, dsd_mod._SPLIT_WARPS = heads, warps
+        try:
+            inputs = _decode_inputs(64)
+            ref = _reference_f32(*inputs)
+            fn = lambda: dual_scope_decode(*inputs[:7], win_k_scale=inputs[7], comp_k_scale=inputs[8])  # noqa: E731
+            err = _rel_err(_poisoned_call(fn), ref)
+            split = limits.split_alone_us(inputs[0], median_us)
+            us = median_us(fn, graph=True)
+        finally:
+            dsd_mod._SPLIT_HEADS, dsd_mod._SPLIT_WARPS = saved
+        add_row(op="decode_limits", shape="B=64 H=64 D=512 W=128 k=512", provider="zoe, q split variant",
+                config=f"{heads} heads, {warps} warps a split program", median_us=us, split_alone_us=split,
+                rel_err_f32=err, correct=err < DECODE_TOL)
+        log(f"limits: q split {heads} heads x {warps} warps: split {split:.2f} us, call {us:.1f} us, err {err:.1e}")
+    # the one-pass launch's key slots and tile size: 2 slots leave a program's shared memory room for the q
+    # split's programs beside it (3 slots take all but 256 bytes), so the two launches can overlap
+    for b in (32, 64, 128):
+        inputs = _decode_inputs(b)
+        ref = _reference_f32(*inputs)
+        for name, cfg in FUSED_VARIANTS:
+            fn = lambda: dual_scope_decode(*inputs[:7], win_k_scale=inputs[7], comp_k_scale=inputs[8],  # noqa: E731
+                                           **cfg)
+            err = _rel_err(_poisoned_call(fn), ref)
+            us, iso = median_us(fn, graph=True), _isolated_us(fn)
+            fused = limits.fused_alone_us(fn, median_us)
+            launches = sparse_decode_profile.per_kernel_us(fn)
+            _, floor_us = _decode_floor(inputs)
+            add_row(op="decode_limits", shape=f"B={b} H=64 D=512 W=128 k=512", provider=f"zoe, {name}",
+                    config=json.dumps(cfg), median_us=us, isolated_us=iso, fused_alone_us=fused, launches_us=launches,
+                    pct_roofline=100 * floor_us / us, isolated_pct_roofline=100 * floor_us / iso, rel_err_f32=err,
+                    correct=err < DECODE_TOL)
+            log(f"limits: B={b} {name}: call {us:.1f} us (isolated {iso:.1f}, {100 * floor_us / us:.1f} % of the "
+                f"floor), one-pass kernel alone {fused:.1f}, per launch {launches}, err {err:.1e}")
+        del inputs, ref
+    # time against tiles at one split per sequence: a line's intercept is the cost outside the entry loop
+    for b in ((8, 64) if quick else (8, 32, 64)):
+        for k in (64, 192, 320, 512):
+            inputs = _decode_inputs(b, k=k)
+            ref = _reference_f32(*inputs)
+            fn = lambda: dual_scope_decode(*inputs[:7], win_k_scale=inputs[7], comp_k_scale=inputs[8],  # noqa: E731
+                                           splits=1)
+            err = _rel_err(_poisoned_call(fn), ref)
+            us = median_us(fn, graph=True)
+            fused = limits.fused_alone_us(fn, median_us)
+            bytes_min, _ = _decode_floor(inputs)
+            add_row(op="decode_limits", shape=f"B={b} H=64 D=512 W=128 k={k}", provider="zoe, one split a sequence",
+                    config=json.dumps({"tiles": 2 + k // 64, "splits": 1}), median_us=us, fused_alone_us=fused,
+                    bytes_min=bytes_min, gbps=bytes_min / us / 1e3, rel_err_f32=err, correct=err < DECODE_TOL)
+            log(f"limits: B={b} k={k} ({2 + k // 64} tiles): call {us:.1f} us, one-pass kernel alone {fused:.1f} us,"
+                f" err {err:.1e}")
+            del inputs, ref
+    torch.cuda.empty_cache()
 
 
 # ---------------------------------------------------------------------------------------------------------- main
@@ -353,7 +509,7 @@ def main() -> None:
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--test-timeout", type=int, default=420,
                     help="seconds for the GPU pytest; a cold Triton cache compiles many top-k sort networks")
-    ap.add_argument("--sections", default="topk,decode,indexer")
+    ap.add_argument("--sections", default="topk,decode,limits,indexer")
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -367,7 +523,7 @@ def main() -> None:
             META["pytest"] = {"error": f"timed out after {args.test_timeout} s"}
             log(f"pytest on GPU timed out after {args.test_timeout} s; benchmarking anyway")
     measure_ceilings()
-    sections = {"topk": bench_topk, "indexer": bench_indexer, "decode": bench_decode}
+    sections = {"topk": bench_topk, "indexer": bench_indexer, "decode": bench_decode, "limits": bench_decode_limits}
     for name in args.sections.split(","):
         t0 = time.time()
         try:
@@ -382,7 +538,7 @@ def main() -> None:
         if "median_us" not in r:
             continue
         log(f"{r['op'][:22]:22s} {r['shape'][:30]:30s} {r['provider'][:28]:28s} {r['median_us']:9.1f} "
-            f"{r.get('tflops') or 0:8.0f} {r.get('gbps') or 0:6.0f} {r['pct_roofline']:5.1f} "
+            f"{r.get('tflops') or 0:8.0f} {r.get('gbps') or 0:6.0f} {r.get('pct_roofline') or 0:5.1f} "
             f"{r.get('speedup_vs_torch') or 0:6.2f} {'WRONG' if r.get('correct') is False else ''} {r.get('config', '')}")
 
 

@@ -530,7 +530,10 @@ def _merge_splits(part_out, part_lse, sink_t, out, has_sink: bool, merge_h: int)
         D=d, BH=merge_h, SPLITS_P2=triton.next_power_of_2(splits), HAS_SINK=has_sink, WRITE_LSE=False, num_warps=4)
 
 
-_SPLIT_HEADS = 4  # heads per split_q_kernel program
+# split_q_kernel's heads and warps per program; retune with bench/kernels/sparse_bench.py's `limits` section, which
+# times the split alone at other values
+_SPLIT_HEADS = 4
+_SPLIT_WARPS = 4
 
 
 def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink, scale_log2, out, *,
@@ -548,7 +551,7 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
     q_scale = torch.empty((bsz, heads), dtype=torch.float32, device=dev)
     pdl = has_pdl(dev.index or 0)
     split_q_kernel[(bsz, triton.cdiv(heads, _SPLIT_HEADS))](q, q8, q_scale, heads, scale_log2, q.stride(0), q.stride(1),
-                                                            D=d, BH=_SPLIT_HEADS, PDL=pdl, num_warps=4)
+                                                            D=d, BH=_SPLIT_HEADS, PDL=pdl, num_warps=_SPLIT_WARPS)
     grid = (bsz, triton.cdiv(heads, 64) * (d // block_dv), splits)
     dual_scope_fused_gluon.fused_kernel[grid](
         q8, q_scale, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink_t, out, part_out, part_lse,
