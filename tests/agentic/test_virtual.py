@@ -158,3 +158,13 @@ def test_sim_replay_sessions_cli(tmp_path) -> None:
     bad = write_session(tmp_path / "bad.json", [req(64, 1, [1]), req(64, 1, [1], kind="q")])
     res = runner.invoke(app, ["sim", "replay", str(bad), "--sessions", "1", "--model", "glm-5.3"])
     assert res.exit_code == 2 and "bad.json: requests[1].type: unknown type 'q'" in res.output
+
+
+def test_short_blocks_still_differ() -> None:
+    from zoe_cluster.agentic.prompts import block_key, prompt_text
+
+    keys = tuple(block_key(0, h) for h in range(2000))
+    text = prompt_text(keys, 4, 4 * len(keys), "t")
+    blocks = [text[i * 16:(i + 1) * 16] for i in range(len(keys))]
+    assert len(set(blocks)) == len(blocks)
+    assert prompt_text(keys[:10], 4, 40, "a") == text[:160]

@@ -77,11 +77,29 @@ def _fill(unit: str, chars: int) -> str:
     return (unit * (chars // len(unit) + 1))[:chars]
 
 
+_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _word(key: int) -> str:
+    """" " + the base-36 digits of a 64-bit mix of `key`: its leading characters already differ between keys,
+    so even blocks shorter than the word (a few tokens, for small models) differ (2 keys share the first c
+    characters with probability 36**-c)."""
+    x = (key * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x ^= x >> 29
+    x = (x * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x ^= x >> 32
+    out = []
+    while x:
+        x, d = divmod(x, 36)
+        out.append(_DIGITS[d])
+    return " " + "".join(out)
+
+
 def prompt_text(keys: tuple[int, ...], block_tokens: int, input_tokens: int, tail_key: str) -> str:
     """`input_tokens` tokens of text: one block of `block_tokens` tokens per key, then a tail unique to
     `tail_key` (the request) up to the length."""
     chars = block_tokens * CHARS_PER_TOKEN
-    body = "".join(_fill(f" k{k:x}", chars) for k in keys)
+    body = "".join(_fill(_word(k), chars) for k in keys)
     total = input_tokens * CHARS_PER_TOKEN
     if len(body) >= total:
         return body[:total]
