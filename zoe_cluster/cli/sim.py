@@ -161,17 +161,109 @@ def predict_cmd(
 
 @sim_app.command("calibrate")
 def calibrate_cmd(
-    model: str = typer.Option(..., "--model"),
+    model: Optional[str] = typer.Option(None, "--model", help="Recipe name; with --url, the served model name."),
     variant: Optional[str] = typer.Option(None, "--variant"),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    url: Optional[str] = typer.Option(None, "--url", help="Measure this OpenAI-compatible engine instead of a recipe."),
+    out: Optional[Path] = typer.Option(None, "--out", help="With --url: the profile YAML to write."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="With --url: PNG of the fit against the measurements."),
+    max_num_batched_tokens: int = typer.Option(
+        8192, "--max-num-batched-tokens", min=1, help="The engine's step token budget (not observable: say it)."),
+    max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="The engine's batch limit (not observable)."),
+    kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", min=1,
+                                            help="KV capacity, tokens, for an engine whose /metrics does not say."),
+    lengths: str = typer.Option("128,256,512,1024,1536", "--lengths", help="Prefill input lengths, tokens."),
+    hit_rates: str = typer.Option("0,0.5,0.9", "--hit-rates", help="Prefill prefix hit rates."),
+    concurrency: str = typer.Option("1,2,4,8,16,32", "--concurrency", help="Decode batch sizes."),
+    output_len: int = typer.Option(256, "--output-len", min=2, help="Decode output tokens per stream."),
+    runs: int = typer.Option(5, "--runs", min=1, help="Runs per prefill cell (decode: 3)."),
+    routed_experts: int = typer.Option(1, "--routed-experts", min=1, help="E of the model (1: dense)."),
+    experts_per_token: int = typer.Option(1, "--experts-per-token", min=1, help="Top-k of the model."),
 ) -> None:
-    """Show the fitted step model of a variant, where each part came from, and the fit error."""
+    """Show the fitted step model of a recipe variant; or, with --url, measure a live engine and write a profile."""
+    if url is not None:
+        return _calibrate_live(url, model, out, plot, json_out, max_num_batched_tokens, max_num_seqs, kv_tokens,
+                               lengths, hit_rates, concurrency, output_len, runs, routed_experts, experts_per_token)
+    if model is None:
+        fail("give --model (a recipe), or --url to measure a live engine")
     recipe, name = _recipe_variant(model, variant)
     cal = _calibrate(recipe, name)
     if json_out:
         return print_json({"model": recipe.name, "variant": name, **cal.to_dict()})
     for k, val in cal.to_dict().items():
         console.print(f"[bold]{k}[/]: {val}")
+
+
+def _numbers(text: str, option: str, kind: type) -> list:  # type: ignore[type-arg]
+    try:
+        vals = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        fail(f"{option} must be comma-separated numbers, got '{text}'")
+    if not vals:
+        fail(f"{option} is empty")
+    return vals
+
+
+def _calibrate_live(url, model, out, plot, json_out, mnbt, mns, kv_tokens, lengths, hit_rates, concurrency,  # type: ignore[no-untyped-def]
+                    output_len, runs, routed_experts, experts_per_token) -> None:
+    import asyncio
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from zoe_cluster.sim.engine_calibration import (
+        EngineCalibrationError,
+        IncompleteCalibration,
+        SweepPlan,
+        run_calibration,
+        write_engine_profile,
+    )
+
+    if out is None:
+        fail("--url needs --out PROFILE.yaml")
+    rates = _numbers(hit_rates, "--hit-rates", float)
+    if any(not 0 <= h < 1 for h in rates):
+        fail(f"--hit-rates must be in [0, 1), got {hit_rates}")
+    plan = SweepPlan(lengths=_numbers(lengths, "--lengths", int), hit_rates=rates, prefill_runs=runs,
+                     concurrency=_numbers(concurrency, "--concurrency", int), decode_output_len=output_len)
+    if min(plan.lengths) <= 0 or min(plan.concurrency) <= 0:
+        fail("--lengths and --concurrency must be positive")
+    partial = out.with_name(out.name + ".partial")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=json_out) as prog:
+        current: list = []
+
+        def on_phase(name: str, total: int) -> None:
+            if current:
+                prog.update(current[-1], completed=prog.tasks[-1].total)
+            current.append(prog.add_task(name, total=total))
+
+        def on_request(_tag: str) -> None:
+            if current:
+                prog.advance(current[-1])
+
+        try:
+            prof = asyncio.run(run_calibration(
+                url, model, plan, max_num_batched_tokens=mnbt, max_num_seqs=mns, kv_tokens=kv_tokens,
+                routed_experts=routed_experts, experts_per_token=experts_per_token, on_request=on_request,
+                on_phase=on_phase))  # fmt: skip
+        except IncompleteCalibration as e:
+            write_engine_profile(e.partial, partial)
+            fail(f"{e} (measurements kept in {partial}, marked complete: false; {out} not written)")
+        except EngineCalibrationError as e:
+            fail(f"calibration of {url} failed: {e} ({out} not written)")
+    write_engine_profile(prof, out)
+    partial.unlink(missing_ok=True)
+    if plot is not None:
+        from zoe_cluster.sim.calibrate_plot import plot_fit
+
+        plot_fit(prof, prof.calibration(), plot)
+    if json_out:
+        return print_json(prof.model_dump(mode="json"))
+    console.print(f"[bold]wrote[/] {out} ({prof.engine} {prof.engine_version}, {prof.wall_s:.0f} s)")
+    s = prof.scheduler
+    console.print(f"[bold]kv cache[/]: {s.kv_tokens:,} tokens in blocks of {s.block_tokens}")
+    console.print(f"[bold]step model[/]: {prof.step_model}")
+    console.print(f"[bold]fit error %[/]: { {k: round(v, 1) for k, v in prof.fit_error_pct.items()} }")
 
 
 @sim_app.command("replay")

@@ -1,0 +1,62 @@
+"""The fit of a live calibration drawn against what was measured (`zoe sim calibrate --url --plot`): prefill TTFT by
+input length (one colour per measured hit rate), decode tok/s per node by batch, and single-stream decode tok/s by
+context; markers are measurements (median, std bars), lines the fitted twin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from zoe_cluster.bench.plots import COLORS  # noqa: E402
+from zoe_cluster.sim.calibrate import Calibration  # noqa: E402
+from zoe_cluster.sim.engine_calibration import EngineProfile, context_tok_s, decode_tok_s, lone_ttft_s  # noqa: E402
+
+
+def plot_fit(prof: EngineProfile, cal: Calibration, path: str | Path) -> Path:
+    """Write the three-panel PNG to `path`."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax = axes[0]
+    by_rate: dict[float, list] = {}
+    for p in prof.profile.ttft:
+        by_rate.setdefault(round(p.hit_rate, 1), []).append(p)
+    for i, (rate, pts) in enumerate(sorted(by_rate.items())):
+        pts.sort(key=lambda p: p.input_tokens)
+        c = COLORS[i % len(COLORS)]
+        ax.errorbar([p.input_tokens for p in pts], [p.ttft_s.value * 1e3 for p in pts],
+                    yerr=[(p.ttft_s.std or 0) * 1e3 for p in pts], fmt="o", color=c, capsize=3,
+                    label=f"measured, hit ~{rate:.0%}")
+        ax.plot([p.input_tokens for p in pts], [lone_ttft_s(prof, cal, p.input_tokens, p.hit_rate) * 1e3 for p in pts],
+                "-", color=c, label="twin" if i == 0 else None)
+    ax.set(xlabel="input tokens", ylabel="TTFT, ms", title="prefill: single-request TTFT")
+    ax.legend(fontsize=7)
+
+    ax = axes[1]
+    pts = sorted(prof.profile.decode, key=lambda p: p.concurrency)
+    xs = [p.concurrency for p in pts]
+    ax.errorbar(xs, [p.tok_s_per_node.value for p in pts], yerr=[p.tok_s_per_node.std or 0 for p in pts], fmt="o",
+                color=COLORS[0], capsize=3, label="measured")
+    ax.plot(xs, [decode_tok_s(cal, c) for c in xs], "-", color=COLORS[1], label="twin")
+    ax.set(xscale="log", xlabel="concurrent streams", ylabel="output tok/s (engine)", title="decode by batch")
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.legend(fontsize=7)
+
+    ax = axes[2]
+    pts = sorted(prof.context_decode_check, key=lambda p: p.context_tokens)
+    xs = [p.context_tokens for p in pts]
+    ax.errorbar(xs, [p.tok_s_per_user.value for p in pts], yerr=[p.tok_s_per_user.std or 0 for p in pts], fmt="o",
+                color=COLORS[0], capsize=3, label="measured")
+    ax.plot(xs, [context_tok_s(cal, x) for x in xs], "-", color=COLORS[1], label="twin")
+    ax.set(xlabel="context tokens", ylabel="tok/s (one stream)", title="decode by context (check, not fitted)")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"zoe sim calibrate: {prof.model} on {prof.engine} {prof.engine_version or ''} ({prof.measured_at[:10]})",
+                 fontsize=11)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

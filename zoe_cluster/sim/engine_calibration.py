@@ -1,0 +1,449 @@
+"""`zoe sim calibrate --url`: measure a running OpenAI-compatible engine and write a profile the twin can run on.
+
+The sweeps, each through zoe's bench client (`zoe_cluster.bench`), against whatever serves the URL:
+
+- **Prefill**: single-request TTFT by input length x prefix hit rate (`bench.prefill.run_prefill`; the hit rate
+  recorded is the one the engine's own counters saw, so block rounding is measured, not assumed).
+- **Decode by batch**: C streams started together, each with a prompt sized so the mean context during decode is
+  `calibrate.APEX_CONTEXT_TOKENS` (the context the step model's batch fit assumes): tok/s of the engine over the
+  decode window, i.e. C / step time (`bench.decode.run_decode`). Not the median inter-token gap: an API server that
+  falls behind delivers tokens in bursts, so client-side gaps say little about the engine's step.
+- **Decode by context**: one stream at several prompt lengths (tok/s by context). Kept beside the profile as a
+  check, not fitted: the step model has one context term, which the prefill sweep (many cells, long prompts)
+  measures far better than a few single-stream decodes whose per-token attention cost sits below a shared
+  machine's noise (fitted, their slope replaced the prefill's and put the twin's long-prompt TTFT off by 10x).
+- **KV cache**: the block size from the prefix-cache hits of a repeated prompt (the engine caches whole blocks, so
+  a prompt of N tokens hits the largest multiple of the block size below N), checked against the capacity the
+  engine reports (vLLM's `vllm:cache_config_info`, SGLang's `sglang:max_total_num_tokens`, the simulated
+  engine's /sim/info).
+- **Weights load time**: not observable through the OpenAI API of a running engine; left out of the profile.
+
+Each figure is the median over the runs of its cell (a shared machine's stalls move means more than medians), with
+the std beside it. The measurements become a recipe `Profile` (every figure sourced "measured by zoe sim calibrate (engine version,
+date)"), which `calibrate.calibrate` fits exactly as it fits the seed's tables (one implementation of the fit).
+The written file (`EngineProfile`) holds that profile, the scheduler settings the twin needs, the fitted step
+model and its error; it is written only when every sweep completed (`complete: true`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from zoe_cluster.bench.client import RequestSpec, StreamingClient
+from zoe_cluster.bench.decode import DecodeConfig, run_decode
+from zoe_cluster.bench.engine_metrics import parse_cache_counters
+from zoe_cluster.bench.prefill import PrefillConfig, run_prefill
+from zoe_cluster.bench.prompts import SimTokenCounter, TokenCounter, probe_token_counter, text_of_tokens
+from zoe_cluster.bench.server import ServerUnreachable, probe_server
+from zoe_cluster.recipes import Recipe
+from zoe_cluster.recipes.schema import ContextDecodePoint, DecodePoint, Figure, Profile, TtftPoint
+from zoe_cluster.sim.calibrate import APEX_CONTEXT_TOKENS, Calibration, CalibrationError, calibrate
+
+MEASURED_VARIANT = "measured"
+"""The variant name of the in-memory recipe an `EngineProfile` becomes."""
+
+
+class EngineCalibrationError(RuntimeError):
+    """The engine could not be calibrated: unreachable, errors during a sweep, or too few points to fit."""
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What to measure. Lengths are capped to fit the engine's context (`fit_to`)."""
+
+    lengths: list[int] = field(default_factory=lambda: [128, 256, 512, 1024, 1536])
+    hit_rates: list[float] = field(default_factory=lambda: [0.0, 0.5, 0.9])
+    prefill_runs: int = 5
+    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    decode_output_len: int = 256
+    decode_runs: int = 3
+    context_lengths: list[int] = field(default_factory=lambda: [128, 512, 1024, 1536])
+    context_output_len: int = 64
+    seed: int = 0
+
+    def fit_to(self, max_model_len: int | None, max_num_seqs: int) -> SweepPlan:
+        """The plan with prompts that fit `max_model_len` (with their output) and batches of at most
+        `max_num_seqs` streams."""
+        cap = max_model_len or 1 << 30
+        lengths = sorted({n for n in self.lengths if n + 1 <= cap})
+        ctx = sorted({n for n in self.context_lengths if n + self.context_output_len <= cap})
+        conc = sorted({c for c in self.concurrency if c <= max_num_seqs})
+        return SweepPlan(lengths, list(self.hit_rates), self.prefill_runs, conc, self.decode_output_len,
+                         self.decode_runs, ctx, self.context_output_len, self.seed)
+
+    @property
+    def decode_prompt_tokens(self) -> int:
+        """Prompt length that puts the mean decode context at APEX_CONTEXT_TOKENS."""
+        return max(1, APEX_CONTEXT_TOKENS - self.decode_output_len // 2)
+
+    def requests(self) -> int:
+        """Requests the sweeps send (for progress bars)."""
+        prefill = len(self.lengths) * len(self.hit_rates) * (self.prefill_runs + 1)
+        decode = sum(self.concurrency) * (self.decode_runs + 1)
+        return prefill + decode + len(self.context_lengths) * 6
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MeasuredScheduler(_Strict):
+    """The engine's scheduler and KV cache as the twin needs them."""
+
+    block_tokens: int = Field(gt=0, description="KV block size, tokens (measured from prefix-cache hits).")
+    kv_tokens: int = Field(gt=0, description="KV cache capacity, tokens (measured from the KV-usage gauge).")
+    max_num_batched_tokens: int = Field(gt=0, description="Token budget of one engine step (given, not observable).")
+    max_num_seqs: int = Field(gt=0, description="Most requests in one step (given, not observable).")
+    max_model_len: int | None = Field(default=None, description="Context the engine serves, from /v1/models.")
+
+
+class EngineProfile(_Strict):
+    """What `zoe sim calibrate --url` writes: a measured engine, ready for the twin."""
+
+    kind: Literal["zoe-engine-calibration"] = "zoe-engine-calibration"
+    complete: bool = Field(description="True only when every sweep finished and the fit succeeded.")
+    engine: str = Field(description="Engine family from /metrics (vllm, sglang).")
+    engine_version: str | None = Field(description="What the engine's /version answered.")
+    url: str = Field(description="Base URL measured.")
+    model: str = Field(description="Served model name measured.")
+    measured_at: str = Field(description="UTC time the calibration finished, ISO 8601.")
+    wall_s: float = Field(description="Wall seconds the calibration took.")
+    scheduler: MeasuredScheduler
+    routed_experts: int = Field(default=1, gt=0, description="E of the model for the step model (1: dense).")
+    experts_per_token: int = Field(default=1, gt=0, description="Top-k of the model for the step model.")
+    profile: Profile = Field(description="The measurements as a recipe variant's `profile` section.")
+    context_decode_check: list[ContextDecodePoint] = Field(
+        default_factory=list, description="Single-stream decode by context: measured to check the context term the "
+        "prefill fit found, not fitted (see the module docstring).")
+    step_model: dict[str, float] = Field(default_factory=dict, description="The fitted step model (for reading).")
+    fit_error_pct: dict[str, float] = Field(default_factory=dict, description="Fit error on the measured points.")
+    probes: dict[str, Any] = Field(default_factory=dict, description="Raw KV probe readings.")
+    error: str | None = Field(default=None, description="Why an incomplete calibration stopped.")
+
+    def source(self) -> str:
+        return f"measured by zoe sim calibrate ({self.engine} {self.engine_version or '?'}, {self.measured_at[:10]})"
+
+    def recipe(self) -> Recipe:
+        """An in-memory recipe with one variant (`MEASURED_VARIANT`) whose profile and scheduler are the measured
+        ones, so `calibrate`, `predict` and `replay` run on it unchanged. Its architecture and hardware fields are
+        not measurable through the API and unused by the twin (marked as estimates)."""
+        unknown = {"source": "not observable through the OpenAI API", "estimate": True,
+                   "reasoning": "unused by the twin's step model; placeholder"}
+        s = self.scheduler
+        data = {
+            "name": "measured-engine", "display_name": f"{self.model} on {self.engine}", "served_model_name": self.model,
+            "architecture": {
+                "total_params_b": {"value": 1.0, **unknown}, "active_params_b": {"value": 1.0, **unknown},
+                "num_layers": 1, "num_moe_layers": 0, "hidden_size": 1, "routed_experts": self.routed_experts,
+                "shared_experts": 0, "experts_per_token": self.experts_per_token, "moe_intermediate_size": 1,
+                "attention": "full", "kv_bytes_per_token": {"value": 1.0, **unknown},
+                "max_context_tokens": s.max_model_len or s.kv_tokens,
+            },
+            "default_variant": MEASURED_VARIANT,
+            "variants": {MEASURED_VARIANT: {
+                "description": f"{self.engine} at {self.url}, {self.source()}", "engine": self.engine,
+                "image": self.profile.image, "weights": {"repo": self.model, "quantization": "bf16",
+                                                         "size_gb": {"value": 1.0, **unknown}},
+                "parallelism": {"gpus_per_node": 1}, "accelerator_type": None,
+                "max_num_seqs": s.max_num_seqs, "max_num_batched_tokens": s.max_num_batched_tokens,
+                "profile": self.profile.model_dump(exclude_none=True),
+                "intended": {"concurrency": [1, s.max_num_seqs], "context_tokens": [1, s.max_model_len or s.kv_tokens]},
+            }},
+        }
+        if self.engine == "vllm":
+            data["variants"][MEASURED_VARIANT]["block_size"] = s.block_tokens
+        return Recipe.model_validate(data)
+
+    def calibration(self) -> Calibration:
+        """The twin's step model, fitted to the measured profile by `calibrate.calibrate`."""
+        return calibrate(self.recipe(), MEASURED_VARIANT, block_tokens=self.scheduler.block_tokens)
+
+
+class IncompleteCalibration(EngineCalibrationError):
+    """Sweeps ran but the fit could not be made; `partial` holds what was measured (complete=False)."""
+
+    def __init__(self, partial: "EngineProfile", message: str):
+        super().__init__(message)
+        self.partial = partial
+
+
+def load_engine_profile(path: str | Path) -> EngineProfile:
+    """Read a profile written by `zoe sim calibrate --url`; ValueError names the file and field, and refuses an
+    incomplete one."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise ValueError(f"{p}: cannot read: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: not YAML ({e})") from None
+    try:
+        prof = EngineProfile.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ValueError(f"{p}: field {'.'.join(map(str, first['loc'])) or '(top)'}: {first['msg']}") from None
+    if not prof.complete:
+        raise ValueError(f"{p}: an incomplete calibration ({prof.error or 'no reason recorded'})")
+    return prof
+
+
+def write_engine_profile(prof: EngineProfile, path: str | Path) -> Path:
+    """Write atomically (a reader never sees half a file)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False, width=120))
+    tmp.replace(p)
+    return p
+
+
+# --- KV cache probes ----------------------------------------------------------------------------------------
+def block_tokens_from_hits(probes: list[tuple[int, int]], largest: int = 4096) -> int:
+    """The KV block size from (prompt tokens, prefix-cache hit tokens) of prompts sent a second time.
+
+    An engine caches whole blocks and always computes the last prompt token, so the hit is the largest multiple of
+    the block size at most N - 1. Returns the largest power of two consistent with every probe."""
+    good = [b for b in (1 << i for i in range(largest.bit_length())) if b <= largest
+            and all((n - 1) // b * b == h for n, h in probes)]
+    if not probes or not good or all(h == 0 for _, h in probes):
+        raise EngineCalibrationError(
+            f"the engine's prefix-cache hits {probes} fit no block size: is prefix caching on?")
+    return good[-1]
+
+
+def kv_capacity_from_metrics(text: str) -> tuple[int, int] | None:
+    """(KV capacity tokens, block tokens) as the engine reports them in /metrics, or None: vLLM's
+    `vllm:cache_config_info` labels (`num_gpu_blocks` x `block_size`), SGLang's `sglang:max_total_num_tokens` and
+    `sglang:page_size` gauges."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sglang: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "vllm:cache_config_info":
+                blocks, size = s.labels.get("num_gpu_blocks"), s.labels.get("block_size")
+                if blocks and size and blocks.isdigit() and size.isdigit():
+                    return int(blocks) * int(size), int(size)
+            elif s.name in ("sglang:max_total_num_tokens", "sglang:page_size"):
+                sglang[s.name] = s.value
+    if sglang.get("sglang:max_total_num_tokens"):
+        return int(sglang["sglang:max_total_num_tokens"]), int(sglang.get("sglang:page_size") or 1)
+    return None
+
+
+async def _scrape(session: aiohttp.ClientSession, base: str) -> str:
+    async with session.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+        if resp.status != 200:
+            raise EngineCalibrationError(f"{base}/metrics answered HTTP {resp.status}")
+        return await resp.text()
+
+
+async def _send_ok(client: StreamingClient, spec: RequestSpec, what: str) -> Any:
+    res = await client.send(spec)
+    if not res.ok:
+        raise EngineCalibrationError(f"{what}: the engine failed a request: {res.error}")
+    return res
+
+
+async def probe_kv(client: StreamingClient, counter: TokenCounter, max_model_len: int | None, rng: random.Random,
+                   sim_info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Block size (measured from prefix-cache hits) and KV capacity (the engine's own report: /metrics, or
+    /sim/info for zoe's simulated engine). Raises when the engine reports no capacity or the hits contradict its
+    block size."""
+    base = client.base_url
+    cap = max_model_len or 2048
+    hit_probes = []
+    for n in (min(1000, cap // 2), min(1373, cap - 2)):
+        prompt = await text_of_tokens(rng, n, counter)
+        first = await _send_ok(client, RequestSpec(prompt, 1, ignore_eos=False, tag="kv"), "block-size probe")
+        before = parse_cache_counters(await _scrape(client.session, base))
+        await _send_ok(client, RequestSpec(prompt, 1, ignore_eos=False, tag="kv"), "block-size probe")
+        after = parse_cache_counters(await _scrape(client.session, base))
+        hit_probes.append((int(first.prompt_tokens or n), int(after.hits - before.hits)))
+    block = block_tokens_from_hits(hit_probes)
+    reported = kv_capacity_from_metrics(await _scrape(client.session, base))
+    where = "/metrics"
+    if reported is None and sim_info is not None:
+        info = await _get_json(client.session, base + "/sim/info")
+        if info.get("kv_capacity_tokens"):
+            reported, where = (int(info["kv_capacity_tokens"]), int(info["block_tokens"])), "/sim/info"
+    if reported is None:
+        raise EngineCalibrationError(f"{base} reports no KV capacity (vllm:cache_config_info, "
+                                     "sglang:max_total_num_tokens); pass --kv-tokens")
+    tokens, reported_block = reported
+    if reported_block != block:
+        raise EngineCalibrationError(f"prefix-cache hits {hit_probes} say blocks of {block} tokens; the engine "
+                                     f"reports {reported_block}")
+    return {"block_tokens": block, "kv_tokens": tokens, "hit_probes": hit_probes, "kv_capacity_from": where}
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            data = await resp.json(content_type=None) if resp.status == 200 else {}
+            return data if isinstance(data, dict) else {}
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return {}
+
+
+# --- the sweeps -----------------------------------------------------------------------------------------------
+def _fig(value: float, std: float | None, source: str) -> Figure:
+    return Figure(value=value, std=std, source=source)
+
+
+def _check_rows(rows: list[dict], what: str) -> None:
+    for r in rows:
+        if r.get("errors"):
+            raise EngineCalibrationError(f"{what}: the engine failed {r['errors']} request(s): {r['error_samples'][:1]}")
+
+
+async def run_calibration(
+    url: str, model: str | None, plan: SweepPlan, *, max_num_batched_tokens: int, max_num_seqs: int,
+    kv_tokens: int | None = None, block_tokens: int | None = None, routed_experts: int = 1,
+    experts_per_token: int = 1, timeout_s: float = 600.0, on_request: Callable[[str], None] | None = None,
+    on_phase: Callable[[str, int], None] | None = None,
+) -> EngineProfile:
+    """Measure the engine at `url` and fit the twin to it. Raises EngineCalibrationError (unreachable, failed
+    requests, too few points); `on_phase(name, requests)` announces each sweep for progress bars."""
+    t0 = time.perf_counter()
+    client = StreamingClient(url, model or "", timeout_s)
+    async with client:
+        try:
+            info = await probe_server(client.session, url, model)
+        except ServerUnreachable as e:
+            raise EngineCalibrationError(str(e)) from None
+        if info.engine is None:
+            raise EngineCalibrationError(f"{url}/metrics shows neither vLLM nor SGLang metrics: cannot read its caches")
+        client.model = info.model
+        if info.sim and info.sim.get("time_scale"):
+            client.server_time_scale = float(info.sim["time_scale"])
+        max_model_len = await _max_model_len(client.session, client.base_url, info.model)
+        plan = plan.fit_to(max_model_len, max_num_seqs)
+        counter: TokenCounter = SimTokenCounter() if info.sim is not None else await probe_token_counter(
+            client.session, client.base_url, info.model)
+        version = info.version
+        if version and version.startswith("{"):
+            version = None
+        stamp = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
+        source = f"measured by zoe sim calibrate ({info.engine} {version or '?'}, {stamp[:10]})"
+        rng = random.Random(plan.seed)
+
+        if on_phase:
+            on_phase("KV cache", 6)
+        probes = await probe_kv(client, counter, max_model_len, rng, info.sim)
+        bs = block_tokens or probes["block_tokens"]
+        kv = kv_tokens or probes["kv_tokens"]
+
+        if on_phase:
+            on_phase("prefill TTFT", len(plan.lengths) * len(plan.hit_rates) * (plan.prefill_runs + 1))
+        prefill = await run_prefill(client, counter, PrefillConfig(plan.lengths, plan.hit_rates, plan.prefill_runs,
+                                                                   1, plan.seed), on_request)  # fmt: skip
+        _check_rows(prefill, "prefill sweep")
+        ttft = [TtftPoint(input_tokens=round(r["prompt_tokens_mean"] or r["input_len"]),
+                          hit_rate=min(0.99, max(0.0, r["engine_hit_rate"] if r["engine_hit_rate"] is not None
+                                                 else r["hit_rate_target"])),
+                          ttft_s=_fig(r["ttft_s"]["p50"], r["ttft_s"]["std"], source))
+                for r in prefill if r["completed"]]  # fmt: skip
+
+        if on_phase:
+            on_phase("decode by batch", sum(plan.concurrency) * (plan.decode_runs + 1))
+        dprompt = await text_of_tokens(rng, plan.decode_prompt_tokens, counter)
+        decode_rows = await run_decode(client, DecodeConfig(plan.concurrency, plan.decode_output_len, dprompt,
+                                                            "calibration", plan.decode_runs, 1, api="completions"),
+                                       on_request)  # fmt: skip
+        _check_rows(decode_rows, "decode sweep")
+        decode = [DecodePoint(concurrency=r["concurrency"],
+                              tok_s_per_node=_fig(r["per_node_tok_s"]["p50"], r["per_node_tok_s"]["std"], source),
+                              tok_s_per_user=_fig(r["per_user_tok_s"]["p50"], r["per_user_tok_s"]["std"], source))
+                  for r in decode_rows if r["per_node_tok_s"]["p50"]]  # fmt: skip
+
+        if on_phase:
+            on_phase("decode by context", len(plan.context_lengths) * 6)
+        ctx_points = []
+        for n in plan.context_lengths:
+            prompt = await text_of_tokens(rng, n, counter)
+            rows = await run_decode(client, DecodeConfig([1], plan.context_output_len, prompt, f"ctx{n}", 5, 1,
+                                                         api="completions"), on_request)  # fmt: skip
+            _check_rows(rows, "context sweep")
+            per_user = rows[0]["per_user_tok_s"]
+            if per_user["p50"]:
+                ctx_points.append(ContextDecodePoint(context_tokens=n + plan.context_output_len // 2,
+                                                     tok_s_per_user=_fig(per_user["p50"], per_user["std"], source)))
+    profile = Profile(
+        image=f"{info.engine} {version or '?'}", ttft=ttft, decode=decode,
+        notes=(f"{source} at {url}. Decode points: prompt {plan.decode_prompt_tokens} tokens + {plan.decode_output_len}"
+               f" output tokens (mean context {APEX_CONTEXT_TOKENS}, as calibrate assumes for 'apex' points). "
+               "Weights load time is not observable through the API."),
+    )  # fmt: skip
+    prof = EngineProfile(
+        complete=False, engine=info.engine, engine_version=version, url=client.base_url, model=info.model,
+        measured_at=stamp, wall_s=time.perf_counter() - t0,
+        scheduler=MeasuredScheduler(block_tokens=bs, kv_tokens=kv, max_num_batched_tokens=max_num_batched_tokens,
+                                    max_num_seqs=max_num_seqs, max_model_len=max_model_len),
+        routed_experts=routed_experts, experts_per_token=experts_per_token, profile=profile, probes=probes,
+        context_decode_check=ctx_points,
+    )  # fmt: skip
+    if len(ttft) < 3 or len(decode) < 2:
+        raise IncompleteCalibration(prof.model_copy(update={"error": "too few points"}), (
+            f"too few points to fit: {len(ttft)} TTFT cells (need 3) and {len(decode)} decode batches (need 2); "
+            "widen --lengths / --concurrency"))
+    try:
+        cal = prof.calibration()
+    except (CalibrationError, ValidationError) as e:
+        raise IncompleteCalibration(prof.model_copy(update={"error": str(e)}), f"fit failed: {e}") from None
+    return prof.model_copy(update={"complete": True, "step_model": cal.model.to_dict(),
+                                   "fit_error_pct": cal.fit_error_pct})
+
+
+async def _max_model_len(session: aiohttp.ClientSession, base: str, model: str) -> int | None:
+    try:
+        async with session.get(base + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            for m in (await resp.json(content_type=None)).get("data", []):
+                if m.get("id") == model and m.get("max_model_len"):
+                    return int(m["max_model_len"])
+    except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def measured_hit_rates(prof: EngineProfile) -> list[float]:
+    """The hit rates the engine saw in the prefill sweep (for reports)."""
+    return sorted({round(p.hit_rate, 3) for p in prof.profile.ttft})
+
+
+def lone_ttft_s(prof: EngineProfile, cal: Calibration, input_tokens: int, hit_rate: float) -> float:
+    """The twin's TTFT for one prefill cell (what the fit plot draws)."""
+    from zoe_cluster.sim.calibrate import cached_tokens_for, predict_lone_ttft
+
+    bs = prof.scheduler.block_tokens
+    return predict_lone_ttft(cal.model, input_tokens, cached_tokens_for(input_tokens, hit_rate, bs),
+                             prof.scheduler.max_num_batched_tokens)
+
+
+def decode_tok_s(cal: Calibration, concurrency: int) -> float:
+    """The twin's per-node decode tok/s at `concurrency` and the decode sweep's mean context."""
+    m = cal.model
+    return concurrency / m.decode_step_s(concurrency, concurrency * APEX_CONTEXT_TOKENS)
+
+
+def context_tok_s(cal: Calibration, context_tokens: int) -> float:
+    """The twin's single-stream decode tok/s at a context."""
+    return 1.0 / cal.model.decode_step_s(1, context_tokens)
+
+
+__all__ = [
+    "EngineCalibrationError", "EngineProfile", "IncompleteCalibration", "MeasuredScheduler", "SweepPlan",
+    "block_tokens_from_hits", "kv_capacity_from_metrics", "load_engine_profile", "run_calibration",
+    "write_engine_profile",
+]
