@@ -37,6 +37,7 @@ def run_cli(*args, env=None, timeout=30):
         (["--replica", "http://127.0.0.1:1", "--slo-class", "fast:1:0.02", "--slo-model", "glm-9",
           "--slo-variants", "a"], "--slo-model"),
         (["--replica", "http://127.0.0.1:1", "--slo-model", "glm-5.3"], "only apply with --slo-class"),
+        (["--replica", "http://127.0.0.1:1", "--migration-limit", "-1"], "--migration-limit"),
     ],
 )
 def test_bad_arguments_exit_with_a_reason(args, needle):

@@ -57,17 +57,51 @@ def test_a_completion_continues_from_token_ids_with_the_tokens_left():
     ledger.take(sse({"id": "c", "choices": [{"index": 0, "text": "x", "prompt_token_ids": [1, 2], "token_ids": [9]}]}))
     ledger.settle()
     body = {"model": "m", "prompt": "hi", "max_tokens": 5, "min_tokens": 3, "temperature": 0, "stream": True}
-    cont = json.loads(continuation_body(body, "completions", ledger, want_ids=True))
-    assert cont == {**body, "prompt": [1, 2, 9], "max_tokens": 4, "min_tokens": 2, "return_token_ids": True}
+    kind, cont = continuation_body(body, "completions", ledger, want_ids=True)
+    assert kind == "completions" and json.loads(cont) == {**body, "prompt": [1, 2, 9], "max_tokens": 4, "min_tokens": 2, "return_token_ids": True}
     # without the engine's ids, a text prompt continues from text; a token-id prompt cannot
     text_only = StreamLedger("completions", strip_token_ids=False)
     text_only.take(sse({"id": "c", "choices": [{"index": 0, "text": " there"}]}))
     text_only.settle()
-    assert json.loads(continuation_body(body, "completions", text_only, False))["prompt"] == "hi there"
+    assert json.loads(continuation_body(body, "completions", text_only, False)[1])["prompt"] == "hi there"
     with pytest.raises(NotContinuable):
         continuation_body({**body, "prompt": [1, 2]}, "completions", text_only, False)
     ask = ask_token_ids(b' {"prompt": "a"}')
     assert json.loads(ask) == {"prompt": "a", "return_token_ids": True}
+
+
+def test_ids_whose_text_the_engine_held_back_are_generated_again():
+    """vLLM sends a token's ids before its text when the token ends inside a UTF-8 character: the continuation
+    starts after the last token whose text the client has, so that character is decoded whole."""
+    ledger = StreamLedger("completions", strip_token_ids=True)
+    ledger.take(sse({"id": "c", "choices": [{"index": 0, "text": "a", "prompt_token_ids": [1], "token_ids": [5]}]},
+                    {"id": "c", "choices": [{"index": 0, "text": "", "token_ids": [200]}]}))
+    ledger.settle()
+    assert ledger.gen_ids == [5] and ledger.generated_tokens == 1
+    body = {"model": "m", "prompt": "p", "max_tokens": 10, "stream": True}
+    assert json.loads(continuation_body(body, "completions", ledger, True)[1])["prompt"] == [1, 5]
+
+
+def test_a_chat_with_known_token_ids_continues_as_a_completion_and_reads_as_chat():
+    ledger = StreamLedger("chat", strip_token_ids=True)
+    ledger.take(sse({"id": "k", "created": 3, "model": "m", "prompt_token_ids": [1, 2],
+                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+                    {"id": "k", "choices": [{"index": 0, "delta": {"content": "Hi"}, "token_ids": [7]}]}))
+    ledger.settle()
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 4,
+            "temperature": 0, "stream": True}
+    kind, cont = continuation_body(body, "chat", ledger, want_ids=True)
+    assert kind == "completions"
+    assert json.loads(cont) == {"model": "m", "prompt": [1, 2, 7], "max_tokens": 3, "temperature": 0,
+                                "stream": True, "return_token_ids": True}
+    splice = SpliceRewriter(ledger, client_wants_ids=False, as_chat=True)
+    out = splice.take(sse({"id": "c9", "object": "text_completion", "model": "m",
+                           "choices": [{"index": 0, "text": " there", "token_ids": [8], "finish_reason": None,
+                                        "prompt_token_ids": [1, 2, 7]}]}))
+    ev = json.loads(events_of(out.decode())[0])
+    assert ev["object"] == "chat.completion.chunk" and ev["id"] == "k"
+    assert ev["choices"] == [{"index": 0, "finish_reason": None, "delta": {"content": " there"}}]
+    assert ledger.gen_ids == [7, 8] and "".join(ledger.text) == "Hi there"
 
 
 def test_a_chat_continues_the_partial_assistant_message():
@@ -77,8 +111,9 @@ def test_a_chat_continues_the_partial_assistant_message():
     ledger.settle()
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 4,
             "stream": True}
-    cont = json.loads(continuation_body(body, "chat", ledger, want_ids=False))
-    assert cont["messages"][-1] == {"role": "assistant", "content": "Hel"} and cont["max_completion_tokens"] == 3
+    kind, cont = continuation_body(body, "chat", ledger, want_ids=False)
+    cont = json.loads(cont)
+    assert kind == "chat" and cont["messages"][-1] == {"role": "assistant", "content": "Hel"} and cont["max_completion_tokens"] == 3
     assert cont["continue_final_message"] is True and cont["add_generation_prompt"] is False
     assert continuable({**body, "n": 2}, "chat") and continuable({**body, "response_format": {"type": "json_object"}},
                                                                  "chat")

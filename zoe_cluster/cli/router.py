@@ -83,6 +83,11 @@ def register(app: typer.Typer) -> None:
         slo_variants: Optional[str] = typer.Option(
             None, "--slo-variants", help="Comma-separated variants the replicas run (`zoe deploy --switch`)."
         ),
+        migration_limit: int = typer.Option(
+            3, "--migration-limit", min=0,
+            help="Continuations of a stream on other replicas after its replica fails mid-stream (0: the stream ends "
+            "with an error event).",
+        ),
         config_json: Optional[str] = typer.Option(
             None, "--config-json", help="Any other RouterConfig fields as JSON, e.g. '{\"max_retries\": 1}'."
         ),
@@ -107,7 +112,8 @@ def register(app: typer.Typer) -> None:
             cfg = RouterConfig(
                 host=host, port=port, policy=policy, policy_config=options, models=model,
                 api_keys=_keys(api_key, "ZOE_ROUTER_API_KEYS"), admin_key=admin_key or None,
-                max_context_tokens=max_context_tokens, kv_events_endpoint=kv_events_endpoint, **extra,
+                max_context_tokens=max_context_tokens, kv_events_endpoint=kv_events_endpoint,
+                **{"migration_limit": migration_limit, **extra},
             )
             fields = dict(kv_capacity_tokens=kv_capacity_tokens, host_kv_capacity_tokens=host_kv_capacity_tokens,
                           max_active_requests=max_active_requests, engine=engine)

@@ -51,6 +51,7 @@ from zoe_cluster.router.migration import (
     SpliceRewriter,
     StreamLedger,
     ask_token_ids,
+    chat_by_token_ids,
     continuable,
     continuation_body,
 )
@@ -445,8 +446,8 @@ class Router:
         up_headers = {"content-type": "application/json", "x-request-id": ctx.request_id}
         payload, ledger = raw, None
         if body.get("stream") is True and cfg.migration_limit and continuable(body, endpoint) is None:
-            ask = (endpoint == "completions" and "return_token_ids" not in body
-                   and ctx.prompt_tokens <= cfg.migration_token_ids_max_prompt)
+            ask = ("return_token_ids" not in body and ctx.prompt_tokens <= cfg.migration_token_ids_max_prompt
+                   and (endpoint == "completions" or chat_by_token_ids(body)))
             if ask:
                 payload = ask_token_ids(raw)
             ledger = StreamLedger(endpoint, strip_token_ids=ask)
@@ -517,7 +518,7 @@ class Router:
                 self._release(ctx, a, ok)
             if broken is not None:
                 if ledger is not None:
-                    broken = await self._migrate(endpoint, path, send, raw, ctx, ledger, tried, broken)
+                    broken = await self._migrate(endpoint, send, raw, ctx, ledger, tried, broken)
                 if broken is None:
                     await self._end_stream(send, state, ctx, t0)
                     return
@@ -535,7 +536,7 @@ class Router:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
 
-    async def _migrate(self, endpoint: str, path: str, send: Callable, raw: bytes, ctx: RequestContext,
+    async def _migrate(self, endpoint: str, send: Callable, raw: bytes, ctx: RequestContext,
                        ledger: StreamLedger, tried: set[str], broken: str) -> str | None:
         """Continue a broken stream on other replicas (up to `migration_limit` continuations, see
         `router.migration`); None when the client's stream is complete, else why it is not."""
@@ -552,7 +553,7 @@ class Router:
                     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
                 return None
             try:
-                payload = continuation_body(body, endpoint, ledger, want_ids)
+                kind, payload = continuation_body(body, endpoint, ledger, want_ids)
             except NotContinuable as e:
                 count("not_continuable").inc()
                 return f"{broken}; not continued: {e}"
@@ -566,7 +567,8 @@ class Router:
             self._admit(ctx, a)
             tried.add(a.st.id)
             ok = False
-            rewriter = SpliceRewriter(ledger, wants_ids)
+            rewriter = SpliceRewriter(ledger, wants_ids, as_chat=endpoint != kind)
+            path = "/v1/completions" if kind == "completions" else "/v1/chat/completions"
             try:
                 resp = await self._open(a, a.st.view.url + path, payload, up_headers)
                 try:

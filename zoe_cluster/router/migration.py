@@ -79,6 +79,8 @@ class StreamLedger:
     """The router asked for token ids the client did not: remove them from the events forwarded."""
     text: list[str] = field(default_factory=list)
     gen_ids: list[int] = field(default_factory=list)
+    """Token ids of `text`: those of events whose text reached the client (an engine holds back the text of a
+    token that ends inside a UTF-8 character or may start a stop string; such ids wait in `_held`)."""
     prompt_ids: list[int] | None = None
     token_events: int = 0
     """Events that carried generated text (about one token each on vLLM and SGLang)."""
@@ -94,6 +96,7 @@ class StreamLedger:
     """id, created and model of the first event."""
     _raw: list[bytes] = field(default_factory=list)
     _tail: bytes = b""
+    _held: list[int] = field(default_factory=list)
 
     # --- the hot path: whole events only, parsed later
     def take(self, chunk: bytes) -> bytes:
@@ -132,6 +135,8 @@ class StreamLedger:
             self.first = {k: event[k] for k in ("id", "created", "model") if k in event}
         if event.get("usage") and not event.get("choices"):
             self.usage_seen = True
+        if self.prompt_ids is None and isinstance(event.get("prompt_token_ids"), list):  # vLLM chat: on the event
+            self.prompt_ids = event["prompt_token_ids"]
         for choice in event.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
@@ -145,13 +150,15 @@ class StreamLedger:
             else:
                 piece = choice.get("text") or ""
             ids = choice.get("token_ids")
-            if piece or ids:
+            if isinstance(ids, list):
+                self._held.extend(ids)
+            elif piece:
+                self.ids_complete = False
+            if piece:
                 self.token_events += 1
                 self.text.append(piece)
-                if isinstance(ids, list):
-                    self.gen_ids.extend(ids)
-                else:
-                    self.ids_complete = False
+                self.gen_ids.extend(self._held)
+                self._held.clear()
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
@@ -185,8 +192,23 @@ def _events(block: bytes) -> list[dict[str, Any] | None]:
     return out
 
 
-def continuation_body(body: dict[str, Any], endpoint: str, ledger: StreamLedger, want_ids: bool) -> bytes:
-    """The request that continues `ledger`'s stream on another replica (raises NotContinuable)."""
+def chat_by_token_ids(body: dict[str, Any]) -> bool:
+    """Whether a streamed chat request continues, if it must, as a completion of token ids (exact: the rendered
+    prompt and the generated ids, which the router then asks for). Not with tools or logprobs: the chat server's
+    tool parser and its logprobs format would be missing from a completion's stream."""
+    return not body.get("tools") and not body.get("logprobs") and not body.get("functions")
+
+
+_CHAT_ONLY = ("messages", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
+              "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+              "documents", "max_completion_tokens", "reasoning_effort", "include_reasoning", "top_logprobs",
+              "mm_processor_kwargs", "media_io_kwargs", "return_token_ids")
+
+
+def continuation_body(body: dict[str, Any], endpoint: str, ledger: StreamLedger,
+                      want_ids: bool) -> tuple[str, bytes]:
+    """The request that continues `ledger`'s stream on another replica, and its endpoint ("completions" or
+    "chat"; a chat whose token ids are known continues as a completion). Raises NotContinuable."""
     if ledger.blocked:
         raise NotContinuable(ledger.blocked)
     out = dict(body)
@@ -199,6 +221,14 @@ def continuation_body(body: dict[str, Any], endpoint: str, ledger: StreamLedger,
     if isinstance(out.get("min_tokens"), int):
         out["min_tokens"] = max(0, out["min_tokens"] - done)
     generated = "".join(ledger.text)
+    by_ids = ledger.prompt_ids is not None and ledger.ids_complete
+    if endpoint == "chat" and by_ids and chat_by_token_ids(body):
+        if "max_completion_tokens" in out:
+            out["max_tokens"] = out["max_completion_tokens"]
+        out = {k: v for k, v in out.items() if k not in _CHAT_ONLY}
+        out["prompt"] = ledger.prompt_ids + ledger.gen_ids  # type: ignore[operator]
+        out["return_token_ids"] = True
+        return "completions", json.dumps(out, separators=(",", ":")).encode()
     if endpoint == "completions":
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
@@ -223,15 +253,17 @@ def continuation_body(body: dict[str, Any], endpoint: str, ledger: StreamLedger,
         out["messages"] = messages
         out["continue_final_message"] = True
         out["add_generation_prompt"] = False
-    return json.dumps(out, separators=(",", ":")).encode()
+    return endpoint, json.dumps(out, separators=(",", ":")).encode()
 
 
 class SpliceRewriter:
     """Rewrites a continuation's SSE events into the client's stream (and records them in the ledger)."""
 
-    def __init__(self, ledger: StreamLedger, client_wants_ids: bool) -> None:
+    def __init__(self, ledger: StreamLedger, client_wants_ids: bool, as_chat: bool = False) -> None:
         self.ledger = ledger
         self.client_wants_ids = client_wants_ids
+        self.as_chat = as_chat
+        """The continuation is a completion standing in for a chat: its events become chat chunks."""
         self.before = ledger.generated_tokens
         """Tokens generated before this continuation (its usage counts only its own)."""
         self.prompt_tokens = len(ledger.prompt_ids) if ledger.prompt_ids is not None else None
@@ -266,8 +298,13 @@ class SpliceRewriter:
         ledger = self.ledger
         if "error" in event:
             return event
-        for choice in event.get("choices") or ():  # the continuation's prompt is not the client's
+        event.pop("prompt_token_ids", None)  # the continuation's prompt is not the client's
+        for choice in event.get("choices") or ():
             choice.pop("prompt_token_ids", None)
+        if self.as_chat:
+            event["object"] = "chat.completion.chunk"
+            for choice in event.get("choices") or ():
+                choice["delta"] = {"content": choice.pop("text", "")}
         ledger.absorb(event)
         event.update(ledger.first)
         choices = []

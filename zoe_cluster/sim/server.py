@@ -369,9 +369,9 @@ class SimServer:
         obj = "chat.completion.chunk" if chat else "text_completion"
         ids_asked = prompt_ids is not None
 
-        def chunk(choice: dict[str, Any] | None, usage: dict[str, Any] | None = None) -> bytes:
+        def chunk(choice: dict[str, Any] | None, usage: dict[str, Any] | None = None, **top: Any) -> bytes:
             payload: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model,
-                                       "choices": [choice] if choice is not None else []}
+                                       "choices": [choice] if choice is not None else [], **top}
             if usage is not None:
                 payload["usage"] = usage
             return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
@@ -380,9 +380,11 @@ class SimServer:
             if chat:
                 opening = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                            "finish_reason": None}
-                if prompt_ids is not None:  # as vLLM: the prompt's ids in the first chunk, then each chunk's own
-                    opening["prompt_token_ids"], prompt_ids = prompt_ids, None
-                yield chunk(opening)
+                if prompt_ids is not None:  # as vLLM: the prompt's ids on the first chunk, then each chunk's own
+                    yield chunk(opening, prompt_token_ids=prompt_ids)
+                    prompt_ids = None
+                else:
+                    yield chunk(opening)
             done = 0
             while done < req.max_tokens:
                 n = await flow.queue.get()
