@@ -1,4 +1,4 @@
-"""Plots bench/kernels/results/sparse_results.json (from sparse_bench.py) into sparse_results.png.
+"""Plots bench/kernels/results/sparse_results.json (sparse_assemble.py) into sparse_results.png.
 
 Usage: python bench/kernels/sparse_plot.py [results.json] [out.png]
 """
@@ -17,22 +17,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
-PREVIOUS_KERNELS = ("zoe run 1 radix split + merge", "zoe triton fp8 heads", "zoe previous kernel (run 3), run 1 config",
-                    "zoe run 4 default (32-entry tiles)", "zoe run 5 default (every search step paid)",
-                    "zoe run 8 default (no pdl)", "zoe run 9 default (2048-entry tiles)",
-                    "zoe run 12 default (4-byte loads)", "zoe run 8 default (32 heads, two loops, 64-entry tiles)")
+# the indexer's first kernel (one program per block of heads), timed beside the default in the same run
+PREVIOUS_KERNELS = ("zoe triton fp8 heads",)
 
 
 def provider_group(provider: str) -> str:
-    """Bars per group: the torch baseline, the previous kernel (the fastest of: run 1's top-K and indexer,
-    run 5's top-K, run 8's at B=1 (timed in run 9), the decode kernel of run 3 and run 4's decode default), and the
-    current code's best config."""
+    """Bars per group: the torch baseline, the indexer's first kernel, and the current code's best config."""
     if not provider.startswith("zoe"):
         return provider
     if provider in PREVIOUS_KERNELS:
         return "zoe, previous kernel"
-    if "radix fallback" in provider:
-        return "zoe radix fallback"
     return "zoe (best config)"
 
 

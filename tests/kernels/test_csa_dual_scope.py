@@ -200,6 +200,7 @@ def test_fused_gluon_on_gpu(block_dv, block_kv, stages, splits, with_sink):
     # window shorter than its tiles, -1 holes, a sequence with no entry, tiles past the selection's end, one split
     # (the output written by the program) and several (partials merged)
     from zoe_kernels.csa.dual_scope_decode import _fused_config, fused_supported
+    from zoe_kernels.platform import current_target
 
     gen = torch.Generator().manual_seed(60 + block_dv + block_kv + stages)
     args = _case(5, 70, 512, 100, 600, 300, torch.bfloat16, fp8_kv=False, gen=gen)
@@ -207,7 +208,8 @@ def test_fused_gluon_on_gpu(block_dv, block_kv, stages, splits, with_sink):
     kw = {"sink": torch.randn(70, generator=gen)} if with_sink else {}
     q = torch.empty(1, 1, 512, dtype=torch.bfloat16, device=DEVICE)
     k8 = torch.empty(1, 1, 512, dtype=FP8, device=DEVICE)
-    cfg = _fused_config(5, 70, 512, 400, 300, block_dv=block_dv, block_kv=block_kv, splits=splits, num_stages=stages)
+    cfg = _fused_config(5, 70, 512, 400, 300, block_dv=block_dv, block_kv=block_kv, splits=splits, num_stages=stages,
+                        target=current_target())
     if not fused_supported(q, k8, k8, q, q, False, 0.1, cfg):
         pytest.skip("no sm_90 GPU with Gluon")
     # heads of magnitudes 1e-2 to 1e1: wide score ranges, the running maximum moving across tiles
