@@ -73,3 +73,64 @@ def test_router_process_takes_membership_from_the_admin_api():
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)
         backend.stop()
+
+
+def _wait_serving(url: str, proc: subprocess.Popen, timeout_s: float = 30) -> float:
+    """Seconds until a completion through the router succeeds."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "hi"}, timeout=5)
+            if r.status_code == 200:
+                return time.monotonic() - t0
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() - t0 < timeout_s, "router did not serve"
+        time.sleep(0.05)
+
+
+def test_a_restarted_router_serves_the_membership_it_had(tmp_path):
+    """Router HA: a router killed with SIGKILL and started again serves every replica of its last applied
+    membership (kept in --membership-file) without waiting for the controller's next push."""
+    backends = [ServerThread(FakeBackend(f"b{i}").app).start() for i in range(3)]
+    port = free_port()
+    argv = [sys.executable, "-m", "zoe_cluster.cli.main", "router", "--port", str(port), "--model", "m",
+            "--policy", "round_robin", "--membership-file", str(tmp_path / "membership.json")]
+    env = {**os.environ, "ZOE_ROUTER_ADMIN_KEY": "secret"}
+    url = f"http://127.0.0.1:{port}"
+    admin = {"Authorization": "Bearer secret"}
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    proc = start()
+    try:
+        while True:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        m = Membership(version=1_700_000_000_000, replicas=[
+            MemberReplica(id=f"glm/{i}/1", url=b.url, models=["m"]) for i, b in enumerate(backends)])
+        assert httpx.put(url + "/admin/membership", json=m.model_dump(), headers=admin).status_code == 200
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        proc = start()
+        serving_s = _wait_serving(url, proc)
+        got = httpx.get(url + "/admin/membership", headers=admin).json()
+        assert got["version"] == m.version and len(got["replicas"]) == 3
+        # every replica takes requests again, before any push
+        seen = {httpx.post(url + "/v1/completions", json={"model": "m", "prompt": f"p{i}"}).headers["x-zoe-replica"]
+                for i in range(30)}
+        assert seen == {"glm/0/1", "glm/1/1", "glm/2/1"}
+        # the next push still has to be newer than what the file held
+        stale = Membership(version=1, replicas=m.replicas[:1])
+        assert httpx.put(url + "/admin/membership", json=stale.model_dump(), headers=admin).status_code == 409
+        assert serving_s < 15  # Python start and imports included; about 2 s on an idle machine
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+        for b in backends:
+            b.stop()

@@ -88,6 +88,11 @@ def register(app: typer.Typer) -> None:
             help="Continuations of a stream on other replicas after its replica fails mid-stream (0: the stream ends "
             "with an error event).",
         ),
+        membership_file: Optional[str] = typer.Option(
+            None, "--membership-file",
+            help="Keep the last applied membership in this file and start from it (a restarted router serves its "
+            "replicas before the controller's next push).",
+        ),
         config_json: Optional[str] = typer.Option(
             None, "--config-json", help="Any other RouterConfig fields as JSON, e.g. '{\"max_retries\": 1}'."
         ),
@@ -113,7 +118,7 @@ def register(app: typer.Typer) -> None:
                 host=host, port=port, policy=policy, policy_config=options, models=model,
                 api_keys=_keys(api_key, "ZOE_ROUTER_API_KEYS"), admin_key=admin_key or None,
                 max_context_tokens=max_context_tokens, kv_events_endpoint=kv_events_endpoint,
-                **{"migration_limit": migration_limit, **extra},
+                **{"migration_limit": migration_limit, "membership_file": membership_file, **extra},
             )
             fields = dict(kv_capacity_tokens=kv_capacity_tokens, host_kv_capacity_tokens=host_kv_capacity_tokens,
                           max_active_requests=max_active_requests, engine=engine)
@@ -125,7 +130,7 @@ def register(app: typer.Typer) -> None:
             fail(str(e))
         except ValidationError as e:
             fail("; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()))
-        if membership is None and cfg.admin_key is None:
+        if membership is None and cfg.admin_key is None and not cfg.membership_file:
             fail("no --replica given and no --admin-key to receive membership: the router would have nothing to route to")
         run_router(build_router(cfg, membership=membership), cfg, log_level)
 

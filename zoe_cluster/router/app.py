@@ -46,6 +46,7 @@ from zoe_cluster.router.config import RouterConfig
 from zoe_cluster.router.errors import HttpError, error_body, upstream_error_body
 from zoe_cluster.router.health import HealthChecker
 from zoe_cluster.router.membership import MemberReplica, Membership
+from zoe_cluster.router.membership_store import load_membership, save_membership
 from zoe_cluster.router.migration import (
     NotContinuable,
     SpliceRewriter,
@@ -132,6 +133,8 @@ class Router:
         self._children: dict[tuple, Any] = {}
         self._ids = itertools.count(1)
         self._id_prefix = f"zoe-{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}-"
+        if membership is None and config.membership_file:
+            membership = load_membership(config.membership_file)
         if membership is not None:
             self.apply_membership(membership)
         self.default_models = frozenset(config.models)
@@ -150,6 +153,8 @@ class Router:
     def apply_membership(self, membership: Membership) -> dict[str, list[str]]:
         """Apply a membership push (raises StaleMembership); drops cached metric children of removed replicas."""
         changes = self.replicas.apply(membership)
+        if self.config.membership_file:
+            save_membership(self.config.membership_file, membership)
         if changes["removed"]:
             gone = set(changes["removed"])
             self._children = {k: v for k, v in self._children.items() if not gone & set(k[1])}

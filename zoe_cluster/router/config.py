@@ -73,6 +73,11 @@ class RouterConfig(BaseModel):
         "for token ids (`return_token_ids`), so a continuation resumes at the exact token; longer prompts continue "
         "from text (the first event would carry every prompt token id).",
     )
+    membership_file: str | None = Field(
+        default=None,
+        description="File where the router keeps the last membership it applied, read at start when no membership "
+        "is given, so a restarted router serves its replicas at once (zoe_cluster.router.membership_store).",
+    )
     max_queue: int = Field(default=1024, ge=0, description="Requests that may wait for a free replica; more get 429.")
     queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest wait in the queue before 503.")
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After sent with 429/503.")
