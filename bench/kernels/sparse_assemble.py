@@ -1,10 +1,8 @@
 """Builds bench/kernels/results/sparse_results.json (plotted by sparse_plot.py) from the H200 runs that timed the
 code as it is now, one source file per op (each row keeps its source and commit):
 
-- CSA top-K: `raw/sparse_results_run24-topk.json` (sparse_sweep.py --sections topk): torch.topk and the default.
-  At B=1 x 1M the sweep's "no reset first" row is the default exactly; at the other shapes the default was timed
-  with a reset launch first (removed since as 0.2-0.3 us slower), so those rows are upper bounds of today's
-  code; at B=32 its "no pdl threshold" row (the dependent threshold launch is taken at one row only);
+- CSA top-K: `raw/sparse_results_topk_h200.json` (sparse_sweep.py --sections topk): torch.topk and the default
+  (its first timing where the sweep timed it more than once);
 - DSA indexer logits: `sparse_results_run4.json` (sparse_bench.py --sections indexer);
 - DSA indexer top-2048: `sparse_results_run3.json` (the code since does less work on rows of <= 16384 keys);
 - CSA dual-scope decode: `sparse_decode_h200.json`, run decode-a (sparse_bench.py --sections decode,limits).
@@ -18,12 +16,10 @@ import json
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TOPK = ("raw/sparse_results_run24-topk.json", "b4c8f01 + the top-K edits committed as 861bc00")
+TOPK = ("raw/sparse_results_topk_h200.json", "608b498")
 INDEXER = ("sparse_results_run4.json", "8cef3bc")
 INDEXER_TOPK = ("sparse_results_run3.json", "16cdafd")
 DECODE = ("sparse_decode_h200.json", "54e7c8b")
-# top-K: the sweep's provider that is today's default, per shape (else "zoe default")
-TOPK_DEFAULT = {"B=1 N=1048576": "zoe no reset first", "B=32 N=1048576": "zoe no pdl threshold"}
 TOPK_ORDER = ("B=1 N=4096", "B=1 N=65536", "B=1 N=262144", "B=1 N=1048576", "B=1 N=1048576 recent", "B=8 N=262144",
               "B=32 N=1048576")
 
@@ -38,13 +34,10 @@ def _topk_rows() -> list[dict]:
     for row in _load(TOPK[0])["rows"]:
         if row.get("op") != "csa_topk" or row["shape"] not in TOPK_ORDER:
             continue
-        default = TOPK_DEFAULT.get(row["shape"], "zoe default")
-        provider = {"torch.topk": "torch.topk", default: "zoe default"}.get(row["provider"])
-        if provider and (row["shape"], provider) not in taken:
+        provider = row["provider"]
+        if provider in ("torch.topk", "zoe default") and (row["shape"], provider) not in taken:
             taken.add((row["shape"], provider))
-            exact = provider == "torch.topk" or row["shape"] == "B=1 N=1048576"
-            rows.append(dict(row, provider=provider, source=TOPK[0], commit=TOPK[1],
-                             **({} if exact else {"note": "timed with a reset launch first (removed since)"})))
+            rows.append(dict(row, source=TOPK[0], commit=TOPK[1]))
     return sorted(rows, key=lambda r: TOPK_ORDER.index(r["shape"]))
 
 
