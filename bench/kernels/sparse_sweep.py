@@ -1,7 +1,7 @@
 """Exploratory sweep on one GPU: launch variants of CSA top-K, each checked first.
 
 Every variant's indices (written over poisoned outputs) must equal torch.topk's (sorted) index-for-index. Times are
-medians of CUDA-graph replays. Writes $OUT/sparse_sweep.json and prints one line per variant; the chosen defaults then go through sparse_bench.py (see sparse_README.md).
+medians of CUDA-graph replays. Writes $OUT/sparse_sweep.json and prints one line per variant (see sparse_README.md).
 Top-K rows also go, in sparse_bench.py's row format, to $OUT/sparse_results.json.
 
 Usage: python bench/kernels/sparse_sweep.py [--out DIR] [--sections topk]
