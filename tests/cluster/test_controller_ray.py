@@ -110,13 +110,27 @@ def generated_tokens(url: str) -> float:
                if line.startswith("vllm:generation_tokens_total"))
 
 
-def test_engine_crash_restarts_while_traffic_continues(deployment):
+def test_engine_killed_by_the_pid_status_shows_is_healed_while_traffic_continues(deployment):
+    """`zoe status` shows the engine's pid (not the launcher's, which exited at once) and its process group apart:
+    `kill -9 PID` ends the engine, and the controller starts a new generation on the same GPUs."""
+    from zoe_cluster.cli.common import console
+    from zoe_cluster.cli.deploy import render_status
+
     handle, url = deployment
     before = replica(handle, 0)
-    pgid = before["pids"][0]
+    pid, pgid = before["pids"][0], before["process_groups"][0]
+    assert pid != pgid and pid_alive(pid) and not pid_alive(pgid)  # the group's id is the launcher's, long gone
+    assert pid in group_members(pgid) and "sim serve" in _cmdlines([pid])[0]
+    width, console.width = console.width, 400  # one line per replica, nothing cut
+    try:
+        with console.capture() as shown:
+            render_status(status(handle))
+    finally:
+        console.width = width
+    assert f" {pid} " in shown.get() and f" {pgid} " in shown.get()
     with Traffic(url) as traffic:
         time.sleep(0.5)
-        os.killpg(pgid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         after = wait_for(lambda: (r := replica(handle, 0))["generation"] > before["generation"]
                          and r["state"] == "ready" and r, 30, what="replica 0 back on a new generation")
         time.sleep(0.5)
@@ -131,7 +145,7 @@ def test_engine_crash_restarts_while_traffic_continues(deployment):
 def test_hung_engine_is_detected_and_restarted(deployment):
     handle, url = deployment
     before = replica(handle, 1)
-    pgid = before["pids"][0]
+    pgid = before["process_groups"][0]
     os.killpg(pgid, signal.SIGSTOP)  # alive but answers nothing: only /health timeouts can tell
     after = wait_for(lambda: (r := replica(handle, 1))["generation"] > before["generation"]
                      and r["state"] == "ready" and r, 40, what="hung replica 1 replaced")
@@ -144,7 +158,7 @@ def test_hung_engine_is_detected_and_restarted(deployment):
 def test_killed_node_actor_is_replaced_and_its_engine_not_orphaned(deployment):
     handle, url = deployment
     before = replica(handle, 0)
-    engine_group = before["pids"][0]
+    engine_group = before["process_groups"][0]
     actor_pid = before["member_pids"][0]
     # the engine's supervisor watches this actor (it is detached, not the actor's child)
     assert any(f"--owner-pid {actor_pid} " in c for c in _cmdlines(group_members(engine_group)))
@@ -153,7 +167,7 @@ def test_killed_node_actor_is_replaced_and_its_engine_not_orphaned(deployment):
         wait_for(lambda: not group_members(engine_group), 20, what="the engine to die with its actor")
         after = wait_for(lambda: (r := replica(handle, 0))["generation"] > before["generation"]
                          and r["state"] == "ready" and r, 40, what="replica 0 re-placed")
-    assert after["pids"][0] != engine_group
+    assert after["process_groups"][0] != engine_group
     assert traffic.codes and not traffic.errors, traffic.errors[:5]
     failed = next(h for h in status(handle)["history"] if h["id"] == before["id"])
     assert "node actor" in failed["failure"]
@@ -201,7 +215,7 @@ def test_router_that_dies_is_restarted_with_the_membership(deployment):
     import ray
 
     handle, url = deployment
-    router_pgid = ray.get(handle.__ray_call__.remote(lambda self: self.router.proc.pgid))
+    router_pgid = ray.get(handle.__ray_call__.remote(lambda self: self.router.link.proc.pgid))
     os.killpg(router_pgid, signal.SIGKILL)
 
     def serving():
@@ -258,7 +272,7 @@ def test_restarted_controller_resumes_the_latest_intent(deployment):
     pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
     os.kill(pid, signal.SIGKILL)  # Ray restarts it (max_restarts=-1); its gangs and router died with it
     for r in before.values():
-        wait_for(lambda: not group_members(r["pids"][0]), 30, what=f"old engines of {r['id']} to die with the "
+        wait_for(lambda: not group_members(r["process_groups"][0]), 30, what=f"old engines of {r['id']} to die with the "
                  f"controller: {[(p, pid_alive(p)) for p in r['member_pids']]} {_cmdlines(group_members(r['pids'][0]))}")
 
     def resumed():
@@ -283,7 +297,7 @@ def test_undeploy_leaves_no_process_behind(deployment):
 
     handle, url = deployment
     st = status(handle)
-    groups = [r["pids"][0] for r in st["replicas"]]
+    groups = [r["process_groups"][0] for r in st["replicas"]]
     actor_pids = [p for r in st["replicas"] for p in r["member_pids"]]
     router_port = int(url.rsplit(":", 1)[1])
     remove_deployment("heal")

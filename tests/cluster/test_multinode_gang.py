@@ -73,12 +73,12 @@ def test_two_node_gang_spreads_launches_every_rank_and_restarts_as_a_whole(two_n
         assert len({addr for _, addr in ranks}) == 1 and ranks[0][1].startswith("127.0.0.1:")
         assert "--tp-size 8" in log and "--pp-size 2" in log
 
-        os.killpg(rep["pids"][1], signal.SIGKILL)  # node rank 1 dies: the replica cannot serve
+        os.killpg(rep["process_groups"][1], signal.SIGKILL)  # node rank 1 dies: the replica cannot serve
         after = wait_for(lambda: (r := ray.get(handle.status.remote())["replicas"][0])["generation"] == 2
                          and r["state"] == "ready" and r, 30, what="the gang restarted on a new generation")
-        assert not group_members(rep["pids"][0])  # rank 0 of the failed generation was stopped too
+        assert not group_members(rep["process_groups"][0])  # rank 0 of the failed generation was stopped too
         failed = ray.get(handle.status.remote())["history"][-1]
         assert "node rank 1 exited" in failed["failure"]
-        assert len(after["pids"]) == 2
+        assert len(after["pids"]) == len(after["process_groups"]) == 2
     finally:
         remove_deployment("wide")

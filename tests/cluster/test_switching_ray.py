@@ -5,7 +5,6 @@ MXFP4 drain-first while clients keep sending, no request fails, and the switchin
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import free_port
-from zoe_cluster.cluster.supervisor import kill_group
+from zoe_cluster.cluster.process_group import kill_group
 
 
 AMX_PROBE = Path(__file__).with_name("_amx_moe_probe.py")

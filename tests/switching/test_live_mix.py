@@ -77,9 +77,10 @@ def test_controller_reads_per_class_in_flight_from_the_router():
         link = RouterLink(router.url, admin_key="k")
         try:
             for _ in range(50):
-                got = await link.in_flight_by_class()
+                load = await link.load()
+                got = load.in_flight_by_class if load else None
                 if got and got.get("interactive"):
-                    return got, await link.prefill_tokens_by_class()
+                    return got, load.prefill_tokens_by_class
                 await asyncio.sleep(0.05)
             return got, None
         finally:
@@ -108,12 +109,13 @@ def test_a_router_without_the_slo_filter_reports_no_classes():
     async def counts():
         link = RouterLink(router.url, admin_key="k")
         try:
-            return await link.in_flight_by_class()
+            return await link.load()
         finally:
             await link.close()
 
     try:
-        assert asyncio.run(counts()) is None
+        load = asyncio.run(counts())
+        assert load is not None and load.in_flight_by_class is None and load.prefill_tokens_by_class is None
     finally:
         router.stop()
 
@@ -134,30 +136,26 @@ def test_deploy_rejects_bad_classes_before_touching_ray(args, message):
 
 def test_the_loop_hands_per_class_counts_and_prompt_rates_to_decide():
     """SwitchLoop passes the router's per-class in-flight counts and prompt-token counters to the actuator, as
-    the replay's fleet does (FAKE controller; the decision itself is decide's, tested elsewhere)."""
+    the replay's fleet does (FAKE fleet control; the decision itself is decide's, tested elsewhere)."""
     from prometheus_client import CollectorRegistry
 
+    from zoe_cluster.switching.actuator import FleetReplica
     from zoe_cluster.switching.loop import SwitchLoop
+    from zoe_cluster.switching.vocabulary import FleetLoad
 
     class FakeController:
         tokens = 0.0
 
-        def fleet(self):
-            return [{"index": i, "replica_id": f"d/{i}/1", "variant": B, "state": "ready", "last_swap_at": None}
-                    for i in range(2)]
+        def replicas(self):
+            return [FleetReplica(i, f"d/{i}/1", B, "ready", None) for i in range(2)]
 
-        async def in_flight(self):
-            return {"d/0/1": 3.0, "d/1/1": 3.0}
-
-        async def in_flight_by_class(self):
-            return {"interactive": 2.0, "standard": 4.0}
-
-        async def prefill_tokens_by_class(self):
+        async def load(self):
             self.tokens += 30_000.0
-            return {"interactive": self.tokens / 3, "standard": self.tokens}
+            return FleetLoad({"d/0/1": 3.0, "d/1/1": 3.0}, {"interactive": 2.0, "standard": 4.0},
+                             {"interactive": self.tokens / 3, "standard": self.tokens})
 
-        async def swap_replica(self, *a, **kw):
-            return {}
+        async def swap(self, index, variant, reason):
+            return None
 
     recipe = RecipeRegistry.default().get("glm-5.3")
     config = SwitchConfig(candidates=[A, B], classes=CLASSES, interval_s=30, window_s=300)
@@ -179,31 +177,22 @@ def test_the_loop_hands_per_class_counts_and_prompt_rates_to_decide():
 def test_the_controller_adds_the_router_pods_load_to_its_own_routers():
     """Under the Helm chart traffic also goes through the release's router pods: the switcher sees the sum
     (FAKE router link and fanout; `MembershipFanout.load` itself is tested in tests/k8s)."""
-    from types import SimpleNamespace
-
-    from zoe_cluster.cluster.controller import DeploymentController as C
+    from zoe_cluster.cluster.fleet_load import FleetLoadReader
+    from zoe_cluster.switching.vocabulary import FleetLoad
 
     class Link:
-        async def active_by_replica(self):
-            return {"d/0/1": 2.0}
-
-        async def in_flight_by_class(self):
-            return None  # the controller's own router runs another policy
-
-        async def prefill_tokens_by_class(self):
-            return None
+        async def load(self):
+            return FleetLoad({"d/0/1": 2.0})  # the controller's own router runs another policy: no classes
 
     class Pods:
         def load(self):
             return {"active_by_replica": {"d/0/1": 3.0, "d/1/1": 4.0}, "in_flight_by_class": {"interactive": 2.0},
                     "prefill_tokens_by_class": {"interactive": 700.0}}
 
-    ctl = SimpleNamespace(router=Link(), fanout=Pods())
-    ctl._pod_counts = lambda key: C._pod_counts(ctl, key)
-
-    async def read():
-        return (await C.in_flight(ctl), await C.in_flight_by_class(ctl), await C.prefill_tokens_by_class(ctl))
-
-    assert asyncio.run(read()) == ({"d/0/1": 5.0, "d/1/1": 4.0}, {"interactive": 2.0}, {"interactive": 700.0})
-    ctl.fanout = None  # off Kubernetes: the own router alone
-    assert asyncio.run(read()) == ({"d/0/1": 2.0}, None, None)
+    link = Link()
+    reader = FleetLoadReader(lambda: link, Pods())
+    assert asyncio.run(reader.read()) == FleetLoad({"d/0/1": 5.0, "d/1/1": 4.0}, {"interactive": 2.0},
+                                                   {"interactive": 700.0})
+    reader.fanout = None  # off Kubernetes: the own router alone
+    assert asyncio.run(reader.read()) == FleetLoad({"d/0/1": 2.0}, None, None)
+    assert asyncio.run(FleetLoadReader(lambda: None).read()) == FleetLoad({})  # no router at all

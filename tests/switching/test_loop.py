@@ -1,4 +1,4 @@
-"""The controller's switching loop: swaps through swap_replica, counts outcomes, exports its inputs."""
+"""The controller's switching loop: swaps through its fleet control, counts outcomes, exports its inputs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from zoe_cluster.recipes import RecipeRegistry
 from zoe_cluster.switching import SwitchConfig
+from zoe_cluster.switching.actuator import FleetReplica
 from zoe_cluster.switching.loop import SwitchLoop
+from zoe_cluster.switching.vocabulary import FleetLoad
 
 GLM = RecipeRegistry.default().get("glm-5.3")
 CFG = SwitchConfig(candidates=["fp8-tp8-nightly", "mxfp4-tp8"], window_s=60, interval_s=1, dwell_s=600,
@@ -16,28 +18,31 @@ CFG = SwitchConfig(candidates=["fp8-tp8-nightly", "mxfp4-tp8"], window_s=60, int
 
 
 class FakeController:
-    """Stands in for the Ray controller actor's three methods (the real one is tested in tests/cluster)."""
+    """Stands in for the live deployment's fleet control (the real one, `cluster.fleet_load.LiveFleet`, is tested
+    in tests/cluster)."""
 
     def __init__(self, fail: bool = False):
         self.variants = ["fp8-tp8-nightly", "fp8-tp8-nightly"]
-        self.load = 32.0
+        self.per_replica = 32.0
         self.fail = fail
         self.swapped: list[tuple[int, str, str]] = []
 
-    def fleet(self):
-        return [{"index": i, "replica_id": f"glm/{i}/0", "variant": v, "state": "ready", "last_swap_at": None}
-                for i, v in enumerate(self.variants)]
+    def replicas(self):
+        return [FleetReplica(i, f"glm/{i}/0", v, "ready", None) for i, v in enumerate(self.variants)]
 
-    async def in_flight(self):
-        return {f"glm/{i}/0": self.load for i in range(len(self.variants))}
+    def by_class(self):
+        return None
 
-    async def swap_replica(self, index, variant, wait=True, timeout_s=None, reason=""):
+    async def load(self):
+        return FleetLoad({f"glm/{i}/0": self.per_replica for i in range(len(self.variants))}, self.by_class())
+
+    async def swap(self, index, variant, reason):
         await asyncio.sleep(0)
         self.swapped.append((index, variant, reason))
         if self.fail:
             raise RuntimeError("new generation failed")
         self.variants[index] = variant
-        return {}
+        return None
 
 
 def _run(ctl):
@@ -80,9 +85,9 @@ def test_with_classes_the_loop_steers_a_mix_from_the_controllers_per_class_count
         def __init__(self):
             super().__init__()
             self.variants = ["fp8-tp8-nightly"] * 4
-            self.load = 12.0
+            self.per_replica = 12.0
 
-        async def in_flight_by_class(self):
+        def by_class(self):
             return {"interactive": 9.6, "standard": 38.4}
 
     cfg = CFG.model_copy(update={"classes": [ServiceClass(name="interactive", ttft_s=1.0, itl_s=0.020),

@@ -99,8 +99,10 @@ def render_status(st: dict) -> None:
     if st.get("router_error"):
         console.print(f"[red]router: {st['router_error']}[/]")
     t = Table(box=None, pad_edge=False)
-    for col in ("replica", "id", "state", "since", "variant", "nodes", "GPUs", "uptime", "restarts", "kernels", "url",
-                "last event"):
+    # pid: the engine process (`kill PID` ends it; the controller heals the replica); group: its process group
+    # (engine, its children and the process supervisor; `kill -- -GROUP` ends them all)
+    for col in ("replica", "id", "state", "since", "variant", "nodes", "GPUs", "pid", "group", "uptime", "restarts",
+                "kernels", "url", "last event"):
         t.add_column(col)
     now = st["now"]
     for r in st["replicas"]:
@@ -112,8 +114,11 @@ def render_status(st: dict) -> None:
         style = _STATE_STYLE.get(r["state"], "")
         # what the engine's zoe plugin reports running (its /metrics), not what the recipe asks for
         kernels = "?" if r.get("kernels_active") is None else (",".join(r["kernels_active"]) or "none")
+        pids = " ".join(str(p) for p in r.get("pids", [])) or "-"
+        groups = " ".join(str(g) for g in r.get("process_groups", [])) or "-"
         t.add_row(str(r["index"]), r["id"], f"[{style}]{r['state']}[/]", _fmt_age(now - r["state_since"]),
-                  r["variant"], " ".join(r["nodes"]) or "-", gpus, _fmt_age(r["uptime_s"]) if r["uptime_s"] else "-",
+                  r["variant"], " ".join(r["nodes"]) or "-", gpus, pids, groups,
+                  _fmt_age(r["uptime_s"]) if r["uptime_s"] else "-",
                   str(r["restarts"]), kernels, r["url"] or "-", last[:60])
     console.print(t)
     sw = st.get("switching")

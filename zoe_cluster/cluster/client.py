@@ -6,7 +6,8 @@ deployment is kept in local files.
 
 from __future__ import annotations
 
-from zoe_cluster.cluster.controller import CONTROLLER_PREFIX, KV_PREFIX, NAMESPACE, DeploymentController, _kv_del, controller_name
+from zoe_cluster.cluster.controller import CONTROLLER_PREFIX, NAMESPACE, DeploymentController, controller_name
+from zoe_cluster.cluster.intent_store import IntentStore
 from zoe_cluster.cluster.placement import fits_cluster
 from zoe_cluster.cluster.spec import DeploymentSpec
 
@@ -63,8 +64,7 @@ def create_deployment(spec: DeploymentSpec, ray_address: str, check_fit: bool = 
         why = fits_cluster(spec.shape(spec.variant), spec.replicas, ray.cluster_resources())
         if why:
             raise ValueError(why)
-    _kv_del(KV_PREFIX + spec.name)  # a leftover intent of an earlier deployment of this name
-    _kv_del(KV_PREFIX + spec.name + "/generations")
+    IntentStore(spec.name).clear()  # a leftover intent of an earlier deployment of this name
     handle = controller_actor_class().options(
         name=controller_name(spec.name), namespace=NAMESPACE, lifetime="detached", max_restarts=-1,
         max_task_retries=0, num_cpus=0, max_concurrency=1000,
@@ -94,6 +94,5 @@ def remove_deployment_handle(handle, graceful: bool = True, timeout_s: float = 1
 
 def remove_deployment(name: str, graceful: bool = True, timeout_s: float = 180) -> dict | None:
     status = remove_deployment_handle(get_controller(name), graceful, timeout_s)
-    _kv_del(KV_PREFIX + name)
-    _kv_del(KV_PREFIX + name + "/generations")
+    IntentStore(name).clear()
     return status

@@ -76,7 +76,10 @@ class ReplicaFacts:
     nodes: list[str] = field(default_factory=list)
     gpu_ids: list[list[int]] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
-    """Process-group ids of the engine processes (one per node that runs one)."""
+    """Pids of the engine processes (one per node that runs one): `kill PID` ends that engine, which is healed."""
+    process_groups: list[int] = field(default_factory=list)
+    """Process-group ids of those engines (the group holds the engine, its children and the process supervisor;
+    its id is the pid of a launcher that exited): `kill -- -PGID` ends them all."""
     member_pids: list[int] = field(default_factory=list)
     """Pids of the gang's node actors, one per node."""
     restarts: int = 0

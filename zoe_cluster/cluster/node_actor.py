@@ -13,7 +13,7 @@ import socket
 import sys
 from pathlib import Path
 
-from zoe_cluster.cluster.supervisor import Supervised, group_alive, spawn_supervised
+from zoe_cluster.cluster.process_group import Supervised, group_alive, spawn_supervised
 
 
 def detect_platform() -> str:
@@ -67,15 +67,17 @@ class NodeMember:
             s.bind((host, 0))
             return s.getsockname()[1]
 
-    def start(self, argv: list[str], env: dict[str, str], log_name: str) -> int:
-        """Start the engine (argv with env on top of this actor's environment); returns the process-group id."""
+    def start(self, argv: list[str], env: dict[str, str], log_name: str) -> dict[str, int] | None:
+        """Start the engine (argv with env on top of this actor's environment); returns {"pid": the engine's pid,
+        "process_group": its group's id}, or None for a member that only holds GPUs (e.g. vLLM's non-zero ranks
+        run inside node 0's Ray executor)."""
         self.stop()
-        if not argv:  # a member that only holds GPUs (e.g. vLLM's non-zero ranks run inside node 0's Ray executor)
-            return 0
+        if not argv:
+            return None
         self.log_path = self.log_dir / log_name
         full_env = {**os.environ, **env}
         self.proc = spawn_supervised(argv, full_env, self.log_path, owner_pid=os.getpid(), python=sys.executable)
-        return self.proc.pid
+        return {"pid": self.proc.engine_pid, "process_group": self.proc.pgid}
 
     def poll(self) -> int | None:
         """The engine's exit code, or None while it runs (also None for a GPU-holding member)."""
@@ -91,7 +93,7 @@ class NodeMember:
         return proc.stop(grace_s)
 
     def alive_group(self) -> bool:
-        return self.proc is not None and group_alive(self.proc.pid)
+        return self.proc is not None and group_alive(self.proc.pgid)
 
     def log_tail(self, max_bytes: int = 20_000) -> str:
         if self.log_path is None or not self.log_path.exists():

@@ -1,14 +1,15 @@
 """Run one engine process so that it can never outlive its owner.
 
-    python -m zoe_cluster.cluster.supervisor --owner-pid PID -- ARGV...
+    python -m zoe_cluster.cluster.process_group --owner-pid PID -- ARGV...
 
 The owner (a replica's node actor, or the controller for the router) starts this module in a new session and
 the supervisor detaches (forks; the launcher exits at once), so it is not the owner's child: Ray kills an
 exiting worker's direct children with SIGKILL, which would leave the engine behind with nobody to stop it. The
-process group (id = the launcher's pid) holds the supervisor, the engine and all the engine's children. The
-supervisor polls the owner: when the owner is gone (Ray killed the actor, the node actor crashed) it sends
-SIGTERM to the whole group, waits, then SIGKILL. When the engine exits, the supervisor writes the exit code to
-its exit file and exits. `spawn_supervised` is the owner's side; it returns a `Supervised` handle.
+process group (id = the launcher's pid, a process that no longer exists) holds the supervisor, the engine and all
+the engine's children. The supervisor writes the engine's pid to its pid file and polls the owner: when the owner
+is gone (Ray killed the actor, the node actor crashed) it sends SIGTERM to the whole group, waits, then SIGKILL.
+When the engine exits (or is killed by its pid), the supervisor writes the exit code to its exit file and exits.
+`spawn_supervised` is the owner's side; it returns a `Supervised` handle with the engine's pid and the group's id.
 """
 
 from __future__ import annotations
@@ -82,15 +83,14 @@ def _live(pid: int) -> bool:
 
 @dataclass
 class Supervised:
-    """The owner's handle on one supervised engine: its process group, the supervisor's pid, its exit file."""
+    """The owner's handle on one supervised engine: its process group, the supervisor's and the engine's pids, and
+    its exit file. `kill engine_pid` ends the engine (the supervisor reports its exit); `kill -- -pgid` the group."""
 
     pgid: int
     supervisor_pid: int
+    engine_pid: int | None
+    """The engine process (the supervisor's child); None when it could not be started."""
     exit_file: Path
-
-    @property
-    def pid(self) -> int:
-        return self.pgid
 
     def poll(self) -> int | None:
         """The engine's exit code; None while it runs; 137 when the supervisor itself was killed."""
@@ -127,10 +127,10 @@ def spawn_supervised(argv: list[str], env: dict[str, str], log_path: str | Path,
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix="zoe-sup-"))
-    pid_file, exit_file = run_dir / "pid", run_dir / "exit"
-    cmd = [python or sys.executable, "-m", "zoe_cluster.cluster.supervisor",
+    pid_file, engine_pid_file, exit_file = run_dir / "pid", run_dir / "engine-pid", run_dir / "exit"
+    cmd = [python or sys.executable, "-m", "zoe_cluster.cluster.process_group",
            "--owner-pid", str(owner_pid or os.getpid()), "--pid-file", str(pid_file), "--exit-file", str(exit_file),
-           "--", *argv]
+           "--engine-pid-file", str(engine_pid_file), "--", *argv]
     with open(log_path, "ab") as log:
         launcher = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
@@ -139,10 +139,19 @@ def spawn_supervised(argv: list[str], env: dict[str, str], log_path: str | Path,
         supervisor_pid = int(pid_file.read_text())
     except (OSError, ValueError):
         raise RuntimeError(f"supervisor did not start (launcher exit {code}); see {log_path}") from None
-    return Supervised(pgid=launcher.pid, supervisor_pid=supervisor_pid, exit_file=exit_file)
+    handle = Supervised(pgid=launcher.pid, supervisor_pid=supervisor_pid, engine_pid=None, exit_file=exit_file)
+    deadline = time.monotonic() + 60
+    while handle.engine_pid is None and time.monotonic() < deadline:  # written right after the engine's fork
+        try:
+            handle.engine_pid = int(engine_pid_file.read_text())
+        except (OSError, ValueError):
+            if handle.poll() is not None:
+                break  # the engine could not start (exit 127) or the supervisor died
+            time.sleep(0.01)
+    return handle
 
 
-def _run(owner_pid: int, argv: list[str], grace_s: float) -> int:
+def _run(owner_pid: int, argv: list[str], grace_s: float, engine_pid_file: Path | None = None) -> int:
     stopping = False
 
     def on_term(signum, frame):  # the group got SIGTERM: the child got it too; wait for it to finish
@@ -156,6 +165,10 @@ def _run(owner_pid: int, argv: list[str], grace_s: float) -> int:
     except OSError as e:
         print(f"[zoe supervisor] cannot start {argv[0]!r}: {e}", flush=True)
         return 127
+    if engine_pid_file is not None:
+        tmp = engine_pid_file.with_suffix(".tmp")
+        tmp.write_text(str(child.pid))
+        tmp.rename(engine_pid_file)
     print(f"[zoe supervisor] pid {child.pid} started: {' '.join(argv)}", flush=True)
     owner_gone_at: float | None = None
     while True:
@@ -179,6 +192,7 @@ def main() -> None:
     p.add_argument("--grace-s", type=float, default=10.0)
     p.add_argument("--pid-file", type=Path, help="Detach: fork, write the supervisor's pid here, launcher exits.")
     p.add_argument("--exit-file", type=Path, help="Where the engine's exit code is written.")
+    p.add_argument("--engine-pid-file", type=Path, help="Where the engine's pid is written once it started.")
     p.add_argument("argv", nargs=argparse.REMAINDER)
     a = p.parse_args()
     argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
@@ -189,7 +203,7 @@ def main() -> None:
         if pid > 0:
             a.pid_file.write_text(str(pid))
             os._exit(0)
-    code = _run(a.owner_pid, argv, a.grace_s)
+    code = _run(a.owner_pid, argv, a.grace_s, a.engine_pid_file)
     if a.exit_file is not None and not _live(a.owner_pid):  # nobody left to read it
         shutil.rmtree(a.exit_file.parent, ignore_errors=True)
     elif a.exit_file is not None:

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import httpx
 
-from zoe_cluster.cluster.supervisor import spawn_supervised
+from zoe_cluster.cluster.process_group import spawn_supervised
+from zoe_cluster.cluster.spec import DeploymentSpec
+from zoe_cluster.router.membership import Membership
+from zoe_cluster.switching.vocabulary import FleetLoad
 
 log = logging.getLogger(__name__)
 
@@ -66,58 +69,100 @@ class RouterLink:
             await asyncio.sleep(0.2)
         raise TimeoutError(f"router not answering at {self.url} after {timeout_s:.0f}s; log: {self.log_path}")
 
-    async def push(self, membership: dict) -> bool:
+    async def push(self, membership: Membership) -> bool:
         """PUT a membership; True when applied or already superseded (409), False when the router did not answer."""
-        if membership["version"] <= self.pushed_version:
+        if membership.version <= self.pushed_version:
             return True
         try:
-            r = await self._client.put(self.url + "/admin/membership", json=membership)
+            r = await self._client.put(self.url + "/admin/membership", json=membership.model_dump(mode="json"))
         except httpx.HTTPError as e:
-            log.warning("membership push v%s failed: %s", membership["version"], e)
+            log.warning("membership push v%s failed: %s", membership.version, e)
             return False
         if r.status_code in (200, 409):
-            self.pushed_version = max(self.pushed_version, membership["version"])
+            self.pushed_version = max(self.pushed_version, membership.version)
             return True
-        log.warning("membership push v%s answered %s: %s", membership["version"], r.status_code, r.text[:300])
+        log.warning("membership push v%s answered %s: %s", membership.version, r.status_code, r.text[:300])
         return False
 
-    async def active_by_replica(self) -> dict[str, float]:
-        """In-flight requests per replica id as the router counts them ({} when it does not answer)."""
-        try:
-            r = await self._client.get(self.url + "/admin/membership")
-            if r.status_code != 200:
-                return {}
-            return {rep["id"]: float(rep.get("active_requests", 0)) for rep in r.json().get("replicas", [])}
-        except (httpx.HTTPError, ValueError, TypeError, KeyError):
-            return {}
-
-    async def _policy_counts(self, key: str) -> dict[str, float] | None:
-        """A per-class count the router's `slo` policy publishes in `GET /admin/membership` (`key` of its
-        description); None when the router runs another policy or does not answer."""
+    async def load(self) -> FleetLoad | None:
+        """The router's counts from one `GET /admin/membership`: in flight per replica id and, when its policy is
+        the class-aware `slo`, per service class; None when the router does not answer."""
         try:
             r = await self._client.get(self.url + "/admin/membership")
             if r.status_code != 200:
                 return None
-            counts = r.json().get("policy", {}).get(key)
-            return None if counts is None else {str(c): float(n) for c, n in counts.items()}
-        except (httpx.HTTPError, ValueError, TypeError, AttributeError):
+            body = r.json()
+            per_replica = {rep["id"]: float(rep.get("active_requests", 0)) for rep in body.get("replicas", [])}
+        except (httpx.HTTPError, ValueError, TypeError, KeyError, AttributeError):
             return None
-
-    async def in_flight_by_class(self) -> dict[str, float] | None:
-        """Requests in flight per service class (the switcher then decides per replica without them)."""
-        return await self._policy_counts("in_flight_by_class")
-
-    async def prefill_tokens_by_class(self) -> dict[str, float] | None:
-        """Uncached prompt tokens routed so far per service class (cumulative)."""
-        return await self._policy_counts("prefill_tokens_by_class")
+        return FleetLoad(per_replica, _class_counts(body, "in_flight_by_class"),
+                         _class_counts(body, "prefill_tokens_by_class"))
 
     async def active_requests(self, replica_id: str) -> int | None:
         """In-flight requests the router has open to `replica_id`, or None when it cannot tell."""
-        counts = await self.active_by_replica()
-        return int(counts.get(replica_id, 0)) if counts else None
+        load = await self.load()
+        return int(load.in_flight.get(replica_id, 0)) if load is not None and load.in_flight else None
 
     async def close(self, grace_s: float = 5.0) -> None:
         await self._client.aclose()
         if self.proc is not None:
             await asyncio.to_thread(self.proc.stop, grace_s)
             self.proc = None
+
+
+
+class RouterProcess:
+    """The router a deployment owns: started on its spec's address, started again (same port) when it exits."""
+
+    def __init__(self, spec: DeploymentSpec, log_path: Path):
+        self.spec, self.log_path = spec, log_path
+        self.link: RouterLink | None = None
+        self.error: str | None = None
+        """Why the router last failed to start (None once it answers)."""
+        self.restarts = 0
+
+    async def start(self) -> None:
+        """Start the router process and wait until it answers; RuntimeError/TimeoutError (also kept in `error`)."""
+        import ray
+
+        rc = self.spec.router
+        host = ray.util.get_node_ip_address() if rc.host in ("0.0.0.0", "::") else rc.host
+        if self.link is None:
+            self.link = RouterLink(f"http://{host}:{rc.port}")
+        policy, policy_args = self.spec.router_policy_args()
+        argv = router_argv(rc.host, rc.port, policy, [self.spec.recipe.served_model_name], policy_args + rc.extra_args)
+        self.link.start(argv, self.log_path)
+        try:
+            await self.link.wait_ready()
+        except (RuntimeError, TimeoutError) as e:
+            self.error = str(e)
+            raise
+        self.error = None
+
+    async def restarted(self) -> bool:
+        """Start the router again if its process exited; True when it runs again (it then needs the membership)."""
+        code = self.link.exited() if self.link is not None else None
+        if code is None:
+            return False
+        log.warning("router exited with %s: restarting it", code)
+        self.restarts += 1
+        self.link.pushed_version = -1
+        try:
+            await self.start()
+        except (RuntimeError, TimeoutError):
+            return False  # tried again on the next tick
+        return True
+
+    async def close(self, grace_s: float) -> None:
+        if self.link is not None:
+            await self.link.close(grace_s)
+
+
+def _class_counts(body: dict, key: str) -> dict[str, float] | None:
+    """A per-class count the router's `slo` policy publishes in `GET /admin/membership` (`key` of its
+    description); None when the router runs another policy."""
+    try:
+        counts = body.get("policy", {}).get(key)
+        return None if counts is None else {str(c): float(n) for c, n in counts.items()}
+    except (ValueError, TypeError, AttributeError):
+        return None

@@ -1,6 +1,6 @@
-"""The switching loop the deployment controller runs: every `interval_s` it asks the controller for its fleet and
-the router's in-flight counts, lets the `SwitchActuator` (and so `decide`) choose, starts the chosen drain-first
-swaps through `controller.swap_replica`, and exports the switching metrics (zoe_cluster.metrics, area
+"""The switching loop the deployment controller runs: every `interval_s` it asks its `LiveFleetControl` for the
+replicas and the routers' load (`FleetLoad`), lets the `SwitchActuator` (and so `decide`) choose, starts the chosen
+drain-first swaps through the fleet control, and exports the switching metrics (zoe_cluster.metrics, area
 "switching") on the registry it is given.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -16,24 +16,29 @@ from zoe_cluster.metrics import build_metrics
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.switching.actuator import FleetReplica, SwitchActuator
 from zoe_cluster.switching.predict import replica_tok_s
-from zoe_cluster.switching.vocabulary import SwitchConfig, SwitchDecision
+from zoe_cluster.switching.vocabulary import FleetLoad, SwitchConfig, SwitchDecision
 
 log = logging.getLogger(__name__)
 
 
-class SwitchableController(Protocol):
-    def fleet(self) -> list[dict[str, Any]]: ...
+class LiveFleetControl(Protocol):
+    """What the loop asks of a live deployment (`zoe_cluster.cluster.fleet_load.LiveFleet` is the one)."""
 
-    async def in_flight(self) -> dict[str, float]: ...
+    def replicas(self) -> list[FleetReplica]: ...
 
-    async def swap_replica(self, index: int, variant: str, wait: bool = True, timeout_s: float | None = None,
-                           reason: str = "") -> dict: ...
+    async def load(self) -> FleetLoad:
+        """The routers' counts now."""
+        ...
+
+    async def swap(self, index: int, variant: str, reason: str) -> None:
+        """A drain-first swap of replica `index` to `variant`; returns once the new generation is ready, raises
+        when it failed or timed out."""
+        ...
 
 
 class SwitchLoop:
-    def __init__(self, recipe: Recipe, config: SwitchConfig, controller: SwitchableController,
-                 registry: CollectorRegistry):
-        self.recipe, self.config, self.controller = recipe, config, controller
+    def __init__(self, recipe: Recipe, config: SwitchConfig, fleet: LiveFleetControl, registry: CollectorRegistry):
+        self.recipe, self.config, self.fleet = recipe, config, fleet
         self.actuator = SwitchActuator(recipe, config)
         self.metrics = build_metrics("switching", registry)
         self._swaps: set[asyncio.Task] = set()
@@ -47,14 +52,12 @@ class SwitchLoop:
                 log.exception("switching tick failed")
 
     async def tick(self) -> list[SwitchDecision]:
-        fleet = [FleetReplica(d["index"], d["replica_id"], d["variant"], d["state"], d["last_swap_at"])
-                 for d in self.controller.fleet()]
-        by_class = prefill = None  # per-class counts steer a mix (switching.mix); without them: per replica
-        if self.config.classes and hasattr(self.controller, "in_flight_by_class"):
-            by_class = await self.controller.in_flight_by_class()
-            if by_class is not None and hasattr(self.controller, "prefill_tokens_by_class"):
-                prefill = await self.controller.prefill_tokens_by_class()
-        decisions = self.actuator.observe(fleet, await self.controller.in_flight(), by_class, prefill)
+        fleet = self.fleet.replicas()
+        load = await self.fleet.load()
+        # per-class counts steer a mix (switching.mix); without them (or without classes): per replica
+        by_class = load.in_flight_by_class if self.config.classes else None
+        prefill = load.prefill_tokens_by_class if by_class is not None else None
+        decisions = self.actuator.observe(fleet, load.in_flight, by_class, prefill)
         by_index = {r.index: r for r in fleet}
         self.metrics.concurrency_estimate.clear()
         self.metrics.predicted_tok_s.clear()
@@ -74,7 +77,7 @@ class SwitchLoop:
 
     async def _swap(self, d: SwitchDecision) -> None:
         try:
-            await self.controller.swap_replica(d.replica, d.variant, wait=True, reason=d.reason)
+            await self.fleet.swap(d.replica, d.variant, d.reason)
         except Exception as e:
             log.warning("swap of replica %s to %s failed: %s", d.replica, d.variant, e)
             self.metrics.swaps.labels(outcome="failed").inc()
