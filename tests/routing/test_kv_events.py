@@ -6,7 +6,13 @@ import msgpack
 import pytest
 
 from zoe_cluster.routing import ReplicaView, context_from_trace, get_policy
-from zoe_cluster.routing.kv_events import KvEventDecodeError, ReplicaCacheMirror, decode_batch, summarize
+from zoe_cluster.routing.kv_events import (
+    KvEventDecodeError,
+    ReplicaCacheMirror,
+    decode_batch,
+    summarize,
+    summarize_batch,
+)
 
 
 def batch(*events):
@@ -51,3 +57,24 @@ def test_prefix_index_forgets_what_the_engine_evicted():
     assert len(idx) == 5 and idx.match(ctx.block_hashes) == 5  # the tail went first
     p.on_cache_evicted("d/0/0", None)
     assert len(idx) == 0
+
+
+def test_mirror_keys_streams_by_data_parallel_rank_and_tier():
+    def ranked(rank, *events):
+        return summarize_batch(msgpack.packb([1.0, list(events), rank]))
+
+    m = ReplicaCacheMirror()
+    # two ranks publish their own sequences, interleaved: no batch is lost
+    assert m.apply(ranked(0, stored(10)), seq=0) == 0
+    assert m.apply(ranked(1, stored(6)), seq=0) == 0
+    assert m.apply(ranked(0, {"type": "BlockRemoved", "block_hashes": [1, 2]}), seq=1) == 32
+    assert m.apply(ranked(1, stored(1)), seq=1) == 0
+    assert m.gaps == 0 and m.blocks == 8 + 7 and m.ranks[1].blocks == 7
+    # one rank clears: only its blocks are forgotten, in tokens
+    assert m.apply(ranked(1, {"type": "AllBlocksCleared"}), seq=2) == 7 * 16
+    assert m.blocks == 8
+    assert m.apply(ranked(0, stored(1)), seq=5) == 0 and m.gaps == 3
+    # host-tier (offloaded) blocks do not count against the HBM picture
+    s = ranked(0, {"type": "BlockRemoved", "block_hashes": [1, 2, 3], "medium": "CPU"}, stored(2))
+    assert (s.removed_blocks, s.stored_blocks, s.dp_rank) == (0, 2, 0)
+    assert summarize_batch(msgpack.packb([1.0, [stored(1)]])).dp_rank is None

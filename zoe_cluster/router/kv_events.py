@@ -16,7 +16,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from zoe_cluster.routing.kv_events import KvEventDecodeError, ReplicaCacheMirror, decode_batch, summarize
+from zoe_cluster.routing.kv_events import KvEventDecodeError, ReplicaCacheMirror, summarize_batch
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class KvEventSubscriber:
             self.bad_messages += 1
             return
         try:
-            summary = summarize(decode_batch(payload))
+            summary = summarize_batch(payload)  # keeps the batch's DP rank: the mirror keys streams by it
         except KvEventDecodeError as e:
             self.bad_messages += 1
             log.warning("bad KV event batch from %s: %s", rid, e)
