@@ -3,7 +3,7 @@ variant, at one batch; optionally one call per variant for Nsight Compute (`--nc
 
 Usage: python bench/kernels/sparse_decode_profile.py [--batch 64] [--variants NAME,...] [--out DIR]
        ncu --clock-control none --section ... python bench/kernels/sparse_decode_profile.py --ncu
-Variants are names from sparse_decode_sweep.py's lists of one run (`--set`; all of them by default).
+Variants are names from sparse_decode_sweep.py's list (all of them by default).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import sparse_decode_sweep as sweep  # noqa: E402  (the variant lists)
+import sparse_decode_sweep as sweep  # noqa: E402  (the variant list)
 
 
 def per_kernel_us(fn, calls: int = 50) -> dict[str, float]:
@@ -46,13 +46,11 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--variants", default=None, help="comma-separated names (default: all of the set's)")
-    ap.add_argument("--set", default=sweep.VARIANT_SET, choices=sorted(sweep.SETS))
+    ap.add_argument("--variants", default=None, help="comma-separated names (default: all)")
     ap.add_argument("--batches", default=None, help="comma-separated batches (overrides --batch)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--ncu", action="store_true", help="one call per variant after a warm-up (for ncu)")
     args = ap.parse_args()
-    sweep.VARIANT_SET = args.set
     rows = {}
     for batch in [int(b) for b in (args.batches or str(args.batch)).split(",")]:
         q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = sb._decode_inputs(batch)
