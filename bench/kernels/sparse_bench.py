@@ -4,11 +4,13 @@ One run does everything a device lease allows (see bench/kernels/sparse_README.m
   1. runs the kernel tests of these ops on the GPU (pytest), log to $OUT/sparse_pytest.log;
   2. measures the two ceilings (device copy bandwidth, fp8 `torch._scaled_mm` rate);
   3. times each op and its PyTorch baseline at the issue's shapes (median of CUDA-graph replays for
-     small calls, `triton.testing.do_bench` median for large ones), checking each result first;
-  4. writes rows (op, shape, provider, config, median_us, TFLOP/s or GB/s, % of roofline, device) to
+     small calls, `triton.testing.do_bench` median for large ones), checking each result first; dual-scope
+     decode also as an isolated call (clean L2), against a float32 reference with NaN-poisoned outputs;
+  4. `limits`: where the B=64 dual-scope call's time goes (`sparse_decode_limits.py`);
+  5. writes rows (op, shape, provider, config, median_us, TFLOP/s or GB/s, % of roofline, device) to
      $OUT/sparse_results.json and prints a compact table.
 
-Usage: python bench/kernels/sparse_bench.py [--out DIR] [--quick] [--skip-tests] [--sections topk,indexer,decode]
+Usage: python bench/kernels/sparse_bench.py [--out DIR] [--quick] [--skip-tests] [--sections topk,decode,limits,indexer]
 """
 
 from __future__ import annotations
