@@ -26,6 +26,7 @@ from zoe_cluster.router.migration import (
     ask_token_ids,
     continuable,
     continuation_body,
+    strip_token_ids,
 )
 
 
@@ -50,6 +51,15 @@ def test_the_ledger_forwards_whole_events_only_and_strips_the_ids_it_asked_for()
     ledger.settle()
     assert ledger.prompt_ids == [1, 2, 3] and ledger.gen_ids == [7, 8] and "".join(ledger.text) == "abcd"
     assert ledger.generated_tokens == 2 and ledger.first == {"id": "c1", "created": 5, "model": "m"}
+
+
+@pytest.mark.parametrize("prompt_ids", [[1, 2], list(range(5000)), None])
+def test_token_ids_are_cut_from_events_of_any_size_and_nothing_else(prompt_ids):
+    choice = {"index": 0, "text": 'say ,"token_ids":[1] please', "prompt_token_ids": prompt_ids, "token_ids": [9, 8]}
+    ev = sse({"id": "c", "choices": [choice, {"index": 1, "text": "", "token_ids": None}]})
+    out = strip_token_ids(ev)
+    assert json.loads(out[6:]) == {"id": "c", "choices": [{"index": 0, "text": 'say ,"token_ids":[1] please'},
+                                                          {"index": 1, "text": ""}]}
 
 
 def test_a_completion_continues_from_token_ids_with_the_tokens_left():

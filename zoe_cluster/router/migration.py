@@ -32,7 +32,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_TOKEN_FIELDS = re.compile(rb',"(?:prompt_)?token_ids":(?:\[[0-9,\s]*\]|null)')
+# A JSON string cannot hold these members' bytes (its quotes are \"), so they are cut from the bytes as they are.
+_TOKEN_FIELDS = (b',"prompt_token_ids":', b',"token_ids":')
+_TOKEN_FIELDS_RE = re.compile(rb',"(?:prompt_)?token_ids":(?:\[[0-9,\s]*\]|null)')
+_RE_MAX_BYTES = 4096  # the regex is faster on token events; find() on a first event with a long prompt's ids
 _STRUCTURED = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
                "guided_grammar", "regex", "json_schema", "ebnf")
 OUTCOMES = ("continued", "failed", "completed", "exhausted", "not_continuable", "no_replica")
@@ -111,7 +114,7 @@ class StreamLedger:
         if cut < len(chunk):
             chunk, self._tail = chunk[:cut], chunk[cut:]
         self._raw.append(chunk)
-        return _TOKEN_FIELDS.sub(b"", chunk) if self.strip_token_ids else chunk
+        return strip_token_ids(chunk) if self.strip_token_ids else chunk
 
     def rest(self) -> bytes:
         """What is left unfinished after the upstream ended cleanly (sent as it is)."""
@@ -171,6 +174,25 @@ class StreamLedger:
     def output_ended(self) -> bool:
         """The output is complete (a finish reason, or [DONE]): nothing is left to generate."""
         return self.done or self.finish_reason is not None
+
+
+def strip_token_ids(data: bytes) -> bytes:
+    """SSE event bytes without their `prompt_token_ids` and `token_ids` members (a list of ints or null)."""
+    if len(data) <= _RE_MAX_BYTES:
+        return _TOKEN_FIELDS_RE.sub(b"", data)
+    for key in _TOKEN_FIELDS:
+        j = data.find(key)
+        if j < 0:
+            continue
+        parts, i = [], 0
+        while j >= 0:
+            parts.append(data[i:j])
+            k = j + len(key)
+            i = k + 4 if data.startswith(b"null", k) else data.index(b"]", k) + 1
+            j = data.find(key, i)
+        parts.append(data[i:])
+        data = b"".join(parts)
+    return data
 
 
 def _events(block: bytes) -> list[dict[str, Any] | None]:
