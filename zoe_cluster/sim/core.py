@@ -3,7 +3,8 @@
 Each step the scheduler first serves running requests in order (a prefilling request gets its next chunk, a
 decoding request 1 token, or 1 + proposed drafts with speculative decoding), then admits waiting requests
 while `max_num_seqs`, the `max_num_batched_tokens` budget and the KV blocks allow (chunked prefill: a long
-prompt is split over steps). When a running request needs a block and none is free, the most recently admitted
+prompt is split over steps; a request is admitted only when its whole prompt's blocks are free, as vLLM's
+`scheduler_reserve_full_isl` does, though each step allocates only its chunk). When a running request needs a block and none is free, the most recently admitted
 running request is preempted (recompute mode: its blocks are freed and it goes back to the front of the
 waiting queue, to prefill its prompt and its output so far again), and nobody new is admitted that step.
 
@@ -219,13 +220,17 @@ class EngineCore:
             n = min(req.prefill_len - hit_tokens, budget)
             cache.acquire(hashes[:hit])
             need = -(-(hit_tokens + n) // bs) - hit
-            if not cache.allocate(need):
+            # Like vLLM (scheduler_reserve_full_isl, on by default): admitted only if the blocks for the whole
+            # prompt are free now, though only this step's chunk is allocated.
+            full = -(-req.prefill_len // bs) - hit
+            if full > cache.free_blocks or not cache.allocate(need):
                 cache.release(hashes[:hit], 0)
                 break
             waiting.popleft()
             running.append(req)
-            self.counters.prefix_queries_tokens += req.prefill_len
-            self.counters.prefix_hits_tokens += hit * bs
+            if not req.preemptions:  # vLLM counts a preempted request's re-admission apart (preempted_queries)
+                self.counters.prefix_queries_tokens += req.prefill_len
+                self.counters.prefix_hits_tokens += hit * bs
             if req.cached_tokens < 0:
                 req.cached_tokens = hit * bs
                 req.host_cached_tokens = loaded * bs
