@@ -130,7 +130,7 @@ def test_new_sessions_spread_over_live_sessions_including_thinking_ones():
     assert sorted(homes.values()) == [2, 2, 2, 2]
     assert sum(p.sessions.on_replica(r.replica_id).thinking for r in reps) == 8
     # sessions idle past session_idle_s are forgotten, and stop counting
-    c = turn("late", "late", [999], t=8 + 901)
+    c = turn("late", "late", [999], t=8 + 301)
     route(p, c, reps)
     assert len(p.sessions) == 1
 

@@ -189,7 +189,7 @@ class PrefixConfig(PoolConfig):
         "exceed the replica's HBM (host-tier share at host_transfer_cost).",
     )
     session_idle_s: float = Field(
-        default=900.0, gt=0, description="A session idle this long (nothing in flight) is forgotten."
+        default=300.0, gt=0, description="A session idle this long (nothing in flight) is forgotten (it ended)."
     )
     max_sessions: int = Field(default=100_000, gt=0, description="Sessions remembered for affinity (LRU).")
 

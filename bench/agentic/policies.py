@@ -1,0 +1,145 @@
+"""Session routing on agentic traffic: `prefix` vs `session_hash` vs `least_load` vs `round_robin`, closed loop on
+the shared Claude-Code sessions, through the router's own policy code and simulated GLM-5.3 replicas (the twin,
+virtual clock; `zoe sim replay PATH --sessions N` runs the same loop).
+
+    python bench/agentic/policies.py [--traces ../shared/traces/agentic] [--jobs 2]
+
+For every replica count (4, 8), live-session count (16, 32, 64), KV setting (HBM only; a host-memory KV tier of
+`--host-kv-gb` per replica) and policy, it runs every session file once (more instances when more are live than
+files; a repeated file is a new user) and writes bench/agentic/policies.json (each run's parameters and report:
+the `zoe sim replay --sessions` fields, plus the routing reasons, session moves, preemptions and the fleet's
+prefill load) and policies.png.
+
+Derived columns: `share_of_ceiling` (twin-reported prefix hit rate over the reuse ceiling; with a host tier,
+HBM + host hits), `p90_over_floor` (TTFT p90 over the zero-wait floor p90: each request alone on an idle replica
+with every reusable block hit) and `prefill_load` (the fleet's busy share from prefill alone at the floor: the
+sum of the requests' floor prefill time over replicas x span; the fleet is counted saturated at >= 0.5, where
+queueing for prefill cannot stay within 10% of the floor for any routing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+DEFAULT_TRACES = REPO.parent / "shared" / "traces" / "agentic"
+POLICIES = ("prefix", "session_hash", "least_load", "round_robin")
+HOST_KV_GB = 2048
+"""Host memory per replica (one 8-GPU node) for the KV tier, as bench/router/replay_compare.py gives it."""
+SATURATED_PREFILL_LOAD = 0.5
+
+
+def run_one(traces: str, model: str, replicas: int, live: int, policy: str, host_kv_gb: float,
+            policy_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One closed-loop replay (`zoe sim replay TRACES --sessions LIVE`); its report with the derived columns."""
+    from zoe_cluster.agentic.replay import run_closed_loop
+    from zoe_cluster.recipes import RecipeRegistry
+    from zoe_cluster.sim.calibrate import calibrate
+
+    t0 = time.perf_counter()
+    rep = run_closed_loop(traces, live, replicas, policy, model=model, policy_options=policy_options,
+                          host_kv_gb=host_kv_gb)
+    recipe = RecipeRegistry.default().get(model)
+    per_token_s = calibrate(recipe, rep["variant"]).model.prefill_per_token_s
+    hits = (rep["prefix_hit_rate"] or 0.0) + rep.get("host_hit_rate", 0.0)
+    floor_p90 = rep.get("ttft_floor_p90_s")
+    # prefill the floor needs (every reusable block hit), as a share of the fleet's time: a lower bound on load
+    cold_tokens = rep["prompt_tokens"] * (1.0 - rep["reuse_ceiling"])
+    prefill_load = cold_tokens * per_token_s / (replicas * rep["span_s"]) if rep["span_s"] else None
+    return {
+        "replicas": replicas, "live_sessions": live, "policy": policy, "host_kv_gb": host_kv_gb,
+        "policy_options": policy_options or {},
+        "share_of_ceiling": hits / rep["reuse_ceiling"] if rep["reuse_ceiling"] else None,
+        "p90_over_floor": rep["ttft_p90_s"] / floor_p90 if floor_p90 else None,
+        "prefill_load": prefill_load,
+        "saturated": prefill_load is None or prefill_load >= SATURATED_PREFILL_LOAD,
+        "bench_wall_s": round(time.perf_counter() - t0, 1),
+        "report": rep,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", default=str(DEFAULT_TRACES))
+    ap.add_argument("--model", default="glm-5.3")
+    ap.add_argument("--replicas", default="4,8")
+    ap.add_argument("--live", default="16,32,64")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--host-kv-gb", type=float, default=HOST_KV_GB, help="host tier per replica (0: HBM only)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default=str(HERE / "policies.json"))
+    ap.add_argument("--plot-only", action="store_true", help="redraw policies.png from --out")
+    args = ap.parse_args()
+    out = Path(args.out)
+    if not args.plot_only:
+        combos = [(int(n), int(live), p, tier)
+                  for n in args.replicas.split(",") for live in args.live.split(",")
+                  for tier in ((0.0, args.host_kv_gb) if args.host_kv_gb else (0.0,))
+                  for p in args.policies.split(",")]
+        rows = []
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            futs = [pool.submit(run_one, args.traces, args.model, n, live, p, tier) for n, live, p, tier in combos]
+            for i, f in enumerate(futs):
+                row = f.result()
+                rows.append(row)
+                r = row["report"]
+                print(f"[{i + 1}/{len(futs)}] {row['replicas']} replicas, {row['live_sessions']} live, "
+                      f"{row['policy']}, host {row['host_kv_gb']:.0f} GB: hit {r['prefix_hit_rate']:.3f} "
+                      f"(+host {r.get('host_hit_rate', 0):.3f}) of ceiling {r['reuse_ceiling']:.3f}, "
+                      f"TTFT p90 {r['ttft_p90_s']:.2f} s (floor {r['ttft_floor_p90_s']:.2f}), "
+                      f"{r['output_tok_s_per_gpu']:.2f} tok/s/GPU, dropped {r['dropped']}", flush=True)
+        doc = {"command": "python bench/agentic/policies.py " + " ".join(sys.argv[1:]),
+               "traces": str(Path(args.traces)), "model": args.model,
+               "saturated_prefill_load": SATURATED_PREFILL_LOAD, "runs": rows}
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+    plot(json.loads(out.read_text()), out.with_suffix(".png"))
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = doc["runs"]
+    panels = sorted({(r["replicas"], r["host_kv_gb"]) for r in runs})
+    fig, axes = plt.subplots(3, len(panels), figsize=(4.2 * len(panels), 10), squeeze=False)
+    for j, (n, tier) in enumerate(panels):
+        for p in POLICIES:
+            pts = sorted((r for r in runs if r["replicas"] == n and r["host_kv_gb"] == tier and r["policy"] == p),
+                         key=lambda r: r["live_sessions"])
+            if not pts:
+                continue
+            live = [r["live_sessions"] for r in pts]
+            axes[0][j].plot(live, [r["share_of_ceiling"] * 100 for r in pts], "o-", label=p)
+            axes[1][j].plot(live, [r["p90_over_floor"] for r in pts], "o-", label=p)
+            axes[2][j].plot([r["report"]["tok_s_per_user_p90"] for r in pts],
+                            [r["report"]["output_tok_s_per_gpu"] for r in pts], "o-", label=p)
+            for r in pts:
+                axes[2][j].annotate(str(r["live_sessions"]), (r["report"]["tok_s_per_user_p90"],
+                                                              r["report"]["output_tok_s_per_gpu"]), fontsize=7)
+        title = f"{n} replicas, " + (f"host KV {tier:.0f} GB" if tier else "HBM only")
+        axes[0][j].set_title(title, fontsize=9)
+        axes[0][j].set_ylabel("hit rate, % of reuse ceiling")
+        axes[0][j].axhline(97, color="grey", lw=0.7, ls="--")
+        axes[1][j].set_ylabel("TTFT p90 / zero-wait floor p90")
+        axes[1][j].axhline(1.1, color="grey", lw=0.7, ls="--")
+        axes[1][j].set_xlabel("live sessions")
+        axes[0][j].set_xlabel("live sessions")
+        axes[2][j].set_xlabel("p90 interactivity, tok/s per user (1 / ITL p90)")
+        axes[2][j].set_ylabel("output tok/s per GPU")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Closed-loop agentic sessions (32 shared Claude-Code traces), simulated GLM-5.3 replicas", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
