@@ -90,4 +90,5 @@ def summarize(records: list[CallRecord], *, gpus: int | None, prefix_hit_rate: f
         "output_tokens": out_tokens,
         "span_s": span,
         "warmup_requests": len(records) - len(measured),
+        "error_examples": sorted({(r.error or "")[:300] for r in measured if not r.ok})[:3],
     }
