@@ -29,7 +29,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import httpx  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 
-from zoe_cluster.cluster.spec import DeploymentSpec, HealthConfig, RouterConfig  # noqa: E402
+from zoe_cluster.cluster.spec import DeploymentRouter, DeploymentSpec, HealthConfig  # noqa: E402
 from zoe_cluster.recipes.loader import RecipeRegistry  # noqa: E402
 
 SCENARIOS = ("engine crash", "engine hang", "node actor lost")
@@ -110,7 +110,7 @@ def run(args) -> dict:
     spec = DeploymentSpec(
         name="heal-bench", recipe=RecipeRegistry.default().get("glm-5.3"), variant="fp8-tp8", replicas=2,
         engine="sim", engine_env={"ZOE_SIM_TIME_SCALE": str(args.time_scale), "ZOE_SIM_STARTUP_S": str(args.startup_s)},
-        health=health, router=RouterConfig(host="127.0.0.1", port=port, policy="round_robin"),
+        health=health, router=DeploymentRouter(host="127.0.0.1", port=port, policy="round_robin"),
     )
     results: dict = {"deploy": {}, "scenarios": {k: [] for k in SCENARIOS}}
     t0 = time.time()

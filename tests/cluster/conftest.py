@@ -13,7 +13,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-from zoe_cluster.cluster.spec import DeploymentSpec, HealthConfig, RouterConfig
+from zoe_cluster.cluster.spec import DeploymentRouter, DeploymentSpec, HealthConfig
 from zoe_cluster.recipes.loader import RecipeRegistry
 
 MI355X = "AMD-Instinct-MI355X-OAM"
@@ -55,7 +55,7 @@ def sim_spec(name: str, replicas: int = 2, router_port: int | None = None, **kw)
     return DeploymentSpec(
         name=name, recipe=glm(), variant=kw.pop("variant", "fp8-tp8"), replicas=replicas, engine="sim",
         engine_env=kw.pop("engine_env", SIM_FAST_ENV), health=kw.pop("health", FAST_HEALTH),
-        router=RouterConfig(enabled=router_port is not None, host="127.0.0.1", port=router_port or 0,
+        router=DeploymentRouter(enabled=router_port is not None, host="127.0.0.1", port=router_port or 0,
                             policy="round_robin"),
         **kw,
     )

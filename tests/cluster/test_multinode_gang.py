@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import FAST_HEALTH, group_members, wait_for
-from zoe_cluster.cluster.spec import DeploymentSpec, RouterConfig
+from zoe_cluster.cluster.spec import DeploymentRouter, DeploymentSpec
 from zoe_cluster.recipes.loader import RecipeRegistry
 from zoe_cluster.recipes.schema import Recipe
 
@@ -54,7 +54,7 @@ def test_two_node_gang_spreads_launches_every_rank_and_restarts_as_a_whole(two_n
 
     spec = DeploymentSpec(name="wide", recipe=two_node_recipe(), variant="fp8-tp8-2n", replicas=1, engine="sglang",
                           launcher=[sys.executable, str(ENGINE)], health=FAST_HEALTH,
-                          router=RouterConfig(enabled=False))
+                          router=DeploymentRouter(enabled=False))
     handle = create_deployment(spec, two_nodes)
     try:
         st = ray.get(handle.wait_ready.remote(60))

@@ -11,7 +11,7 @@ import pytest
 from tests.cluster.conftest import FAST_HEALTH, glm
 from tests.conftest import free_port
 from tests.support.tiny_model import build_tiny_model
-from zoe_cluster.cluster.spec import DeploymentSpec, RouterConfig
+from zoe_cluster.cluster.spec import DeploymentRouter, DeploymentSpec
 from zoe_cluster.recipes.schema import Recipe
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
@@ -44,7 +44,7 @@ def test_real_vllm_replica_serves_through_router(ray_cluster, vllm_python):
         name="tiny", recipe=tiny_recipe(), variant="cpu", replicas=1, engine="vllm", model_path=str(model_dir),
         max_model_len=2048, launcher=[str(Path(vllm_python).with_name("vllm"))],
         health=FAST_HEALTH.model_copy(update={"load_timeout_s": 240, "check_timeout_s": 3}),
-        router=RouterConfig(host="127.0.0.1", port=port, policy="round_robin"),
+        router=DeploymentRouter(host="127.0.0.1", port=port, policy="round_robin"),
     )
     handle = create_deployment(spec, ray_cluster)
     try:

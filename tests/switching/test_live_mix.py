@@ -11,9 +11,8 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from zoe_cluster.cli.router import _parse_kv
 from zoe_cluster.cluster.router_link import RouterLink
-from zoe_cluster.cluster.spec import DeploymentSpec, RouterConfig
+from zoe_cluster.cluster.spec import DeploymentRouter, DeploymentSpec
 from zoe_cluster.recipes.loader import RecipeRegistry
 from zoe_cluster.routing import validate_policy_config
 from zoe_cluster.switching import SwitchConfig
@@ -27,14 +26,13 @@ CLASSES = [ServiceClass(name="interactive", ttft_s=1.0, itl_s=0.020),
 def spec(policy=None, classes=CLASSES):
     recipe = RecipeRegistry.default().get("glm-5.3")
     return DeploymentSpec(name="glm", recipe=recipe, variant=B, replicas=4, engine="sim",
-                          router=RouterConfig(policy=policy),
+                          router=DeploymentRouter(policy=policy),
                           switching=SwitchConfig(candidates=[A, B], classes=classes))
 
 
 def test_classes_put_the_router_on_the_slo_filter_with_limits_from_the_recipe():
-    policy, args = spec().router_policy_args()
+    policy, options = spec().router_policy()
     assert policy == "slo"
-    options = _parse_kv(args[1::2])  # what `zoe router --policy-config` makes of them
     validate_policy_config(policy, options)
     limits = options["classes"]
     # Only FP8 is fast enough for a 20 ms ITL (MXFP4 is at 19.2 ms with one request, seed A8, over the 95% margin).
@@ -43,7 +41,7 @@ def test_classes_put_the_router_on_the_slo_filter_with_limits_from_the_recipe():
 
 
 def test_without_classes_the_configured_policy_stays():
-    assert spec(policy="least_load", classes=[]).router_policy_args() == ("least_load", [])
+    assert spec(policy="least_load", classes=[]).router_policy() == ("least_load", {})
 
 
 def test_classes_with_another_policy_are_rejected_naming_the_field():
@@ -51,18 +49,46 @@ def test_classes_with_another_policy_are_rejected_naming_the_field():
         spec(policy="prefix")
 
 
+def test_the_controller_hands_its_router_the_whole_typed_config(monkeypatch):
+    """One RouterConfig end to end: the deployment's router config, through `zoe router --config-json` (keys in the
+    environment, never on the command line), is the config the router process builds."""
+    from typer.testing import CliRunner
+
+    import zoe_cluster.router.app as router_app
+    from zoe_cluster.cli.main import app
+    from zoe_cluster.cli import router as cli_router
+    from zoe_cluster.cluster.router_link import router_argv
+
+    s = spec().model_copy(update={"router": DeploymentRouter(port=9123, settings={"max_retries": 1})})
+    argv = router_argv(s.router_config())
+    assert argv[1:4] == ["-m", "zoe_cluster.cli.main", "router"] and "admin_key" not in argv[-1]
+    seen = {}
+    monkeypatch.setattr(router_app, "build_router", lambda cfg, membership=None: cfg)
+    monkeypatch.setattr(cli_router, "run_router", lambda router, cfg, log_level="warning": seen.update(cfg=cfg))
+    monkeypatch.setenv("ZOE_ROUTER_ADMIN_KEY", "secret")
+    out = CliRunner().invoke(app, argv[3:])
+    assert out.exit_code == 0, out.output
+    assert seen["cfg"] == s.router_config(admin_key="secret")
+    assert seen["cfg"].policy == "slo" and seen["cfg"].max_retries == 1 and seen["cfg"].port == 9123
+
+
+def test_a_router_setting_the_router_does_not_know_is_refused_with_the_deployment():
+    with pytest.raises(ValidationError, match="router: max_retrys: Extra inputs are not permitted"):
+        DeploymentSpec.model_validate(spec().model_dump() | {"router": {"settings": {"max_retrys": 1}}})
+
+
 def test_controller_reads_per_class_in_flight_from_the_router():
     """An interactive request held by a hanging (FAKE) backend shows in the router's per-class count."""
     from tests.router.fake_backend import FakeBackend, ServerThread
     from zoe_cluster.router.app import build_router
-    from zoe_cluster.router.config import RouterConfig as ProxyConfig
+    from zoe_cluster.router.config import RouterConfig
     from zoe_cluster.router.membership import MemberReplica, Membership
 
     backends = [FakeBackend("fast", mode="hang"), FakeBackend("bulk")]
     servers = [ServerThread(b.app).start() for b in backends]
     members = Membership(version=0, replicas=[MemberReplica(id=f"d/{i}/0", url=s.url, variant=v)
                                               for i, (s, v) in enumerate(zip(servers, (A, B)))])
-    config = ProxyConfig(models=["m"], health_interval_s=0, policy="slo", admin_key="k",
+    config = RouterConfig(models=["m"], health_interval_s=0, policy="slo", admin_key="k",
                          policy_config={"classes": {"interactive": {A: 4}, "standard": {B: 32}}})
     router = ServerThread(build_router(config, membership=members).app).start()
 
@@ -102,9 +128,9 @@ def test_controller_reads_per_class_in_flight_from_the_router():
 def test_a_router_without_the_slo_filter_reports_no_classes():
     from tests.router.fake_backend import ServerThread
     from zoe_cluster.router.app import build_router
-    from zoe_cluster.router.config import RouterConfig as ProxyConfig
+    from zoe_cluster.router.config import RouterConfig
 
-    router = ServerThread(build_router(ProxyConfig(models=["m"], health_interval_s=0, admin_key="k")).app).start()
+    router = ServerThread(build_router(RouterConfig(models=["m"], health_interval_s=0, admin_key="k")).app).start()
 
     async def counts():
         link = RouterLink(router.url, admin_key="k")

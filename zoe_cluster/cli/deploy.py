@@ -238,7 +238,7 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
 
         from zoe_cluster.cluster.client import DeploymentExists, create_deployment
-        from zoe_cluster.cluster.spec import DeploymentSpec, HealthConfig, RouterConfig
+        from zoe_cluster.cluster.spec import DeploymentRouter, DeploymentSpec, HealthConfig
         from zoe_cluster.recipes.loader import RecipeError, RecipeRegistry, UnknownModelError
         from zoe_cluster.switching import SwitchConfig
 
@@ -318,7 +318,7 @@ def register(app: typer.Typer) -> None:
                 max_model_len=max_model_len, launcher=shlex.split(launcher) if launcher else None,
                 engine_args=list(engine_arg), engine_env=engine_env, host_kv_gb=host_kv_gb,
                 health=HealthConfig(load_timeout_s=load_timeout),
-                router=RouterConfig(host=host or ("127.0.0.1" if local else "0.0.0.0"), port=port, policy=policy),
+                router=DeploymentRouter(host=host or ("127.0.0.1" if local else "0.0.0.0"), port=port, policy=policy),
                 switching=None if switch is None else SwitchConfig(
                     candidates=switch_candidates, dwell_s=switch_dwell, classes=classes),
                 metrics_port=metrics_port, worker_images=worker_images,

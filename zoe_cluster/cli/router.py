@@ -1,8 +1,8 @@
 """`zoe router`: run the OpenAI-compatible prefix/context-aware router.
 
 Standalone:   zoe router --replica http://127.0.0.1:8001 --replica http://127.0.0.1:8002 --policy prefix
-In a deployment the controller owns the process (`python -m zoe_cluster.cli.main router --admin-key ...`,
-key also from ZOE_ROUTER_ADMIN_KEY) and pushes membership to PUT /admin/membership.
+In a deployment the controller owns the process (`python -m zoe_cluster.cli.main router --config-json ...`, the
+admin key from ZOE_ROUTER_ADMIN_KEY) and pushes membership to PUT /admin/membership.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def register(app: typer.Typer) -> None:
             "replicas before the controller's next push).",
         ),
         config_json: Optional[str] = typer.Option(
-            None, "--config-json", help="Any other RouterConfig fields as JSON, e.g. '{\"max_retries\": 1}'."
+            None, "--config-json", help="RouterConfig fields as JSON, winning over the flags, e.g. "
+            "'{\"max_retries\": 1}' (a deployment's controller passes its router's whole config this way)."
         ),
         log_level: str = typer.Option("warning", help="uvicorn log level."),
     ) -> None:
@@ -114,12 +115,13 @@ def register(app: typer.Typer) -> None:
             except ValueError as e:
                 fail(f"--config-json is not valid JSON: {e}")
         try:
-            cfg = RouterConfig(
+            flags = dict(
                 host=host, port=port, policy=policy, policy_config=options, models=model,
                 api_keys=_keys(api_key, "ZOE_ROUTER_API_KEYS"), admin_key=admin_key or None,
                 max_context_tokens=max_context_tokens, kv_events_endpoint=kv_events_endpoint,
-                **{"migration_limit": migration_limit, "membership_file": membership_file, **extra},
+                migration_limit=migration_limit, membership_file=membership_file,
             )
+            cfg = RouterConfig(**{**flags, **extra})  # --config-json fields win over the flags
             fields = dict(kv_capacity_tokens=kv_capacity_tokens, host_kv_capacity_tokens=host_kv_capacity_tokens,
                           max_active_requests=max_active_requests, engine=engine)
             members = static_membership(replica, **fields).replicas + [

@@ -18,20 +18,22 @@ import httpx
 
 from zoe_cluster.cluster.process_group import spawn_supervised
 from zoe_cluster.cluster.spec import DeploymentSpec
+from zoe_cluster.router.config import RouterConfig
 from zoe_cluster.router.membership import Membership
 from zoe_cluster.switching.vocabulary import FleetLoad
 
 log = logging.getLogger(__name__)
 
 
-def router_argv(host: str, port: int, policy: str | None, models: list[str], extra_args: list[str]) -> list[str]:
-    """The router process's command line (`zoe router`); the admin key travels in ZOE_ROUTER_ADMIN_KEY, not argv."""
-    argv = [sys.executable, "-m", "zoe_cluster.cli.main", "router", "--host", host, "--port", str(port)]
-    if policy:
-        argv += ["--policy", policy]
-    for m in models:
-        argv += ["--model", m]
-    return argv + list(extra_args)
+SECRET_FIELDS = {"admin_key", "api_keys"}
+"""RouterConfig fields that never go on a command line: they travel in ZOE_ROUTER_ADMIN_KEY / ZOE_ROUTER_API_KEYS."""
+
+
+def router_argv(config: RouterConfig) -> list[str]:
+    """The router process's command line: `zoe router --config-json` with the whole typed config (its fields win
+    over the command's flags), less the keys, which travel in the environment."""
+    body = config.model_dump_json(exclude=SECRET_FIELDS)
+    return [sys.executable, "-m", "zoe_cluster.cli.main", "router", "--config-json", body]
 
 
 class RouterLink:
@@ -129,9 +131,7 @@ class RouterProcess:
         host = ray.util.get_node_ip_address() if rc.host in ("0.0.0.0", "::") else rc.host
         if self.link is None:
             self.link = RouterLink(f"http://{host}:{rc.port}")
-        policy, policy_args = self.spec.router_policy_args()
-        argv = router_argv(rc.host, rc.port, policy, [self.spec.recipe.served_model_name], policy_args + rc.extra_args)
-        self.link.start(argv, self.log_path)
+        self.link.start(router_argv(self.spec.router_config()), self.log_path)
         try:
             await self.link.wait_ready()
         except (RuntimeError, TimeoutError) as e:

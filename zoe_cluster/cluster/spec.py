@@ -7,14 +7,14 @@ controller, which keeps a copy in Ray's key-value store so a restarted controlle
 
 from __future__ import annotations
 
-import json
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from zoe_cluster.cluster.placement import GangShape
 from zoe_cluster.engines import EngineAdapter, EngineName, get_adapter
 from zoe_cluster.recipes.schema import Recipe
+from zoe_cluster.router.config import RouterConfig
 from zoe_cluster.switching.vocabulary import SwitchConfig
 
 LONG_CONTEXT_TOKENS = 131072
@@ -50,8 +50,10 @@ class HealthConfig(BaseModel):
     stop_grace_s: float = Field(default=10.0, ge=0, description="SIGTERM-to-SIGKILL grace for engine processes.")
 
 
-class RouterConfig(BaseModel):
-    """The router the deployment owns (the OpenAI endpoint clients use)."""
+class DeploymentRouter(BaseModel):
+    """The router the deployment owns (the OpenAI endpoint clients use): whether it runs, where, with what policy;
+    `router_config()` turns it into the router's own `RouterConfig` (zoe_cluster.router.config), the one config
+    type the router process reads."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -59,7 +61,11 @@ class RouterConfig(BaseModel):
     host: str = Field(default="0.0.0.0", description="Address the router listens on.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port of the OpenAI endpoint.")
     policy: str | None = Field(default=None, description="Routing policy name (router default if unset).")
-    extra_args: list[str] = Field(default_factory=list, description="More `zoe router serve` flags.")
+    settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Any other field of the router's RouterConfig (zoe_cluster.router.config), e.g. "
+        '{"max_retries": 1}; validated with the deployment.',
+    )
 
 
 class DeploymentSpec(BaseModel):
@@ -92,7 +98,7 @@ class DeploymentSpec(BaseModel):
         default=None, description="Address engines bind; default: the node's Ray IP (loopback on a local Ray)."
     )
     health: HealthConfig = Field(default_factory=HealthConfig, description="Readiness, liveness and restarts.")
-    router: RouterConfig = Field(default_factory=RouterConfig, description="The deployment's router.")
+    router: DeploymentRouter = Field(default_factory=DeploymentRouter, description="The deployment's router.")
     log_dir: str | None = Field(default=None, description="Folder for engine logs on each node (default: Ray's).")
     switching: SwitchConfig | None = Field(
         default=None, description="Recipe switching by concurrency (None: the controller never swaps by itself)."
@@ -127,19 +133,33 @@ class DeploymentSpec(BaseModel):
             if self.switching.classes and self.router.policy not in (None, "slo"):
                 raise ValueError(f"router.policy: switching.classes needs the class-aware 'slo' policy (it counts "
                                  f"requests per class for the mix decision), not '{self.router.policy}'")
+        if self.router.enabled:
+            try:
+                self.router_config()
+            except ValidationError as e:  # named as the router's config names them (settings are its fields)
+                raise ValueError("; ".join(f"router: {'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
+                                           for err in e.errors())) from None
         return self
 
-    def router_policy_args(self) -> tuple[str | None, list[str]]:
-        """The router's policy and its `--policy-config` flags. With service classes the router runs the `slo`
-        filter, its per-class limits derived from the recipe's profiles (`switching.classes.slo_policy_config`),
-        so that requests reach the variants that meet their objective and the switcher sees per-class counts."""
+    def router_policy(self) -> tuple[str | None, dict[str, Any]]:
+        """The router's policy and its options. With service classes the router runs the `slo` filter, its
+        per-class limits derived from the recipe's profiles (`switching.classes.slo_policy_config`), so that
+        requests reach the variants that meet their objective and the switcher sees per-class counts."""
         sw = self.switching
         if sw is None or not sw.classes:
-            return self.router.policy, []
+            return self.router.policy, {}
         from zoe_cluster.switching.classes import slo_policy_config
 
-        options = slo_policy_config(self.recipe, sw.classes, sw.candidates, sw.slo_headroom)
-        return "slo", [a for k, v in options.items() for a in ("--policy-config", f"{k}={json.dumps(v)}")]
+        return "slo", slo_policy_config(self.recipe, sw.classes, sw.candidates, sw.slo_headroom)
+
+    def router_config(self, admin_key: str | None = None) -> RouterConfig:
+        """The deployment's router as the router process reads it: address, policy, the served model, settings."""
+        policy, options = self.router_policy()
+        fields: dict[str, Any] = {"host": self.router.host, "port": self.router.port, "policy_config": options,
+                                  "models": [self.recipe.served_model_name], "admin_key": admin_key}
+        if policy is not None:
+            fields["policy"] = policy
+        return RouterConfig(**{**fields, **self.router.settings})
 
     def adapter(self) -> EngineAdapter:
         """The adapter of the deployment's engine (what it can do, how it starts, how its metrics read)."""
