@@ -33,18 +33,46 @@ import time
 import warnings
 from typing import Callable, Iterator
 
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said explicitly (no warning)
-# compiled, not interpreted: @triton.jit must make JIT functions (only effective before the kernels are imported)
-os.environ.pop("TRITON_INTERPRET", None)
+from typing import TYPE_CHECKING
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource, make_backend  # noqa: E402
-from triton.runtime import jit as triton_jit  # noqa: E402
+import torch
 
-from zoe_kernels import platform  # noqa: E402
-from zoe_kernels.aot_merge import merge_rows  # noqa: E402
+from zoe_kernels.aot_merge import merge_rows
+
+if TYPE_CHECKING:
+    from zoe_kernels import platform
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import jit as triton_jit
+
+COMPILE_ENV = {"TRITON_INTERPRET": None, "TRITON_DEFAULT_FP_FUSION": "1"}
+"""What an AOT run sets in the environment while it runs (None: unset): compiled, not interpreted (Triton reads
+TRITON_INTERPRET when `@triton.jit` decorates, i.e. when Triton's own language modules and each kernel module are
+first imported, and when it binds a launch), and fp fusion on (Triton 3.9's default, said explicitly so it does
+not warn). This module imports Triton (and `zoe_kernels.platform`, which imports it) only inside the compile path,
+so importing it changes nothing."""
+
+
+@contextlib.contextmanager
+def compile_environment() -> Iterator[None]:
+    """`COMPILE_ENV` in `os.environ` for the duration of the block (and the compile processes forked in it), the
+    caller's values put back afterwards. Nests. Triton and the kernel modules first imported inside the block keep
+    their compiled JIT functions after it (Python caches modules); ones imported interpreted before it cannot be
+    compiled (`collect` says so)."""
+    saved = {name: os.environ.get(name) for name in COMPILE_ENV}
+    try:
+        for name, value in COMPILE_ENV.items():
+            if value is None:
+                os.environ.pop(name, None)
+            elif saved[name] is None:  # an explicit setting of the caller wins
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
 
 GLUON_MODULES = ("zoe_kernels.csa.dual_scope_fused_gluon", "zoe_kernels.csa.dual_scope_two_pass_gluon")
 NOT_APPLICABLE = "not applicable: a Gluon kernel written for Hopper (sm_90 cp.async and warpgroup MMA) by design"
@@ -82,6 +110,8 @@ class _PointerArg:
 @contextlib.contextmanager
 def recording(launches: list, case: str, phase: str) -> Iterator[None]:
     """Within the block `kernel[grid](...)` records a `Launch` instead of launching."""
+    from triton.runtime import jit as triton_jit
+
     original = triton_jit.JITFunction.run
 
     def record(self, *args, grid, warmup, **kwargs):
@@ -137,6 +167,8 @@ def capture(target: platform.Target, case: str, phase: str, call: Callable[[], o
     platform answering for the target."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from zoe_kernels import platform
+
     launches: list[Launch] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # FakeTensor.data_ptr(): 0, which only alignment checks read
@@ -181,6 +213,10 @@ def _short(value) -> str:
 def triton_target(arch: str) -> GPUTarget:
     """Triton's compile target of a named target (`platform.TARGETS`): GPUTarget("hip", "gfx950", 64) (wave64 on
     CDNA), GPUTarget("cuda", 90, 32)."""
+    from triton.backends.compiler import GPUTarget
+
+    from zoe_kernels import platform
+
     target = platform.TARGETS[arch]
     if target.is_hip:
         return GPUTarget("hip", arch, target.warp_size)
@@ -190,6 +226,9 @@ def triton_target(arch: str) -> GPUTarget:
 def specialise(launch: Launch, arch: str) -> Spec:
     """The specialisation Triton's JIT makes for this launch on `arch` (a `platform.TARGETS` name): its own binder
     and argument packer for that backend, fed the recorded arguments."""
+    from triton.compiler import make_backend
+    from triton.runtime import jit as triton_jit
+
     fn = launch.fn
     backend = make_backend(triton_target(arch))
     kwargs = dict(launch.kwargs)
@@ -275,8 +314,14 @@ def occupancy(total_vgprs: int, sgprs: int, lds_bytes: int, num_warps: int, lds_
     return round(float(min(per_simd, groups * num_warps / SIMDS_PER_CU)), 2)
 
 
+@compile_environment()
 def compile_spec(spec: Spec) -> dict:
     """Compile one specialisation for its arch and read back its resources; errors become the row's `error`."""
+    import triton
+    from triton.compiler import ASTSource
+
+    from zoe_kernels import platform
+
     row = {"kernel": f"{spec.module.removeprefix('zoe_kernels.')}.{spec.name}", "config": spec.config(),
            "arch": spec.arch, "ok": False, "error": None, "num_warps": spec.options["num_warps"],
            "num_stages": spec.options["num_stages"]}
@@ -320,14 +365,25 @@ def gluon_rows(arch: str) -> list[dict]:
 
 
 # -- the whole run -----------------------------------------------------------------------------------------------
+@compile_environment()
 def collect(archs: list[str], only: str = "", cases=None, ci: bool = False) -> tuple[list[Spec], dict]:
     """The distinct specialisations of every case on every arch, and per specialisation the cases that chose it
     (with their phase: "decode" or "prefill")."""
+    from triton.language import standard
+    from triton.runtime import jit as triton_jit
+
+    from zoe_kernels import platform
+
+    def compiled(module: str, name: str) -> None:
+        if not isinstance(getattr(importlib.import_module(module), name), triton_jit.JITFunction):
+            raise RuntimeError(f"{module} was imported under TRITON_INTERPRET=1 in this process (interpreted "
+                               "functions cannot be compiled): run `python -m zoe_kernels.aot`, or this call, in a "
+                               "process that has not imported Triton or the kernels interpreted")
+
+    compiled(standard.__name__, "cdiv")  # Triton's own language functions, then zoe's kernels
+    compiled("zoe_kernels.moe.align", "_moe_align_kernel")
     from zoe_kernels.aot_cases import all_cases
 
-    if not isinstance(importlib.import_module("zoe_kernels.moe.align")._moe_align_kernel, triton_jit.JITFunction):
-        raise RuntimeError("the kernels were imported under TRITON_INTERPRET=1 (interpreted functions cannot be "
-                           "compiled): run `python -m zoe_kernels.aot` in a process without it")
     specs: dict[tuple, Spec] = {}
     used: dict[tuple, list] = {}
     for arch in archs:
@@ -351,6 +407,7 @@ def _compile_in_child(spec: Spec, conn, log_path: str) -> None:
     conn.close()
 
 
+@compile_environment()
 def compile_all(specs: list[Spec], jobs: int = 2, on_row: Callable[[Spec, dict], None] | None = None) -> list[dict]:
     """Compile `specs`, at most `jobs` (<= 2) at a time, each in a forked process of its own, so that a compiler
     that aborts (an LLVM/MLIR assertion) costs that row only: it is reported with the compiler's last words."""
@@ -398,6 +455,7 @@ def compile_all(specs: list[Spec], jobs: int = 2, on_row: Callable[[Spec, dict],
     return rows
 
 
+@compile_environment()
 def run(archs: list[str], *, only: str = "", jobs: int = 2, cases=None, ci: bool = False,
         progress=None) -> list[dict]:
     """Compile everything for `archs` (at most 2 compiles at a time) and return the rows, the Gluon kernels'
@@ -446,7 +504,10 @@ class _RichProgress:
         self._progress.stop()
 
 
+@compile_environment()
 def main(argv: list[str] | None = None) -> int:
+    from zoe_kernels import platform
+
     ap = argparse.ArgumentParser(prog="python -m zoe_kernels.aot", description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", default="gfx950,gfx942", help="comma-separated AMD targets (platform.TARGETS)")
     ap.add_argument("--json", action="store_true", help="print one JSON row per line on stdout (no progress bar)")
@@ -478,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _print_summary(rows, wall_s)
     if args.out:
+        import triton
+
         meta = {"triton": triton.__version__, "archs": archs, "wall_s": wall_s, "jobs": min(2, args.jobs),
                 "command": "python -m zoe_kernels.aot " + " ".join(sys.argv[1:] if argv is None else argv)}
         if args.merge:
