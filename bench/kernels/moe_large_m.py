@@ -14,7 +14,8 @@ the norm, NaN-poisoned scratch for zoe). Each time is a CUDA graph of R back-to-
 (R = 4 for M <= 64, 2 for M <= 512, 1 above), and the zoe and baseline rows also an isolated call after a
 write of 4x the L2 (clean L2): the median replay of [flush, call] minus that of [flush] alone.
 --fp8-numerics adds fp8's error and time per tile height (16..128 rows); --tolerance the errors the GPU tests see,
-per format, path and tile height; --dequant-tiles times the dequantization alone.
+per format, path and tile height; --dequant-tiles times the dequantization alone; --fp8-small-m fp8's launch modes
+at small M (FP8_SMALL_M); --tile-sweep the 4-bit tiles at large M (TILE_SWEEP, or those of --tile-variants).
 Writes DIR/moe_large_m.json and prints one line per (shape, M).
 """
 
@@ -281,6 +282,75 @@ def tolerance_errors(rows: list) -> None:
         print(f"[tolerance] {fmt:6s} {variant:16s} worst rel err over 4 seeds {err:.3e}", flush=True)
 
 
+class _Patch:
+    """Set attributes of `zoe_kernels.moe.config` for the duration (the bench's side-by-side variants)."""
+
+    def __init__(self, **values):
+        self.values = values
+
+    def __enter__(self):
+        from zoe_kernels.moe import config
+
+        self.saved = {k: getattr(config, k) for k in self.values}
+        for k, v in self.values.items():
+            setattr(config, k, v)
+
+    def __exit__(self, *exc):
+        from zoe_kernels.moe import config
+
+        for k, v in self.saved.items():
+            setattr(config, k, v)
+
+
+# fp8's small-M launch modes timed side by side (`--fp8-small-m`): name -> config values
+FP8_SMALL_M = {
+    "committed": {},
+    "launch-quant": {"DOT_M1_QUANT_A": False},
+}
+
+
+def fp8_small_m(rows: list, ceil: dict, ms: list[int]) -> None:
+    """fp8 at small M per launch mode (FP8_SMALL_M: the M=1 mode's activations quantized in the stage kernels or by
+    two launches), each checked over NaN-poisoned scratch against the float32
+    reference, timed back to back (4 routings) and as an isolated call; the modes interleaved twice."""
+    import torch
+
+    from zoe_kernels.moe import fused_moe
+    from zoe_kernels.moe.reference import fused_moe_reference
+
+    for name in ("dsv32", "glm5"):
+        shape = SHAPES[name]
+        w13, s13, w2, s2 = make_weights(shape, "fp8", "cuda")
+        flush = torch.empty(4 * ceil["l2_bytes"] // 4, dtype=torch.float32, device="cuda")
+        for m in ms:
+            routes = [make_routing(shape, m, seed=77 * m + r, device="cuda") for r in range(4)]
+            xs = [torch.randn((m, shape["H"]), dtype=torch.bfloat16, device="cuda") for _ in range(4)]
+            unique = statistics.mean(len(torch.unique(ti)) for _, ti in routes)
+            floor = roofline_us(shape, "fp8", m, unique, ceil)[0]
+            ref = fused_moe_reference(xs[0], w13, w2, *routes[0], fmt="fp8", w13_scale=s13, w2_scale=s2)
+
+            def call(r, alloc=torch.empty):
+                return lambda: fused_moe(xs[r], w13, w2, *routes[r], fmt="fp8", w13_scale=s13, w2_scale=s2,
+                                         alloc=alloc)
+            for rnd in range(2):
+                for variant, values in FP8_SMALL_M.items():
+                    with _Patch(**values):
+                        out = call(0, nan_alloc)()
+                        err = ((out.float() - ref).norm() / ref.norm()).item()
+                        ok = bool(torch.isfinite(out).all()) and err < TOLERANCE["fp8"]
+                        us = time_graph([call(r) for r in range(4)])
+                        ius = time_isolated(call(0), flush)
+                    rows.append({"shape": name, "M": m, "variant": variant, "round": rnd, "rel_err": err, "ok": ok,
+                                 "median_us": round(us, 2), "isolated_us": round(ius, 2), "floor_us": round(floor, 2),
+                                 "pct_roofline": round(100 * floor / us, 1),
+                                 "isolated_pct_roofline": round(100 * floor / ius, 1)})
+                    print(f"[fp8-small-m] {name} M={m:3d} {variant:20s} {us:8.1f} us ({100 * floor / us:4.1f} %), "
+                          f"isolated {ius:8.1f} ({100 * floor / ius:4.1f} %), err {err:.2e}{'' if ok else ' !'}",
+                          flush=True)
+        del w13, w2, flush
+        torch.cuda.empty_cache()
+
+
 # Tiles of the 4-bit tl.dot stages at large M: name -> {stage: (BLOCK_N, BLOCK_K, num_warps, num_stages)} for tiles
 # of 64+ rows, plus "join32" (JOIN_K from 32 rows) and "bm16" (16-row tiles, mxfp4 swapped) for the 32-row regime.
 TILE_SWEEP = {
@@ -291,10 +361,12 @@ TILE_SWEEP = {
     "bk64-w4-n64": {1: (64, 64, 4, 3), 2: (64, 64, 4, 3)},
     "bm64-bk64-w4": {"block_m": 64, 1: (64, 64, 4, 3), 2: (128, 64, 4, 3)},
     "bm64-bk64-w4-s4": {"block_m": 64, 1: (64, 64, 4, 4), 2: (128, 64, 4, 4)},
+    "bm128-bk64-w4": {"block_m": 128, 1: (64, 64, 4, 3), 2: (128, 64, 4, 3)},
+    "bm256-bk64-w8": {"block_m": 256, 1: (64, 64, 8, 3), 2: (128, 64, 8, 3)},
 }
 
 
-def tile_sweep(rows: list, ms: list[int]) -> None:
+def tile_sweep(rows: list, ms: list[int], names: list[str] | None = None) -> None:
     """The 4-bit formats' fused path on DeepSeek-V3.2 at large M per tile variant (TILE_SWEEP), each checked."""
     import torch
 
@@ -311,7 +383,10 @@ def tile_sweep(rows: list, ms: list[int]) -> None:
             x = torch.randn((m, shape["H"]), dtype=torch.bfloat16, device="cuda")
             ref = fused_moe_reference(x, w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2)
             bm = config.block_m_for(m, shape["k"], shape["E"])
-            variants = dict(TILE_SWEEP) if bm >= 64 else {"committed": {}, "join32": "join32", "bm16": {"block_m": 16}}
+            variants = dict(TILE_SWEEP) if bm >= 64 else {"committed": {}, "join32": "join32", "swap32": "swap32",
+                                                         "bm16": {"block_m": 16}}
+            if names:
+                variants = {k: v for k, v in variants.items() if k in names}
             for name, tiles in variants.items():
                 block_m = tiles.get("block_m") if isinstance(tiles, dict) else None
 
@@ -319,6 +394,8 @@ def tile_sweep(rows: list, ms: list[int]) -> None:
                     cfg = original(*a, gated=gated, **kw)
                     if tiles == "join32":
                         return cfg | {"JOIN_K": True}
+                    if tiles == "swap32":
+                        return cfg | {"SWAP_AB": cfg["BLOCK_N"] >= 64}
                     if isinstance(tiles, dict) and 1 in tiles and cfg["BLOCK_M"] >= 64:
                         bn, bk, warps, stages = tiles[1 if gated else 2]
                         return cfg | {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
@@ -468,6 +545,8 @@ def main() -> None:
     ap.add_argument("--fp8-numerics", action="store_true")
     ap.add_argument("--dequant-tiles", action="store_true")
     ap.add_argument("--tile-sweep", default="", help="Ms at which to time the 4-bit tiles of TILE_SWEEP")
+    ap.add_argument("--tile-variants", default="", help="names of TILE_SWEEP to time (default: all)")
+    ap.add_argument("--fp8-small-m", default="", help="Ms at which to time fp8's launch modes (FP8_SMALL_M)")
     ap.add_argument("--tolerance", action="store_true", help="the GPU tests' errors per format, path, tile height")
     ap.add_argument("--crossover", type=Path, help="merge a results file's paths into kernels/moe/crossover.json")
     args = ap.parse_args()
@@ -494,9 +573,14 @@ def main() -> None:
     if args.tolerance:
         meta["tolerance_errors"] = []
         tolerance_errors(meta["tolerance_errors"])
+    if args.fp8_small_m:
+        meta["fp8_small_m"] = []
+        fp8_small_m(meta["fp8_small_m"], meta["ceilings"], [int(m) for m in args.fp8_small_m.split(",")])
+        result.write_text(json.dumps(meta | {"rows": rows}, indent=1))
     if args.tile_sweep:
         meta["tile_sweep"] = []
-        tile_sweep(meta["tile_sweep"], [int(m) for m in args.tile_sweep.split(",")])
+        tile_sweep(meta["tile_sweep"], [int(m) for m in args.tile_sweep.split(",")],
+                   [v for v in args.tile_variants.split(",") if v])
         result.write_text(json.dumps(meta | {"rows": rows}, indent=1))
     if args.dequant_tiles:
         meta["dequant_tiles"] = []

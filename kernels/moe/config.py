@@ -135,9 +135,20 @@ DOT_M1_TILES: dict[str, dict[int, tuple]] = {"fp8": {1: (32, 4, 4), 2: (128, 4, 
 # The mode runs from this many routed experts per token up: the measured shapes route 8 or 9 (ZAYA1's top-1
 # keeps the align-based tiles, not measured in this mode on the GPU).
 DOT_M1_MIN_TOP_K = 8
+# The M=1 mode quantizes fp8's 16-bit activations inside the stage kernels (each program its edge's row, per K step
+# of one group: the numbers of `act_quant.quantize_act_fp8`) instead of two quantization launches.
+# Retune: `bench/kernels/moe_large_m.py --fp8-small-m 1` times it both ways.
+DOT_M1_QUANT_A = True
 # Split-K keeps at least this many K steps per program. Why: the TP8 slice (I = 256, 2 K steps) ran slower split
 # (10.8 against 10.0 us for stage 2). Retune: `moe_fp8_m1_sweep.py` on a short-I shape.
 MIN_K_STEPS_PER_SPLIT = 4
+
+
+def dot_m1_quant_a() -> bool:
+    """Whether the M=1 mode quantizes fp8 activations in the stage kernels (DOT_M1_QUANT_A); never in the CPU
+    interpreter, whose fp32 -> fp8 cast drops the carry into the exponent (127 becomes 64; `act_quant.py` runs
+    PyTorch there for the same reason)."""
+    return DOT_M1_QUANT_A and not interpreting()
 
 
 def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] | None:

@@ -1,7 +1,8 @@
 """The 4-bit decodes of the tl.dot path (`grouped_gemm.py`): packed nibbles to the activations' 16-bit dtype in
 registers, with inline PTX where `platform.has_ptx` and portable Triton ops of the same numbers elsewhere.
 
-- int4 (`_int4_halves`, zero point 8): a magic-number or and one paired fma per two weights, exact.
+- int4 (`_int4_halves`, zero point 8): a magic-number or and one paired fma per two weights, exact;
+  `_int4_scaled_halves` also applies the group scale (rounded to the 16-bit dtype) with one more paired fma.
 - mxfp4 with its e8m0 scales (`_e2m1_scaled_halves`, the swapped form's decode): the row's 4 scale bytes of a K
   step come as one 32-bit word; bf16 results carry 2^-MX_BF16_SHIFT, which the caller's accumulator takes back.
 """
@@ -25,9 +26,25 @@ def _int4_pairs_asm(magic: int, one: int, off: int, fma: str) -> str:
     )
 
 
+def _int4_scaled_pairs_asm(magic: int, one: int, off: int, fma: str) -> str:
+    """PTX of `_int4_scaled_halves`: `_int4_pairs_asm`'s exact u - 8, then one paired fma (x * s - 0) per two
+    weights with the scales of bytes 0-1 ($5) and 2-3 ($6): one rounding of the exact product."""
+    return (
+        f"{{ .reg .b32 t0, t1, u0, u1, one, off, nz; mov.b32 one, 0x{one:04X}{one:04X}; "
+        f"mov.b32 off, 0x{off:04X}{off:04X}; mov.b32 nz, 0x80008000; "
+        "prmt.b32 t0, $4, 0, 0x4140; prmt.b32 t1, $4, 0, 0x4342; shr.b32 u0, t0, 4; shr.b32 u1, t1, 4; "
+        + "".join(f"lop3.b32 {r}, {r}, 0x000F000F, 0x{magic:04X}{magic:04X}, 0xEA; " for r in ("t0", "t1", "u0", "u1"))
+        + "".join(f"fma.rn.{fma} {r}, {r}, one, off; " for r in ("t0", "t1", "u0", "u1"))
+        + "".join(f"fma.rn.{fma} ${i}, {r}, ${5 + i % 2}, nz; " for i, r in enumerate(("t0", "t1", "u0", "u1")))
+        + "}"
+    )
+
+
 # bf16: MAGIC 0x4300 (128), 1.0 = 0x3F80, -136 = 0xC308; fp16: MAGIC 0x6400 (1024), 1.0 = 0x3C00, -1032 = 0xE408
 _INT4_PAIRS_BF16 = tl.constexpr(_int4_pairs_asm(0x4300, 0x3F80, 0xC308, "bf16x2"))
 _INT4_PAIRS_F16 = tl.constexpr(_int4_pairs_asm(0x6400, 0x3C00, 0xE408, "f16x2"))
+_INT4_SCALED_BF16 = tl.constexpr(_int4_scaled_pairs_asm(0x4300, 0x3F80, 0xC308, "bf16x2"))
+_INT4_SCALED_F16 = tl.constexpr(_int4_scaled_pairs_asm(0x6400, 0x3C00, 0xE408, "f16x2"))
 
 
 @triton.jit
@@ -61,6 +78,24 @@ def _int4_halves(p, DT: tl.constexpr, PTX: tl.constexpr):
     return (lo.to(tl.float32) - off).to(DT), (hi.to(tl.float32) - off).to(DT)
 
 
+@triton.jit
+def _int4_scaled_halves(p, s, DT: tl.constexpr, PTX: tl.constexpr):
+    """Bytes p of two int4 nibbles (zero point 8) and their group scales s (p's shape, any float dtype) ->
+    ((low - 8) * s, (high - 8) * s) in the activations' 16-bit dtype DT: the scale rounded to DT, then one
+    rounding of the exact product (with PTX one paired fma per two weights after `_int4_halves`' decode)."""
+    s16 = s.to(DT)
+    if PTX and DT != tl.float32:
+        if DT == tl.bfloat16:
+            return tl.inline_asm_elementwise(_INT4_SCALED_BF16, "=r,=r,=r,=r,r,r,r", [p, s16],
+                                             dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        else:
+            return tl.inline_asm_elementwise(_INT4_SCALED_F16, "=r,=r,=r,=r,r,r,r", [p, s16],
+                                             dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+    lo, hi = _int4_halves(p, DT, PTX)
+    sf = s16.to(tl.float32)
+    return (lo.to(tl.float32) * sf).to(DT), (hi.to(tl.float32) * sf).to(DT)
+
+
 # mxfp4 weights decoded to bf16 in the swapped form carry 2^-MX_BF16_SHIFT (the accumulator takes it back), so that
 # one bf16 multiply applies any e8m0 scale from 2^-61 to 2^65 exactly (bytes 66..192); see `_e2m1_scaled_halves`.
 MX_BF16_SHIFT = 64
@@ -89,15 +124,16 @@ _E2M1_SCALED_BF16 = tl.constexpr(_e2m1_scaled_asm(MX_BF16_SHIFT))
 
 @triton.jit
 def _e2m1_scaled_halves(p, sw, DT: tl.constexpr, BLOCK_K: tl.constexpr, MX_GROUP: tl.constexpr,
-                        MX_BF16_SHIFT: tl.constexpr, PTX: tl.constexpr = False):
+                        MX_BF16_SHIFT: tl.constexpr, PTX: tl.constexpr = False, group0=0):
     """Bytes p [BLOCK_N, BLOCK_K/2] of two e2m1 nibbles -> (low, high) times their e8m0 scale, in DT.
 
-    sw [BLOCK_N] holds the 4 scale bytes of the row's K step (groups of 32 k = 16 bytes) as one int32 word.
+    sw [BLOCK_N] holds the row's 4 scale bytes of 128 k (groups of 32 k = 16 bytes) as one int32 word; the K
+    step starts at its group `group0` (0 for K steps of 128; 0 or 2 for steps of 64).
     bf16: the nibble s|e1 e0|m placed at bf16 bits 15|8 7|6 is v * 2^-126 (subnormals included); the scale byte
     b becomes the bf16 2^(b - 1 - MX_BF16_SHIFT) by a shift into the exponent field, and one bf16 multiply gives
     v * 2^(b - 127 - MX_BF16_SHIFT), exact (two significant bits) where it is a normal bf16 number. fp16/fp32:
     the fp16 bits v * 2^-14 times the float32 2^(b - 127 + 14), rounded once to DT (the unswapped path's numbers)."""
-    shift = 8 * (tl.arange(0, BLOCK_K // 2) // (MX_GROUP // 2))
+    shift = 8 * (group0 + tl.arange(0, BLOCK_K // 2) // (MX_GROUP // 2))
     if PTX and DT == tl.bfloat16:  # three operands: Triton hoists only one-operand decodes into the shared-memory
         # load, and this tile goes through shared memory either way
         sw2 = tl.broadcast_to(sw[:, None], p.shape)

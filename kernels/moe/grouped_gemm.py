@@ -35,9 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from zoe_kernels.moe.dot_decode import MX_BF16_SHIFT, _e2m1_scaled_halves, _int4_halves
+from zoe_kernels.moe.dot_decode import MX_BF16_SHIFT, _e2m1_scaled_halves, _int4_halves, _int4_scaled_halves
 from zoe_kernels.moe.formats import FP8_BLOCK, INT4_GROUP, MX_GROUP
-from zoe_kernels.platform import has_ptx
+from zoe_kernels.platform import fp8_max, has_ptx
 
 FP8_GROUP = FP8_BLOCK  # the fp8 activations' quantization group along K
 
@@ -89,12 +89,14 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
            stride_wn, stride_wk, stride_wsn, stride_wsk,
            FMT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr, PTX: tl.constexpr,
-           JOIN_K: tl.constexpr):
+           JOIN_K: tl.constexpr, MX_WORD: tl.constexpr, MX_BF16_SHIFT: tl.constexpr):
     """acc += A @ W[wrows, k0:k0+BLOCK_K].T for the weight format FMT; a2 is the activation scale (fp8 w8a8)
     or, for the 4-bit formats (int4, mxfp4) without JOIN_K, the odd-K half of A (`a` is then the even-K half). With
     JOIN_K the decoded even-k and odd-k weight halves are interleaved into one [BLOCK_K, BLOCK_N] tile and `a` is
     the whole A tile (one dot whose A operand stays in shared memory); ws_pre the int4 scales of this K step
-    (int4, loaded ahead by the caller). KP is the packed row length (bytes) of the 4-bit formats: their
+    (int4, loaded ahead by the caller), applied in the decode (`_int4_scaled_halves`). mxfp4 with MX_WORD (JOIN_K
+    where `mx_word_scales_supported`) takes the row's scale bytes as one 32-bit word per 128 k, applied in the
+    decode (`_e2m1_scaled_halves`; bf16 weights then carry 2^-MX_BF16_SHIFT, which the caller takes back). KP is the packed row length (bytes) of the 4-bit formats: their
     masks use it, not K, so that the JIT's divisibility of KP keeps the byte loads 16 bytes wide (and
     pipelined: cp.async), which (K + 1) // 2 did not (one byte per load)."""
     if FMT == _FLOAT:
@@ -118,14 +120,23 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
         offs_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         p = tl.load(w_base + wrows[None, :] * stride_wn + offs_kp[:, None] * stride_wk,
                     mask=wrow_mask[None, :] & (offs_kp[:, None] < KP))  # zero fill: cp.async, no select
-        lo, hi = _int4_halves(p, a.dtype, PTX)
         if JOIN_K:  # the step's group scale (a K step lies in one group) on the weights: one MMA chain into acc
-            w = (_join_k(lo, hi, BLOCK_K, BLOCK_N).to(tl.float32) * ws_pre[None, :]).to(a.dtype)
-            acc = tl.dot(a, w, acc)
+            lo, hi = _int4_scaled_halves(p, tl.broadcast_to(ws_pre[None, :], p.shape), a.dtype, PTX)
+            acc = tl.dot(a, _join_k(lo, hi, BLOCK_K, BLOCK_N), acc)
         else:
+            lo, hi = _int4_halves(p, a.dtype, PTX)
             d = tl.dot(a, lo)
             d = tl.dot(a2, hi, d)
             acc += d * ws_pre[None, :]
+    elif MX_WORD:  # mxfp4, JOIN_K: rows of packed bytes, the step's scales one word per row
+        offs_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        p = tl.load(w_base + wrows[:, None] * stride_wn + offs_kp[None, :] * stride_wk,
+                    mask=wrow_mask[:, None] & (offs_kp[None, :] < KP))  # zero fill: cp.async, no select
+        sw = tl.load((ws_base + wrows * stride_wsn + k0 // (4 * MX_GROUP) * 4).to(tl.pointer_type(tl.int32)),
+                     mask=wrow_mask, other=0)
+        lo, hi = _e2m1_scaled_halves(p, sw, a.dtype, BLOCK_K, MX_GROUP, MX_BF16_SHIFT, PTX,
+                                     k0 % (4 * MX_GROUP) // MX_GROUP)
+        acc = tl.dot(a, tl.trans(tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))), acc)
     else:
         # mxfp4 without native scaled MMA: an e2m1 nibble s|e1 e0|m placed at fp16 bits 15|11 10|9 is the
         # fp16 number v * 2^-14, subnormals included; the e8m0 byte b becomes the float 2^(b - 127 + 14).
@@ -199,7 +210,8 @@ def _expert_gemm_kernel(
     FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr,
     EDGE_TILES: tl.constexpr,
     SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr, PTX: tl.constexpr, JOIN_K: tl.constexpr,
-    SWAP_AB: tl.constexpr, MX_BF16_SHIFT: tl.constexpr,
+    SWAP_AB: tl.constexpr, MX_WORD: tl.constexpr, MX_BF16_SHIFT: tl.constexpr, QUANT_A: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if ZBLOCK > 0:  # stage 1 zeroes stage 2's float32 accumulator (saves a memset launch)
@@ -217,7 +229,9 @@ def _expert_gemm_kernel(
         offs_m = tl.arange(0, BLOCK_M)
         row_mask = offs_m == 0
         edge = tl.where(row_mask, pid_m, num_edges)
+        a_row0 = (pid_m // top_k if GATED else pid_m).to(tl.int64)  # the A row of the tile's one edge
     else:
+        a_row0 = 0
         if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
             return
         expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -283,6 +297,15 @@ def _expert_gemm_kernel(
                                 stride_ask, _FLOAT, BLOCK_K, FP8_GROUP)
                 if not JOIN_K:
                     a, a2 = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
+            elif QUANT_A:  # fp8 w8a8, one tile per edge: the edge's 16-bit row quantized here per K step (= group)
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                xr = tl.load(a_ptr + a_row0 * stride_am + offs_k * stride_ak, mask=offs_k < K, other=0.0)
+                xr = xr.to(tl.float32)
+                s_row = tl.maximum(tl.max(tl.abs(xr), axis=0), 1e-10) / FP8_MAX
+                q_row = tl.clamp(xr / s_row, -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
+                a = tl.where(row_mask[:, None], tl.broadcast_to(q_row[None, :], (BLOCK_M, BLOCK_K)), 0.0)
+                a = a.to(w_ptr.dtype.element_ty)
+                a2 = tl.where(row_mask, s_row, 0.0)
             else:
                 a, a2 = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
                                 stride_ask, FMT, BLOCK_K, FP8_GROUP)
@@ -297,15 +320,16 @@ def _expert_gemm_kernel(
             else:
                 acc = _dot_w(acc, a, a2, w_base, ws_base, ws_g, offs_n, n_mask, k0, K, KP, stride_wn, stride_wk,
                              stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP, PTX,
-                             JOIN_K)
+                             JOIN_K, MX_WORD, MX_BF16_SHIFT)
                 if GATED:
                     acc_up = _dot_w(acc_up, a, a2, w_base, ws_base, ws_u, N + offs_n, n_mask, k0, K, KP, stride_wn,
                                     stride_wk, stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP,
-                                    MX_GROUP, PTX, JOIN_K)
+                                    MX_GROUP, PTX, JOIN_K, MX_WORD, MX_BF16_SHIFT)
 
     if SWAP_AB:
         acc = tl.trans(acc)
         acc_up = tl.trans(acc_up)
+    if SWAP_AB or MX_WORD:
         if MX_BF16_SHIFT > 0:  # the bf16 decode's 2^-MX_BF16_SHIFT (exact: a power of two)
             acc = acc * (2.0 ** MX_BF16_SHIFT)
             acc_up = acc_up * (2.0 ** MX_BF16_SHIFT)
@@ -344,13 +368,18 @@ def _a_fmt(dtype: torch.dtype) -> str:
     return "bf16" if dtype == torch.bfloat16 else "fp16"
 
 
-def mx_swap_supported(w_scale: torch.Tensor, k: int, block_k: int) -> bool:
-    """Whether mxfp4 can run swapped (`_dot_w_mx_swapped`): it loads a K step's scale bytes as one 4-byte aligned
-    int32, so a step must be exactly 4 scale groups (BLOCK_K = 4 * MX_GROUP, the tiles config gives mxfp4), K whole
-    steps, and the scale rows word-aligned (strides and base); every model shape is. Elsewhere the launch keeps the
-    unswapped form."""
-    return (block_k == 4 * MX_GROUP and k % block_k == 0 and w_scale.stride(2) == 1 and w_scale.stride(1) % 4 == 0
+def mx_word_scales_supported(w_scale: torch.Tensor, k: int) -> bool:
+    """Whether mxfp4 can take its scales as words (`_dot_w_mx_swapped`, `_dot_w` MX_WORD): one 4-byte aligned
+    int32 per row and 128 k, so K must be whole words of 4 scale groups and the scale rows word-aligned (strides
+    and base); every model shape is. Elsewhere the launch keeps the per-byte decode."""
+    return (k % (4 * MX_GROUP) == 0 and w_scale.stride(2) == 1 and w_scale.stride(1) % 4 == 0
             and w_scale.stride(0) % 4 == 0 and w_scale.data_ptr() % 4 == 0)
+
+
+def mx_swap_supported(w_scale: torch.Tensor, k: int, block_k: int) -> bool:
+    """Whether mxfp4 can run swapped (`_dot_w_mx_swapped`): word scales (`mx_word_scales_supported`) and K steps
+    of exactly one word (BLOCK_K = 4 * MX_GROUP, the tiles config gives mxfp4)."""
+    return block_k == 4 * MX_GROUP and mx_word_scales_supported(w_scale, k)
 
 
 def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_k, n, k, kfmt, gated,
@@ -358,8 +387,13 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
     sorted_ids, block_expert, num_padded = align
     edge_tiles = block_expert is None  # align = (topk_ids flattened, None, None): one tile per edge
     split_k = cfg.get("SPLIT_K", 1)
-    if kfmt == KernelFormat.FP8_W8A8 and a_scale is None:
-        raise ValueError("fp8 w8a8 takes the activations quantized (`act_quant.quantize_act_fp8`) with their scales")
+    quant_a = bool(cfg.get("QUANT_A", False)) and kfmt == KernelFormat.FP8_W8A8
+    if quant_a and (cfg["BLOCK_K"] != FP8_GROUP or a.element_size() != 2 or not edge_tiles):
+        raise ValueError("fp8 w8a8 quantizing in the kernel takes one tile per edge, 16-bit activations and K "
+                         "steps of one group")
+    if kfmt == KernelFormat.FP8_W8A8 and a_scale is None and not quant_a:
+        raise ValueError("fp8 w8a8 takes the activations quantized (`act_quant.quantize_act_fp8`) with their scales,"
+                         " or 16-bit ones with cfg QUANT_A")
     if kfmt == KernelFormat.MXFP4_NATIVE and (a_scale is None or a.dtype != torch.float8_e4m3fn):
         raise ValueError("native mxfp4 takes MXFP8 activations (`act_quant_mx.quantize_act_mxfp8`) with their scales")
     if split_k > 1 and not atomic:
@@ -370,11 +404,13 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
     tiles_m = num_edges if edge_tiles else block_expert.numel()
     programs = tiles_m * triton.cdiv(n, cfg["BLOCK_N"]) * split_k
     zblock = 0 if zero is None else max(16, triton.next_power_of_2(triton.cdiv(zero.numel(), max(1, programs))))
-    scaled_a = kfmt in (KernelFormat.FP8_W8A8, KernelFormat.MXFP4_NATIVE)
+    scaled_a = kfmt in (KernelFormat.FP8_W8A8, KernelFormat.MXFP4_NATIVE) and not quant_a
     a_s_strides = (a_scale.stride(0), a_scale.stride(1)) if scaled_a else (0, 0)
     ws_strides = (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2)) if w_scale.dim() == 3 else (0, 0, 0)
     swap = (bool(cfg.get("SWAP_AB", False)) and kfmt == KernelFormat.MXFP4
             and mx_swap_supported(w_scale, k, cfg["BLOCK_K"]))
+    mx_word = (not swap and kfmt == KernelFormat.MXFP4 and bool(cfg.get("JOIN_K", False))
+               and mx_word_scales_supported(w_scale, k))
     _expert_gemm_kernel[(programs,)](
         a, a_scale, w, w_scale, out, topk_w,
         sorted_ids, sorted_ids if edge_tiles else block_expert, sorted_ids if edge_tiles else num_padded,
@@ -387,9 +423,9 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP,
         EDGE_TILES=edge_tiles, SPLIT_K=split_k,
-        ZBLOCK=zblock, PTX=has_ptx(), JOIN_K=cfg.get("JOIN_K", False), SWAP_AB=swap,
-        MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        ZBLOCK=zblock, PTX=has_ptx(), JOIN_K=cfg.get("JOIN_K", False), SWAP_AB=swap, MX_WORD=mx_word,
+        MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0, QUANT_A=quant_a,
+        FP8_MAX=fp8_max(w.dtype) if quant_a else 0.0, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
 
