@@ -6,11 +6,12 @@ import pytest
 from pydantic import ValidationError
 
 from tests.cluster.conftest import glm
-from zoe_cluster.cluster.lifecycle import ReplicaFacts, ReplicaState, backoff_s, replica_id
+from zoe_cluster.cluster.lifecycle import ReplicaFacts, backoff_s, replica_id
 from zoe_cluster.cluster.placement import GangShape, accelerator_resource, fits_cluster
 from zoe_cluster.cluster.spec import DeploymentSpec
 from zoe_cluster.engines import get_adapter
 from zoe_cluster.recipes.schema import Parallelism
+from zoe_cluster.replica_state import ReplicaState
 
 
 def facts(**kw) -> ReplicaFacts:

@@ -11,32 +11,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from enum import Enum
 
-
-class ReplicaState(str, Enum):
-    PENDING = "pending"  # waiting for its placement group (GPUs) to be reserved
-    STARTING = "starting"  # GPUs reserved; node actors and engine process starting
-    LOADING = "loading"  # engine process running, /health not yet OK (loading weights, compiling)
-    READY = "ready"  # /health OK: serving
-    DRAINING = "draining"  # taken out of routing; finishing in-flight requests
-    STOPPED = "stopped"  # stopped on purpose (scale down, swap, undeploy)
-    FAILED = "failed"  # crashed, hung, or could not be placed/started
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL
-
-    @property
-    def serving(self) -> bool:
-        return self in SERVING
-
-
-TERMINAL = frozenset({ReplicaState.STOPPED, ReplicaState.FAILED})
-SERVING = frozenset({ReplicaState.READY})
-ACTIVE = frozenset({ReplicaState.STARTING, ReplicaState.LOADING, ReplicaState.READY, ReplicaState.DRAINING})
-TRANSITIONING = frozenset({ReplicaState.PENDING, ReplicaState.STARTING, ReplicaState.LOADING, ReplicaState.DRAINING})
-"""On its way into or out of service (the switcher counts these as swaps in flight)."""
+from zoe_cluster.replica_state import ReplicaState
 
 
 def replica_id(deployment: str, index: int, generation: int) -> str:

@@ -12,10 +12,11 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from zoe_cluster.cluster.lifecycle import ReplicaFacts, ReplicaState
+from zoe_cluster.cluster.lifecycle import ReplicaFacts
 from zoe_cluster.cluster.router_link import RouterLink
 from zoe_cluster.cluster.spec import DeploymentSpec
 from zoe_cluster.recipes.profile import host_kv_tokens
+from zoe_cluster.replica_state import ReplicaState
 from zoe_cluster.router.membership import MemberReplica, Membership
 
 log = logging.getLogger(__name__)

@@ -20,11 +20,12 @@ from pathlib import Path
 import httpx
 
 from zoe_cluster.cluster.intent_store import IntentStore
-from zoe_cluster.cluster.lifecycle import ReplicaFacts, ReplicaState, backoff_s
+from zoe_cluster.cluster.lifecycle import ReplicaFacts, backoff_s
 from zoe_cluster.cluster.node_actor import NodeMember
 from zoe_cluster.cluster.placement import GangShape
 from zoe_cluster.cluster.spec import DeploymentSpec
 from zoe_cluster.engines import LaunchContext
+from zoe_cluster.replica_state import ReplicaState
 from zoe_cluster.switching.actuator import FleetReplica
 
 log = logging.getLogger(__name__)

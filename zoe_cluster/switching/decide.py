@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 
-from zoe_cluster.cluster.lifecycle import TRANSITIONING, ReplicaState
 from zoe_cluster.recipes import Recipe
+from zoe_cluster.replica_state import TRANSITIONING, ReplicaState
 from zoe_cluster.switching.mix import decide_mix
 from zoe_cluster.switching.predict import candidate_variants, load_s, replica_tok_s
 from zoe_cluster.switching.vocabulary import ReplicaObservation, SwitchConfig, SwitchDecision

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from zoe_cluster.cluster.lifecycle import ReplicaState
+from zoe_cluster.replica_state import ReplicaState
 
 __all__ = ["FleetLoad", "ReplicaObservation", "ServiceClass", "SwitchConfig", "SwitchDecision"]
 
