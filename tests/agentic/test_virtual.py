@@ -168,3 +168,11 @@ def test_short_blocks_still_differ() -> None:
     blocks = [text[i * 16:(i + 1) * 16] for i in range(len(keys))]
     assert len(set(blocks)) == len(blocks)
     assert prompt_text(keys[:10], 4, 40, "a") == text[:160]
+
+
+def test_sweep_plot_writes_a_png(tmp_path) -> None:
+    from zoe_cluster.agentic.plot import plot_sweep
+
+    pts = [{"tok_s_per_user_p90": 50.0 - n, "output_tok_s_per_gpu": float(n), "live_sessions": n} for n in (1, 4)]
+    out = plot_sweep({"prefix": pts, "empty": [{"live_sessions": 1}]}, tmp_path / "s.png", "sweep")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

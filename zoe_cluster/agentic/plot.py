@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from zoe_cluster.bench.plots import COLORS  # noqa: E402
+from zoe_cluster.bench.plots import COLORS, _finish  # noqa: E402
 
 
 def plot_sweep(series: dict[str, list[dict[str, Any]]], path: str | Path, title: str) -> Path:
@@ -31,10 +31,4 @@ def plot_sweep(series: dict[str, list[dict[str, Any]]], path: str | Path, title:
     ax.set_ylabel("output tok/s per GPU")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _finish(fig, path, title)
