@@ -1,0 +1,85 @@
+"""`replay` with a `RequestSource`: a list of rows and `RowSource` give the same result, a source that creates
+arrivals on completions sees each one after the completion that released it, and a source that stalls is an
+error rather than a silent early end."""
+
+from __future__ import annotations
+
+import pytest
+
+from zoe_cluster.recipes import RecipeRegistry
+from zoe_cluster.sim.calibrate import calibrate
+from zoe_cluster.sim.replay import Arrival, Outcome, RowSource, TraceRow, replay, rows_from
+
+KV = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def glm():
+    r = RecipeRegistry.default().get("glm-5.3")
+    return r, calibrate(r, r.default_variant)
+
+
+def _rows(n: int) -> list[TraceRow]:
+    return rows_from((0.05 * i, 2048 + 512 * (i % 3), 32, (1, 2, 3, 10 + i)) for i in range(n))
+
+
+def test_row_source_equals_the_list_path(glm) -> None:
+    recipe, cal = glm
+    a = replay(recipe, recipe.default_variant, _rows(40), 2, "prefix", calibration=cal, kv_tokens=KV).to_dict()
+    b = replay(recipe, recipe.default_variant, RowSource(_rows(40)), 2, "prefix", calibration=cal,
+               kv_tokens=KV).to_dict()
+    a.pop("wall_s"), b.pop("wall_s")
+    assert a == b and a["completed"] == 40
+
+
+class Chain:
+    """A closed loop of one user: request k+1 arrives `think_s` after request k completed."""
+
+    block_tokens = 512
+
+    def __init__(self, n: int, think_s: float) -> None:
+        self.n, self.think_s, self.sent = n, think_s, 0
+        self.next_at: float | None = 0.0
+        self.log: list[tuple[float, float]] = []  # (arrival, completion)
+
+    def next_arrival_s(self) -> float:
+        return self.next_at if self.next_at is not None else float("inf")
+
+    def pop(self) -> Arrival:
+        at, self.next_at = self.next_at, None
+        k = self.sent
+        self.sent += 1
+        return Arrival(f"c{k}", TraceRow(at, 1024 * (k + 1), 16, tuple(range(2 * (k + 1)))), "user")
+
+    def exhausted(self) -> bool:
+        return self.sent >= self.n and self.next_at is None
+
+    def horizon_s(self, next_event_s: float) -> float:
+        return min(self.next_arrival_s(), next_event_s)
+
+    def finished(self, arrival: Arrival, now: float, outcome: Outcome) -> None:
+        assert not outcome.dropped
+        self.log.append((arrival.row.arrival_s, now))
+        if self.sent < self.n:
+            self.next_at = now + self.think_s
+
+
+def test_arrivals_created_on_completions(glm) -> None:
+    recipe, cal = glm
+    src = Chain(5, think_s=2.0)
+    res = replay(recipe, recipe.default_variant, src, 1, "round_robin", calibration=cal, kv_tokens=KV)
+    assert res.completed == res.requests == 5
+    for (_, done), (arrived, _) in zip(src.log, src.log[1:]):
+        assert arrived == pytest.approx(done + 2.0)
+    assert res.prefix_hit_rate > 0.3  # each prompt extends the previous one
+
+
+def test_a_stalled_source_is_an_error(glm) -> None:
+    recipe, cal = glm
+
+    class Stalled(Chain):
+        def finished(self, arrival, now, outcome) -> None:  # forgets to release the next request
+            self.log.append((arrival.row.arrival_s, now))
+
+    with pytest.raises(RuntimeError, match="nothing pending or in flight"):
+        replay(recipe, recipe.default_variant, Stalled(3, 1.0), 1, "round_robin", calibration=cal, kv_tokens=KV)
