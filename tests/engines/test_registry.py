@@ -38,3 +38,10 @@ def test_the_simulated_engine_reports_its_own_kv_capacity_when_the_deployment_se
     assert real > 4096  # a real engine ignores the simulated engine's knob
     assert get_adapter("sim").kv_capacity_tokens(recipe, variant, {}) == real
     assert get_adapter("sim").kv_capacity_tokens(recipe, variant, {"ZOE_SIM_KV_TOKENS": "4096"}) == 4096
+
+
+def test_every_engine_a_recipe_variant_can_name_has_an_adapter():
+    from zoe_cluster.recipes.schema import VARIANT_ENGINES
+
+    assert VARIANT_ENGINES and VARIANT_ENGINES <= set(ENGINE_NAMES)
+    assert all(not get_adapter(e).is_simulated for e in VARIANT_ENGINES)

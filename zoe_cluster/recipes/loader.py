@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from zoe_cluster.recipes.schema import Recipe
+from zoe_cluster.recipes.schema import VARIANT_ENGINES, Recipe
 
 
 class RecipeError(ValueError):
@@ -40,7 +40,7 @@ def _loc(parts: tuple) -> str:
     for p in parts:
         if isinstance(p, int):
             out += f"[{p}]"
-        elif p in ("vllm", "sglang") and out.startswith("variants."):
+        elif p in VARIANT_ENGINES and out.startswith("variants."):
             continue  # the discriminated union's tag, not a field the user wrote
         else:
             out += ("." if out else "") + str(p)

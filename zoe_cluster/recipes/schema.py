@@ -7,7 +7,7 @@ comes from (`Figure.source`, e.g. "seed table A8"); a number that the source doe
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -243,6 +243,8 @@ class SglangVariant(_VariantBase):
 
 
 Variant = Annotated[Union[VllmVariant, SglangVariant], Field(discriminator="engine")]
+VARIANT_ENGINES = frozenset(get_args(cls.model_fields["engine"].annotation)[0] for cls in get_args(get_args(Variant)[0]))
+"""The engines a recipe variant is written for: the tags of the `Variant` union (each has an engine adapter)."""
 
 
 class Recipe(_Strict):
