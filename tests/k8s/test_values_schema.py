@@ -26,7 +26,7 @@ def test_the_schema_enumerates_models_variants_engines_and_policies():
     kimi = next(rule["then"] for rule in model["allOf"] if rule["if"]["properties"]["name"]["const"] == "kimi-k3")
     assert kimi["properties"]["variant"]["enum"] == ["", "mxfp4-tp8-dspark"]
     assert kimi["properties"]["engine"]["enum"] == ["", "sim", "sglang"]
-    assert schema["properties"]["router"]["properties"]["policy"]["enum"] == ["prefix", "least_load", "round_robin", "slo"]
+    assert schema["properties"]["router"]["properties"]["policy"]["enum"] == ["prefix", "least_load", "round_robin", "session_hash", "slo"]
 
 
 @pytest.fixture
