@@ -61,7 +61,7 @@ def test_two_node_gang_spreads_launches_every_rank_and_restarts_as_a_whole(two_n
         rep = st["replicas"][0]
         assert rep["state"] == "ready" and len(rep["pids"]) == 2 and len(rep["member_pids"]) == 2
         assert [len(g) for g in rep["gpu_ids"]] == [8, 8]
-        node_ids = ray.get([handle.__ray_call__.remote(lambda self: [i["node_id"] for i in self.slots[0].gang.infos])])[0]
+        node_ids = ray.get([handle.__ray_call__.remote(lambda self: [i["node_id"] for i in self.replicas.slots[0].gang.infos])])[0]
         assert len(set(node_ids)) == 2  # STRICT_SPREAD: one bundle per node
         # ready means rank 0 answers /health; rank 1's process may still be starting (a loaded CI machine), so
         # wait for its start line rather than read the log once
