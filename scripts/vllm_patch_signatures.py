@@ -6,13 +6,14 @@ SOURCE is a vLLM wheel (`pip download --no-deps vllm==X`), a folder holding the 
 or a vLLM git directory (with --commit: the files are read with `git show COMMIT:path`, so a bare mirror will do).
 Prints JSON: {"source", "command", "targets": {target: [parameter, ...] or null when absent}, "matches": {kernel:
 {platform: [verified release ranges whose patch targets all have exactly these parameters]}}}, the targets being
-those of every patch spec the plugin builds for vLLM on every platform (`vllm_plugin.KERNEL_SPECS`). A signature
-match is necessary, not sufficient: a release can keep a target's parameters and change what it does (vLLM 0.33's
-post-GEMM2 hook, `support.GAPS`).
+those of every patch spec the plugin builds for vLLM on every platform (`vllm_plugin.KERNEL_SPECS`), with the
+engine functions each replacement calls (`PatchSpec.calls`). A signature match is necessary, not sufficient: a
+release can keep a target's parameters and change what it does (vLLM 0.33's `TritonExperts.apply` kept its
+parameters and gained a post-GEMM2 hook).
 The parameters are in `inspect.signature`'s order, so they compare with a PatchSpec's `params` as the plugin's
 own check does. A method is looked up in its class and, when the class does not define it, in the classes it
-names as bases (in this module or imported by name); a function imported into the target module is followed to
-its definition.
+names as bases (in this module, imported by name, or as `module_alias.Class`); a function imported into the
+target module is followed to its definition.
 """
 
 from __future__ import annotations
@@ -72,6 +73,17 @@ def _imported_from(tree: ast.Module, module: str, is_pkg: bool, name: str) -> tu
     return None
 
 
+def _module_named(tree: ast.Module, module: str, is_pkg: bool, name: str) -> str | None:
+    """The module that `name` is bound to in `tree` (`import a.b as name`, `from a import b as name`), or None."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname == name or (alias.asname is None and alias.name == name):
+                    return alias.name
+    src = _imported_from(tree, module, is_pkg, name)
+    return None if src is None else f"{src[0]}.{src[1]}"
+
+
 def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     a = fn.args
     star = [a.vararg] if a.vararg else []
@@ -96,10 +108,14 @@ def _find(read: Reader, module: str, path: list[str], hops: int = 8) -> list[str
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == path[1]:
                     return _params(item)
             for base in node.bases:  # an inherited method: the first base that defines it
+                got = None
                 if isinstance(base, ast.Name):
                     got = _find(read, module, [base.id, path[1]], hops - 1)
-                    if got is not None:
-                        return got
+                elif isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name):  # `mk.Base`
+                    owner = _module_named(tree, module, is_pkg, base.value.id)
+                    got = None if owner is None else _find(read, owner, [base.attr, path[1]], hops - 1)
+                if got is not None:
+                    return got
             return None
     src = _imported_from(tree, module, is_pkg, head)
     if src is None:
@@ -131,7 +147,7 @@ def matching_ranges(targets: dict[str, list[str] | None]) -> dict[str, dict[str,
     for (kernel, platform), specs in plugin_specs().items():
         by_range: dict[tuple[str, str], bool] = {}
         for s in specs:
-            ok = targets.get(s.target) == list(s.params)
+            ok = all(targets.get(t) == list(params) for t, params in s.checked())
             by_range[s.versions] = by_range.get(s.versions, True) and ok
         out.setdefault(kernel, {})[platform] = [list(r) for r, ok in by_range.items() if ok]
     return out
@@ -153,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{args.source}: not a wheel, a folder holding vllm/, or a git dir with --commit")
     if read("vllm/__init__.py") is None:
         ap.error(f"{source}: no vllm/__init__.py there")
-    targets = {t: target_params(read, t) for t in sorted({s.target for v in plugin_specs().values() for s in v})}
+    names = {t for v in plugin_specs().values() for s in v for t, _ in s.checked()}
+    targets = {t: target_params(read, t) for t in sorted(names)}
     data = {"source": source, "command": "python scripts/vllm_patch_signatures.py " + " ".join(argv or sys.argv[1:]),
             "targets": targets, "matches": matching_ranges(targets)}  # fmt: skip
     text = json.dumps(data, indent=1) + "\n"

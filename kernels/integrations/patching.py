@@ -1,8 +1,9 @@
 """Replacing an engine's function with zoe's, only where the engine is the one the patch was written for.
 
 Each `PatchSpec` names the function to replace (`"pkg.module:Class.method"` or `"pkg.module:function"`), the
-parameter names it must have, and the engine releases it was verified against. `install_kernel` checks every
-spec of one kernel first (engine version, target exists, exact parameter list) and installs all of them or
+parameter names it must have, the engine functions the replacement calls itself (`calls`), and the engine releases
+it was verified against. `install_kernel` checks every spec of one kernel first (engine version, each target and
+each called function exists with its exact parameter list) and installs all of them or
 none: on any mismatch the engine keeps its own path and the reporter logs a WARNING and records a fallback
 (which reaches /metrics as `zoe_kernel_fallback_total{kernel,reason}`). Nothing here falls back silently.
 """
@@ -38,6 +39,13 @@ class PatchSpec:
     """Builds the replacement from the original (which the replacement calls on the engine's path)."""
     impl: str = "triton"
     """What runs on zoe's path, for the report (e.g. "triton", "reference (CPU)")."""
+    calls: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Engine functions the replacement calls on zoe's path (`module:attr.path`, exact parameter names): checked
+    like the target, so a release that renames or reshapes one keeps the engine's own path."""
+
+    def checked(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """(target, parameters) of everything `install_kernel` checks for this spec: the target, then `calls`."""
+        return ((self.target, self.params), *self.calls)
 
 
 def version_supported(version: str, versions: tuple[str, str]) -> bool:
@@ -88,18 +96,20 @@ def install_kernel(
         return False
     checked: list[tuple[PatchSpec, Any, str, Any]] = []
     for spec in applicable:
-        try:
-            owner, name, current = resolve(spec.target)
-        except LookupError as e:
-            reporter.fallback(kernel, spec.target, "missing_target", str(e))
-            return False
-        found = param_names(current)
-        if found != spec.params:
-            reporter.fallback(
-                kernel, spec.target, "signature",
-                f"expected parameters ({', '.join(spec.params)}), found ({', '.join(found)})",
-            )  # fmt: skip
-            return False
+        for target, params in spec.checked():
+            try:
+                owner, name, current = resolve(target)
+            except LookupError as e:
+                reporter.fallback(kernel, target, "missing_target", str(e))
+                return False
+            found = param_names(current)
+            if found != params:
+                reporter.fallback(
+                    kernel, target, "signature",
+                    f"expected parameters ({', '.join(params)}), found ({', '.join(found)})",
+                )  # fmt: skip
+                return False
+        owner, name, current = resolve(spec.target)
         checked.append((spec, owner, name, current))
     for spec, owner, name, current in checked:
         if getattr(current, ORIGINAL_ATTR, None) is None:  # a second register() in one process is a no-op

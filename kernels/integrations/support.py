@@ -26,6 +26,7 @@ KERNELS = ("fused_moe", "lightning_indexer", "csa_topk", "csa_dual_scope")
 
 VLLM_029 = ("0.29.0", "0.30.0")
 VLLM_032 = ("0.32.0", "0.33.0")
+VLLM_033 = ("0.33.0", "0.34.0")
 SGLANG_0519 = ("0.5.19", "0.5.20")
 SGLANG_0523 = ("0.5.23", "0.5.24")
 
@@ -54,8 +55,10 @@ class Gap:
 SUPPORT: tuple[Verified, ...] = (
     Verified("fused_moe", "vllm", ("rocm", "cuda"), VLLM_029),
     Verified("fused_moe", "vllm", ("rocm", "cuda", "cpu"), VLLM_032),
+    Verified("fused_moe", "vllm", ("rocm", "cuda"), VLLM_033),
     Verified("lightning_indexer", "vllm", ("rocm", "cuda"), VLLM_029),
     Verified("lightning_indexer", "vllm", ("rocm", "cuda"), VLLM_032),
+    Verified("lightning_indexer", "vllm", ("rocm", "cuda"), VLLM_033),
     Verified("csa_topk", "sglang", ("rocm", "cuda"), SGLANG_0519),
     Verified("csa_topk", "sglang", ("rocm", "cuda"), SGLANG_0523),
     Verified("csa_dual_scope", "sglang", ("rocm",), SGLANG_0519),
@@ -65,10 +68,6 @@ SUPPORT: tuple[Verified, ...] = (
 GAPS: tuple[Gap, ...] = (
     Gap("fused_moe", "vllm", ("cpu",), VLLM_029,
         "vLLM 0.29's CPUUnquantizedExperts.apply routes inside the experts (it takes router_logits, not topk_ids)"),
-    Gap("fused_moe", "vllm", ("rocm", "cuda"), ("0.33.0", "0.34.0"),
-        "vLLM 0.33's TritonExperts.apply can finish through a post-GEMM2 hook that zoe's wrapper does not run"),
-    Gap("lightning_indexer", "vllm", ("cuda",), ("0.33.0", "0.34.0"),
-        "vLLM 0.33's fp8_fp4_mqa_logits takes max_seqlen_k and returns row-compressed logits"),
     Gap("csa_dual_scope", "sglang", ("cuda",), SGLANG_0519,
         "SGLang 0.5.19 has no sglang.kernels.ops.attention.flash_mla_interface (its CUDA backend imports "
         "sgl_kernel's FlashMLA inside the call)"),

@@ -6,7 +6,8 @@ the installed engine release has them.
                                        keep the modules from loading here)
 
 For every (kernel, platform) the plugin has patches for, the specs verified for this release (or, where none
-is, the specs of every other verified release) with the parameters found in the engine (None: no such target).
+is, the specs of every other verified release): each target and each engine function its replacement calls, with
+the parameters found in the engine (None: no such target).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ for kernel, build in builders.items():
         verified = any(in_range(version, r) for r in ranges(kernel, engine, platform))
         mine = [s for s in specs if in_range(version, s.versions)]
         for spec in mine or specs:
-            rows.append({"kernel": kernel, "platform": platform, "verified_here": verified,
-                         "spec_versions": list(spec.versions), "target": spec.target,
-                         "expected": list(spec.params), "found": found_params(spec.target)})  # fmt: skip
+            for target, params in spec.checked():  # the patch target, then the engine functions it calls
+                rows.append({"kernel": kernel, "platform": platform, "verified_here": verified,
+                             "spec_versions": list(spec.versions), "target": target,
+                             "expected": list(params), "found": found_params(target)})  # fmt: skip
 print(json.dumps({"version": version, "rows": rows}))

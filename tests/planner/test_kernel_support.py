@@ -65,14 +65,20 @@ def test_the_recipes_kernel_variants_on_the_seeds_images_are_supported():
 
 @pytest.mark.parametrize("kernels, engine, image, want", [
     (["lightning_indexer"], "vllm", "vllm/vllm-openai-rocm:v0.31.0",
-     "kernel lightning_indexer not supported on vllm 0.31.0 (verified [0.29.0, 0.30.0), [0.32.0, 0.33.0))"),
-    (["fused_moe"], "vllm", "vllm/vllm-openai:v0.33.0", "post-GEMM2 hook"),
+     "kernel lightning_indexer not supported on vllm 0.31.0 (verified [0.29.0, 0.30.0), [0.32.0, 0.33.0), "
+     "[0.33.0, 0.34.0))"),
+    (["fused_moe"], "vllm", "vllm/vllm-openai:v0.34.0", "kernel fused_moe not supported on vllm 0.34.0"),
     (["csa_dual_scope"], "sglang", "lmsysorg/sglang:v0.5.19-cu129",
      "kernel csa_dual_scope not supported on sglang 0.5.19 (verified [0.5.23, 0.5.24)): SGLang 0.5.19 has no"),
     (["csa_topk"], "vllm", "vllm/vllm-openai-rocm:v0.29.0", "kernel csa_topk has no vllm integration on rocm"),
 ])  # fmt: skip
 def test_why_a_kernel_cannot_activate(kernels, engine, image, want):
     assert want in SUPPORT.blockers(kernels, engine, image)
+
+
+def test_vllm_0_33_images_can_run_both_vllm_kernels():
+    for image in ("vllm/vllm-openai:v0.33.0", "vllm/vllm-openai-rocm:v0.33.0"):
+        assert SUPPORT.blockers(["fused_moe", "lightning_indexer"], "vllm", image) is None, image
 
 
 def test_a_variant_outside_the_verified_releases_is_dropped_and_the_error_says_why():
