@@ -8,7 +8,6 @@ import concurrent.futures as cf
 import json
 import os
 import signal
-import threading
 import time
 
 import httpx

@@ -14,8 +14,11 @@ probe of a slow replica, else `policy.select` over the replicas not judged slow 
 keep-alive connections. A connection failure, a timeout or a stall before the response headers, or a status of
 `retry_statuses` (500, 502-504) before any byte reached the client is retried on another replica (up to
 `max_retries`) and counts toward passive ejection. Once a stream has started, an upstream failure or a stall
-(`router.slowness.stall_verdict`: the replica's streams all silent for `stall_timeout_s`, which ejects it) ends
-it with an SSE error event and `[DONE]`. A client disconnect cancels the upstream request (its connection is
+(`router.slowness.stall_verdict`: the replica's streams all silent for `stall_timeout_s`, which ejects it)
+continues the stream on another replica (`router.migration`, up to `migration_limit` times) or, when it cannot,
+ends it with an SSE error event and `[DONE]`. Sending upstream and relaying answers is `router.forwarding`, a mixin
+of `Router`. With `membership_file`, the last applied membership is kept there and read at start
+(`router.membership_store`). A client disconnect cancels the upstream request (its connection is
 closed, so the engine aborts it). Finished requests feed the replica's time-per-output-token average, from which
 `router.slowness` judges replicas slow. Errors, the router's and the engines', reach the client in one shape
 (`router.errors`). Header and body read timeouts and HTTP/1.0 framing are the server's (`router.http_server`).
@@ -27,14 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
-import re
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -43,24 +43,14 @@ from prometheus_client import CollectorRegistry
 from zoe_cluster.metrics import build_metrics
 from zoe_cluster.router.admin import AuxRoutes
 from zoe_cluster.router.config import RouterConfig
-from zoe_cluster.router.errors import HttpError, error_body, upstream_error_body
+from zoe_cluster.router.errors import HttpError, error_body
 from zoe_cluster.router.health import HealthChecker
 from zoe_cluster.router.membership import MemberReplica, Membership
 from zoe_cluster.router.membership_store import load_membership, save_membership
-from zoe_cluster.router.migration import (
-    NotContinuable,
-    SpliceRewriter,
-    StreamLedger,
-    ask_token_ids,
-    chat_by_token_ids,
-    continuable,
-    continuation_body,
-)
-from zoe_cluster.router.replicas import ReplicaSet, ReplicaState
+from zoe_cluster.router.forwarding import Forwarding, _Attempt
+from zoe_cluster.router.replicas import ReplicaSet
 from zoe_cluster.router.request_checks import RequestError, check_sampling, parse_json_body
-from zoe_cluster.router.slowness import stall_verdict
-from zoe_cluster.router.stall_watch import StallWatch
-from zoe_cluster.router.upstream import UpstreamPool, UpstreamResponse
+from zoe_cluster.router.upstream import UpstreamPool
 from zoe_cluster.routing.chat_prefix import ChatPrefixCache
 from zoe_cluster.routing.context import BadRequest, RequestContext, RoutingDecision, context_from_openai
 from zoe_cluster.routing.hashing import TextChain
@@ -69,25 +59,6 @@ from zoe_cluster.routing.slo import slo_class_from_headers
 
 _PROXIED = {b"/v1/completions": "completions", b"/v1/chat/completions": "chat"}
 _log = logging.getLogger(__name__)
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*([0-9]+)')
-_SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-
-
-class _UpstreamFailed(Exception):
-    def __init__(self, kind: str, detail: str):
-        super().__init__(detail)
-        self.kind = kind
-
-
-@dataclass
-class _Attempt:
-    st: ReplicaState
-    decision: RoutingDecision
-    cached_tokens: int
-    prefilled: bool = False
-    """The first streamed chunk arrived (the request's prefill left the replica's queue)."""
-    probe: bool = False
-    """A recovery probe of a replica judged slow (its latency sample replaces the replica's average)."""
 
 
 def static_membership(urls: list[str], pool: str = "default", **fields: Any) -> Membership:
@@ -98,7 +69,7 @@ def static_membership(urls: list[str], pool: str = "default", **fields: Any) -> 
     )
 
 
-class Router:
+class Router(Forwarding):
     """One router instance: its replicas, policy, metrics, upstream client and ASGI app."""
 
     def __init__(
@@ -442,266 +413,6 @@ class Router:
         if not a.st.removed:
             self._lab(self.metrics.active_requests, a.st.id).set(v.active_requests)
         self._wake()
-
-    async def _forward(
-        self, endpoint: str, send: Callable, raw: bytes, body: dict, ctx: RequestContext, t0: float, state
-    ) -> None:
-        cfg = self.config
-        path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
-        up_headers = {"content-type": "application/json", "x-request-id": ctx.request_id}
-        payload, ledger = raw, None
-        if body.get("stream") is True and cfg.migration_limit and continuable(body, endpoint) is None:
-            ask = ("return_token_ids" not in body and ctx.prompt_tokens <= cfg.migration_token_ids_max_prompt
-                   and (endpoint == "completions" or chat_by_token_ids(body)))
-            if ask:
-                payload = ask_token_ids(raw)
-            ledger = StreamLedger(endpoint, strip_token_ids=ask)
-        tried: set[str] = set()
-        last_error = "no attempt"
-        for attempt_no in range(cfg.max_retries + 1):
-            try:
-                a = await self._acquire(ctx, tried)
-            except HttpError as e:
-                if tried:  # every other replica is gone too: say what failed
-                    e = HttpError(502, f"upstream failed ({last_error}) and no other replica is available",
-                                  "upstream_error", retry_after=cfg.retry_after_s)
-                await self._respond_error(send, e)
-                return
-            if attempt_no:
-                self.metrics.retries.labels(replica=a.st.id).inc()
-            self._admit(ctx, a)
-            tried.add(a.st.id)
-            ok = False
-            broken: str | None = None  # why the stream failed after the client's response started
-            try:
-                resp = await self._open(a, a.st.view.url + path, payload, up_headers)
-                try:
-                    if resp.status in self._retry_statuses and attempt_no < cfg.max_retries:
-                        async with asyncio.timeout(cfg.read_timeout_s):
-                            detail = (await resp.read())[:200].decode("utf-8", "replace")
-                        raise _UpstreamFailed("status", f"HTTP {resp.status} from {a.st.id}: {detail}")
-                    ctype = resp.headers.get("content-type", "")
-                    if ctype.startswith("text/event-stream"):
-                        broken = await self._stream(send, resp, ctx, a, t0, ledger.take if ledger else None)
-                        ok = broken is None
-                        if ok and ledger is not None and (rest := ledger.rest()):
-                            await send({"type": "http.response.body", "body": rest, "more_body": True})
-                    else:
-                        async with asyncio.timeout(cfg.read_timeout_s):
-                            data = await resp.read()
-                        if resp.status >= 400:
-                            data, ctype = upstream_error_body(resp.status, data, a.st.id), "application/json"
-                        await self._send_whole(send, resp.status, ctype, data, a)
-                        ok = resp.status < 500
-                        e2e_s = time.perf_counter() - t0
-                        self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(e2e_s)
-                        if not ok:
-                            self.replicas.record_failure(a.st, "status")
-                        elif resp.status == 200 and (m := _COMPLETION_TOKENS.search(data, max(0, len(data) - 512))):
-                            if (n := int(m.group(1))) > 0:
-                                self.replicas.record_latency(a.st, "e2e_per_token_s", e2e_s / n, a.probe)
-                finally:
-                    resp.release() if ok else resp.close()
-                if ok:
-                    self.replicas.record_success(a.st)
-                    if ctype.startswith("text/event-stream"):
-                        await self._end_stream(send, state, ctx, t0)
-                    return
-            except _UpstreamFailed as e:
-                last_error = str(e)
-                self.replicas.record_failure(a.st, e.kind)
-            except TimeoutError:  # before OSError: TimeoutError is one
-                last_error = f"timeout waiting for {a.st.id}"
-                self.replicas.record_failure(a.st, "timeout")
-            except ValueError as e:  # a URL the upstream client cannot use: this replica fails, others may not
-                last_error = f"{a.st.id}: {e}"
-                self.replicas.record_failure(a.st, "connect")
-            except OSError as e:  # refused, reset, closed early (UpstreamError)
-                last_error = f"{type(e).__name__} from {a.st.id}: {e}"
-                self.replicas.record_failure(a.st, "connect")
-            finally:
-                self._release(ctx, a, ok)
-            if broken is not None:
-                if ledger is not None:
-                    broken = await self._migrate(endpoint, send, raw, ctx, ledger, tried, broken)
-                if broken is None:
-                    await self._end_stream(send, state, ctx, t0)
-                    return
-                msg = f"{broken}; the response is incomplete"
-                event = json.dumps({"error": {"message": msg, "type": "upstream_error", "param": None, "code": 502}})
-                state.finished = True
-                await send({"type": "http.response.body", "body": f"data: {event}\n\ndata: [DONE]\n\n".encode(),
-                            "more_body": False})
-                self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
-                return
-        await self._respond_error(send, HttpError(502, f"upstream failed: {last_error}", "upstream_error"))
-
-    async def _end_stream(self, send: Callable, state, ctx: RequestContext, t0: float) -> None:
-        state.finished = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        self._lab(self.metrics.e2e, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
-
-    async def _migrate(self, endpoint: str, send: Callable, raw: bytes, ctx: RequestContext,
-                       ledger: StreamLedger, tried: set[str], broken: str) -> str | None:
-        """Continue a broken stream on other replicas (up to `migration_limit` continuations, see
-        `router.migration`); None when the client's stream is complete, else why it is not."""
-        ledger.settle()
-        body = json.loads(raw)  # the whole body (a chat body's parsed fields lack `messages`)
-        wants_ids = bool(body.get("return_token_ids"))
-        want_ids = wants_ids or ledger.strip_token_ids
-        up_headers = {"content-type": "application/json", "x-request-id": ctx.request_id}
-        count = self.metrics.migrations.labels
-        for n in range(1, self.config.migration_limit + 1):
-            if ledger.output_ended:
-                count("completed").inc()
-                if not ledger.done:
-                    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
-                return None
-            try:
-                kind, payload = continuation_body(body, endpoint, ledger, want_ids)
-            except NotContinuable as e:
-                count("not_continuable").inc()
-                return f"{broken}; not continued: {e}"
-            try:
-                a = await self._acquire(ctx, tried)
-            except HttpError as e:
-                count("no_replica").inc()
-                return f"{broken}; no replica to continue on: {e.message}"
-            _log.warning("request %s: %s; continuing on %s after %d tokens (migration %d of at most %d)",
-                         ctx.request_id, broken, a.st.id, ledger.generated_tokens, n, self.config.migration_limit)
-            self._admit(ctx, a)
-            tried.add(a.st.id)
-            ok = False
-            rewriter = SpliceRewriter(ledger, wants_ids, as_chat=endpoint != kind)
-            path = "/v1/completions" if kind == "completions" else "/v1/chat/completions"
-            try:
-                resp = await self._open(a, a.st.view.url + path, payload, up_headers)
-                try:
-                    if resp.status != 200 or not resp.headers.get("content-type", "").startswith("text/event-stream"):
-                        async with asyncio.timeout(self.config.read_timeout_s):
-                            detail = (await resp.read())[:200].decode("utf-8", "replace")
-                        raise _UpstreamFailed("status", f"HTTP {resp.status} from {a.st.id}: {detail}")
-                    failed = await self._stream(send, resp, ctx, a, 0.0, rewriter.take, started=True)
-                    ok = failed is None
-                finally:
-                    resp.release() if ok else resp.close()
-                if ok:
-                    if rest := rewriter.rest():
-                        await send({"type": "http.response.body", "body": rest, "more_body": True})
-                    self.replicas.record_success(a.st)
-                    count("continued").inc()
-                    return None
-                broken = failed  # type: ignore[assignment]
-            except _UpstreamFailed as e:
-                broken = str(e)
-                self.replicas.record_failure(a.st, e.kind)
-            except TimeoutError:
-                broken = f"timeout waiting for {a.st.id}"
-                self.replicas.record_failure(a.st, "timeout")
-            except (ValueError, OSError) as e:
-                broken = f"{type(e).__name__} from {a.st.id}: {e}"
-                self.replicas.record_failure(a.st, "connect")
-            finally:
-                self._release(ctx, a, ok)
-            count("failed").inc()
-        count("exhausted").inc()
-        return f"{broken}; {self.config.migration_limit} continuations failed"
-
-    async def _open(self, a: _Attempt, url: str, payload: bytes, headers: dict) -> UpstreamResponse:
-        assert self.upstream is not None, "router not started (use the ASGI lifespan or await router.start())"
-        watch = StallWatch(a.st, self.config.stall_timeout_s, self.config.first_byte_timeout_s, self.clock)
-        try:
-            async with watch:
-                return await self.upstream.request("POST", url, payload, headers)
-        except TimeoutError:
-            if watch.stalled:
-                raise _UpstreamFailed("stall", f"{a.st.id} is hung: none of its streams sent a byte for "
-                                               f"{self.config.stall_timeout_s:g} s") from None
-            raise
-
-    async def _send_whole(self, send: Callable, status: int, ctype: str, data: bytes, a: _Attempt) -> None:
-        headers = [
-            (b"content-type", (ctype or "application/json").encode("latin-1")),
-            (b"content-length", str(len(data)).encode()),
-            (b"x-zoe-replica", a.st.id.encode()),
-            (b"x-zoe-route-reason", a.decision.reason.encode()),
-        ]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": data})
-        self._lab(self.metrics.responses, str(status)).inc()
-
-    async def _stream(self, send: Callable, resp: UpstreamResponse, ctx: RequestContext, a: _Attempt,
-                      t0: float, take: Callable[[bytes], bytes] | None = None, started: bool = False) -> str | None:
-        """Pass an SSE body through chunk by chunk (through `take` when given: whole events, rewritten); None when
-        it ended cleanly, else what failed mid-stream (recorded against the replica; the client's stream stays
-        open for the caller to continue or end). `started`: the client's response already began (a
-        continuation). Failing before the first chunk raises, so the request can be retried."""
-        # Wait for the first chunk before answering, so a replica that fails before any byte can be retried.
-        cfg, st = self.config, a.st
-        watch = StallWatch(st, cfg.stall_timeout_s, cfg.first_byte_timeout_s, self.clock)
-        try:
-            async with watch:
-                first = await resp.readany()
-        except TimeoutError:
-            if watch.stalled:
-                raise _UpstreamFailed("stall", f"{st.id} is hung: none of its streams sent a byte for "
-                                               f"{cfg.stall_timeout_s:g} s") from None
-            raise
-        if not first:
-            raise _UpstreamFailed("midstream", f"{a.st.id} closed the stream before any event")
-        if not started:
-            headers = [
-                (b"content-type", b"text/event-stream"),
-                (b"x-zoe-replica", a.st.id.encode()),
-                (b"x-zoe-route-reason", a.decision.reason.encode()),
-                *_SSE_HEADERS,
-            ]
-            await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-            self._lab(self.metrics.ttft, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
-            self._lab(self.metrics.responses, str(resp.status)).inc()
-        data = take(first) if take is not None else first
-        if data or not started:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-        a.st.view.prefill_done(ctx, a.cached_tokens)
-        a.prefilled = True
-        clock = self.clock
-        first_at = resp.arrived_at  # arrival times, so a client that reads slowly does not slow the replica's figure
-        last_at = st.last_byte_at = clock()
-        st.hung = False
-        events = first.count(b"data: ")
-        st.decoding_streams += 1
-        try:
-            kind = None
-            while True:
-                try:
-                    async with asyncio.timeout(min(cfg.stall_timeout_s, cfg.read_timeout_s)):
-                        chunk = await resp.readany()
-                except TimeoutError:
-                    now = clock()
-                    verdict = stall_verdict(now, last_at, st.last_byte_at, st.decoding_streams, cfg.stall_timeout_s,
-                                            cfg.read_timeout_s, st.hung)
-                    if verdict == "wait":
-                        continue
-                    kind = "stall" if verdict == "stalled" else "timeout"
-                    detail = f"no byte for {now - last_at:.1f} s"
-                    break
-                if not chunk:
-                    break
-                last_at = st.last_byte_at = clock()
-                events += chunk.count(b"data: ")
-                if take is not None and not (chunk := take(chunk)):
-                    continue
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except OSError as e:  # UpstreamError
-            kind, detail = "midstream", type(e).__name__
-        finally:
-            st.decoding_streams -= 1
-        if kind is not None:
-            self.replicas.record_failure(st, kind)
-            return f"replica {st.id} failed mid-stream ({kind}: {detail})"
-        if events >= 4:  # [DONE] and a usage event end most streams; the gaps between token events remain
-            self.replicas.record_latency(st, "tpot_s", (resp.arrived_at - first_at) / (events - 1), a.probe)
-        return None
 
 def build_router(
     config: RouterConfig,
