@@ -89,9 +89,9 @@ def history(handle, rid: str) -> dict:
 
 def inject(kind: str, rep: dict) -> None:
     if kind == "engine crash":
-        os.killpg(rep["pids"][0], signal.SIGKILL)
+        os.killpg(rep["process_groups"][0], signal.SIGKILL)
     elif kind == "engine hang":
-        os.killpg(rep["pids"][0], signal.SIGSTOP)
+        os.killpg(rep["process_groups"][0], signal.SIGSTOP)
     else:
         os.kill(rep["member_pids"][0], signal.SIGKILL)
 
