@@ -26,6 +26,7 @@ from zoe_cluster.router.migration import (
     ask_token_ids,
     continuable,
     continuation_body,
+    final_usage_event,
     strip_token_ids,
 )
 
@@ -112,6 +113,20 @@ def test_a_chat_with_known_token_ids_continues_as_a_completion_and_reads_as_chat
     assert ev["object"] == "chat.completion.chunk" and ev["id"] == "k"
     assert ev["choices"] == [{"index": 0, "finish_reason": None, "delta": {"content": " there"}}]
     assert ledger.gen_ids == [7, 8] and "".join(ledger.text) == "Hi there"
+
+
+def test_a_stream_whose_output_ended_still_gets_its_usage_block():
+    ledger = StreamLedger("completions", strip_token_ids=True)
+    ledger.take(sse({"id": "c", "created": 2, "model": "m",
+                     "choices": [{"index": 0, "text": "ab", "prompt_token_ids": [1, 2, 3], "token_ids": [7, 8],
+                                  "finish_reason": "length"}]}))
+    ledger.settle()
+    assert ledger.output_ended
+    body = {"model": "m", "prompt": "x", "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+    ev = json.loads(events_of(final_usage_event(body, ledger).decode())[0])
+    assert ev["id"] == "c" and ev["choices"] == []
+    assert ev["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert final_usage_event({**body, "stream_options": None}, ledger) == b""
 
 
 def test_a_chat_continues_the_partial_assistant_message():

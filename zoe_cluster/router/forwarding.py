@@ -26,6 +26,7 @@ from zoe_cluster.router.migration import (
     chat_by_token_ids,
     continuable,
     continuation_body,
+    final_usage_event,
 )
 from zoe_cluster.router.replicas import ReplicaState
 from zoe_cluster.router.slowness import stall_verdict
@@ -170,7 +171,8 @@ class Forwarding:
             if ledger.output_ended:
                 count("completed").inc()
                 if not ledger.done:
-                    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+                    end = final_usage_event(body, ledger) + b"data: [DONE]\n\n"
+                    await send({"type": "http.response.body", "body": end, "more_body": True})
                 return None
             try:
                 kind, payload = continuation_body(body, endpoint, ledger, want_ids)

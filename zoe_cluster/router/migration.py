@@ -227,6 +227,18 @@ _CHAT_ONLY = ("messages", "tools", "tool_choice", "parallel_tool_calls", "functi
               "mm_processor_kwargs", "media_io_kwargs", "return_token_ids")
 
 
+def final_usage_event(body: dict[str, Any], ledger: StreamLedger) -> bytes:
+    """The usage event a stream whose output ended, but whose replica failed before its usage event, still owes
+    the client (`stream_options.include_usage`); b"" when none is owed or the prompt's token count is unknown."""
+    opts = body.get("stream_options")
+    if not isinstance(opts, dict) or not opts.get("include_usage") or ledger.usage_seen or ledger.prompt_ids is None:
+        return b""
+    prompt, done = len(ledger.prompt_ids), ledger.generated_tokens
+    event = {**ledger.first, "object": "chat.completion.chunk" if ledger.endpoint == "chat" else "text_completion",
+             "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}}
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
 def continuation_body(body: dict[str, Any], endpoint: str, ledger: StreamLedger,
                       want_ids: bool) -> tuple[str, bytes]:
     """The request that continues `ledger`'s stream on another replica, and its endpoint ("completions" or
