@@ -75,8 +75,10 @@ def serve_cmd(
 
     if time_scale <= 0:
         fail(f"--time-scale must be positive, got {time_scale}")
-    if metrics_mode not in ("vllm", "sglang"):
-        fail(f"--metrics must be 'vllm' or 'sglang', got '{metrics_mode}'")
+    from zoe_cluster.sim.metrics import DIALECTS
+
+    if metrics_mode not in DIALECTS:
+        fail(f"--metrics must be one of {', '.join(map(repr, DIALECTS))}, got '{metrics_mode}'")
     if not 0 < port < 65536:
         fail(f"--port must be in 1..65535, got {port}")
     from zoe_cluster.sim.load_time import LOAD_TIMES
