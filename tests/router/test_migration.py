@@ -20,6 +20,7 @@ from zoe_cluster.router.app import build_router
 from zoe_cluster.router.config import RouterConfig
 from zoe_cluster.router.membership import MemberReplica, Membership
 from zoe_cluster.router.migration import (
+    EngineErrorEvent,
     NotContinuable,
     SpliceRewriter,
     StreamLedger,
@@ -61,6 +62,20 @@ def test_token_ids_are_cut_from_events_of_any_size_and_nothing_else(prompt_ids):
     out = strip_token_ids(ev)
     assert json.loads(out[6:]) == {"id": "c", "choices": [{"index": 0, "text": 'say ,"token_ids":[1] please'},
                                                           {"index": 1, "text": ""}]}
+
+
+def test_an_engine_error_event_with_a_5xx_code_breaks_the_stream_and_a_4xx_one_reaches_the_client():
+    ledger = StreamLedger("completions", strip_token_ids=True)
+    tok = {"id": "c", "choices": [{"index": 0, "text": "a", "prompt_token_ids": [1], "token_ids": [5]}]}
+    dead = {"error": {"message": "EngineCore encountered an issue", "type": "InternalServerError", "param": None,
+                      "code": 500}}
+    with pytest.raises(EngineErrorEvent) as e:
+        ledger.take(sse(tok, dead, b"[DONE]"))
+    assert b'"text":"a"' in e.value.before and b"error" not in e.value.before and "EngineCore" in e.value.message
+    ledger.settle()
+    assert ledger.gen_ids == [5] and not ledger.done
+    bad = {"error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}}
+    assert b'"code":400' in StreamLedger("completions", strip_token_ids=False).take(sse(bad, b"[DONE]"))
 
 
 def test_a_completion_continues_from_token_ids_with_the_tokens_left():
@@ -258,3 +273,52 @@ def test_streams_on_a_hung_engine_continue_after_the_stall_timeout():
         assert router.metrics.migrations.labels("continued")._value.get() >= 1
     finally:
         _stop(procs)
+
+
+def _engine_that_dies_with_an_error_event(tokens_before: int):
+    """A stand-in for a vLLM whose engine core died while its API server lives: `tokens_before` token events in
+    vLLM's format (with the token ids the router asked for), then vLLM's EngineDeadError event and [DONE]."""
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    async def complete(request):
+        body = await request.json()
+        assert body["return_token_ids"] is True
+
+        async def events():
+            for i in range(tokens_before):
+                choice = {"index": 0, "text": "tok" + "abcdefghij"[i % 10], "logprobs": None, "finish_reason": None,
+                          "stop_reason": None, "prompt_token_ids": list(range(1, 31)) if i == 0 else None,
+                          "token_ids": [100 + i]}
+                yield sse({"id": "cmpl-dead", "object": "text_completion", "created": 1, "model": MODEL,
+                           "choices": [choice]})
+            yield sse({"error": {"message": "EngineCore encountered an issue. See stack trace for the root cause.",
+                                 "type": "InternalServerError", "param": None, "code": 500}}, b"[DONE]")
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/completions", complete, methods=["POST"])])
+
+
+@pytest.mark.slow
+def test_a_stream_ending_in_an_engine_error_event_continues_on_another_engine():
+    port = free_port()
+    proc = start_sim(port, "--time-scale", "0.05")
+    try:
+        wait_up(f"http://127.0.0.1:{port}", proc)
+        with ServerThread(_engine_that_dies_with_an_error_event(7)) as dying:
+            m = Membership(version=1, replicas=[
+                MemberReplica(id="dying/0/1", url=dying.url, engine="vllm", models=[MODEL]),
+                MemberReplica(id="sim/0/1", url=f"http://127.0.0.1:{port}", engine="sim", models=[MODEL])])
+            router = build_router(RouterConfig(policy="round_robin", health_interval_s=0), membership=m)
+            with ServerThread(router.app) as srv, httpx.Client(base_url=srv.url, timeout=60) as client:
+                body = {"model": MODEL, "prompt": "x" * 120, "max_tokens": 20, "stream": True,
+                        "stream_options": {"include_usage": True}}
+                r = client.post("/v1/completions", json=body)
+                assert r.headers["x-zoe-replica"] == "dying/0/1"
+                _check_stream(r, False, 20, 30)  # 7 tokens from the dying engine, 13 from the sim; 30 prompt ids
+        assert router.metrics.migrations.labels("continued")._value.get() == 1
+        assert router.metrics.upstream_errors.labels(replica="dying/0/1", kind="error_event")._value.get() == 1
+    finally:
+        _stop([proc])

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from zoe_cluster.router.errors import HttpError, upstream_error_body
 from zoe_cluster.router.migration import (
+    EngineErrorEvent,
     NotContinuable,
     SpliceRewriter,
     StreamLedger,
@@ -276,7 +277,11 @@ class Forwarding:
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
             self._lab(self.metrics.ttft, self._model_label(ctx.model)).observe(time.perf_counter() - t0)
             self._lab(self.metrics.responses, str(resp.status)).inc()
-        data = take(first) if take is not None else first
+        error = None
+        try:
+            data = take(first) if take is not None else first
+        except EngineErrorEvent as e:
+            data, error = e.before, e.message
         if data or not started:
             await send({"type": "http.response.body", "body": data, "more_body": True})
         a.st.view.prefill_done(ctx, a.cached_tokens)
@@ -288,8 +293,9 @@ class Forwarding:
         events = first.count(b"data: ")
         st.decoding_streams += 1
         try:
-            kind = None
-            while True:
+            kind = None if error is None else "error_event"
+            detail = error
+            while kind is None:
                 try:
                     async with asyncio.timeout(min(cfg.stall_timeout_s, cfg.read_timeout_s)):
                         chunk = await resp.readany()
@@ -306,8 +312,13 @@ class Forwarding:
                     break
                 last_at = st.last_byte_at = clock()
                 events += chunk.count(b"data: ")
-                if take is not None and not (chunk := take(chunk)):
-                    continue
+                if take is not None:
+                    try:
+                        chunk = take(chunk)
+                    except EngineErrorEvent as e:
+                        chunk, kind, detail = e.before, "error_event", e.message
+                    if not chunk:
+                        continue
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except OSError as e:  # UpstreamError
             kind, detail = "midstream", type(e).__name__

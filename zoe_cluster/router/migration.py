@@ -45,6 +45,27 @@ was missing), exhausted (`migration_limit` continuations failed), not_continuabl
 does not continue), no_replica (no other replica could take the continuation)."""
 
 
+class EngineErrorEvent(Exception):
+    """A stream carried an error event of the engine's own with a 5xx code (vLLM's EngineDeadError, a retryable
+    request error): the replica failed mid-stream. `before` holds the client's bytes of the whole events that
+    preceded it. An error event with a 4xx code is the request's problem and reaches the client as it is."""
+
+    def __init__(self, message: str, before: bytes) -> None:
+        super().__init__(message)
+        self.message, self.before = message, before
+
+
+def _server_error(event: dict[str, Any]) -> str | None:
+    """The message of an engine error event with a 5xx code, else None."""
+    err = event.get("error")
+    if not isinstance(err, dict):
+        return None
+    code = err.get("code")
+    if isinstance(code, int) and code >= 500:
+        return f"error event from the engine: {str(err.get('message'))[:200]}"
+    return None
+
+
 class NotContinuable(Exception):
     """The request or what it produced cannot be continued on another replica (the message says why)."""
 
@@ -113,8 +134,25 @@ class StreamLedger:
             return b""
         if cut < len(chunk):
             chunk, self._tail = chunk[:cut], chunk[cut:]
+        if b'{"error"' in chunk:  # cannot occur inside a JSON string (its quotes would be escaped)
+            chunk = self._until_server_error(chunk)
         self._raw.append(chunk)
         return strip_token_ids(chunk) if self.strip_token_ids else chunk
+
+    def _until_server_error(self, block: bytes) -> bytes:
+        """`block` as it is, or, when it holds an engine error event with a 5xx code, raise EngineErrorEvent with
+        the events before it (recorded here)."""
+        at = 0
+        for part in block.split(b"\n\n"):
+            end = at + len(part) + 2
+            for event in _events(part + b"\n\n"):
+                if event is not None and (msg := _server_error(event)) is not None:
+                    before = block[:at]
+                    if before:
+                        self._raw.append(before)
+                    raise EngineErrorEvent(msg, strip_token_ids(before) if self.strip_token_ids else before)
+            at = end
+        return block
 
     def rest(self) -> bytes:
         """What is left unfinished after the upstream ended cleanly (sent as it is)."""
@@ -312,12 +350,14 @@ class SpliceRewriter:
             self._tail = data
             return b""
         data, self._tail = data[:cut], data[cut:]
-        out = []
+        out: list[bytes] = []
         for event in _events(data):
             if event is None:
                 self.ledger.absorb(None)
                 out.append(b"data: [DONE]\n\n")
                 continue
+            if (msg := _server_error(event)) is not None:
+                raise EngineErrorEvent(msg, b"".join(out))
             event = self._rewrite(event)
             if event is not None:
                 out.append(b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n")
