@@ -10,6 +10,11 @@ files; a repeated file is a new user) and writes bench/agentic/policies.json (ea
 the `zoe sim replay --sessions` fields, plus the routing reasons, session moves, preemptions and the fleet's
 prefill load) and policies.png.
 
+`--retention` runs the tool-pause experiment instead (policies_retention.json): 32 live sessions on 4 replicas
+whose HBM is cut to `--retention-kv-tokens` (so thinking sessions' chains compete for it), HBM only and with the
+host tier: `prefix`, `prefix` placing new sessions by instantaneous load only (`session_tokens` 0: thinking
+sessions do not count), and `session_hash`.
+
 Derived columns: `share_of_ceiling` (twin-reported prefix hit rate over the reuse ceiling; with a host tier,
 HBM + host hits), `p90_over_floor` (TTFT p90 over the zero-wait floor p90: each request alone on an idle replica
 with every reusable block hit) and `prefill_load` (the fleet's busy share from prefill alone at the floor: the
@@ -34,10 +39,15 @@ POLICIES = ("prefix", "session_hash", "least_load", "round_robin")
 HOST_KV_GB = 2048
 """Host memory per replica (one 8-GPU node) for the KV tier, as bench/router/replay_compare.py gives it."""
 SATURATED_PREFILL_LOAD = 0.5
+RETENTION_KV_TOKENS = 700_000
+"""HBM KV per replica in the tool-pause experiment: about 7 of the sessions' ~100K-token chains, so 8 sessions per
+replica must share it (GLM-5.3's real 2.77M holds every chain of these runs)."""
+RETENTION_ARMS = (("prefix", "prefix", {}), ("prefix, thinking sessions not counted", "prefix", {"session_tokens": 0.0}),
+                  ("session_hash", "session_hash", {}))
 
 
 def run_one(traces: str, model: str, replicas: int, live: int, policy: str, host_kv_gb: float,
-            policy_options: dict[str, Any] | None = None) -> dict[str, Any]:
+            policy_options: dict[str, Any] | None = None, kv_tokens: int | None = None) -> dict[str, Any]:
     """One closed-loop replay (`zoe sim replay TRACES --sessions LIVE`); its report with the derived columns."""
     from zoe_cluster.agentic.replay import run_closed_loop
     from zoe_cluster.recipes import RecipeRegistry
@@ -45,7 +55,7 @@ def run_one(traces: str, model: str, replicas: int, live: int, policy: str, host
 
     t0 = time.perf_counter()
     rep = run_closed_loop(traces, live, replicas, policy, model=model, policy_options=policy_options,
-                          host_kv_gb=host_kv_gb)
+                          host_kv_gb=host_kv_gb, kv_tokens=kv_tokens)
     recipe = RecipeRegistry.default().get(model)
     per_token_s = calibrate(recipe, rep["variant"]).model.prefill_per_token_s
     hits = (rep["prefix_hit_rate"] or 0.0) + rep.get("host_hit_rate", 0.0)
@@ -55,7 +65,7 @@ def run_one(traces: str, model: str, replicas: int, live: int, policy: str, host
     prefill_load = cold_tokens * per_token_s / (replicas * rep["span_s"]) if rep["span_s"] else None
     return {
         "replicas": replicas, "live_sessions": live, "policy": policy, "host_kv_gb": host_kv_gb,
-        "policy_options": policy_options or {},
+        "policy_options": policy_options or {}, "kv_tokens": kv_tokens,
         "share_of_ceiling": hits / rep["reuse_ceiling"] if rep["reuse_ceiling"] else None,
         "p90_over_floor": rep["ttft_p90_s"] / floor_p90 if floor_p90 else None,
         "prefill_load": prefill_load,
@@ -76,7 +86,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(HERE / "policies.json"))
     ap.add_argument("--plot-only", action="store_true", help="redraw policies.png from --out")
+    ap.add_argument("--retention", action="store_true", help="the tool-pause experiment (policies_retention.json)")
+    ap.add_argument("--retention-kv-tokens", type=int, default=RETENTION_KV_TOKENS)
     args = ap.parse_args()
+    if args.retention:
+        return retention(args)
     out = Path(args.out)
     if not args.plot_only:
         combos = [(int(n), int(live), p, tier)
@@ -100,6 +114,24 @@ def main() -> None:
                "saturated_prefill_load": SATURATED_PREFILL_LOAD, "runs": rows}
         out.write_text(json.dumps(doc, indent=1) + "\n")
     plot(json.loads(out.read_text()), out.with_suffix(".png"))
+
+
+def retention(args: argparse.Namespace) -> None:
+    combos = [(name, pol, opts, tier) for tier in (0.0, args.host_kv_gb) for name, pol, opts in RETENTION_ARMS]
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futs = [pool.submit(run_one, args.traces, args.model, 4, 32, pol, tier, opts, args.retention_kv_tokens)
+                for _, pol, opts, tier in combos]
+        rows = []
+        for (name, *_), f in zip(combos, futs):
+            row = {"name": name, **f.result()}
+            rows.append(row)
+            r = row["report"]
+            print(f"{name}, host {row['host_kv_gb']:.0f} GB: hit {r['prefix_hit_rate']:.3f} + host "
+                  f"{r.get('host_hit_rate', 0):.3f} of {r['reuse_ceiling']:.3f}, TTFT p90 {r['ttft_p90_s']:.2f} s, "
+                  f"{r['output_tok_s_per_gpu']:.2f} tok/s/GPU", flush=True)
+    doc = {"command": "python bench/agentic/policies.py " + " ".join(sys.argv[1:]), "traces": args.traces,
+           "model": args.model, "runs": rows}
+    (HERE / "policies_retention.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:

@@ -151,20 +151,20 @@ def test_subagent_bursts_spread_and_keep_the_parents_prefix():
     assert session_family("s/agent_001") == ("s", "agent_001") and session_family("s") == ("s", None)
 
 
-def test_new_session_avoids_evicting_thinking_sessions_kv():
-    # replica 0 holds thinking sessions filling its HBM; replica 1 holds none but has a little prefill queued
-    p, reps = get_policy("prefix"), replicas(2, kv_capacity_tokens=100 * 512)
-    c = turn("a", "a", list(range(90)))
-    d = p.select(c, [reps[0]])
-    p.on_routed(c, d)
-    reps[0].admit(c, 0)
-    finish(p, c, d, reps)
+def test_a_new_session_avoids_the_replica_of_thinking_sessions():
+    # replica 0 holds three sessions in a tool pause; replica 1 holds none but has a little prefill queued
+    p, reps = get_policy("prefix"), replicas(2)
+    for k in range(3):
+        c = turn(f"s{k}", f"s{k}", [100 * k + j for j in range(10)])
+        d = p.select(c, [reps[0]])
+        p.on_routed(c, d)
+        reps[0].admit(c, 0)
+        finish(p, c, d, reps)
     reps[1].queued_prefill_tokens = 3_000
-    new = p.select(turn("b", "b", list(range(1000, 1040)), t=1), reps)
-    assert new.replica_id == "d/1/0"
-    plain = get_policy("prefix", kv_pressure_weight=0.0, session_tokens=0.0)
+    assert p.select(turn("n", "n", list(range(1000, 1040)), t=1), reps).replica_id == "d/1/0"
+    plain = get_policy("prefix", session_tokens=0.0)  # instantaneous load alone puts it with the thinkers
     plain._indexes, plain.sessions = p._indexes, p.sessions
-    assert plain.select(turn("b", "b", list(range(1000, 1040)), t=1), reps).replica_id == "d/0/0"
+    assert plain.select(turn("n", "n", list(range(1000, 1040)), t=1), reps).replica_id == "d/0/0"
 
 
 # --- KV tiers -------------------------------------------------------------------------------------------------

@@ -30,11 +30,10 @@ Sessions (`ctx.session`; `routing.sessions`):
   session moves with it ("session_move"): its later turns follow the new replica, and it does not move back
   unless that one saturates in turn. When every replica is saturated nobody moves (no death spiral of re-prefills).
 - **Placement of a new session** (or one whose chain is gone) adds what the replica has already promised:
-  `session_tokens` per live session bound there (thinking sessions come back), `sibling_tokens` per live sub-agent
-  of the same parent there (a burst of sub-agents spreads; each still matches the parent's shared prefix wherever
-  it is cached), and the KV pressure: tokens by which the live sessions' chains plus this request exceed the
-  replica's HBM cost `kv_pressure_weight` each (the host-tier share at `host_transfer_cost`), so a new session
-  does not evict the chains of sessions in a tool pause.
+  `session_tokens` per live session bound there (running or thinking: a session in a tool pause comes back, and
+  its chain stays warm only if new sessions do not crowd its replica), and `sibling_tokens` per live sub-agent of
+  the same parent there (a burst of sub-agents spreads; each still matches the parent's shared prefix wherever it
+  is cached).
 - A session is live from its first request until it has been idle (nothing in flight) for `session_idle_s`.
 
 Context-length pools (`routing.pools`) apply to `least_load` and `prefix`.
@@ -183,11 +182,6 @@ class PrefixConfig(PoolConfig):
         default=8192.0, ge=0,
         description="Placing a new sub-agent: cost per live sub-agent of the same parent on the replica.",
     )
-    kv_pressure_weight: float = Field(
-        default=1.0, ge=0,
-        description="Placing a new session: cost per token by which live sessions' KV plus the request would "
-        "exceed the replica's HBM (host-tier share at host_transfer_cost).",
-    )
     session_idle_s: float = Field(
         default=300.0, gt=0, description="A session idle this long (nothing in flight) is forgotten (it ended)."
     )
@@ -253,19 +247,13 @@ class PrefixPolicy(Policy, name="prefix"):
         return cost
 
     def placement_cost(self, ctx: RequestContext, r: ReplicaView) -> float:
-        """What placing a new session on r adds to `cost`: the sessions it already holds, sibling sub-agents there,
-        and the KV the request would push out of HBM."""
+        """What placing a new session on r adds to `cost`: the live sessions it already holds and the live sibling
+        sub-agents there."""
         c = self.config
-        held = self.sessions.on_replica(r.replica_id)
-        extra = c.session_tokens * held.sessions
+        extra = c.session_tokens * self.sessions.on_replica(r.replica_id).sessions
         family, agent = session_family(ctx.session or "")
         if agent is not None:
             extra += c.sibling_tokens * self.sessions.siblings_on(family, r.replica_id)
-        if c.kv_pressure_weight:
-            need = held.context_tokens + ctx.prompt_tokens + ctx.max_tokens
-            past_hbm = max(0, need - r.kv_capacity_tokens)
-            past_all = max(0, need - max(r.kv_capacity_tokens, r.host_kv_capacity_tokens))
-            extra += c.kv_pressure_weight * (c.host_transfer_cost * (past_hbm - past_all) + past_all)
         return extra
 
     def session_saturated(self, r: ReplicaView) -> bool:
