@@ -40,8 +40,8 @@ FORMATS = {"bf16": (0, "*bf16", "*bf16"), "fp8": (1, "*fp8e4nv", "*fp32"), "w4a1
 
 # The tl.dot stages at M=1 (one tile per edge): (label, FMT code, weight type, scale type, stage-1 gated, BLOCK_N,
 # num_warps, num_stages, SPLIT_K, activation type[, operands swapped: `grouped_gemm._dot_w_mx_swapped`, which the
-# 16-row align-based tiles of mxfp4 run (`config.SWAP_AB_TILES16`); compiled here as one tile per edge, the same
-# K loop)
+# align-based tiles of up to 32 rows of mxfp4 run (`config.SWAP_AB_FORMATS`); compiled here as one tile per edge,
+# the same K loop)
 DOT_KERNELS = [
     ("fp8 stage1", 1, "*fp8e4nv", "*fp32", True, 32, 4, 4, 1, "*fp8e4nv"),
     ("fp8 stage2", 1, "*fp8e4nv", "*fp32", False, 128, 4, 4, 2, "*fp8e4nv"),
@@ -81,7 +81,7 @@ def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap
     const = dict(GATED=gated, ATOMIC=not gated, FMT=fmt, A_FMT="bf16", BLOCK_M=16, BLOCK_N=bn, BLOCK_K=128,
                  FP8_GROUP=128, INT4_GROUP=128, MX_GROUP=32, EDGE_TILES=True,
                  SPLIT_K=split, ZBLOCK=16 if gated else 0, PTX=True, JOIN_K=False,
-                 SWAP_AB=swap, MX_BF16_SHIFT=64,
+                 SWAP_AB=swap, MX_WORD=False, MX_BF16_SHIFT=64,
                  stride_ak=1, stride_wk=1, stride_on=1, stride_ask=1, stride_wsk=1)  # unit strides: JIT constants
     sig = _signature(fn, ptrs, const)
     attrs = _aligned(fn, sig)

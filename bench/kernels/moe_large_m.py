@@ -6,7 +6,7 @@
 One run measures its own ceilings (device copy and read bandwidth, bf16 and fp8 matrix rates on random data), then
 per shape and M times, for every format:
 - "zoe": `fused_moe` as dispatched; the 4-bit formats also "zoe_fused" (the fused kernels, never the dequant
-  path), "zoe_dequant" (`path="dequant"`) and, on tiles of 64+ rows, "zoe_fused_split" (`JOIN_K` off);
+  path) and, from M=256, "zoe_dequant" (`path="dequant"`);
 - the baselines: bf16 `torch._grouped_mm`; fp8 `torch._scaled_grouped_mm` with rowwise scales, with and without
   fast accumulation (`use_fast_accum`).
 Every timed configuration is first checked against the float32 reference of its own weights (relative error of
@@ -14,8 +14,8 @@ the norm, NaN-poisoned scratch for zoe). Each time is a CUDA graph of R back-to-
 (R = 4 for M <= 64, 2 for M <= 512, 1 above), and the zoe and baseline rows also an isolated call after a
 write of 4x the L2 (clean L2): the median replay of [flush, call] minus that of [flush] alone.
 --fp8-numerics adds fp8's error and time per tile height (16..128 rows); --tolerance the errors the GPU tests see,
-per format, path and tile height; --dequant-tiles times the dequantization alone; --fp8-small-m fp8's launch modes
-at small M (FP8_SMALL_M); --tile-sweep the 4-bit tiles at large M (TILE_SWEEP, or those of --tile-variants).
+per format, path and tile height; --dequant-tiles times the dequantization alone; --tile-sweep the 4-bit tiles at
+large M (TILE_SWEEP, or those of --tile-variants).
 Writes DIR/moe_large_m.json and prints one line per (shape, M).
 """
 
@@ -120,26 +120,13 @@ class _NoDequant:
         self.fm._dequant_measured_faster = self.saved
 
 
-class _Split:
-    """The wide 4-bit tiles with the activations split into halves (`JOIN_K` off), for the side-by-side."""
-
-    def __enter__(self):
-        from zoe_kernels.moe import config
-
-        self.config, self.saved = config, config.JOIN_K_MIN_BLOCK_M
-        config.JOIN_K_MIN_BLOCK_M = 1 << 30
-
-    def __exit__(self, *exc):
-        self.config.JOIN_K_MIN_BLOCK_M = self.saved
-
-
 def bench_shape(name: str, ms: list[int], deadline: float, ceil: dict, rows: list, isolated: bool, save) -> None:
     import contextlib
 
     import torch
 
     from zoe_kernels.moe import fused_moe
-    from zoe_kernels.moe.config import JOIN_K_MIN_BLOCK_M, block_m_for
+    from zoe_kernels.moe.config import block_m_for
     from zoe_kernels.moe.fallback import grouped_mm_moe
     from zoe_kernels.moe.reference import fused_moe_reference
 
@@ -158,11 +145,11 @@ def bench_shape(name: str, ms: list[int], deadline: float, ceil: dict, rows: lis
         routes = [make_routing(shape, m, seed=1000 * m + r, device="cuda") for r in range(reps)]
         xs = [torch.randn((m, h), dtype=torch.bfloat16, device="cuda") for _ in range(reps)]
         unique = statistics.mean(len(torch.unique(ti)) for _, ti in routes)
-        bm = block_m_for(m, shape["k"] + shape["shared"], e_tot)
         line = [f"{name} M={m:5d}"]
 
         def record(fmt, provider, make_call, ref, tol, ctx=contextlib.nullcontext, iso=False):
             floor, nbytes, flops = roofline_us(shape, fmt, m, unique, ceil)
+            bm = block_m_for(m, shape["k"] + shape["shared"], e_tot, fmt)
             row = {"shape": name, **{k: shape[k] for k in ("H", "I", "E", "k", "shared")}, "M": m, "fmt": fmt,
                    "provider": provider, "block_m": bm, "unique_experts": unique, "bytes": nbytes, "flops": flops,
                    "floor_us": round(floor, 2)}
@@ -200,8 +187,6 @@ def bench_shape(name: str, ms: list[int], deadline: float, ceil: dict, rows: lis
                 record(fmt, "zoe_fused", zoe(), ref, TOLERANCE[fmt], ctx=_NoDequant)
                 if m >= 256:
                     record(fmt, "zoe_dequant", zoe("dequant"), ref, TOLERANCE[fmt])
-                if bm >= JOIN_K_MIN_BLOCK_M:
-                    record(fmt, "zoe_fused_split", zoe(), ref, TOLERANCE[fmt], ctx=lambda: _Split())
             del ref
         w13, _, w2, _ = weights["bf16"]
         ref = fused_moe_reference(xs[0], w13, w2, routes[0][0], routes[0][1], emulate_kernel_rounding=False)
@@ -282,77 +267,9 @@ def tolerance_errors(rows: list) -> None:
         print(f"[tolerance] {fmt:6s} {variant:16s} worst rel err over 4 seeds {err:.3e}", flush=True)
 
 
-class _Patch:
-    """Set attributes of `zoe_kernels.moe.config` for the duration (the bench's side-by-side variants)."""
-
-    def __init__(self, **values):
-        self.values = values
-
-    def __enter__(self):
-        from zoe_kernels.moe import config
-
-        self.saved = {k: getattr(config, k) for k in self.values}
-        for k, v in self.values.items():
-            setattr(config, k, v)
-
-    def __exit__(self, *exc):
-        from zoe_kernels.moe import config
-
-        for k, v in self.saved.items():
-            setattr(config, k, v)
-
-
-# fp8's small-M launch modes timed side by side (`--fp8-small-m`): name -> config values
-FP8_SMALL_M = {
-    "committed": {},
-    "launch-quant": {"DOT_M1_QUANT_A": False},
-}
-
-
-def fp8_small_m(rows: list, ceil: dict, ms: list[int]) -> None:
-    """fp8 at small M per launch mode (FP8_SMALL_M: the M=1 mode's activations quantized in the stage kernels or by
-    two launches), each checked over NaN-poisoned scratch against the float32
-    reference, timed back to back (4 routings) and as an isolated call; the modes interleaved twice."""
-    import torch
-
-    from zoe_kernels.moe import fused_moe
-    from zoe_kernels.moe.reference import fused_moe_reference
-
-    for name in ("dsv32", "glm5"):
-        shape = SHAPES[name]
-        w13, s13, w2, s2 = make_weights(shape, "fp8", "cuda")
-        flush = torch.empty(4 * ceil["l2_bytes"] // 4, dtype=torch.float32, device="cuda")
-        for m in ms:
-            routes = [make_routing(shape, m, seed=77 * m + r, device="cuda") for r in range(4)]
-            xs = [torch.randn((m, shape["H"]), dtype=torch.bfloat16, device="cuda") for _ in range(4)]
-            unique = statistics.mean(len(torch.unique(ti)) for _, ti in routes)
-            floor = roofline_us(shape, "fp8", m, unique, ceil)[0]
-            ref = fused_moe_reference(xs[0], w13, w2, *routes[0], fmt="fp8", w13_scale=s13, w2_scale=s2)
-
-            def call(r, alloc=torch.empty):
-                return lambda: fused_moe(xs[r], w13, w2, *routes[r], fmt="fp8", w13_scale=s13, w2_scale=s2,
-                                         alloc=alloc)
-            for rnd in range(2):
-                for variant, values in FP8_SMALL_M.items():
-                    with _Patch(**values):
-                        out = call(0, nan_alloc)()
-                        err = ((out.float() - ref).norm() / ref.norm()).item()
-                        ok = bool(torch.isfinite(out).all()) and err < TOLERANCE["fp8"]
-                        us = time_graph([call(r) for r in range(4)])
-                        ius = time_isolated(call(0), flush)
-                    rows.append({"shape": name, "M": m, "variant": variant, "round": rnd, "rel_err": err, "ok": ok,
-                                 "median_us": round(us, 2), "isolated_us": round(ius, 2), "floor_us": round(floor, 2),
-                                 "pct_roofline": round(100 * floor / us, 1),
-                                 "isolated_pct_roofline": round(100 * floor / ius, 1)})
-                    print(f"[fp8-small-m] {name} M={m:3d} {variant:20s} {us:8.1f} us ({100 * floor / us:4.1f} %), "
-                          f"isolated {ius:8.1f} ({100 * floor / ius:4.1f} %), err {err:.2e}{'' if ok else ' !'}",
-                          flush=True)
-        del w13, w2, flush
-        torch.cuda.empty_cache()
-
-
 # Tiles of the 4-bit tl.dot stages at large M: name -> {stage: (BLOCK_N, BLOCK_K, num_warps, num_stages)} for tiles
-# of 64+ rows, plus "join32" (JOIN_K from 32 rows) and "bm16" (16-row tiles, mxfp4 swapped) for the 32-row regime.
+# of 64+ rows, plus "join32" (JOIN_K from 32 rows), "swap32" (32-row tiles with the operands swapped, mxfp4) and "bm16"
+# (16-row tiles, mxfp4 swapped) for the 32-row regime.
 TILE_SWEEP = {
     "committed": {},
     "bk64": {1: (64, 64, 8, 3), 2: (128, 64, 8, 3)},
@@ -382,7 +299,7 @@ def tile_sweep(rows: list, ms: list[int], names: list[str] | None = None) -> Non
             tw, ti = make_routing(shape, m, seed=9 + m, device="cuda")
             x = torch.randn((m, shape["H"]), dtype=torch.bfloat16, device="cuda")
             ref = fused_moe_reference(x, w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2)
-            bm = config.block_m_for(m, shape["k"], shape["E"])
+            bm = config.block_m_for(m, shape["k"], shape["E"], fmt)
             variants = dict(TILE_SWEEP) if bm >= 64 else {"committed": {}, "join32": "join32", "swap32": "swap32",
                                                          "bm16": {"block_m": 16}}
             if names:
@@ -546,7 +463,6 @@ def main() -> None:
     ap.add_argument("--dequant-tiles", action="store_true")
     ap.add_argument("--tile-sweep", default="", help="Ms at which to time the 4-bit tiles of TILE_SWEEP")
     ap.add_argument("--tile-variants", default="", help="names of TILE_SWEEP to time (default: all)")
-    ap.add_argument("--fp8-small-m", default="", help="Ms at which to time fp8's launch modes (FP8_SMALL_M)")
     ap.add_argument("--tolerance", action="store_true", help="the GPU tests' errors per format, path, tile height")
     ap.add_argument("--crossover", type=Path, help="merge a results file's paths into kernels/moe/crossover.json")
     args = ap.parse_args()
@@ -573,10 +489,6 @@ def main() -> None:
     if args.tolerance:
         meta["tolerance_errors"] = []
         tolerance_errors(meta["tolerance_errors"])
-    if args.fp8_small_m:
-        meta["fp8_small_m"] = []
-        fp8_small_m(meta["fp8_small_m"], meta["ceilings"], [int(m) for m in args.fp8_small_m.split(",")])
-        result.write_text(json.dumps(meta | {"rows": rows}, indent=1))
     if args.tile_sweep:
         meta["tile_sweep"] = []
         tile_sweep(meta["tile_sweep"], [int(m) for m in args.tile_sweep.split(",")],

@@ -20,15 +20,23 @@ def target_programs() -> int:
     return PROGRAMS_PER_SM * sm_count()
 
 
-def block_m_for(m: int, top_k: int, num_experts: int) -> int:
-    """Rows per tile, from the expected edges per active expert."""
+# Edges per active expert above which the 4-bit formats take 128-row tiles (the float formats above 96). Why: a
+# 4-bit tile decodes each weight tile once for all its rows, so taller tiles pay even half empty: H200,
+# DeepSeek-V3.2, M=3072 (96 edges per expert): w4a16 7.6 against 9.1 ms on 64-row tiles, mxfp4 7.9 against 9.6
+# (raw/moe_m1_launch_modes_tiles_h200_b.json). Retune: `moe_large_m.py --tile-sweep 2048,3072` (bm128 variants).
+FOUR_BIT_BLOCK_M128_ABOVE = 64
+
+
+def block_m_for(m: int, top_k: int, num_experts: int, fmt: str = "bf16") -> int:
+    """Rows per tile, from the expected edges per active expert (and the format: FOUR_BIT_BLOCK_M128_ABOVE)."""
     edges = m * top_k
     per_expert = edges / max(1, min(num_experts, edges))
     if per_expert <= 16:
         return 16
     if per_expert <= 32:
         return 32
-    return 64 if per_expert <= 96 else 128
+    wide_above = FOUR_BIT_BLOCK_M128_ABOVE if fmt in FOUR_BIT_FORMATS else 96
+    return 64 if per_expert <= wide_above else 128
 
 
 def fp8_act_quant_for(block_m: int) -> bool:
@@ -63,11 +71,14 @@ DEQUANT_WORKSPACE_BYTES = 16 << 30
 # (rows, packed bytes per row, num_warps) of one dequantization program. Why: the fastest of the tiles timed on the
 # H200 (DeepSeek-V3.2's gate+up weights, bound by the bf16 writes). Retune: `moe_large_m.py --dequant-tiles`.
 DEQUANT_TILE = (16, 128, 4)
-# Formats whose 16-row tiles (BLOCK_N >= 64) swap the MMA's operands (`grouped_gemm._dot_w_mx_swapped`): mxfp4,
-# whose decode then takes the row's e8m0 scales as one word per K step (about 4 sm_90a instructions per weight in
-# the K loop against 11). Why: 27-35 % less time at M = 64..512 on every measured shape; w4a16 swapped was 6-10 %
-# slower. Retune: `bench/kernels/moe_bench.py --providers zoe_dot` with this set changed.
-SWAP_AB_TILES16 = {"mxfp4"}
+# Formats whose tiles of at most SWAP_AB_MAX_BLOCK_M rows (BLOCK_N >= 64) swap the MMA's operands
+# (`grouped_gemm._dot_w_mx_swapped`): mxfp4, whose decode then takes the row's e8m0 scales as one word per K step
+# (about 4 sm_90a instructions per weight in the K loop against 11). Why (H200): on 16-row tiles 27-35 % less time
+# at M = 64..512 on every measured shape; on 32-row tiles DeepSeek-V3.2 M=1024 6.3 against 8.8 ms joined and 9.3
+# split (raw/moe_m1_launch_modes_tiles_h200_b.json); w4a16 swapped was 6-10 % slower on 16 rows, 1 % on 32.
+# Retune: `bench/kernels/moe_bench.py --providers zoe_dot` with this set changed, `moe_large_m.py --tile-sweep 1024`.
+SWAP_AB_FORMATS = {"mxfp4"}
+SWAP_AB_MAX_BLOCK_M = 32
 
 
 # Bytes per element of a stage's A (activations: fp8 under w8a8, else 16-bit) and weight tiles as loaded, per format.
@@ -92,7 +103,7 @@ def fit_stages(stages: int, bm: int, bn: int, bk: int, fmt: str, gated: bool) ->
 def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str, *, gated: bool,
                  block_m: int | None = None) -> dict:
     """Launch parameters for one stage: n output columns (I for stage 1, H for stage 2), k reduction length."""
-    bm = block_m or block_m_for(m, top_k, num_experts)
+    bm = block_m or block_m_for(m, top_k, num_experts, fmt)
     edges = m * top_k
     active = min(num_experts, edges)
     tiles_m = active * -(-max(1, edges // max(1, active)) // bm)
@@ -101,7 +112,7 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
     if interpreting():
         # The interpreter pays per program and loop step: few, large tiles.
         return {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1,
-                "JOIN_K": join_k, "SWAP_AB": bm == 16 and fmt in SWAP_AB_TILES16}
+                "JOIN_K": join_k, "SWAP_AB": bm <= SWAP_AB_MAX_BLOCK_M and fmt in SWAP_AB_FORMATS}
     if bm >= 64:
         bn = 128
         warps = 8 if bm == 128 else 4
@@ -110,9 +121,10 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
             bn = 64  # two accumulators (gate, up) plus the scaled partial product: keep registers in bounds
         if fmt in FOUR_BIT_FORMATS:
             # 4 warps and K steps of 64 (65 KB of shared memory, <= 255 registers): two programs per SM, so one
-            # program's decode overlaps the other's MMAs. H200, DeepSeek-V3.2 (`moe_large_m.py --tile-sweep`):
-            # w4a16 M=4096 11.8 against 13.7 ms with 8 warps and K steps of 128, M=16384 37.3-38.1 against 41.8;
-            # mxfp4 13.3 against 15.6 and 40.1 against 47.1. Retune with that sweep.
+            # program's decode overlaps the other's MMAs. H200, DeepSeek-V3.2 (`moe_large_m.py --tile-sweep`,
+            # raw/moe_m1_launch_modes_tiles_h200_b.json): w4a16 M=6144 15.3 against 19.7 ms with 8 warps, mxfp4
+            # 15.3 against 20.6; 4-deep pipelines within 1 %, 64-row tiles 5-8 % slower, 256-row tiles with 8 warps
+            # 8-27 % slower (_a.json). Retune with that sweep.
             warps, bk = 4, 64
     else:
         bn = 64 if gated else 128
@@ -122,7 +134,7 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
         stages = 4 if fmt in ("fp8", "w4a16", "mxfp4") else 3
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps,
             "num_stages": fit_stages(stages, bm, bn, bk, fmt, gated),
-            "JOIN_K": join_k, "SWAP_AB": bm == 16 and bn >= 64 and fmt in SWAP_AB_TILES16}
+            "JOIN_K": join_k, "SWAP_AB": bm <= SWAP_AB_MAX_BLOCK_M and bn >= 64 and fmt in SWAP_AB_FORMATS}
 
 
 # The tl.dot path at M=1 in its launch-saving mode: one tile per edge with the expert read from topk_ids (no
@@ -135,20 +147,9 @@ DOT_M1_TILES: dict[str, dict[int, tuple]] = {"fp8": {1: (32, 4, 4), 2: (128, 4, 
 # The mode runs from this many routed experts per token up: the measured shapes route 8 or 9 (ZAYA1's top-1
 # keeps the align-based tiles, not measured in this mode on the GPU).
 DOT_M1_MIN_TOP_K = 8
-# The M=1 mode quantizes fp8's 16-bit activations inside the stage kernels (each program its edge's row, per K step
-# of one group: the numbers of `act_quant.quantize_act_fp8`) instead of two quantization launches.
-# Retune: `bench/kernels/moe_large_m.py --fp8-small-m 1` times it both ways.
-DOT_M1_QUANT_A = True
 # Split-K keeps at least this many K steps per program. Why: the TP8 slice (I = 256, 2 K steps) ran slower split
 # (10.8 against 10.0 us for stage 2). Retune: `moe_fp8_m1_sweep.py` on a short-I shape.
 MIN_K_STEPS_PER_SPLIT = 4
-
-
-def dot_m1_quant_a() -> bool:
-    """Whether the M=1 mode quantizes fp8 activations in the stage kernels (DOT_M1_QUANT_A); never in the CPU
-    interpreter, whose fp32 -> fp8 cast drops the carry into the exponent (127 becomes 64; `act_quant.py` runs
-    PyTorch there for the same reason)."""
-    return DOT_M1_QUANT_A and not interpreting()
 
 
 def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] | None:

@@ -5,9 +5,8 @@
 with vLLM's `fused_experts` layout: w13 [E, 2I, H] (rows: gate then up), w2 [E, H, I]. Launches: align
 (bucket edges by expert, `align.py`), stage 1 (gate+up GEMM, SwiGLU epilogue) and stage 2 (down GEMM,
 top-k weighted combine epilogue), `grouped_gemm.py`; fp8 (w8a8) adds two activation-quantization launches.
-At M=1 a format in `config.DOT_M1_TILES` (fp8) drops align (one tile per edge, experts read from topk_ids), the
-accumulator's memset (stage 1 zeroes it) and, with `config.DOT_M1_QUANT_A`, the two quantization launches (each
-program quantizes its edge's row), and splits stage 2 along K.
+At M=1 a format in `config.DOT_M1_TILES` (fp8) drops align (one tile per edge, experts read
+from topk_ids) and the accumulator's memset (stage 1 zeroes it), and splits stage 2 along K.
 With few tokens per expert (decode) the GEMV path (`gemv.py`) runs instead: two launches, no align, no
 activation quantization (`config.use_gemv` picks by the expected edges per expert, measured per format).
 With many tokens the 4-bit formats may take the dequant path (`dequant.py`: the weights dequantized into a
@@ -28,7 +27,6 @@ from zoe_kernels.moe.config import (
     block_m_for,
     dot_m1_configs,
     fp8_act_quant_for,
-    dot_m1_quant_a,
     gemv_config,
     mx_native,
     stage_config,
@@ -164,7 +162,7 @@ def fused_moe(
     if path != "dot":
         raise ValueError(f"path must be 'gemv', 'dot', 'dequant' or None, got {path!r}")
     m1 = None if block_m is not None else dot_m1_configs(m, fmt, top_k, i)
-    bm = block_m or (m1[0]["BLOCK_M"] if m1 else block_m_for(m, top_k, e))
+    bm = block_m or (m1[0]["BLOCK_M"] if m1 else block_m_for(m, top_k, e, fmt))
     if fp8_act_quant is None:
         fp8_act_quant = fp8_act_quant_for(bm)
     kfmt = kernel_format(fmt, fp8_act_quant=fp8_act_quant, mx_native=mx_native())
@@ -176,11 +174,8 @@ def fused_moe(
         cfg2 = stage_config(m, top_k, e, h, i, fmt, gated=False, block_m=bm)
         align = moe_align(topk_ids.contiguous(), e, bm)
 
-    # fp8's M=1 mode quantizes its 16-bit activations inside the stage kernels (two launches fewer)
-    quant_a = kfmt == KernelFormat.FP8_W8A8 and m1 is not None and x.element_size() == 2 and dot_m1_quant_a()
-    cfg1, cfg2 = cfg1 | {"QUANT_A": quant_a}, cfg2 | {"QUANT_A": quant_a}
     x_scale = None
-    if kfmt == KernelFormat.FP8_W8A8 and not quant_a:
+    if kfmt == KernelFormat.FP8_W8A8:
         x, x_scale = quantize_act_fp8(x)
     elif kfmt == KernelFormat.MXFP4_NATIVE:  # both operands of the scaled f8f6f4 MFMA in 8 bits or fewer
         x, x_scale = quantize_act_mxfp8(x)
@@ -193,7 +188,7 @@ def fused_moe(
                    zero=acc if m1 else None)
 
     inter_scale = None
-    if kfmt == KernelFormat.FP8_W8A8 and not quant_a:
+    if kfmt == KernelFormat.FP8_W8A8:
         inter, inter_scale = quantize_act_fp8(inter)
     elif kfmt == KernelFormat.MXFP4_NATIVE:
         inter, inter_scale = quantize_act_mxfp8(inter)

@@ -19,10 +19,12 @@ in 16 bits) measured slower on the H200, where e4m3 -> bf16 takes several instru
 formats decode each K tile's low nibbles (even k) and high nibbles (odd k) as two halves. On narrow tiles the
 activations, one pipelined load, are split into the matching halves in registers (two dots per step); on tiles of
 `config.JOIN_K_MIN_BLOCK_M` rows or more (`JOIN_K`) the decoded halves are interleaved into one K tile instead, so
-the activations feed the MMA from shared memory. int4 decodes by a magic-number or (PTX where `platform.has_ptx`,
-`dot_decode.py`); mxfp4 uses `tl.dot_scaled` where the hardware scales natively (gfx950), with the activations
-quantized to MXFP8 (`act_quant_mx.py`) so both operands feed the scaled f8f6f4 MFMA, and in-register
-dequantization elsewhere. mxfp4 on 16-row tiles (`SWAP_AB`, from `config.stage_config`) swaps the operands,
+the activations feed the MMA from shared memory, and the group scales are applied inside the decode (int4: the scale
+rounded to the 16-bit dtype, one paired fma per two weights; mxfp4: the row's scale bytes of 128 k as one 32-bit
+word where K is whole words, `mx_word_scales_supported`). int4 decodes by a magic-number or (PTX where
+`platform.has_ptx`, `dot_decode.py`); mxfp4 uses `tl.dot_scaled` where the hardware scales natively (gfx950), with
+the activations quantized to MXFP8 (`act_quant_mx.py`) so both operands feed the scaled f8f6f4 MFMA, and in-register
+dequantization elsewhere. mxfp4 on tiles of up to 32 rows (`SWAP_AB`, from `config.stage_config`) swaps the operands,
 out^T = W @ x^T: the decoded weights become wgmma's register operand and the row's e8m0 scales one 32-bit load per
 K step applied inside the decode (`_dot_w_mx_swapped`).
 """
@@ -37,7 +39,7 @@ import triton.language as tl
 
 from zoe_kernels.moe.dot_decode import MX_BF16_SHIFT, _e2m1_scaled_halves, _int4_halves, _int4_scaled_halves
 from zoe_kernels.moe.formats import FP8_BLOCK, INT4_GROUP, MX_GROUP
-from zoe_kernels.platform import fp8_max, has_ptx
+from zoe_kernels.platform import has_ptx
 
 FP8_GROUP = FP8_BLOCK  # the fp8 activations' quantization group along K
 
@@ -210,8 +212,7 @@ def _expert_gemm_kernel(
     FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr,
     EDGE_TILES: tl.constexpr,
     SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr, PTX: tl.constexpr, JOIN_K: tl.constexpr,
-    SWAP_AB: tl.constexpr, MX_WORD: tl.constexpr, MX_BF16_SHIFT: tl.constexpr, QUANT_A: tl.constexpr,
-    FP8_MAX: tl.constexpr,
+    SWAP_AB: tl.constexpr, MX_WORD: tl.constexpr, MX_BF16_SHIFT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if ZBLOCK > 0:  # stage 1 zeroes stage 2's float32 accumulator (saves a memset launch)
@@ -229,9 +230,7 @@ def _expert_gemm_kernel(
         offs_m = tl.arange(0, BLOCK_M)
         row_mask = offs_m == 0
         edge = tl.where(row_mask, pid_m, num_edges)
-        a_row0 = (pid_m // top_k if GATED else pid_m).to(tl.int64)  # the A row of the tile's one edge
     else:
-        a_row0 = 0
         if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
             return
         expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -297,15 +296,6 @@ def _expert_gemm_kernel(
                                 stride_ask, _FLOAT, BLOCK_K, FP8_GROUP)
                 if not JOIN_K:
                     a, a2 = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
-            elif QUANT_A:  # fp8 w8a8, one tile per edge: the edge's 16-bit row quantized here per K step (= group)
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                xr = tl.load(a_ptr + a_row0 * stride_am + offs_k * stride_ak, mask=offs_k < K, other=0.0)
-                xr = xr.to(tl.float32)
-                s_row = tl.maximum(tl.max(tl.abs(xr), axis=0), 1e-10) / FP8_MAX
-                q_row = tl.clamp(xr / s_row, -FP8_MAX, FP8_MAX).to(w_ptr.dtype.element_ty)
-                a = tl.where(row_mask[:, None], tl.broadcast_to(q_row[None, :], (BLOCK_M, BLOCK_K)), 0.0)
-                a = a.to(w_ptr.dtype.element_ty)
-                a2 = tl.where(row_mask, s_row, 0.0)
             else:
                 a, a2 = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
                                 stride_ask, FMT, BLOCK_K, FP8_GROUP)
@@ -387,13 +377,8 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
     sorted_ids, block_expert, num_padded = align
     edge_tiles = block_expert is None  # align = (topk_ids flattened, None, None): one tile per edge
     split_k = cfg.get("SPLIT_K", 1)
-    quant_a = bool(cfg.get("QUANT_A", False)) and kfmt == KernelFormat.FP8_W8A8
-    if quant_a and (cfg["BLOCK_K"] != FP8_GROUP or a.element_size() != 2 or not edge_tiles):
-        raise ValueError("fp8 w8a8 quantizing in the kernel takes one tile per edge, 16-bit activations and K "
-                         "steps of one group")
-    if kfmt == KernelFormat.FP8_W8A8 and a_scale is None and not quant_a:
-        raise ValueError("fp8 w8a8 takes the activations quantized (`act_quant.quantize_act_fp8`) with their scales,"
-                         " or 16-bit ones with cfg QUANT_A")
+    if kfmt == KernelFormat.FP8_W8A8 and a_scale is None:
+        raise ValueError("fp8 w8a8 takes the activations quantized (`act_quant.quantize_act_fp8`) with their scales")
     if kfmt == KernelFormat.MXFP4_NATIVE and (a_scale is None or a.dtype != torch.float8_e4m3fn):
         raise ValueError("native mxfp4 takes MXFP8 activations (`act_quant_mx.quantize_act_mxfp8`) with their scales")
     if split_k > 1 and not atomic:
@@ -404,7 +389,7 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
     tiles_m = num_edges if edge_tiles else block_expert.numel()
     programs = tiles_m * triton.cdiv(n, cfg["BLOCK_N"]) * split_k
     zblock = 0 if zero is None else max(16, triton.next_power_of_2(triton.cdiv(zero.numel(), max(1, programs))))
-    scaled_a = kfmt in (KernelFormat.FP8_W8A8, KernelFormat.MXFP4_NATIVE) and not quant_a
+    scaled_a = kfmt in (KernelFormat.FP8_W8A8, KernelFormat.MXFP4_NATIVE)
     a_s_strides = (a_scale.stride(0), a_scale.stride(1)) if scaled_a else (0, 0)
     ws_strides = (w_scale.stride(0), w_scale.stride(1), w_scale.stride(2)) if w_scale.dim() == 3 else (0, 0, 0)
     swap = (bool(cfg.get("SWAP_AB", False)) and kfmt == KernelFormat.MXFP4
@@ -424,8 +409,8 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP,
         EDGE_TILES=edge_tiles, SPLIT_K=split_k,
         ZBLOCK=zblock, PTX=has_ptx(), JOIN_K=cfg.get("JOIN_K", False), SWAP_AB=swap, MX_WORD=mx_word,
-        MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0, QUANT_A=quant_a,
-        FP8_MAX=fp8_max(w.dtype) if quant_a else 0.0, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
 
 

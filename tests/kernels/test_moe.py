@@ -443,12 +443,12 @@ def test_dot_path_e2m1_scaled_decode_exactly(dtype):
 
 @pytest.mark.parametrize("swap", [True, False])
 def test_dot_path_mxfp4_swapped_operands(swap, monkeypatch):
-    """mxfp4 on 16-row tiles with the operands swapped (`config.SWAP_AB_TILES16`: weights as the MMA's first
-    operand, scale words) and not: H and I whole K steps (both stages swapped), I off them (stage 2 falls back to
-    the unswapped form), an invalid id, top-k 4, NaN-poisoned scratch."""
+    """mxfp4 on 16- and 32-row tiles with the operands swapped (`config.SWAP_AB_FORMATS`: weights as the MMA's
+    first operand, scale words) and not: H and I whole K steps (both stages swapped), I off them (stage 2 falls back
+    to the unswapped form), an invalid id, top-k 4, NaN-poisoned scratch."""
     from zoe_kernels.moe import config
 
-    monkeypatch.setattr(config, "SWAP_AB_TILES16", {"mxfp4"} if swap else set())
+    monkeypatch.setattr(config, "SWAP_AB_FORMATS", {"mxfp4"} if swap else set())
     monkeypatch.setattr(config, "PROGRAMS_PER_SM", 0)  # on a GPU the tiny grid would cut BLOCK_N below 64 (no swap)
     dtype = DTYPES[0]
     for m, h, i in ((1, 256, 256), (5, 256, 128), (3, 128, 200)):
@@ -458,23 +458,31 @@ def test_dot_path_mxfp4_swapped_operands(swap, monkeypatch):
         assert mx_swap_supported(kw["w2_scale"], i, 128) == (i % 128 == 0)
         # one int32 holds a step's scales: steps of 2 or 8 groups are refused, not decoded wrongly
         assert not mx_swap_supported(kw["w2_scale"], i, 64) and not mx_swap_supported(kw["w2_scale"], i, 256)
-        out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dot", **kw)
-        assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
-        assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol("mxfp4", dtype)
+        assert config.stage_config(m, 4, 8, i, h, "mxfp4", gated=True, block_m=32)["SWAP_AB"] == swap
+        assert not config.stage_config(m, 4, 8, i, h, "mxfp4", gated=True, block_m=64)["SWAP_AB"]
+        for block_m in (None, 32):
+            out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, path="dot", block_m=block_m, **kw)
+            assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
+            assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol("mxfp4", dtype)
 
 
 @pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
 @pytest.mark.parametrize("join_k", [True, False])
 def test_dot_path_4bit_halves_joined_or_split(fmt, join_k, monkeypatch):
     """The 4-bit tl.dot path with the decoded weight halves joined into one K tile (`JOIN_K`, tiles of
-    `config.JOIN_K_MIN_BLOCK_M` rows or more) and with the activations split into halves, on 16- and 64-row tiles:
-    H off the K step, an invalid id, an empty expert, NaN-poisoned scratch."""
+    `config.JOIN_K_MIN_BLOCK_M` rows or more; the group scales applied in the decode, mxfp4's as a word per row where
+    K is whole words: stage 2 here) and with the activations split into halves, on 16- and 64-row tiles, with K
+    steps of 128 and of 64 (a step starting mid-word): H off the K step, an invalid id, an empty expert,
+    NaN-poisoned scratch."""
     from zoe_kernels.moe import config
 
+    fm = sys.modules["zoe_kernels.moe.fused_moe"]  # the package's `fused_moe` is the function
     monkeypatch.setattr(config, "JOIN_K_MIN_BLOCK_M", 16 if join_k else 1 << 30)
-    monkeypatch.setattr(config, "SWAP_AB_TILES16", set())
+    monkeypatch.setattr(config, "SWAP_AB_FORMATS", set())
+    original = fm.stage_config
     dtype = DTYPES[0]
-    for m, block_m in ((5, 16), (40, 64)):
+    for m, block_m, block_k in ((5, 16, 128), (40, 64, 128), (40, 64, 64)):
+        monkeypatch.setattr(fm, "stage_config", lambda *a, bk=block_k, **kw: original(*a, **kw) | {"BLOCK_K": bk})
         x, w13, w2, tw, ti, kw = _problem(m, 200, 128, 6, 2, fmt, dtype, seed=zlib.crc32(f"join{fmt}{m}".encode()),
                                           experts=5)
         ti[1, 0] = -1
