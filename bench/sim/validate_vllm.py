@@ -224,7 +224,8 @@ def main() -> None:
             live["errors_vs_twin"] = errors(live, twin)
             live["machine_load_1min"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]
             lives.append(live)
-            print(f"rate {rate}/s repeat {rep}: live {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in live.items() if k != 'errors_vs_twin'})}", flush=True)
+            shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in live.items() if k != "errors_vs_twin"}
+            print(f"rate {rate}/s repeat {rep}: live {json.dumps(shown)}", flush=True)
         med = {m: statistics.median(x[m] for x in lives) for m in (*METRICS, *ENGINE_METRICS, "preemptions")}
         med["prefix_hit_rate"] = statistics.median(x["prefix_hit_rate"] for x in lives)
         noise = {m: (max(x[m] for x in lives) / min(x[m] for x in lives) - 1) * 100 for m in (*METRICS, *ENGINE_METRICS)}

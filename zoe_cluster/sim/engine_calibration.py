@@ -11,7 +11,7 @@ The sweeps, each through zoe's bench client (`zoe_cluster.bench`), against whate
 - **Decode by context**: one stream at several prompt lengths (tok/s by context). Kept beside the profile as a
   check, not fitted: the step model has one context term, which the prefill sweep (many cells, long prompts)
   measures far better than a few single-stream decodes whose per-token attention cost sits below a shared
-  machine's noise (fitted, their slope replaced the prefill's and put the twin's long-prompt TTFT off by 10x).
+  machine's noise (`calibrate` would let their slope set the context term of prefill steps too).
 - **KV cache**: the block size from the prefix-cache hits of a repeated prompt (the engine caches whole blocks, so
   a prompt of N tokens hits the largest multiple of the block size below N), checked against the capacity the
   engine reports (vLLM's `vllm:cache_config_info`, SGLang's `sglang:max_total_num_tokens`, the simulated
@@ -19,15 +19,15 @@ The sweeps, each through zoe's bench client (`zoe_cluster.bench`), against whate
 - **Weights load time**: not observable through the OpenAI API of a running engine; left out of the profile.
 
 Each figure is the median over the runs of its cell (a shared machine's stalls move means more than medians), with
-the std beside it. The measurements become a recipe `Profile` (every figure sourced "measured by zoe sim calibrate (engine version,
-date)"), which `calibrate.calibrate` fits exactly as it fits the seed's tables (one implementation of the fit).
+the std beside it. The measurements become a recipe `Profile` (every figure sourced "measured by zoe sim calibrate
+(engine version, date)"), which `calibrate.calibrate` fits exactly as it fits the seed's tables (one implementation
+of the fit).
 The written file (`EngineProfile`) holds that profile, the scheduler settings the twin needs, the fitted step
 model and its error; it is written only when every sweep completed (`complete: true`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import random
 import time
