@@ -23,10 +23,12 @@ from zoe_cluster.router.membership import MemberReplica, Membership
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 ADMIN = {"Authorization": "Bearer adm"}
-COMPLETION = {"model": "tiny", "prompt": "The quick brown fox jumps over the lazy dog. " * 8, "max_tokens": 400,
-              "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+MAX_TOKENS = 1500  # long enough that both streams still run when the engine is killed
+COMPLETION = {"model": "tiny", "prompt": "The quick brown fox jumps over the lazy dog. " * 8,
+              "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True, "stream": True,
+              "stream_options": {"include_usage": True}}
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me about the lazy dog and the fox. " * 6}],
-        "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True,
+        "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True}}
 
 
@@ -67,30 +69,34 @@ def test_killing_the_engine_mid_stream_gives_the_text_of_an_uninterrupted_run(vl
             ref_c = read_stream(client, "/v1/completions", COMPLETION, [], chat=False)
             ref_k = read_stream(client, "/v1/chat/completions", CHAT, [], chat=True)
             assert ref_c["replica"] == ref_k["replica"] == "tiny/1/1"
-            assert ref_c["usage"]["completion_tokens"] == ref_k["usage"]["completion_tokens"] == 400
+            assert ref_c["usage"]["completion_tokens"] == ref_k["usage"]["completion_tokens"] == MAX_TOKENS
             # the same two requests on replica 0, killed once both streams are under way
             assert client.post("/admin/replicas/tiny/0/1/undrain", headers=ADMIN).status_code == 200
             assert client.post("/admin/replicas/tiny/1/1/drain", headers=ADMIN).status_code == 200
             seen_c: list[str] = []
             seen_k: list[str] = []
-            with cf.ThreadPoolExecutor(2) as pool:
-                fut_c = pool.submit(read_stream, client, "/v1/completions", COMPLETION, seen_c, False)
-                fut_k = pool.submit(read_stream, client, "/v1/chat/completions", CHAT, seen_k, True)
+            def wait_for(seen: list, fut) -> None:
                 deadline = time.monotonic() + 120
-                while (len(seen_c) < 10 or len(seen_k) < 10) and time.monotonic() < deadline:
-                    assert not fut_c.done() and not fut_k.done(), "a stream ended before the engine was killed"
-                    time.sleep(0.01)
+                while len(seen) < 10 and time.monotonic() < deadline:
+                    assert not fut.done(), "a stream ended before the engine was killed"
+                    time.sleep(0.005)
+
+            with cf.ThreadPoolExecutor(2) as pool:
+                fut_k = pool.submit(read_stream, client, "/v1/chat/completions", CHAT, seen_k, True)
+                wait_for(seen_k, fut_k)
+                fut_c = pool.submit(read_stream, client, "/v1/completions", COMPLETION, seen_c, False)
+                wait_for(seen_c, fut_c)
                 assert client.post("/admin/replicas/tiny/1/1/undrain", headers=ADMIN).status_code == 200
                 os.killpg(servers[0].proc.pid, signal.SIGKILL)
                 killed_after = (len(seen_c), len(seen_k))
                 got_c, got_k = fut_c.result(), fut_k.result()
         assert got_c["replica"] == got_k["replica"] == "tiny/0/1"
-        assert killed_after[0] < 400 and killed_after[1] < 400
+        assert killed_after[0] < MAX_TOKENS and killed_after[1] < MAX_TOKENS
         assert router.metrics.migrations.labels("continued")._value.get() == 2
         for got, ref in ((got_c, ref_c), (got_k, ref_k)):
             assert not got["errors"] and len(got["ids"]) == 1
             assert got["text"] == ref["text"]
-            assert got["usage"]["completion_tokens"] == 400
+            assert got["usage"]["completion_tokens"] == MAX_TOKENS
             assert got["usage"]["prompt_tokens"] == ref["usage"]["prompt_tokens"]
     finally:
         for s in servers:
