@@ -107,12 +107,12 @@ def test_indexer_patches_match_vllms_reference_logits_and_topk(release, tmp_path
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("release", VLLM_RELEASES)
+@pytest.mark.parametrize("release", [r for r in VLLM_RELEASES if release_number(r) >= (0, 32)])
 def test_triton_experts_patch_finishes_every_way_vllm_does(release, tmp_path):
-    """The GPU fused-MoE patch (`TritonExperts.apply`) on each verified release's real class, zoe's Triton kernel
-    run by Triton's interpreter: its own top-k sum on every release; on 0.33 also a post-GEMM2 hook (handed
-    vLLM's route-major unweighted rows) and a subclass that overrides the finish (given those rows unweighted,
-    `output` left to it)."""
+    """The GPU fused-MoE patch (`TritonExperts.apply`) on the real class of 0.32 (0.29 gets the same wrapper) and
+    0.33, zoe's Triton kernel run by Triton's interpreter: its own top-k sum; on 0.33 also a
+    post-GEMM2 hook (handed vLLM's route-major unweighted rows) and a subclass that overrides the finish (given
+    those rows unweighted, `output` left to it)."""
     python, env = engine_env("vllm", release)
     proc = subprocess.run([python, str(PROBE), "moe_finish", str(tmp_path)], capture_output=True, text=True,
                           timeout=300, env={**env, "TRITON_INTERPRET": "1"}, cwd=REPO)  # fmt: skip
