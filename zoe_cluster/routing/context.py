@@ -84,8 +84,8 @@ class ReplicaView:
     blocks for it, so the router forgets what the engine must have evicted."""
     host_kv_capacity_tokens: int = 0
     """KV tokens the replica's engine also keeps in a host-memory tier (KV offloading: vLLM's offloading
-    connector, LMCache, SGLang HiCache), written through from HBM; 0 when it has none. The prefix index is sized
-    to the larger of the two tiers (`cache_capacity_tokens`)."""
+    connector, LMCache, SGLang HiCache), written through from HBM; 0 when it has none. The prefix policy's index
+    keeps a set per tier (`PrefixIndex.match_tiers`) and prices a host-tier hit at its transfer cost."""
     max_active_requests: int = 256
     """Requests the replica takes at once before the router counts it as saturated (its max_num_seqs)."""
     active_requests: int = 0
