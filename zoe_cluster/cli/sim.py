@@ -37,6 +37,23 @@ def _calibrate(recipe, variant):  # type: ignore[no-untyped-def]
         fail(str(e))
 
 
+def _measured_engine(path: Path, kv_tokens: Optional[int]):  # type: ignore[no-untyped-def]
+    """(recipe, variant, calibration, kv_tokens) of a `zoe sim calibrate --url` profile; `kv_tokens` given on the
+    command line overrides the measured capacity. A bad file exits naming the file and field."""
+    from zoe_cluster.sim.calibrate import CalibrationError
+    from zoe_cluster.sim.engine_calibration import MEASURED_VARIANT, load_engine_profile
+
+    try:
+        prof = load_engine_profile(path)  # its errors name the file and field
+    except ValueError as e:
+        fail(f"--profile: {e}")
+    try:
+        cal = prof.calibration()
+    except CalibrationError as e:
+        fail(f"--profile: {path}: {e}")
+    return prof.recipe(), MEASURED_VARIANT, cal, kv_tokens if kv_tokens is not None else prof.scheduler.kv_tokens
+
+
 @sim_app.command("serve")
 def serve_cmd(
     model: str = typer.Option(..., "--model", help="Recipe name, e.g. glm-5.3."),
@@ -272,8 +289,11 @@ def _calibrate_live(url, model, out, plot, json_out, mnbt, mns, kv_tokens, lengt
 def replay_cmd(
     trace: Path = typer.Argument(..., help="Mooncake JSONL trace (timestamp, input_length, output_length, hash_ids), "
                                            "or with --sessions a session file or directory (docs/agentic.md)."),
-    model: str = typer.Option(..., "--model"),
+    model: Optional[str] = typer.Option(None, "--model", help="Recipe name (or --profile)."),
     variant: Optional[str] = typer.Option(None, "--variant"),
+    profile: Optional[Path] = typer.Option(
+        None, "--profile", help="Engine profile written by `zoe sim calibrate --url` (instead of --model): replicas of "
+                                "the measured engine, its step model, KV capacity and scheduler limits."),
     replicas: int = typer.Option(1, "--replicas", help="Simulated replicas behind the router."),
     policy: str = typer.Option("prefix", "--policy", help="Routing policy (zoe_cluster.routing registry)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N requests (with --sessions: files)."),
@@ -289,7 +309,9 @@ def replay_cmd(
         None, "--total-sessions", help="Session instances in all (default: max(--sessions, files)); files cycle."),
     think_cap_s: float = typer.Option(60.0, "--think-cap-s", help="Longest think time between requests, s."),
     block_tokens: Optional[int] = typer.Option(
-        None, "--block-tokens", help="Tokens per hash id (default: the trace's block_size); prompts scale with it."),
+        None, "--block-tokens", min=1,
+        help="Tokens per hash id. A trace: default 512 (Mooncake's). --sessions: default the files' block_size, and "
+             "prompts scale with it (a profile's block size scales them to its engine)."),
     max_input_tokens: Optional[int] = typer.Option(
         None, "--max-input-tokens", help="Cut longer prompts to this many tokens (default: the model's context)."),
     max_output_tokens: Optional[int] = typer.Option(None, "--max-output-tokens", help="Cap output tokens."),
@@ -298,7 +320,8 @@ def replay_cmd(
     """Replay a trace on N simulated replicas behind the router's real policy code, on the virtual clock: a
     Mooncake trace open-loop, or agentic sessions closed-loop (--sessions)."""
     from zoe_cluster.routing import policy_names
-    from zoe_cluster.sim.replay import TraceError, load_mooncake, replay
+    from zoe_cluster.routing.hashing import MOONCAKE_BLOCK_TOKENS
+    from zoe_cluster.sim.replay import RowSource, TraceError, load_mooncake, replay
 
     if replicas <= 0:
         fail(f"--replicas must be positive, got {replicas}")
@@ -306,7 +329,15 @@ def replay_cmd(
         fail(f"unknown policy '{policy}'; known: {', '.join(policy_names())}")
     if limit is not None and limit <= 0:
         fail(f"--limit must be positive, got {limit}")
-    recipe, name = _recipe_variant(model, variant)
+    if profile is not None:
+        if model is not None or variant is not None:
+            fail("--profile is the engine to replay on: leave out --model and --variant")
+        recipe, name, cal, kv_tokens = _measured_engine(profile, kv_tokens)
+    elif model is None:
+        fail("give --model (a recipe) or --profile (a measured engine)")
+    else:
+        recipe, name = _recipe_variant(model, variant)
+        cal = _calibrate(recipe, name)
     if sessions is not None:
         from zoe_cluster.agentic.cli import replay_sessions_cmd
         from zoe_cluster.agentic.options import SessionOptions
@@ -314,24 +345,23 @@ def replay_cmd(
         opts = SessionOptions(sessions, total_sessions, think_cap_s, block_tokens,
                               max_input_tokens or recipe.architecture.max_context_tokens, max_output_tokens,
                               warmup_requests, limit_files=limit)
-        return replay_sessions_cmd(trace, opts, recipe, name, _calibrate(recipe, name), replicas, policy,
-                                   kv_tokens, host_kv_gb, json_out)
+        return replay_sessions_cmd(trace, opts, recipe, name, cal, replicas, policy, kv_tokens, host_kv_gb, json_out)
     try:
         rows = load_mooncake(trace, limit)
     except TraceError as e:
         fail(str(e))
     if not rows:
         fail(f"{trace}: no requests")
-    cal = _calibrate(recipe, name)
+    source = RowSource(rows, block_tokens or MOONCAKE_BLOCK_TOKENS)
     if json_out:
-        res = replay(recipe, name, rows, replicas, policy, calibration=cal, kv_tokens=kv_tokens,
+        res = replay(recipe, name, source, replicas, policy, calibration=cal, kv_tokens=kv_tokens,
                      host_kv_gb=host_kv_gb)
         return print_json(res.to_dict())
     from rich.progress import Progress
 
     with Progress(console=console, transient=True) as prog:
         task = prog.add_task(f"replaying {len(rows):,} requests", total=len(rows))
-        res = replay(recipe, name, rows, replicas, policy, calibration=cal, kv_tokens=kv_tokens,
+        res = replay(recipe, name, source, replicas, policy, calibration=cal, kv_tokens=kv_tokens,
                      host_kv_gb=host_kv_gb, progress=lambda n: prog.update(task, completed=n))
     d = res.to_dict()
     for k in ("requests", "completed", "dropped", "prefix_hit_rate", "host_hit_rate", "ttft_p50_s", "ttft_p90_s",
