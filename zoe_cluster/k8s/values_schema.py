@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from zoe_cluster.engines import get_adapter
 from zoe_cluster.recipes import Recipe, RecipeRegistry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,13 +97,14 @@ def generated_schema(base: dict[str, Any], recipes: list[Recipe], policies: list
         "type": "string", "description": "Engine override; empty means the variant's engine.", "$comment": GENERATED,
         "enum": [""] + list(engines),
     }
+    simulated = [e for e in engines if get_adapter(e).is_simulated]
     model["allOf"] = _per_model(
         recipes,
         lambda name: {"properties": {"name": {"const": name}}},
         lambda r: {"properties": {
             "variant": {"enum": [""] + sorted(r.variants)},
             # the simulated engine serves any variant; a GPU engine only the variants that run on it
-            "engine": {"enum": ["", "sim"] + sorted({v.engine for v in r.variants.values()})},
+            "engine": {"enum": ["", *simulated] + sorted({v.engine for v in r.variants.values()})},
         }},
     )
     schema["properties"]["router"]["properties"]["policy"] = {

@@ -161,9 +161,11 @@ class EngineProfile(_Strict):
                 "intended": {"concurrency": [1, s.max_num_seqs], "context_tokens": [1, s.max_model_len or s.kv_tokens]},
             }},
         }
-        if self.engine == "vllm":
-            data["variants"][MEASURED_VARIANT]["block_size"] = s.block_tokens
-        return Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data)
+        measured = recipe.variants[MEASURED_VARIANT]
+        if "block_size" in type(measured).model_fields:  # the engine's variant sets its KV block size (vLLM's does)
+            recipe.variants[MEASURED_VARIANT] = measured.model_copy(update={"block_size": s.block_tokens})
+        return recipe
 
     def calibration(self) -> Calibration:
         """The twin's step model, fitted to the measured profile by `calibrate.calibrate`."""

@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from zoe_cluster.engines.vllm import VllmAdapter
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.router.request_checks import RequestError, check_sampling, parse_json_body
 from zoe_cluster.routing.context import DEFAULT_MAX_TOKENS
@@ -59,7 +60,7 @@ class ServerConfig:
     """How long the simulated weights load takes: `fast` (FAST_LOAD_S) or `real` (profile.weights_load_s)."""
     startup_s: float | None = None
     """Simulated start-up time (weights load), overriding `load_time`; None: as `load_time` says."""
-    metrics_mode: MetricsMode = "vllm"
+    metrics_mode: MetricsMode = VllmAdapter.name
     max_model_len: int | None = None
     """Longest prompt + output, tokens; None: the model's max_context_tokens."""
     kv_tokens: int | None = None
