@@ -1,0 +1,141 @@
+"""`RouterFleet`: N routers with their own prefix state behind a random or affinity front, sharing the replicas'
+load; registered only inside `fleet_registered()`."""
+
+from __future__ import annotations
+
+import pytest
+
+from zoe_cluster.routing import POLICIES, PolicyConfigError, ReplicaView, context_from_trace, get_policy, policy_names
+from zoe_cluster.routing.router_fleet import (
+    FLEET_POLICY,
+    RouterFleet,
+    RouterFleetConfig,
+    fleet_options,
+    fleet_registered,
+)
+
+
+def replicas(n):
+    return [ReplicaView(f"d/{i}/0", f"http://r{i}") for i in range(n)]
+
+
+def ctx(rid, ids, session=None):
+    return context_from_trace(rid, "m", ids, 512 * len(ids), 10, session=session)
+
+
+def fleet(**kw):
+    return RouterFleet(RouterFleetConfig(**kw))
+
+
+def route(policy, c, reps):
+    d = policy.select(c, reps)
+    policy.on_routed(c, d)
+    next(r for r in reps if r.replica_id == d.replica_id).admit(c, d.matched_tokens(c))
+    return d
+
+
+def test_registered_only_inside_the_block_and_built_by_name():
+    assert FLEET_POLICY not in policy_names()
+    with fleet_registered() as name:
+        assert name in policy_names()
+        pol = get_policy(name, **fleet_options(3, "affinity", policy="round_robin"))
+        assert isinstance(pol, RouterFleet) and len(pol.routers) == 3
+        assert {type(r).name for r in pol.routers} == {"round_robin"}
+        assert len({id(r) for r in pol.routers}) == 3  # each router its own instance
+    assert FLEET_POLICY not in POLICIES
+
+
+def test_bad_inner_policy_or_front_is_a_config_error():
+    with pytest.raises(PolicyConfigError, match="unknown routing policy 'nope'"):
+        fleet_options(2, "random", policy="nope")
+    with pytest.raises(PolicyConfigError, match="policy 'prefix'"):
+        fleet_options(2, "random", options={"no_such_knob": 1})
+    with pytest.raises(PolicyConfigError, match="front"):
+        fleet_options(2, "sticky")
+    with pytest.raises(PolicyConfigError, match="routers"):
+        fleet_options(0, "random")
+
+
+def test_affinity_front_keeps_a_session_and_a_prefix_on_one_router():
+    f = fleet(routers=4, front="affinity")
+    assert len({f.router_for(ctx(f"s{i}", [i, 100 + i], session="conv-7")) for i in range(50)}) == 1
+    assert len({f.router_for(ctx(f"p{i}", [9, 100 + i])) for i in range(50)}) == 1  # same first block
+    spread = {f.router_for(ctx(f"k{i}", [i, 7], session=f"conv-{i}")) for i in range(200)}
+    assert spread == {0, 1, 2, 3}
+
+
+def test_affinity_blocks_spreads_prompts_that_share_a_system_prompt():
+    one = fleet(routers=4, front="affinity")
+    two = fleet(routers=4, front="affinity", affinity_blocks=2)
+    convs = [[0, 1000 + c, 2000 + c] for c in range(200)]  # every conversation opens with block 0
+    assert len({one.router_for(ctx(f"a{c}", ids)) for c, ids in enumerate(convs)}) == 1
+    assert len({two.router_for(ctx(f"b{c}", ids)) for c, ids in enumerate(convs)}) == 4
+    # a later turn (the same first two blocks, more after them) stays on its conversation's router
+    for c, ids in enumerate(convs):
+        assert two.router_for(ctx(f"t{c}", [*ids, 5000 + c])) == two.router_for(ctx(f"u{c}", ids))
+    assert two.router_for(ctx("short", [0])) == one.router_for(ctx("short", [0]))  # fewer blocks: the last one
+
+
+def test_random_front_is_seeded_and_spreads():
+    def draw(seed):
+        f = fleet(routers=4, front="random", seed=seed)
+        return [f.router_for(ctx(f"r{i}", [1])) for i in range(400)]
+
+    draws = [draw(0), draw(0), draw(1)]
+    assert draws[0] == draws[1] and draws[0] != draws[2]
+    assert all(60 < draws[0].count(k) < 140 for k in range(4))
+
+
+def test_each_router_keeps_its_own_prefix_index_but_shares_load():
+    reps = replicas(4)
+    f = fleet(routers=2, front="random", seed=3)
+    first = route(f, ctx("a", [1, 2, 3, 4]), reps)
+    owner = f._router_of["a"]
+    other = 1 - owner
+    # the router that routed it learned the prefix; the other one did not
+    assert f.routers[owner].select(ctx("x", [1, 2, 3, 4]), reps).matched_blocks == 4
+    assert f.routers[other].select(ctx("y", [1, 2, 3, 4]), reps).matched_blocks == 0
+    # both read the same load: the replica it went to counts one active request for either router
+    assert next(r for r in reps if r.replica_id == first.replica_id).active_requests == 1
+
+
+def test_affinity_front_matches_one_router_and_random_loses_hits():
+    """A conversation's turns on 8 replicas: with affinity every later turn finds its prefix, as one router does
+    (each router learns the shared first block once); behind a random front a turn often lands on a router that
+    never saw the conversation."""
+    def run(pol):
+        reps = replicas(8)
+        matched = 0
+        for turn in range(6):
+            for c in range(40):
+                c_ = ctx(f"{c}-{turn}", [0, 1000 + c, *range(10_000 * c, 10_000 * c + turn + 1)], session=f"s{c}")
+                d = route(pol, c_, reps)
+                matched += d.matched_blocks
+                pol.on_finished(c_, d.replica_id, True)
+                next(r for r in reps if r.replica_id == d.replica_id).finish(c_, d.matched_tokens(c_))
+        return matched
+
+    one = run(get_policy("prefix"))
+    assert run(fleet(routers=4, front="affinity")) >= 0.97 * one
+    assert run(fleet(routers=4, front="random")) < 0.8 * one
+
+
+def test_removals_and_evictions_reach_every_router():
+    seen = []
+
+    class Spy:
+        def __init__(self, k):
+            self.k = k
+
+        def on_replica_removed(self, rid):
+            seen.append(("removed", self.k, rid))
+
+        def on_cache_evicted(self, rid, tokens):
+            seen.append(("evicted", self.k, rid, tokens))
+
+    f = fleet(routers=3, front="random")
+    f.routers = [Spy(k) for k in range(3)]  # type: ignore[list-item]
+    f.on_replica_removed("d/1/0")
+    f.on_cache_evicted("d/2/0", None)
+    assert [s[1] for s in seen if s[0] == "removed"] == [0, 1, 2]
+    assert [s[1] for s in seen if s[0] == "evicted"] == [0, 1, 2]

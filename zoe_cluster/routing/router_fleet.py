@@ -1,0 +1,161 @@
+"""Several router instances behind one front: what `zoe sim replay --routers N` routes with.
+
+A deployment with N router pods runs N copies of the routing policy, each with its own learned state (prefix
+index, session table); what they share is what every router observes from the engines: the replicas' load. The
+`RouterFleet` policy models that: it holds N inner policy instances and a front that hands each request to one
+of them, and the chosen router decides alone. Every router reads the same `ReplicaView`s (the driver keeps one
+load picture), and hears every replica removal and, in precise mode, every KV event (each router subscribes to
+the engines' event streams, so their pictures of evictions are the same).
+
+Fronts (`FRONTS`):
+- "random": a plain Kubernetes Service, which spreads connections over router pods with no regard to content;
+  modelled as a uniform random router per request from a seeded generator (deterministic replays).
+- "affinity": a consistent hash (`routing.hash_ring`) of the request's affinity key over the router ids, as an
+  ingress or Gateway with ring-hash affinity on a header does: the session key when the request has one, else
+  the chain hash of its first `affinity_blocks` prompt blocks (a chain hash covers every block before it), else
+  its request id. Requests that could share a cache meet on one router.
+
+`zoe sim replay` builds its policy by name, so the fleet is registered only while a replay runs
+(`fleet_registered()`): it stays out of the live router's `--policy` choices and the chart's schema.
+
+    with fleet_registered():
+        opts = fleet_options(routers=4, front="affinity")
+        replay(SimReplayConfig(recipe, variant, 8, FLEET_POLICY, policy_options=opts), rows)
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from zoe_cluster.routing.context import ReplicaView, RequestContext, RoutingDecision
+from zoe_cluster.routing.hash_ring import HashRing
+from zoe_cluster.routing.policy import (
+    DEFAULT_POLICY,
+    POLICIES,
+    Policy,
+    PolicyConfig,
+    PolicyConfigError,
+    get_policy,
+    validate_policy_config,
+)
+
+FLEET_POLICY = "router_fleet"
+"""The name `fleet_registered()` gives the fleet in the policy registry."""
+
+RouterFront = Literal["random", "affinity"]
+FRONTS: tuple[str, ...] = ("random", "affinity")
+"""What can stand in front of the routers (the CLI's --router-front choices)."""
+
+
+class RouterFleetConfig(PolicyConfig):
+    routers: int = Field(2, ge=1, description="Router instances, each with its own policy state.")
+    front: RouterFront = Field("random", description="How a request is assigned to a router (module docstring).")
+    policy: str = Field(DEFAULT_POLICY, description="The policy every router runs (a registered name).")
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="Tunables of `policy`, validated against its own Config.")
+    seed: int = Field(0, description="Seed of the random front.")
+    points_per_router: int = Field(100, ge=1, description="Ring points per router (affinity front).")
+    affinity_blocks: int = Field(1, ge=1, description=(
+        "Affinity front, requests without a session key: hash the chain hash of this many leading prompt blocks "
+        "(fewer when the prompt is shorter). 1 keys on the first block; when every prompt opens with the same "
+        "system prompt that sends all such requests to one router, and 2 or more spreads them by conversation."))
+
+    @model_validator(mode="after")
+    def _inner_policy_valid(self) -> "RouterFleetConfig":
+        if self.policy == FLEET_POLICY:
+            raise ValueError("a router fleet cannot run a router fleet")
+        try:
+            validate_policy_config(self.policy, self.options)
+        except PolicyConfigError as e:
+            raise ValueError(str(e)) from None
+        return self
+
+
+class RouterFleet(Policy):
+    """N router instances (inner policies) behind a front; see the module docstring. Not registered at import:
+    `fleet_registered()` registers it for a replay."""
+
+    name: ClassVar[str] = FLEET_POLICY
+    Config: ClassVar[type[PolicyConfig]] = RouterFleetConfig
+    config: RouterFleetConfig
+
+    def __init__(self, config: PolicyConfig | None = None) -> None:
+        super().__init__(config)
+        cfg = self.config
+        self.routers: list[Policy] = [get_policy(cfg.policy, **cfg.options) for _ in range(cfg.routers)]
+        self._ids = [f"router-{k}" for k in range(cfg.routers)]
+        self._ring = HashRing(cfg.points_per_router, self._ids)
+        self._rng = random.Random(cfg.seed)
+        self._router_of: dict[str, int] = {}
+        """Request id -> the router that routed it, until it finishes."""
+        self.requests_per_router = [0] * cfg.routers
+
+    def router_for(self, ctx: RequestContext) -> int:
+        """Index of the router the front hands `ctx` to (the random front draws from its generator)."""
+        if self.config.routers == 1:
+            return 0
+        if self.config.front == "random":
+            return self._rng.randrange(self.config.routers)
+        key: str | int = ctx.session if ctx.session is not None else (
+            ctx.block_hashes[min(self.config.affinity_blocks, len(ctx.block_hashes)) - 1] if ctx.block_hashes
+            else ctx.request_id)
+        owner = self._ring.lookup(key)
+        assert owner is not None  # the ring holds every router
+        return self._ids.index(owner)
+
+    def select(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> RoutingDecision:
+        k = self.router_for(ctx)
+        self._router_of[ctx.request_id] = k
+        self.requests_per_router[k] += 1
+        return self.routers[k].select(ctx, replicas)
+
+    def on_routed(self, ctx: RequestContext, decision: RoutingDecision) -> None:
+        self.routers[self._router_of[ctx.request_id]].on_routed(ctx, decision)
+
+    def on_finished(self, ctx: RequestContext, replica_id: str, ok: bool) -> None:
+        k = self._router_of.pop(ctx.request_id, None)
+        if k is not None:
+            self.routers[k].on_finished(ctx, replica_id, ok)
+
+    def on_replica_removed(self, replica_id: str) -> None:
+        for r in self.routers:  # membership reaches every router
+            r.on_replica_removed(replica_id)
+
+    def on_cache_evicted(self, replica_id: str, tokens: int | None) -> None:
+        for r in self.routers:  # precise mode: every router subscribes to the engines' KV events
+            r.on_cache_evicted(replica_id, tokens)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "requests_per_router": list(self.requests_per_router)}
+
+
+@contextmanager
+def fleet_registered() -> Iterator[str]:
+    """Register `RouterFleet` as FLEET_POLICY for the duration of the block (a replay, which builds its policy by
+    name); yields the name."""
+    previous = POLICIES.get(FLEET_POLICY)
+    POLICIES[FLEET_POLICY] = RouterFleet
+    try:
+        yield FLEET_POLICY
+    finally:
+        if previous is None:
+            POLICIES.pop(FLEET_POLICY, None)
+        else:
+            POLICIES[FLEET_POLICY] = previous
+
+
+def fleet_options(routers: int, front: str, policy: str = DEFAULT_POLICY,
+                  options: dict[str, Any] | None = None, seed: int = 0, affinity_blocks: int = 1) -> dict[str, Any]:
+    """The `policy_options` of a fleet of `routers` routers running `policy` behind `front` (validated)."""
+    opts = {"routers": routers, "front": front, "policy": policy, "options": dict(options or {}), "seed": seed,
+            "affinity_blocks": affinity_blocks}
+    try:
+        RouterFleetConfig(**opts)
+    except ValueError as e:
+        raise PolicyConfigError(f"router fleet: {e}") from None
+    return opts
