@@ -8,11 +8,10 @@ Measures, per router (and "direct": the backend with no router, the baseline):
   - streaming on one reused keep-alive connection: for each event, the delay between the backend writing it
     (its timestamp) and the client receiving it; first event and last event, p50/p99.
 
-    python bench/router/overhead.py --peer-python /tmp/peers/venv/bin/python --smg /tmp/peers/venv/bin/smg
+    python bench/router/overhead.py --peer-python /tmp/peers/venv/bin/python --smg /tmp/peers/smg/bin/smg
 
-Writes bench/router/overhead.json and overhead.png. Peers are installed only for the benchmark:
-    python -m venv /tmp/peers/venv && /tmp/peers/venv/bin/pip install sglang-router==0.3.2 smg==1.13.0
-and `apt-get install -y wrk`.
+Writes bench/router/overhead.json and overhead.png. Peers are installed only for the benchmark, by
+`bash scripts/setup_peers.sh` (sglang-router 0.3.2 and smg 1.13.0 under /tmp/peers), and `apt-get install -y wrk`.
 """
 
 from __future__ import annotations
@@ -258,7 +257,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--routers", default="zoe,sglang-router,smg")
     ap.add_argument("--peer-python", default="/tmp/peers/venv/bin/python")
-    ap.add_argument("--smg", default="/tmp/peers/venv/bin/smg")
+    ap.add_argument("--smg", default="/tmp/peers/smg/bin/smg")
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per wrk run")
     ap.add_argument("--conns", type=int, default=64, help="wrk connections at saturation")
     ap.add_argument("--streams", type=int, default=200, help="streamed requests per router")
@@ -298,10 +297,11 @@ def main() -> None:
             r["stream_first_event_added_p50_us"] = (r["streaming"]["first_event_delay_p50_us"]
                                                     - base["streaming"]["first_event_delay_p50_us"])
     versions = {}
-    for pkg in ("sglang-router", "smg"):
+    for pkg, argv in (("sglang-router", [args.peer_python, "-m", "pip", "show", "sglang-router"]),
+                      ("smg", [args.smg, "--version"])):  # smg has its own venv (scripts/setup_peers.sh)
         try:
-            out = subprocess.run([args.peer_python, "-m", "pip", "show", pkg], capture_output=True, text=True).stdout
-            versions[pkg] = re.search(r"Version: (\S+)", out).group(1)
+            out = subprocess.run(argv, capture_output=True, text=True).stdout
+            versions[pkg] = re.search(r"(?:Version:|smg) (\S+)", out).group(1)  # pip show; smg --version
         except Exception:  # noqa: BLE001  a peer not installed: no version
             pass
     doc = {
