@@ -139,3 +139,16 @@ def test_removals_and_evictions_reach_every_router():
     f.on_cache_evicted("d/2/0", None)
     assert [s[1] for s in seen if s[0] == "removed"] == [0, 1, 2]
     assert [s[1] for s in seen if s[0] == "evicted"] == [0, 1, 2]
+
+
+def test_a_bound_registration_builds_the_fleet_from_the_name_alone():
+    with fleet_registered(routers=3, front="affinity", affinity_blocks=2) as name:
+        pol = get_policy(name)
+        assert isinstance(pol, RouterFleet) and len(pol.routers) == 3
+        assert pol.config.front == "affinity" and pol.config.affinity_blocks == 2
+        assert get_policy(name, routers=2).config.routers == 2  # options still override
+    assert FLEET_POLICY not in POLICIES
+    with pytest.raises(PolicyConfigError, match="front"):
+        with fleet_registered(routers=2, front="sticky"):
+            pass
+    assert FLEET_POLICY not in POLICIES

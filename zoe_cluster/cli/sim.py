@@ -296,6 +296,17 @@ def replay_cmd(
                                 "the measured engine, its step model, KV capacity and scheduler limits."),
     replicas: int = typer.Option(1, "--replicas", help="Simulated replicas behind the router."),
     policy: str = typer.Option("prefix", "--policy", help="Routing policy (zoe_cluster.routing registry)."),
+    routers: int = typer.Option(
+        1, "--routers", min=1,
+        help="Router instances in front of the replicas, each with its own policy state; they share the replicas' "
+             "load (docs/router.md, Several routers)."),
+    router_front: str = typer.Option(
+        "random", "--router-front",
+        help="With --routers > 1, what hands a request to a router: random (a plain Kubernetes Service) or affinity "
+             "(a consistent hash of the session key, else of the leading prompt blocks)."),
+    router_affinity_blocks: int = typer.Option(
+        1, "--router-affinity-blocks", min=1,
+        help="--router-front affinity, requests without a session key: leading prompt blocks the key covers."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N requests (with --sessions: files)."),
     kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="KV capacity per replica override, tokens."),
     host_kv_gb: float = typer.Option(
@@ -327,6 +338,20 @@ def replay_cmd(
         fail(f"--replicas must be positive, got {replicas}")
     if policy not in policy_names():
         fail(f"unknown policy '{policy}'; known: {', '.join(policy_names())}")
+    if routers > 1:  # N routers with their own state, registered for this command only (routing.router_fleet)
+        import click
+
+        from zoe_cluster.routing import PolicyConfigError
+        from zoe_cluster.routing.router_fleet import register_fleet, unregister_fleet
+
+        try:
+            policy = register_fleet(routers=routers, front=router_front, policy=policy,
+                                    affinity_blocks=router_affinity_blocks)
+        except PolicyConfigError as e:
+            fail(f"--routers/--router-front: {e}")
+        click_ctx = click.get_current_context(silent=True)
+        if click_ctx is not None:
+            click_ctx.call_on_close(unregister_fleet)
     if limit is not None and limit <= 0:
         fail(f"--limit must be positive, got {limit}")
     if profile is not None:

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, create_model, model_validator
 
 from zoe_cluster.routing.context import ReplicaView, RequestContext, RoutingDecision
 from zoe_cluster.routing.hash_ring import HashRing
@@ -134,28 +134,45 @@ class RouterFleet(Policy):
         return {**super().describe(), "requests_per_router": list(self.requests_per_router)}
 
 
+def register_fleet(**config: Any) -> str:
+    """Register `RouterFleet` as FLEET_POLICY and return the name. With `config` (RouterFleetConfig fields,
+    validated here; PolicyConfigError names a bad one) those become the registered fleet's defaults, so a driver
+    that builds its policy from a name alone (`zoe sim replay --sessions`) gets this fleet. Undo with
+    `unregister_fleet()`."""
+    cls: type[RouterFleet] = RouterFleet
+    if config:
+        bound = RouterFleetConfig(**fleet_options(**config))
+        fields = {k: (RouterFleetConfig.model_fields[k].annotation, v) for k, v in bound.model_dump().items()}
+        cfg_cls = create_model("BoundRouterFleetConfig", __base__=RouterFleetConfig, **fields)  # type: ignore[call-overload]
+        cls = type("BoundRouterFleet", (RouterFleet,), {"Config": cfg_cls})
+    POLICIES[FLEET_POLICY] = cls
+    return FLEET_POLICY
+
+
+def unregister_fleet() -> None:
+    """Take the fleet out of the registry again."""
+    POLICIES.pop(FLEET_POLICY, None)
+
+
 @contextmanager
-def fleet_registered() -> Iterator[str]:
-    """Register `RouterFleet` as FLEET_POLICY for the duration of the block (a replay, which builds its policy by
-    name); yields the name."""
-    previous = POLICIES.get(FLEET_POLICY)
-    POLICIES[FLEET_POLICY] = RouterFleet
+def fleet_registered(**config: Any) -> Iterator[str]:
+    """`register_fleet(**config)` for the duration of the block (a replay, which builds its policy by name);
+    yields the name."""
+    name = register_fleet(**config)
     try:
-        yield FLEET_POLICY
+        yield name
     finally:
-        if previous is None:
-            POLICIES.pop(FLEET_POLICY, None)
-        else:
-            POLICIES[FLEET_POLICY] = previous
+        unregister_fleet()
 
 
-def fleet_options(routers: int, front: str, policy: str = DEFAULT_POLICY,
+def fleet_options(routers: int, front: str = "random", policy: str = DEFAULT_POLICY,
                   options: dict[str, Any] | None = None, seed: int = 0, affinity_blocks: int = 1) -> dict[str, Any]:
     """The `policy_options` of a fleet of `routers` routers running `policy` behind `front` (validated)."""
     opts = {"routers": routers, "front": front, "policy": policy, "options": dict(options or {}), "seed": seed,
             "affinity_blocks": affinity_blocks}
     try:
         RouterFleetConfig(**opts)
-    except ValueError as e:
-        raise PolicyConfigError(f"router fleet: {e}") from None
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'policy'}: {err['msg']}" for err in e.errors())
+        raise PolicyConfigError(f"router fleet: {problems}") from None
     return opts
