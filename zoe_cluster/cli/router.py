@@ -14,6 +14,8 @@ from typing import Optional
 import typer
 
 from zoe_cluster.cli.common import console, fail, parse_service_classes
+from zoe_cluster.engines import ENGINE_NAMES
+from zoe_cluster.engines.vllm import VllmAdapter
 
 
 def _parse_kv(items: list[str]) -> dict:
@@ -70,7 +72,9 @@ def register(app: typer.Typer) -> None:
             0, min=0, help="KV tokens each --replica also keeps in host memory (KV offloading); 0: none."
         ),
         max_active_requests: int = typer.Option(256, help="Requests per replica before it counts as saturated."),
-        engine: str = typer.Option("vllm", help="Engine of the --replica URLs (vllm, sglang, sim): /metrics parser."),
+        engine: str = typer.Option(
+            VllmAdapter.name, help=f"Engine of the --replica URLs ({', '.join(ENGINE_NAMES)}): /metrics parser."
+        ),
         kv_events_endpoint: Optional[str] = typer.Option(
             None, help="Precise mode: bind this ZMQ endpoint for vLLM KV events (topic = replica id)."
         ),

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from zoe_cluster.engines.base import EngineName
+from zoe_cluster.engines.vllm import VllmAdapter
 
 REPLICA_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]*/[0-9]+/[0-9]+$"
 
@@ -46,7 +47,7 @@ class MemberReplica(BaseModel):
         default="ready", description="ready: receives requests; draining: in-flight requests finish, no new ones."
     )
     engine: EngineName = Field(
-        default="vllm", description="Engine behind the URL; picks the parser of its /metrics."
+        default=VllmAdapter.name, description="Engine behind the URL; picks the parser of its /metrics."
     )
     models: list[str] = Field(
         default_factory=list, description="Served model names; empty means the router's configured model list."
