@@ -515,3 +515,26 @@ def test_the_clusters_ray_version_is_the_one_zoe_pins():
     pin = re.search(r'"ray\[default\]==([^"]+)"', (REPO / "pyproject.toml").read_text()).group(1)
     (rc,) = by_kind(docs({}), "RayCluster")
     assert rc["spec"]["rayVersion"] == pin, f"helm/zoe/values.yaml rayCluster.rayVersion is not zoe's Ray pin {pin}"
+
+
+def test_router_pods_keep_membership_and_an_ingress_pins_sessions_to_one_router():
+    objs = docs({"router": {"ingress": {"enabled": True, "host": "zoe.example.com",
+                                        "annotations": {"team": "serving"}}}})
+    (router,) = [d for d in by_kind(objs, "Deployment") if d["metadata"]["name"].endswith("-router")]
+    pod = router["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    path = args[args.index("--membership-file") + 1]
+    (mount,) = pod["containers"][0]["volumeMounts"]
+    assert path.startswith(mount["mountPath"] + "/")
+    assert {"name": mount["name"], "emptyDir": {}} in pod["volumes"]
+    (ing,) = by_kind(objs, "Ingress")
+    assert ing["metadata"]["annotations"] == {
+        "nginx.ingress.kubernetes.io/upstream-hash-by": "$http_x_session_id", "team": "serving"}
+    (rule,) = ing["spec"]["rules"]
+    assert rule["host"] == "zoe.example.com"
+    assert rule["http"]["paths"][0]["backend"]["service"]["name"] == router["metadata"]["name"]
+    plain = docs({"router": {"persistMembership": False}})
+    assert not by_kind(plain, "Ingress")
+    (router,) = [d for d in by_kind(plain, "Deployment") if d["metadata"]["name"].endswith("-router")]
+    assert "--membership-file" not in router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "volumes" not in router["spec"]["template"]["spec"]

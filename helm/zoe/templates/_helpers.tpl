@@ -453,6 +453,10 @@ spec:
         - --model
         - {{ . | quote }}
         {{- end }}
+        {{- if $r.persistMembership }}
+        - --membership-file
+        - /var/lib/zoe-router/membership.json
+        {{- end }}
         {{- range $r.extraArgs }}
         - {{ . | quote }}
         {{- end }}
@@ -483,6 +487,14 @@ spec:
         allowPrivilegeEscalation: false
         runAsNonRoot: true
         runAsUser: 10001
+      {{- if $r.persistMembership }}
+      volumeMounts:
+        - {name: membership, mountPath: /var/lib/zoe-router}
+  {{- /* an emptyDir outlives a container restart (a crashed router comes back with its membership), not the pod */}}
+  volumes:
+    - name: membership
+      emptyDir: {}
+      {{- end }}
 {{- end -}}
 
 {{/* The routing policy of the controller's router and the router pods: with service classes, the class-aware
