@@ -140,7 +140,7 @@ def ttft_floor(trace: str, model: str, sizes: list[int]) -> dict:
         for n in sizes:
             for policy in ("prefix", "round_robin"):
                 finished.clear()
-                res = replay_mod.replay(recipe, variant, rows, n, policy, calibration=cal)
+                res = replay_mod.replay(replay_mod.SimReplayConfig(recipe, variant, n, policy, calibration=cal), rows)
                 m = cal.model
                 ttft = np.array([r.first_token_s - r.arrival_s + m.frontend_s for r in finished])
                 hit = np.array([max(0, r.cached_tokens) + r.host_cached_tokens for r in finished])

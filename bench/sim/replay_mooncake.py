@@ -24,7 +24,7 @@ from rich.progress import Progress  # noqa: E402
 from zoe_cluster.recipes import RecipeRegistry  # noqa: E402
 from zoe_cluster.routing import policy_names  # noqa: E402
 from zoe_cluster.sim.calibrate import calibrate  # noqa: E402
-from zoe_cluster.sim.replay import load_mooncake, replay  # noqa: E402
+from zoe_cluster.sim.replay import SimReplayConfig, load_mooncake, replay  # noqa: E402
 
 TRACE = Path(os.environ.get("ZOE_TRACES", Path(__file__).resolve().parents[2] / "third_party" / "traces")) / "mooncake_conversation_trace.jsonl"
 
@@ -44,7 +44,7 @@ def main() -> int:
     with Progress() as prog:
         for policy in policy_names():
             task = prog.add_task(f"{policy}", total=len(rows))
-            res = replay(recipe, args.variant, rows, args.replicas, policy, calibration=cal,
+            res = replay(SimReplayConfig(recipe, args.variant, args.replicas, policy, calibration=cal), rows,
                          progress=lambda n, task=task: prog.update(task, completed=n))
             d = res.to_dict()
             d.pop("per_replica")

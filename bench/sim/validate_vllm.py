@@ -37,7 +37,7 @@ from zoe_cluster.bench.traces import TraceRequest, load_mooncake
 from zoe_cluster.engines import get_adapter
 from zoe_cluster.engines.metrics_text import sum_samples
 from zoe_cluster.sim.engine_calibration import MEASURED_VARIANT, load_engine_profile
-from zoe_cluster.sim.replay import RowSource, TraceRow, replay
+from zoe_cluster.sim.replay import RowSource, SimReplayConfig, TraceRow, replay
 
 HERE = Path(__file__).resolve().parent
 TRACE = HERE.parents[1] / "third_party" / "traces" / "mooncake_conversation_trace.jsonl"
@@ -124,8 +124,9 @@ async def live_run(url: str, model: str, reqs: list[TraceRequest], salt: int, bl
 
 def twin_run(prof, cal, reqs: list[TraceRequest]) -> dict:  # type: ignore[no-untyped-def]
     rows = [TraceRow(r.arrival_s, r.input_len, r.output_len, tuple(r.hash_ids or ())) for r in reqs]
-    res = replay(prof.recipe(), MEASURED_VARIANT, RowSource(rows, prof.scheduler.block_tokens), 1, "round_robin",
-                 calibration=cal, kv_tokens=prof.scheduler.kv_tokens, log_requests=True)
+    config = SimReplayConfig(prof.recipe(), MEASURED_VARIANT, 1, "round_robin", calibration=cal,
+                             kv_tokens=prof.scheduler.kv_tokens, log_requests=True)
+    res = replay(config, RowSource(rows, prof.scheduler.block_tokens))
     ttft = [x[1] for x in res.request_log]
     tpot = [x[2] for x in res.request_log if x[3] > 1]
     e2e = [x[1] + x[2] * (x[3] - 1) for x in res.request_log]

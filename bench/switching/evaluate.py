@@ -43,7 +43,7 @@ from rich.table import Table  # noqa: E402
 
 from zoe_cluster.bench.traces import load_azure  # noqa: E402
 from zoe_cluster.recipes import RecipeRegistry  # noqa: E402
-from zoe_cluster.sim.replay import ReplayResult, replay, rows_from  # noqa: E402
+from zoe_cluster.sim.replay import ReplayResult, SimReplayConfig, replay, rows_from  # noqa: E402
 from zoe_cluster.switching import SwitchConfig  # noqa: E402
 from zoe_cluster.switching.actuator import SwitchActuator  # noqa: E402
 from zoe_cluster.switching.classes import ServiceClass, slo_policy_config  # noqa: E402
@@ -107,8 +107,10 @@ def run(recipe, rows, variants, cfg, policy_options, controlled):
         holder["actuator"].step()
 
     t = time.perf_counter()
-    res = replay(recipe, variants[0], rows, len(variants), "slo", policy_options=policy_options, variants=variants,
-                 tick_s=TICK_S, controller=ctl if controlled else (lambda fleet: None), log_requests=True)
+    config = SimReplayConfig(recipe, variants[0], len(variants), "slo", policy_options=policy_options,
+                             variants=variants, tick_s=TICK_S,
+                             controller=ctl if controlled else (lambda fleet: None), log_requests=True)
+    res = replay(config, rows)
     swaps = [{"t_s": r.at, "replica": r.decision.replica, "variant": r.decision.variant, "reason": r.decision.reason}
              for r in holder["actuator"].history] if controlled else []
     return res, swaps, time.perf_counter() - t

@@ -35,7 +35,7 @@ from rich.table import Table  # noqa: E402
 
 from zoe_cluster.bench.traces import load_azure  # noqa: E402
 from zoe_cluster.recipes import RecipeRegistry  # noqa: E402
-from zoe_cluster.sim.replay import ReplayResult, replay, rows_from  # noqa: E402
+from zoe_cluster.sim.replay import ReplayResult, SimReplayConfig, replay, rows_from  # noqa: E402
 from zoe_cluster.switching import SwitchConfig  # noqa: E402
 from zoe_cluster.switching.actuator import SwitchActuator  # noqa: E402
 from zoe_cluster.switching.workload import day_shaped_rows, ramp  # noqa: E402
@@ -72,9 +72,9 @@ def run_three(recipe, rows, replicas, a, b, cfg, label, progress, task):
             holder["actuator"].step()
 
         t = time.perf_counter()
-        res = replay(recipe, a, rows, replicas, "prefix", variants=variants, tick_s=TICK_S,
-                     controller=ctl if controlled else (lambda fleet: None), slo_ttft_s=SLO_TTFT_S,
-                     slo_tpot_s=SLO_TPOT_S, log_requests=True)
+        res = replay(SimReplayConfig(recipe, a, replicas, "prefix", variants=variants, tick_s=TICK_S,
+                                     controller=ctl if controlled else (lambda fleet: None), slo_ttft_s=SLO_TTFT_S,
+                                     slo_tpot_s=SLO_TPOT_S, log_requests=True), rows)
         decisions = [
             {"t_s": r.at, "replica": r.decision.replica, "action": r.decision.action, "variant": r.decision.variant,
              "reason": r.decision.reason}

@@ -11,7 +11,7 @@ import pytest
 from zoe_cluster.recipes import RecipeRegistry
 from zoe_cluster.sim.calibrate import CalibrationError, calibrate
 from tests.conftest import TRACES
-from zoe_cluster.sim.replay import TraceError, load_mooncake, replay, rows_from
+from zoe_cluster.sim.replay import SimReplayConfig, TraceError, load_mooncake, replay, rows_from
 
 MOONCAKE = TRACES / "mooncake_conversation_trace.jsonl"
 
@@ -66,9 +66,9 @@ def _conversation_rows(n_sessions=41, turns=4, gap_s=2.0):
 def test_replay_is_deterministic_and_prefix_policy_finds_more_hits(reg):
     r = reg.get("glm-5.3")
     rows = _conversation_rows()
-    a = replay(r, "fp8-tp8-zoe", rows, 4, "prefix")
-    b = replay(r, "fp8-tp8-zoe", rows, 4, "prefix")
-    rr = replay(r, "fp8-tp8-zoe", rows, 4, "round_robin")
+    a = replay(SimReplayConfig(r, "fp8-tp8-zoe", 4, "prefix"), rows)
+    b = replay(SimReplayConfig(r, "fp8-tp8-zoe", 4, "prefix"), rows)
+    rr = replay(SimReplayConfig(r, "fp8-tp8-zoe", 4, "round_robin"), rows)
     da, db = a.to_dict(), b.to_dict()
     da.pop("wall_s"), db.pop("wall_s")
     assert da == db
@@ -80,7 +80,7 @@ def test_replay_is_deterministic_and_prefix_policy_finds_more_hits(reg):
 def test_replay_drops_requests_that_never_fit(reg):
     r = reg.get("glm-5.3")
     rows = rows_from([(0.0, 4096, 8, tuple(range(8))), (0.1, 200_000, 8, tuple(range(100, 500)))])
-    res = replay(r, "fp8-tp8", rows, 1, "round_robin", kv_tokens=65536)
+    res = replay(SimReplayConfig(r, "fp8-tp8", 1, "round_robin", kv_tokens=65536), rows)
     assert res.completed == 1 and res.dropped == 1
 
 
@@ -96,7 +96,7 @@ def test_full_mooncake_trace_with_8_replicas_under_a_minute(reg):
     r = reg.get("glm-5.3")
     t0 = time.perf_counter()
     rows = load_mooncake(MOONCAKE)
-    res = replay(r, "fp8-tp8-zoe", rows, 8, "prefix")
+    res = replay(SimReplayConfig(r, "fp8-tp8-zoe", 8, "prefix"), rows)
     wall = time.perf_counter() - t0
     assert res.requests == 12031 and res.completed + res.dropped == 12031
     assert wall < 60

@@ -9,7 +9,7 @@ from zoe_cluster.routing import ReplicaView, context_from_trace, get_policy
 from zoe_cluster.sim.calibrate import calibrate
 from zoe_cluster.sim.core import EngineCore, SimRequest
 from zoe_cluster.sim.kv_cache import HOST_LINK_GB_S, PrefixCache, host_kv_tier, kv_capacity
-from zoe_cluster.sim.replay import replay, rows_from
+from zoe_cluster.sim.replay import SimReplayConfig, replay, rows_from
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +114,8 @@ def test_replay_reports_host_hits_separately(glm, cal):
     a, b, c = (tuple(range(k * 10**6, k * 10**6 + blocks)) for k in range(3))
     rows = rows_from([(0.0, blocks * 512, 1, a), (60.0, blocks * 512, 1, b), (120.0, blocks * 512, 1, c),
                       (300.0, blocks * 512 + 100, 1, a)])
-    without = replay(glm, "fp8-tp8-zoe", rows, 1, "prefix", calibration=cal)
-    with_host = replay(glm, "fp8-tp8-zoe", rows, 1, "prefix", calibration=cal, host_kv_gb=4096)
+    without = replay(SimReplayConfig(glm, "fp8-tp8-zoe", 1, "prefix", calibration=cal), rows)
+    with_host = replay(SimReplayConfig(glm, "fp8-tp8-zoe", 1, "prefix", calibration=cal, host_kv_gb=4096), rows)
     assert without.host_hit_rate == 0.0 and with_host.host_hit_rate > 0.15
     assert with_host.prefix_hit_rate == without.prefix_hit_rate
     assert with_host.host_kv_tokens == host_kv_tier(glm, "fp8-tp8-zoe", 4096).tokens

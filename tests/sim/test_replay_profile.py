@@ -20,7 +20,7 @@ from zoe_cluster.sim.engine_calibration import (
     load_engine_profile,
     write_engine_profile,
 )
-from zoe_cluster.sim.replay import RowSource, load_mooncake, replay
+from zoe_cluster.sim.replay import RowSource, SimReplayConfig, load_mooncake, replay
 
 runner = CliRunner()
 SESSIONS = Path(__file__).parents[1] / "agentic" / "data"
@@ -59,8 +59,9 @@ def test_trace_replay_on_a_profile_is_the_in_process_replay_of_it(profile_path, 
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)
     prof = load_engine_profile(profile_path)
-    want = replay(prof.recipe(), MEASURED_VARIANT, RowSource(load_mooncake(trace), BLOCK), 2, "prefix",
-                  calibration=prof.calibration(), kv_tokens=prof.scheduler.kv_tokens).to_dict()
+    config = SimReplayConfig(prof.recipe(), MEASURED_VARIANT, 2, "prefix", calibration=prof.calibration(),
+                             kv_tokens=prof.scheduler.kv_tokens)
+    want = replay(config, RowSource(load_mooncake(trace), BLOCK)).to_dict()
     got.pop("wall_s"), want.pop("wall_s")
     assert got == json.loads(json.dumps(want))
     assert got["variant"] == MEASURED_VARIANT and got["completed"] == 12

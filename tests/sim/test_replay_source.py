@@ -8,7 +8,7 @@ import pytest
 
 from zoe_cluster.recipes import RecipeRegistry
 from zoe_cluster.sim.calibrate import calibrate
-from zoe_cluster.sim.replay import Arrival, Outcome, RowSource, TraceRow, replay, rows_from
+from zoe_cluster.sim.replay import Arrival, Outcome, RowSource, SimReplayConfig, TraceRow, replay, rows_from
 
 KV = 1_000_000
 
@@ -25,9 +25,9 @@ def _rows(n: int) -> list[TraceRow]:
 
 def test_row_source_equals_the_list_path(glm) -> None:
     recipe, cal = glm
-    a = replay(recipe, recipe.default_variant, _rows(40), 2, "prefix", calibration=cal, kv_tokens=KV).to_dict()
-    b = replay(recipe, recipe.default_variant, RowSource(_rows(40)), 2, "prefix", calibration=cal,
-               kv_tokens=KV).to_dict()
+    config = SimReplayConfig(recipe, recipe.default_variant, 2, "prefix", calibration=cal, kv_tokens=KV)
+    a = replay(config, _rows(40)).to_dict()
+    b = replay(config, RowSource(_rows(40))).to_dict()
     a.pop("wall_s"), b.pop("wall_s")
     assert a == b and a["completed"] == 40
 
@@ -67,7 +67,7 @@ class Chain:
 def test_arrivals_created_on_completions(glm) -> None:
     recipe, cal = glm
     src = Chain(5, think_s=2.0)
-    res = replay(recipe, recipe.default_variant, src, 1, "round_robin", calibration=cal, kv_tokens=KV)
+    res = replay(SimReplayConfig(recipe, recipe.default_variant, 1, "round_robin", calibration=cal, kv_tokens=KV), src)
     assert res.completed == res.requests == 5
     for (_, done), (arrived, _) in zip(src.log, src.log[1:]):
         assert arrived == pytest.approx(done + 2.0)
@@ -82,4 +82,5 @@ def test_a_stalled_source_is_an_error(glm) -> None:
             self.log.append((arrival.row.arrival_s, now))
 
     with pytest.raises(RuntimeError, match="nothing pending or in flight"):
-        replay(recipe, recipe.default_variant, Stalled(3, 1.0), 1, "round_robin", calibration=cal, kv_tokens=KV)
+        replay(SimReplayConfig(recipe, recipe.default_variant, 1, "round_robin", calibration=cal, kv_tokens=KV),
+               Stalled(3, 1.0))

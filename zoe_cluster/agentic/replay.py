@@ -13,7 +13,7 @@ from zoe_cluster.agentic.options import SessionOptions
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.sim.calibrate import Calibration, calibrate
 from zoe_cluster.sim.kv_cache import HOST_LINK_GB_S
-from zoe_cluster.sim.replay import Arrival, Outcome, TraceRow, replay
+from zoe_cluster.sim.replay import Arrival, Outcome, SimReplayConfig, TraceRow, replay
 
 
 class SessionSource:
@@ -80,8 +80,9 @@ def replay_sessions(
     v = recipe.variant(variant)
     source = SessionSource(driver, lambda c: ttft_floor_s(cal.model, v.max_num_batched_tokens, c.input_tokens,
                                                           c.reusable_blocks * c.block_tokens))
-    res = replay(recipe, variant, source, replicas, policy, policy_options, cal, kv_tokens, progress,
-                 host_kv_gb=host_kv_gb, host_link_gb_s=host_link_gb_s)
+    config = SimReplayConfig(recipe, variant, replicas, policy, policy_options=policy_options, calibration=cal,
+                             kv_tokens=kv_tokens, host_kv_gb=host_kv_gb, host_link_gb_s=host_link_gb_s)
+    res = replay(config, source, progress)
     gpus = replicas * v.parallelism.gpus
     if records_out is not None:
         records_out.extend(source.records)

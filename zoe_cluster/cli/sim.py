@@ -332,7 +332,7 @@ def replay_cmd(
     Mooncake trace open-loop, or agentic sessions closed-loop (--sessions)."""
     from zoe_cluster.routing import policy_names
     from zoe_cluster.routing.hashing import MOONCAKE_BLOCK_TOKENS
-    from zoe_cluster.sim.replay import RowSource, TraceError, load_mooncake, replay
+    from zoe_cluster.sim.replay import RowSource, SimReplayConfig, TraceError, load_mooncake, replay
 
     if replicas <= 0:
         fail(f"--replicas must be positive, got {replicas}")
@@ -378,16 +378,16 @@ def replay_cmd(
     if not rows:
         fail(f"{trace}: no requests")
     source = RowSource(rows, block_tokens or MOONCAKE_BLOCK_TOKENS)
+    config = SimReplayConfig(recipe, name, replicas, policy, calibration=cal, kv_tokens=kv_tokens,
+                             host_kv_gb=host_kv_gb)
     if json_out:
-        res = replay(recipe, name, source, replicas, policy, calibration=cal, kv_tokens=kv_tokens,
-                     host_kv_gb=host_kv_gb)
+        res = replay(config, source)
         return print_json(res.to_dict())
     from rich.progress import Progress
 
     with Progress(console=console, transient=True) as prog:
         task = prog.add_task(f"replaying {len(rows):,} requests", total=len(rows))
-        res = replay(recipe, name, source, replicas, policy, calibration=cal, kv_tokens=kv_tokens,
-                     host_kv_gb=host_kv_gb, progress=lambda n: prog.update(task, completed=n))
+        res = replay(config, source, progress=lambda n: prog.update(task, completed=n))
     d = res.to_dict()
     for k in ("requests", "completed", "dropped", "prefix_hit_rate", "host_hit_rate", "ttft_p50_s", "ttft_p90_s",
               "ttft_p99_s", "tpot_p50_s", "output_tok_s", "simulated_s", "preemptions", "wall_s", "routing_reasons"):

@@ -6,10 +6,11 @@ closed-loop source (`zoe_cluster.agentic.replay`, the agentic session driver) cr
 requests finish, told through `finished`.
 
 Per request, exactly what the live router does (`zoe_cluster.routing`): build the `RequestContext` (for a
-Mooncake trace, `context_from_trace` from its `hash_ids`), `policy.select` among the routable replicas,
-`policy.on_routed`, and the `ReplicaView` load accounting (`admit`, `prefill_done`, `finish`); then the
-chosen replica's `EngineCore` serves it. The engines cache KV in 512-token blocks keyed by the same chain
-hashes the router indexes, so the router's picture and the engines' caches describe the same blocks.
+Mooncake trace, `context_from_trace` from its `hash_ids`), `policy.select` among the routable replicas, and the
+router's load bookkeeping (`routing.accounting.LoadLedger`: the policy's `on_routed`/`on_finished`, the
+`ReplicaView` counts, the per-class counts the switcher reads); then the chosen replica's `EngineCore` serves it.
+The engines cache KV in blocks of the source's `block_tokens` keyed by the same chain hashes the router indexes, so
+the router's picture and the engines' caches describe the same blocks.
 
 Deterministic: the same trace, model, variant, replicas and policy give the same result.
 """
@@ -18,13 +19,14 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.routing import ReplicaView, context_from_trace, get_policy
+from zoe_cluster.routing.accounting import LoadLedger
 from zoe_cluster.routing.hashing import MOONCAKE_BLOCK_TOKENS
 from zoe_cluster.sim.calibrate import Calibration, calibrate
 from zoe_cluster.sim.core import EngineCore, RequestTooLarge, SimRequest
@@ -201,8 +203,11 @@ class ReplayFleet:
 
     def __init__(self, recipe: Recipe, variants: list[str], cal_for: Callable[[str], Calibration],
                  kv_tokens: int | None, load_time_scale: float = 1.0, host_kv_gb: float = 0.0,
-                 host_link_gb_s: float = HOST_LINK_GB_S, block_tokens: int = MOONCAKE_BLOCK_TOKENS):
+                 host_link_gb_s: float = HOST_LINK_GB_S, block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+                 ledger: LoadLedger | None = None):
         self.recipe, self.cal_for, self.kv_tokens = recipe, cal_for, kv_tokens
+        self.ledger = ledger
+        """The router's load bookkeeping (per-class counts); None: none kept."""
         self.block_tokens = block_tokens
         self.host_kv_gb, self.host_link_gb_s = host_kv_gb, host_link_gb_s
         self.load_time_scale = load_time_scale
@@ -214,10 +219,6 @@ class ReplayFleet:
         self.last_swap_at: list[float | None] = [None] * n
         self.pending: dict[int, str] = {}
         self.swaps = 0
-        self.class_in_flight: dict[str, int] = {}
-        """Requests in flight across the fleet per service class (the trace's `slo_class`; None counts as "")."""
-        self.class_prefill_tokens: dict[str, int] = {}
-        """Prompt tokens routed per class that the router expected to miss the prefix cache (cumulative)."""
         self.cores: list[EngineCore] = []
         self.views: list[ReplicaView] = []
         for i, v in enumerate(variants):
@@ -247,10 +248,10 @@ class ReplayFleet:
         return {v.replica_id: float(v.active_requests) for v in self.views}
 
     def in_flight_by_class(self) -> dict[str, float]:
-        return {c: float(n) for c, n in self.class_in_flight.items()}
+        return {c: float(n) for c, n in self.ledger.in_flight_by_class.items()} if self.ledger else {}
 
     def prefill_tokens_by_class(self) -> dict[str, float]:
-        return {c: float(n) for c, n in self.class_prefill_tokens.items()}
+        return {c: float(n) for c, n in self.ledger.prefill_tokens_by_class.items()} if self.ledger else {}
 
     def swap(self, index: int, variant: str, reason: str = "") -> None:
         if self.state[index] != "ready":
@@ -275,52 +276,66 @@ class ReplayFleet:
         self.last_swap_at[i] = now
 
 
-def replay(
-    recipe: Recipe,
-    variant: str,
-    rows: list[TraceRow] | RequestSource,
-    replicas: int,
-    policy: str = "prefix",
-    policy_options: dict[str, Any] | None = None,
-    calibration: Calibration | None = None,
-    kv_tokens: int | None = None,
-    progress: Callable[[int], None] | None = None,
-    *,
-    variants: list[str] | None = None,
-    controller: Callable[[ReplayFleet], Any] | None = None,
-    tick_s: float = 30.0,
-    load_time_scale: float = 1.0,
-    slo_ttft_s: float | None = None,
-    slo_tpot_s: float | None = None,
-    log_requests: bool = False,
-    host_kv_gb: float = 0.0,
-    host_link_gb_s: float = HOST_LINK_GB_S,
-) -> ReplayResult:
-    """Serve `rows` (an open-loop trace, or any `RequestSource`) on `replicas` simulated replicas of `variant`
-    routed by `policy`; see the module docstring.
+@dataclass(frozen=True, slots=True)
+class SimReplayConfig:
+    """How one `replay` runs: the fleet, its routing, its controller and what it measures."""
 
-    `variants` gives each replica its own starting variant (mixed fleets). `controller(fleet)` is called every
-    `tick_s` simulated seconds with the `ReplayFleet` (e.g. a switching actuator's `step`); ticks also record the
-    timeline. With `slo_ttft_s`/`slo_tpot_s`, goodput counts only requests that met both. `host_kv_gb` gives
-    every replica a host-memory KV tier of that size (`sim.kv_cache.host_kv_tier`), loading at `host_link_gb_s`
-    per GPU; the router's prefix index is sized to it.
-    """
-    if replicas <= 0:
-        raise ValueError(f"replicas must be positive, got {replicas}")
-    if variants is not None and len(variants) != replicas:
-        raise ValueError(f"variants lists {len(variants)} replicas, expected {replicas}")
+    recipe: Recipe
+    variant: str
+    """Every replica's variant, unless `variants` gives each its own."""
+    replicas: int
+    policy: str = "prefix"
+    """Routing policy name (`zoe_cluster.routing` registry)."""
+    policy_options: Mapping[str, Any] | None = None
+    calibration: Calibration | None = None
+    """Step model of `variant` (default: `calibrate(recipe, variant)`); other variants are calibrated on first use."""
+    kv_tokens: int | None = None
+    """KV capacity per replica, tokens (default: the variant's `kv_capacity`)."""
+    variants: Sequence[str] | None = None
+    """Each replica's starting variant (a mixed fleet); its length is `replicas`."""
+    controller: Callable[[ReplayFleet], Any] | None = None
+    """Called every `tick_s` simulated seconds with the `ReplayFleet` (e.g. a switching actuator's `step`); ticks
+    also record the timeline."""
+    tick_s: float = 30.0
+    load_time_scale: float = 1.0
+    """Factor on a swap's weights load time."""
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    """With either SLO, goodput counts only the requests that met both."""
+    log_requests: bool = False
+    """Keep every completed request's latencies in `ReplayResult.request_log`."""
+    host_kv_gb: float = 0.0
+    """A host-memory KV tier of this size per replica (`sim.kv_cache.host_kv_tier`); the router's prefix index is
+    sized to it."""
+    host_link_gb_s: float = HOST_LINK_GB_S
+    """Host-tier load bandwidth per GPU, GB/s."""
+
+    def __post_init__(self) -> None:
+        if self.replicas <= 0:
+            raise ValueError(f"replicas must be positive, got {self.replicas}")
+        if self.variants is not None and len(self.variants) != self.replicas:
+            raise ValueError(f"variants lists {len(self.variants)} replicas, expected {self.replicas}")
+
+
+def replay(config: SimReplayConfig, requests: list[TraceRow] | RequestSource,
+           progress: Callable[[int], None] | None = None) -> ReplayResult:
+    """Serve `requests` (an open-loop trace, or any `RequestSource`) on the fleet `config` describes; see the
+    module docstring. `progress(n)` is told the number of arrivals every 500 and at the end."""
+    recipe, variant, replicas, controller = config.recipe, config.variant, config.replicas, config.controller
+    slo_ttft_s, slo_tpot_s, tick_s = config.slo_ttft_s, config.slo_tpot_s, config.tick_s
     t_wall = time.perf_counter()
-    pol = get_policy(policy, **(policy_options or {}))
-    cals: dict[str, Calibration] = {variant: calibration or calibrate(recipe, variant)}
+    pol = get_policy(config.policy, **(config.policy_options or {}))
+    cals: dict[str, Calibration] = {variant: config.calibration or calibrate(recipe, variant)}
 
     def cal_for(name: str) -> Calibration:
         if name not in cals:
             cals[name] = calibrate(recipe, name)
         return cals[name]
 
-    source: RequestSource = RowSource(rows) if isinstance(rows, list) else rows
-    fleet = ReplayFleet(recipe, list(variants or [variant] * replicas), cal_for, kv_tokens, load_time_scale,
-                        host_kv_gb, host_link_gb_s, source.block_tokens)
+    source: RequestSource = RowSource(requests) if isinstance(requests, list) else requests
+    ledger = LoadLedger(pol)
+    fleet = ReplayFleet(recipe, list(config.variants or [variant] * replicas), cal_for, config.kv_tokens,
+                        config.load_time_scale, config.host_kv_gb, config.host_link_gb_s, source.block_tokens, ledger)
     cores, views = fleet.cores, fleet.views
     busy = [False] * replicas
     heap: list[tuple[float, int, int, Any]] = []
@@ -363,9 +378,6 @@ def replay(
         seq += 1
         heapq.heappush(heap, (first_arrival, seq, -1, "tick"))
 
-    # per-class counts as the live router's `slo` policy keeps them (a request naming no class is the default's)
-    class_key = pol.class_of if hasattr(pol, "class_of") else (lambda c: c.slo_class or "")
-
     while not source.exhausted() or heap:
         next_arrival = source.next_arrival_s()
         if not heap and next_arrival == float("inf"):
@@ -386,23 +398,17 @@ def replay(
                 source.finished(arrival, now, Outcome(dropped=True))
                 continue
             d = pol.select(ctx, cands)
-            pol.on_routed(ctx, d)
             reasons[d.reason] = reasons.get(d.reason, 0) + 1
             i = int(d.replica_id.split("/")[1])
             est = d.matched_tokens(ctx)
-            views[i].admit(ctx, est)
-            cls = class_key(ctx)
-            fleet.class_in_flight[cls] = fleet.class_in_flight.get(cls, 0) + 1
-            fleet.class_prefill_tokens[cls] = fleet.class_prefill_tokens.get(cls, 0) + max(0, row.input_tokens - est)
+            ledger.admit(ctx, d, views[i], est)
             req = SimRequest(ctx.request_id, row.input_tokens, max(1, row.output_tokens), ctx.block_hashes,
                              arrival_s=now, payload=[ctx, est, False, views[i], arrival])
             try:
                 cores[i].add(req)
             except RequestTooLarge:
                 dropped += 1
-                views[i].finish(ctx, est, prefilled=False)
-                fleet.class_in_flight[cls] -= 1
-                pol.on_finished(ctx, d.replica_id, False)
+                ledger.release(ctx, views[i], est, prefilled=False, ok=False)
                 source.finished(arrival, now, Outcome(dropped=True))
                 continue
             if not busy[i]:
@@ -439,19 +445,17 @@ def replay(
             if not pay[2]:
                 pay[2] = True
                 ttfts.append(req.first_token_s - req.arrival_s + cal_for(fleet.variants[i]).model.frontend_s)  # type: ignore[operator]
-                view.prefill_done(pay[0], pay[1])
+                ledger.prefill_done(pay[0], view, pay[1])
             if req.finish_s is not None:
                 completed += 1
-                view.finish(pay[0], pay[1])
-                fleet.class_in_flight[class_key(pay[0])] -= 1
-                pol.on_finished(pay[0], view.replica_id, True)
+                ledger.release(pay[0], view, pay[1], prefilled=True, ok=True)
                 frontend = cal_for(fleet.variants[i]).model.frontend_s
                 ttft = req.first_token_s - req.arrival_s + frontend  # type: ignore[operator]
                 e2es.append(req.finish_s - req.arrival_s + frontend)
                 tpot = (req.finish_s - req.first_token_s) / (req.output - 1) if req.output > 1 else 0.0  # type: ignore[operator]
                 if req.output > 1:
                     tpots.append(tpot)
-                if log_requests:
+                if config.log_requests:
                     request_log.append((req.arrival_s, ttft, tpot, req.output, fleet.variants[i], pay[0].slo_class))
                 if (slo_ttft_s is None or ttft <= slo_ttft_s) and (slo_tpot_s is None or tpot <= slo_tpot_s):
                     good_tokens += req.output
@@ -477,7 +481,7 @@ def replay(
                     "prefix_hit_rate": c.prefix_hits_tokens / c.prefix_queries_tokens if c.prefix_queries_tokens else 0.0})
     with_slo = slo_ttft_s is not None or slo_tpot_s is not None
     return ReplayResult(
-        model=recipe.name, variant=variant, policy=policy, replicas=replicas, requests=k, completed=completed,
+        model=recipe.name, variant=variant, policy=config.policy, replicas=replicas, requests=k, completed=completed,
         dropped=dropped, prefix_hit_rate=cached_tokens / prompt_tokens if prompt_tokens else 0.0,
         ttft_p50_s=_pct(ttfts, 0.5), ttft_p90_s=_pct(ttfts, 0.9), ttft_p99_s=_pct(ttfts, 0.99),
         tpot_p50_s=_pct(tpots, 0.5), e2e_p50_s=_pct(e2es, 0.5), e2e_p99_s=_pct(e2es, 0.99),
@@ -486,7 +490,7 @@ def replay(
         wall_s=time.perf_counter() - t_wall, routing_reasons=reasons, per_replica=per,
         tpot_p90_s=_pct(tpots, 0.9), goodput_tok_s=(good_tokens / span if span > 0 else 0.0) if with_slo else None,
         swaps=fleet.swaps, timeline=timeline, request_log=request_log,
-        host_hit_rate=host_tokens / prompt_tokens if prompt_tokens else 0.0, host_kv_gb=host_kv_gb,
+        host_hit_rate=host_tokens / prompt_tokens if prompt_tokens else 0.0, host_kv_gb=config.host_kv_gb,
         host_kv_tokens=fleet.views[0].host_kv_capacity_tokens if fleet.views else 0,
     )
 
