@@ -22,30 +22,30 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 POLL_S = 0.2
 
 
-def _alive(pid: int) -> bool:
+def _signal_reaches(send: Callable[[int, int], None], target: int) -> bool:
+    """Whether signal 0 finds `target` (a pid for `os.kill`, a group for `os.killpg`); another user's counts."""
     try:
-        os.kill(pid, 0)
+        send(target, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
     return True
+
+
+def _alive(pid: int) -> bool:
+    return _signal_reaches(os.kill, pid)
 
 
 def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _signal_reaches(os.killpg, pgid)
 
 
 def kill_group(pgid: int, grace_s: float = 10.0, reap: subprocess.Popen | None = None) -> None:
