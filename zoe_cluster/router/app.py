@@ -51,6 +51,7 @@ from zoe_cluster.router.forwarding import Forwarding, _Attempt
 from zoe_cluster.router.replicas import ReplicaSet
 from zoe_cluster.router.request_checks import RequestError, check_sampling, parse_json_body
 from zoe_cluster.router.upstream import UpstreamPool
+from zoe_cluster.routing.accounting import LoadLedger
 from zoe_cluster.routing.chat_prefix import ChatPrefixCache
 from zoe_cluster.routing.context import BadRequest, RequestContext, RoutingDecision, context_from_openai
 from zoe_cluster.routing.hashing import TextChain
@@ -83,6 +84,8 @@ class Router(Forwarding):
     ) -> None:
         self.config = config
         self.policy = policy or get_policy(config.policy, **config.policy_config)
+        self.load_ledger = LoadLedger(self.policy)
+        """Load bookkeeping of every request (the same implementation `zoe sim replay` drives)."""
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = build_metrics("router", self.registry)
         self.clock = clock
@@ -388,9 +391,8 @@ class Router(Forwarding):
                 self.metrics.queue_depth.set(len(self._waiters))
 
     def _admit(self, ctx: RequestContext, a: _Attempt) -> None:
-        self.policy.on_routed(ctx, a.decision)
         v = a.st.view
-        v.admit(ctx, a.cached_tokens)
+        self.load_ledger.admit(ctx, a.decision, v, a.cached_tokens)
         m = self.metrics
         rid = a.st.id
         lab = self._lab
@@ -408,8 +410,7 @@ class Router(Forwarding):
 
     def _release(self, ctx: RequestContext, a: _Attempt, ok: bool) -> None:
         v = a.st.view
-        v.finish(ctx, a.cached_tokens, prefilled=a.prefilled)
-        self.policy.on_finished(ctx, a.st.id, ok)
+        self.load_ledger.release(ctx, v, a.cached_tokens, prefilled=a.prefilled, ok=ok)
         if not a.st.removed:
             self._lab(self.metrics.active_requests, a.st.id).set(v.active_requests)
         self._wake()

@@ -1,7 +1,7 @@
 """Sending one request upstream and relaying the answer: the part of `Router` between admission and the client.
 
 `Forwarding` is a mixin of `Router` (`router.app`): it uses the router's admission (`_acquire`, `_admit`,
-`_release`), replica set, metrics and upstream pool. Per attempt: open the request on the chosen replica (a stall
+`_release`, `load_ledger`), replica set, metrics and upstream pool. Per attempt: open the request on the chosen replica (a stall
 watch on the response headers), then either read a whole body, or relay a stream event by event; a failure
 before any byte reached the client is retried on another replica (`_forward`), a stream that breaks after that
 continues on another replica (`_migrate`, `router.migration`) or ends with an error event.
@@ -284,7 +284,7 @@ class Forwarding:
             data, error = e.before, e.message
         if data or not started:
             await send({"type": "http.response.body", "body": data, "more_body": True})
-        a.st.view.prefill_done(ctx, a.cached_tokens)
+        self.load_ledger.prefill_done(ctx, a.st.view, a.cached_tokens)
         a.prefilled = True
         clock = self.clock
         first_at = resp.arrived_at  # arrival times, so a client that reads slowly does not slow the replica's figure
