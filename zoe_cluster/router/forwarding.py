@@ -1,10 +1,10 @@
 """Sending one request upstream and relaying the answer: the part of `Router` between admission and the client.
 
 `Forwarding` is a mixin of `Router` (`router.app`): it uses the router's admission (`_acquire`, `_admit`,
-`_release`, `load_ledger`), replica set, metrics and upstream pool. Per attempt: open the request on the chosen replica (a stall
-watch on the response headers), then either read a whole body, or relay a stream event by event; a failure
-before any byte reached the client is retried on another replica (`_forward`), a stream that breaks after that
-continues on another replica (`_migrate`, `router.migration`) or ends with an error event.
+`_release`, `load_ledger`), replica set, metrics and upstream pool. Per attempt: open the request on the chosen
+replica (a stall watch on the response headers), then either read a whole body, or relay a stream event by event;
+a failure before any byte reached the client is retried on another replica (`_forward`), a stream that breaks after
+that continues on another replica (`_migrate`, `router.migration`) or ends with an error event.
 """
 
 from __future__ import annotations
