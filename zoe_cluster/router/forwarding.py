@@ -29,7 +29,7 @@ from zoe_cluster.router.migration import (
     continuation_body,
     final_usage_event,
 )
-from zoe_cluster.router.replicas import ReplicaState
+from zoe_cluster.router.replicas import RoutedReplica
 from zoe_cluster.router.slowness import stall_verdict
 from zoe_cluster.router.stall_watch import StallWatch
 from zoe_cluster.router.upstream import UpstreamResponse
@@ -48,7 +48,7 @@ class _UpstreamFailed(Exception):
 
 @dataclass
 class _Attempt:
-    st: ReplicaState
+    st: RoutedReplica
     decision: RoutingDecision
     cached_tokens: int
     prefilled: bool = False

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from zoe_cluster.router.config import RouterConfig
-from zoe_cluster.router.replicas import ReplicaState
+from zoe_cluster.router.replicas import RoutedReplica
 
 if TYPE_CHECKING:
     from zoe_cluster.router.app import Router
@@ -65,7 +65,7 @@ class HealthChecker:
         if states:
             await asyncio.gather(*(self.check(st) for st in states), return_exceptions=True)
 
-    async def check(self, st: ReplicaState) -> None:
+    async def check(self, st: RoutedReplica) -> None:
         pool = self.router.upstream
         if pool is None or st.removed:
             return
@@ -82,7 +82,7 @@ class HealthChecker:
         if ok and self.config.scrape_metrics:
             await self._scrape(st)
 
-    async def _scrape(self, st: ReplicaState) -> None:
+    async def _scrape(self, st: RoutedReplica) -> None:
         engine = st.member.engine
         if engine not in self._parsers:
             self._parsers[engine] = _parser(engine)

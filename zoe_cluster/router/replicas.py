@@ -27,7 +27,10 @@ class StaleMembership(ValueError):
 
 
 @dataclass
-class ReplicaState:
+class RoutedReplica:
+    """The router's record of one member replica: its membership entry, its load view, and its health and
+    latency bookkeeping (the lifecycle state of a replica is `zoe_cluster.replica_state.ReplicaState`)."""
+
     member: MemberReplica
     view: ReplicaView
     consecutive_failures: int = 0
@@ -60,7 +63,7 @@ class ReplicaState:
         return not self.removed and self.view.routable and now >= self.ejected_until
 
 
-def _serves(st: ReplicaState, model: str, default_models: frozenset[str]) -> bool:
+def _serves(st: RoutedReplica, model: str, default_models: frozenset[str]) -> bool:
     """Whether the replica serves `model`: its declared models, else the router's list (empty: any)."""
     return model in st.served if st.served else (not default_models or model in default_models)
 
@@ -108,7 +111,7 @@ class ReplicaSet:
         self._judged_at = float("-inf")
         self.version: int | None = None
         self.membership: Membership | None = None
-        self.by_id: dict[str, ReplicaState] = {}
+        self.by_id: dict[str, RoutedReplica] = {}
 
     def __iter__(self):
         return iter(list(self.by_id.values()))
@@ -131,7 +134,7 @@ class ReplicaSet:
         for rid, m in wanted.items():
             st = self.by_id.get(rid)
             if st is None:
-                self.by_id[rid] = ReplicaState(member=m, view=_view(m), served=frozenset(m.models))
+                self.by_id[rid] = RoutedReplica(member=m, view=_view(m), served=frozenset(m.models))
                 added.append(rid)
             elif st.member != m:
                 v = st.view
@@ -149,7 +152,7 @@ class ReplicaSet:
         self.on_change()
         return {"added": added, "updated": updated, "removed": removed}
 
-    def _remove(self, st: ReplicaState) -> None:
+    def _remove(self, st: RoutedReplica) -> None:
         st.removed = True
         del self.by_id[st.id]
         self.policy.on_replica_removed(st.id)
@@ -159,14 +162,14 @@ class ReplicaSet:
             except KeyError:
                 pass
 
-    def set_draining(self, replica_id: str, draining: bool) -> ReplicaState:
+    def set_draining(self, replica_id: str, draining: bool) -> RoutedReplica:
         st = self.by_id[replica_id]  # KeyError: unknown replica
         st.view.draining = draining
         self.refresh_gauges()
         self.on_change()
         return st
 
-    def candidates(self, model: str, default_models: frozenset[str], exclude: Iterable[str] = ()) -> list[ReplicaState]:
+    def candidates(self, model: str, default_models: frozenset[str], exclude: Iterable[str] = ()) -> list[RoutedReplica]:
         """Replicas that take new requests for `model` now (exclude: ids already tried for this request). Replicas
         judged slow are left out while others remain."""
         now = self.clock()
@@ -177,7 +180,7 @@ class ReplicaSet:
         return fast or out
 
     def probe_target(self, model: str, default_models: frozenset[str], exclude: Iterable[str] = ()
-                     ) -> ReplicaState | None:
+                     ) -> RoutedReplica | None:
         """A slow replica whose recovery probe is due (it gets the next request), or None."""
         now = self.clock()
         ex = set(exclude)
@@ -189,7 +192,7 @@ class ReplicaSet:
         return None
 
     # --- latency: slow replicas ---
-    def record_latency(self, st: ReplicaState, measure: str, sample_s: float, probe: bool) -> None:
+    def record_latency(self, st: RoutedReplica, measure: str, sample_s: float, probe: bool) -> None:
         """One finished request's time per output token (`measure` of `router.slowness.MEASURES`), then the
         slow set judged again."""
         if st.removed or self.slow_factor is None:
@@ -232,10 +235,10 @@ class ReplicaSet:
         return out
 
     # --- passive health ---
-    def record_success(self, st: ReplicaState) -> None:
+    def record_success(self, st: RoutedReplica) -> None:
         st.consecutive_failures = 0
 
-    def record_failure(self, st: ReplicaState, kind: str) -> None:
+    def record_failure(self, st: RoutedReplica, kind: str) -> None:
         """Count an upstream failure; `passive_failures` in a row eject the replica for `eject_s`. A stall (the
         whole replica silent, `router.slowness.stall_verdict`) ejects at once."""
         if st.removed:  # it left membership while the request ran: no series for a replica that is gone
@@ -252,7 +255,7 @@ class ReplicaSet:
             self.refresh_gauges()
 
     # --- active health ---
-    def record_health(self, st: ReplicaState, ok: bool) -> None:
+    def record_health(self, st: RoutedReplica, ok: bool) -> None:
         st.last_health_at, st.last_health_ok = time.time(), ok
         was = st.view.healthy
         if ok:

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from zoe_cluster.router.replicas import ReplicaState
+from zoe_cluster.router.replicas import RoutedReplica
 from zoe_cluster.router.slowness import next_stall_check_s, stall_verdict
 
 
@@ -18,7 +18,7 @@ class StallWatch:
 
     __slots__ = ("st", "stall_s", "limit_s", "clock", "since", "stalled", "_cm", "_handle", "_loop")
 
-    def __init__(self, st: ReplicaState, stall_s: float, limit_s: float, clock: Callable[[], float]) -> None:
+    def __init__(self, st: RoutedReplica, stall_s: float, limit_s: float, clock: Callable[[], float]) -> None:
         self.st, self.stall_s, self.limit_s, self.clock = st, stall_s, limit_s, clock
         self.stalled = False
         self._handle: asyncio.TimerHandle | None = None
