@@ -36,7 +36,7 @@ def _flags(routers: int, front: str, blocks: int) -> str:
 
 def _mooncake_run(recipe: Any, variant: str, rows: list[Any], replicas: int, routers: int, label: str, front: str,
                   blocks: int, trace: str) -> dict[str, Any]:
-    from zoe_cluster.routing.router_fleet import fleet_options, fleet_registered
+    from zoe_cluster.routing.router_fleet import fleet_factory
     from zoe_cluster.sim.replay import SimReplayConfig, replay
 
     cmd = f"zoe sim replay {trace} --model {recipe.name} --replicas {replicas} --policy prefix"
@@ -45,9 +45,8 @@ def _mooncake_run(recipe: Any, variant: str, rows: list[Any], replicas: int, rou
         per_router = [res.requests]
     else:
         cmd += _flags(routers, front, blocks)
-        with fleet_registered() as name:
-            opts = fleet_options(routers, front, affinity_blocks=blocks)
-            res = replay(SimReplayConfig(recipe, variant, replicas, name, policy_options=opts), rows)
+        fleet = fleet_factory(routers, front, affinity_blocks=blocks)
+        res = replay(SimReplayConfig(recipe, variant, replicas, fleet), rows)
         per_router = None  # the replay does not hand back its policy; see _front_split
     return {"command": cmd + " --json", "source": "mooncake", "replicas": replicas, "routers": routers,
             "front": label if routers > 1 else None, "prefix_hit_rate": res.prefix_hit_rate,
@@ -70,16 +69,14 @@ def _front_split(rows: list[Any], routers: int, front: str, blocks: int, model: 
 def _sessions_run(path: str, sessions: int, replicas: int, routers: int, label: str, front: str,
                   blocks: int) -> dict[str, Any]:
     from zoe_cluster.agentic.replay import run_closed_loop
-    from zoe_cluster.routing.router_fleet import fleet_options, fleet_registered
+    from zoe_cluster.routing.router_fleet import fleet_factory
 
     cmd = f"zoe sim replay {path} --sessions {sessions} --model glm-5.3 --replicas {replicas} --policy prefix"
     if routers == 1:
         rep = run_closed_loop(path, sessions, replicas, "prefix")
     else:
         cmd += _flags(routers, front, blocks)
-        opts = fleet_options(routers, front, affinity_blocks=blocks)
-        with fleet_registered() as name:
-            rep = run_closed_loop(path, sessions, replicas, name, policy_options=opts)
+        rep = run_closed_loop(path, sessions, replicas, fleet_factory(routers, front, affinity_blocks=blocks))
     return {"command": cmd + " --json", "source": "agentic", "replicas": replicas, "routers": routers,
             "front": label if routers > 1 else None, "prefix_hit_rate": rep["prefix_hit_rate"],
             "wall_s": round(rep["wall_s"], 2)}

@@ -1,5 +1,5 @@
 """`RouterFleet`: N routers with their own prefix state behind a random or affinity front, sharing the replicas'
-load; registered only inside `fleet_registered()`."""
+load; never registered, built by `fleet_factory`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from zoe_cluster.routing.router_fleet import (
     FLEET_POLICY,
     RouterFleet,
     RouterFleetConfig,
-    fleet_options,
-    fleet_registered,
+    fleet_factory,
 )
 
 
@@ -34,26 +33,28 @@ def route(policy, c, reps):
     return d
 
 
-def test_registered_only_inside_the_block_and_built_by_name():
-    assert FLEET_POLICY not in policy_names()
-    with fleet_registered() as name:
-        assert name in policy_names()
-        pol = get_policy(name, **fleet_options(3, "affinity", policy="round_robin"))
-        assert isinstance(pol, RouterFleet) and len(pol.routers) == 3
-        assert {type(r).name for r in pol.routers} == {"round_robin"}
-        assert len({id(r) for r in pol.routers}) == 3  # each router its own instance
-    assert FLEET_POLICY not in POLICIES
+def test_the_factory_builds_a_fresh_fleet_that_the_registry_never_names():
+    make = fleet_factory(3, "affinity", policy="round_robin", affinity_blocks=2)
+    pol = make()
+    assert isinstance(pol, RouterFleet) and len(pol.routers) == 3 and pol.name == FLEET_POLICY
+    assert {type(r).name for r in pol.routers} == {"round_robin"}
+    assert len({id(r) for r in pol.routers}) == 3  # each router its own instance
+    assert pol.config.front == "affinity" and pol.config.affinity_blocks == 2
+    assert make() is not pol and make().routers[0] is not pol.routers[0]  # no state shared between replays
+    assert FLEET_POLICY not in POLICIES and FLEET_POLICY not in policy_names()
+    with pytest.raises(PolicyConfigError, match="unknown routing policy"):
+        get_policy(FLEET_POLICY)
 
 
 def test_bad_inner_policy_or_front_is_a_config_error():
     with pytest.raises(PolicyConfigError, match="unknown routing policy 'nope'"):
-        fleet_options(2, "random", policy="nope")
+        fleet_factory(2, "random", policy="nope")
     with pytest.raises(PolicyConfigError, match="policy 'prefix'"):
-        fleet_options(2, "random", options={"no_such_knob": 1})
+        fleet_factory(2, "random", options={"no_such_knob": 1})
     with pytest.raises(PolicyConfigError, match="front"):
-        fleet_options(2, "sticky")
+        fleet_factory(2, "sticky")
     with pytest.raises(PolicyConfigError, match="routers"):
-        fleet_options(0, "random")
+        fleet_factory(0, "random")
 
 
 def test_affinity_front_keeps_a_session_and_a_prefix_on_one_router():
@@ -141,14 +142,21 @@ def test_removals_and_evictions_reach_every_router():
     assert [s[1] for s in seen if s[0] == "evicted"] == [0, 1, 2]
 
 
-def test_a_bound_registration_builds_the_fleet_from_the_name_alone():
-    with fleet_registered(routers=3, front="affinity", affinity_blocks=2) as name:
-        pol = get_policy(name)
-        assert isinstance(pol, RouterFleet) and len(pol.routers) == 3
-        assert pol.config.front == "affinity" and pol.config.affinity_blocks == 2
-        assert get_policy(name, routers=2).config.routers == 2  # options still override
+def test_zoe_sim_replay_routers_builds_the_fleet_without_registering_it(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from zoe_cluster.cli.main import app
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 300 * i, "input_length": 2048, "output_length": 8,
+                                         "hash_ids": [0, 1, 10 + i, 20 + i]}) + "\n" for i in range(12)))
+    args = ["sim", "replay", str(trace), "--model", "glm-5.3", "--replicas", "2", "--json"]
+    r = CliRunner().invoke(app, [*args, "--routers", "3", "--router-front", "affinity"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["policy"] == FLEET_POLICY and out["completed"] == 12
     assert FLEET_POLICY not in POLICIES
-    with pytest.raises(PolicyConfigError, match="front"):
-        with fleet_registered(routers=2, front="sticky"):
-            pass
-    assert FLEET_POLICY not in POLICIES
+    bad = CliRunner().invoke(app, [*args, "--routers", "2", "--router-front", "sticky"])
+    assert bad.exit_code != 0 and "--router-front" in bad.output

@@ -84,3 +84,24 @@ def test_a_stalled_source_is_an_error(glm) -> None:
     with pytest.raises(RuntimeError, match="nothing pending or in flight"):
         replay(SimReplayConfig(recipe, recipe.default_variant, 1, "round_robin", calibration=cal, kv_tokens=KV),
                Stalled(3, 1.0))
+
+
+def test_a_policy_factory_builds_a_fresh_policy_for_each_replay(glm) -> None:
+    """A policy the registry does not name (the router fleet) is given by its factory; one router behind the front
+    routes exactly as the plain policy does, and a second replay of the same config starts from a fresh fleet."""
+    from zoe_cluster.routing import POLICIES
+    from zoe_cluster.routing.router_fleet import FLEET_POLICY, fleet_factory
+
+    recipe, cal = glm
+    plain = replay(SimReplayConfig(recipe, recipe.default_variant, 2, "prefix", calibration=cal, kv_tokens=KV),
+                   _rows(40)).to_dict()
+    config = SimReplayConfig(recipe, recipe.default_variant, 2, fleet_factory(1, "random"), calibration=cal,
+                             kv_tokens=KV)
+    one, again = replay(config, _rows(40)).to_dict(), replay(config, _rows(40)).to_dict()
+    for d in (plain, one, again):
+        d.pop("wall_s")
+    assert one["policy"] == FLEET_POLICY and FLEET_POLICY not in POLICIES
+    assert one == again
+    assert {**one, "policy": "prefix"} == plain
+    with pytest.raises(ValueError, match="policy_options"):
+        SimReplayConfig(recipe, recipe.default_variant, 2, fleet_factory(2), policy_options={"seed": 1})

@@ -28,7 +28,7 @@ def build_driver(path: Path, opts: SessionOptions):  # type: ignore[no-untyped-d
 
 
 def replay_sessions_cmd(path: Path, opts: SessionOptions, recipe, variant: str, calibration, replicas: int,  # type: ignore[no-untyped-def]
-                        policy: str, kv_tokens: int | None, host_kv_gb: float, json_out: bool) -> None:
+                        policy, kv_tokens: int | None, host_kv_gb: float, json_out: bool) -> None:
     from rich.progress import Progress
 
     from zoe_cluster.agentic.replay import replay_sessions

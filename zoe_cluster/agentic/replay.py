@@ -11,7 +11,9 @@ from zoe_cluster.agentic.driver import Call, SessionDriver
 from zoe_cluster.agentic.metrics import CallRecord, summarize, ttft_floor_s
 from zoe_cluster.agentic.options import SessionOptions
 from zoe_cluster.recipes import Recipe
+from zoe_cluster.routing import Policy
 from zoe_cluster.sim.calibrate import Calibration, calibrate
+from zoe_cluster.sim.core import long_prefill_cap
 from zoe_cluster.sim.kv_cache import HOST_LINK_GB_S
 from zoe_cluster.sim.replay import Arrival, Outcome, SimReplayConfig, TraceRow, replay
 
@@ -68,7 +70,8 @@ class SessionSource:
 
 
 def replay_sessions(
-    recipe: Recipe, variant: str, driver: SessionDriver, replicas: int, policy: str = "prefix", *,
+    recipe: Recipe, variant: str, driver: SessionDriver, replicas: int,
+    policy: str | Callable[[], Policy] = "prefix", *,
     policy_options: dict[str, Any] | None = None, calibration: Calibration | None = None,
     kv_tokens: int | None = None, host_kv_gb: float = 0.0, host_link_gb_s: float = HOST_LINK_GB_S,
     progress: Callable[[int], None] | None = None, records_out: list[CallRecord] | None = None,
@@ -78,7 +81,8 @@ def replay_sessions(
     given, receives every request's `CallRecord`."""
     cal = calibration or calibrate(recipe, variant)
     v = recipe.variant(variant)
-    source = SessionSource(driver, lambda c: ttft_floor_s(cal.model, v.max_num_batched_tokens, c.input_tokens,
+    chunk = long_prefill_cap(v).lone_chunk_tokens(v.max_num_batched_tokens)  # a lone request's prefill per step
+    source = SessionSource(driver, lambda c: ttft_floor_s(cal.model, chunk, c.input_tokens,
                                                           c.reusable_blocks * c.block_tokens))
     config = SimReplayConfig(recipe, variant, replicas, policy, policy_options=policy_options, calibration=cal,
                              kv_tokens=kv_tokens, host_kv_gb=host_kv_gb, host_link_gb_s=host_link_gb_s)
@@ -89,7 +93,7 @@ def replay_sessions(
     hit = source.cached_tokens / source.prompt_tokens if source.prompt_tokens else 0.0
     report = summarize(source.records, gpus=gpus, prefix_hit_rate=hit)
     report.update(
-        clock="virtual", model=recipe.name, variant=variant, policy=policy, replicas=replicas, gpus=gpus,
+        clock="virtual", model=recipe.name, variant=variant, policy=res.policy, replicas=replicas, gpus=gpus,
         live_sessions=driver.live_sessions, total_sessions=driver.total_sessions, think_cap_s=driver.think_cap_s,
         host_kv_gb=host_kv_gb,
         host_hit_rate=source.host_cached_tokens / source.prompt_tokens if source.prompt_tokens else 0.0,
@@ -100,7 +104,8 @@ def replay_sessions(
 
 
 def run_closed_loop(
-    path: str | Path, sessions: int, replicas: int, policy: str = "prefix", *, model: str = "glm-5.3",
+    path: str | Path, sessions: int, replicas: int, policy: str | Callable[[], Policy] = "prefix", *,
+    model: str = "glm-5.3",
     variant: str | None = None, policy_options: dict[str, Any] | None = None, host_kv_gb: float = 0.0,
     kv_tokens: int | None = None, options: SessionOptions | None = None,
 ) -> dict[str, Any]:

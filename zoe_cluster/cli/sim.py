@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from zoe_cluster.cli.common import console, fail, print_json
+
+if TYPE_CHECKING:
+    from zoe_cluster.routing import Policy
 
 sim_app = typer.Typer(
     help="The simulated engine: a calibrated MI355X twin that speaks the OpenAI API and vLLM's metrics.",
@@ -338,20 +342,15 @@ def replay_cmd(
         fail(f"--replicas must be positive, got {replicas}")
     if policy not in policy_names():
         fail(f"unknown policy '{policy}'; known: {', '.join(policy_names())}")
-    if routers > 1:  # N routers with their own state, registered for this command only (routing.router_fleet)
-        import click
-
+    routing: str | Callable[[], Policy] = policy
+    if routers > 1:  # N routers with their own state (routing.router_fleet), built directly: never registered
         from zoe_cluster.routing import PolicyConfigError
-        from zoe_cluster.routing.router_fleet import register_fleet, unregister_fleet
+        from zoe_cluster.routing.router_fleet import fleet_factory
 
         try:
-            policy = register_fleet(routers=routers, front=router_front, policy=policy,
-                                    affinity_blocks=router_affinity_blocks)
+            routing = fleet_factory(routers, router_front, policy, affinity_blocks=router_affinity_blocks)
         except PolicyConfigError as e:
             fail(f"--routers/--router-front: {e}")
-        click_ctx = click.get_current_context(silent=True)
-        if click_ctx is not None:
-            click_ctx.call_on_close(unregister_fleet)
     if limit is not None and limit <= 0:
         fail(f"--limit must be positive, got {limit}")
     if profile is not None:
@@ -370,7 +369,7 @@ def replay_cmd(
         opts = SessionOptions(sessions, total_sessions, think_cap_s, block_tokens,
                               max_input_tokens or recipe.architecture.max_context_tokens, max_output_tokens,
                               warmup_requests, limit_files=limit)
-        return replay_sessions_cmd(trace, opts, recipe, name, cal, replicas, policy, kv_tokens, host_kv_gb, json_out)
+        return replay_sessions_cmd(trace, opts, recipe, name, cal, replicas, routing, kv_tokens, host_kv_gb, json_out)
     try:
         rows = load_mooncake(trace, limit)
     except TraceError as e:
@@ -378,7 +377,7 @@ def replay_cmd(
     if not rows:
         fail(f"{trace}: no requests")
     source = RowSource(rows, block_tokens or MOONCAKE_BLOCK_TOKENS)
-    config = SimReplayConfig(recipe, name, replicas, policy, calibration=cal, kv_tokens=kv_tokens,
+    config = SimReplayConfig(recipe, name, replicas, routing, calibration=cal, kv_tokens=kv_tokens,
                              host_kv_gb=host_kv_gb)
     if json_out:
         res = replay(config, source)

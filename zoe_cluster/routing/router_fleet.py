@@ -15,28 +15,25 @@ Fronts (`FRONTS`):
   the chain hash of its first `affinity_blocks` prompt blocks (a chain hash covers every block before it), else
   its request id. Requests that could share a cache meet on one router.
 
-`zoe sim replay` builds its policy by name, so the fleet is registered only while a replay runs
-(`fleet_registered()`): it stays out of the live router's `--policy` choices and the chart's schema.
+The fleet is never registered by name (it stays out of the live router's `--policy` choices and the chart's
+schema): a replay takes the factory that builds it.
 
-    with fleet_registered():
-        opts = fleet_options(routers=4, front="affinity")
-        replay(SimReplayConfig(recipe, variant, 8, FLEET_POLICY, policy_options=opts), rows)
+    replay(SimReplayConfig(recipe, variant, 8, fleet_factory(routers=4, front="affinity")), rows)
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError, create_model, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from zoe_cluster.routing.context import ReplicaView, RequestContext, RoutingDecision
 from zoe_cluster.routing.hash_ring import HashRing
 from zoe_cluster.routing.policy import (
     DEFAULT_POLICY,
-    POLICIES,
     Policy,
     PolicyConfig,
     PolicyConfigError,
@@ -45,7 +42,7 @@ from zoe_cluster.routing.policy import (
 )
 
 FLEET_POLICY = "router_fleet"
-"""The name `fleet_registered()` gives the fleet in the policy registry."""
+"""The fleet's name in a replay's results (it is not a registered policy)."""
 
 RouterFront = Literal["random", "affinity"]
 FRONTS: tuple[str, ...] = ("random", "affinity")
@@ -77,8 +74,8 @@ class RouterFleetConfig(PolicyConfig):
 
 
 class RouterFleet(Policy):
-    """N router instances (inner policies) behind a front; see the module docstring. Not registered at import:
-    `fleet_registered()` registers it for a replay."""
+    """N router instances (inner policies) behind a front; see the module docstring. Not registered: build it
+    directly (`fleet_factory`)."""
 
     name: ClassVar[str] = FLEET_POLICY
     Config: ClassVar[type[PolicyConfig]] = RouterFleetConfig
@@ -134,45 +131,15 @@ class RouterFleet(Policy):
         return {**super().describe(), "requests_per_router": list(self.requests_per_router)}
 
 
-def register_fleet(**config: Any) -> str:
-    """Register `RouterFleet` as FLEET_POLICY and return the name. With `config` (RouterFleetConfig fields,
-    validated here; PolicyConfigError names a bad one) those become the registered fleet's defaults, so a driver
-    that builds its policy from a name alone (`zoe sim replay --sessions`) gets this fleet. Undo with
-    `unregister_fleet()`."""
-    cls: type[RouterFleet] = RouterFleet
-    if config:
-        bound = RouterFleetConfig(**fleet_options(**config))
-        fields = {k: (RouterFleetConfig.model_fields[k].annotation, v) for k, v in bound.model_dump().items()}
-        cfg_cls = create_model("BoundRouterFleetConfig", __base__=RouterFleetConfig, **fields)  # type: ignore[call-overload]
-        cls = type("BoundRouterFleet", (RouterFleet,), {"Config": cfg_cls})
-    POLICIES[FLEET_POLICY] = cls
-    return FLEET_POLICY
-
-
-def unregister_fleet() -> None:
-    """Take the fleet out of the registry again."""
-    POLICIES.pop(FLEET_POLICY, None)
-
-
-@contextmanager
-def fleet_registered(**config: Any) -> Iterator[str]:
-    """`register_fleet(**config)` for the duration of the block (a replay, which builds its policy by name);
-    yields the name."""
-    name = register_fleet(**config)
+def fleet_factory(routers: int, front: str = "random", policy: str = DEFAULT_POLICY,
+                  options: dict[str, Any] | None = None, seed: int = 0,
+                  affinity_blocks: int = 1) -> Callable[[], RouterFleet]:
+    """What builds a fleet of `routers` routers running `policy` (with `options`) behind `front`, a fresh one per
+    call (a replay's `SimReplayConfig.policy`). The config is validated here: PolicyConfigError names a bad field."""
     try:
-        yield name
-    finally:
-        unregister_fleet()
-
-
-def fleet_options(routers: int, front: str = "random", policy: str = DEFAULT_POLICY,
-                  options: dict[str, Any] | None = None, seed: int = 0, affinity_blocks: int = 1) -> dict[str, Any]:
-    """The `policy_options` of a fleet of `routers` routers running `policy` behind `front` (validated)."""
-    opts = {"routers": routers, "front": front, "policy": policy, "options": dict(options or {}), "seed": seed,
-            "affinity_blocks": affinity_blocks}
-    try:
-        RouterFleetConfig(**opts)
+        config = RouterFleetConfig(routers=routers, front=front, policy=policy, options=dict(options or {}),
+                                   seed=seed, affinity_blocks=affinity_blocks)
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'policy'}: {err['msg']}" for err in e.errors())
         raise PolicyConfigError(f"router fleet: {problems}") from None
-    return opts
+    return partial(RouterFleet, config)

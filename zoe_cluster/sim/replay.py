@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from zoe_cluster.recipes import Recipe
-from zoe_cluster.routing import ReplicaView, context_from_trace, get_policy
+from zoe_cluster.routing import Policy, ReplicaView, context_from_trace, get_policy
 from zoe_cluster.routing.accounting import LoadLedger
 from zoe_cluster.routing.hashing import MOONCAKE_BLOCK_TOKENS
 from zoe_cluster.sim.calibrate import Calibration, calibrate
@@ -284,9 +284,11 @@ class SimReplayConfig:
     variant: str
     """Every replica's variant, unless `variants` gives each its own."""
     replicas: int
-    policy: str = "prefix"
-    """Routing policy name (`zoe_cluster.routing` registry)."""
+    policy: str | Callable[[], Policy] = "prefix"
+    """Routing policy: a registered name (`zoe_cluster.routing` registry, built with `policy_options`), or a factory
+    that builds a fresh policy for each replay (one the registry does not name, e.g. `routing.router_fleet`'s)."""
     policy_options: Mapping[str, Any] | None = None
+    """Tunables of a policy given by name."""
     calibration: Calibration | None = None
     """Step model of `variant` (default: `calibrate(recipe, variant)`); other variants are calibrated on first use."""
     kv_tokens: int | None = None
@@ -315,6 +317,14 @@ class SimReplayConfig:
             raise ValueError(f"replicas must be positive, got {self.replicas}")
         if self.variants is not None and len(self.variants) != self.replicas:
             raise ValueError(f"variants lists {len(self.variants)} replicas, expected {self.replicas}")
+        if not isinstance(self.policy, str) and self.policy_options:
+            raise ValueError("policy_options: a policy given by its factory takes its options from the factory")
+
+    def build_policy(self) -> Policy:
+        """A new instance of the replay's routing policy."""
+        if isinstance(self.policy, str):
+            return get_policy(self.policy, **(self.policy_options or {}))
+        return self.policy()
 
 
 def replay(config: SimReplayConfig, requests: list[TraceRow] | RequestSource,
@@ -324,7 +334,7 @@ def replay(config: SimReplayConfig, requests: list[TraceRow] | RequestSource,
     recipe, variant, replicas, controller = config.recipe, config.variant, config.replicas, config.controller
     slo_ttft_s, slo_tpot_s, tick_s = config.slo_ttft_s, config.slo_tpot_s, config.tick_s
     t_wall = time.perf_counter()
-    pol = get_policy(config.policy, **(config.policy_options or {}))
+    pol = config.build_policy()
     cals: dict[str, Calibration] = {variant: config.calibration or calibrate(recipe, variant)}
 
     def cal_for(name: str) -> Calibration:
@@ -481,7 +491,7 @@ def replay(config: SimReplayConfig, requests: list[TraceRow] | RequestSource,
                     "prefix_hit_rate": c.prefix_hits_tokens / c.prefix_queries_tokens if c.prefix_queries_tokens else 0.0})
     with_slo = slo_ttft_s is not None or slo_tpot_s is not None
     return ReplayResult(
-        model=recipe.name, variant=variant, policy=config.policy, replicas=replicas, requests=k, completed=completed,
+        model=recipe.name, variant=variant, policy=pol.name, replicas=replicas, requests=k, completed=completed,
         dropped=dropped, prefix_hit_rate=cached_tokens / prompt_tokens if prompt_tokens else 0.0,
         ttft_p50_s=_pct(ttfts, 0.5), ttft_p90_s=_pct(ttfts, 0.9), ttft_p99_s=_pct(ttfts, 0.99),
         tpot_p50_s=_pct(tpots, 0.5), e2e_p50_s=_pct(e2es, 0.5), e2e_p99_s=_pct(e2es, 0.99),
