@@ -178,25 +178,30 @@ async def test_chart_environment_fanout_reaches_every_real_router_pod(kmock, two
 
 
 def test_fanout_load_sums_every_router_pods_own_counts():
-    """The controller's switcher reads the load the router pods carry (MockTransport stand-ins for the pods):
-    per-replica counts add up across pods, per-class ones only from pods that count classes, a dead pod adds 0."""
-    bodies = {
-        "10.0.0.1": {"replicas": [{"id": "d/0/1", "active_requests": 3}, {"id": "d/1/1", "active_requests": 1}],
-                     "policy": {"name": "slo", "in_flight_by_class": {"interactive": 1, "standard": 3},
-                                "prefill_tokens_by_class": {"interactive": 500, "standard": 9000}}},
-        "10.0.0.2": {"replicas": [{"id": "d/0/1", "active_requests": 2}], "policy": {"name": "prefix"}},
+    """The controller's switcher reads the load the router pods carry (MockTransport stand-ins for the pods'
+    `GET /admin/load`): counts add up across pods key by key, a dead pod or one that answers no report adds
+    nothing, and with no pod answering there is no report."""
+    from zoe_cluster.routing.load_report import LoadReport
+
+    reports = {
+        "10.0.0.1": LoadReport(in_flight={"d/0/1": 3, "d/1/1": 1}, in_flight_by_class={"interactive": 1, "standard": 3},
+                               prefill_tokens_by_class={"interactive": 500, "standard": 9000}),
+        "10.0.0.2": LoadReport(in_flight={"d/0/1": 2}, in_flight_by_class={"standard": 2},
+                               prefill_tokens_by_class={"standard": 100}),
     }
 
     def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/admin/load" and request.headers["authorization"] == "Bearer k"
         if request.url.host == "10.0.0.3":
             raise httpx.ConnectError("down", request=request)
-        assert request.headers["authorization"] == "Bearer k"
-        return httpx.Response(200, json=bodies[request.url.host])
+        if request.url.host == "10.0.0.4":
+            return httpx.Response(200, json={"in_flight": {"d/0/1": "many"}})  # not a report
+        return httpx.Response(200, content=reports[request.url.host].model_dump_json())
 
-    eps = [RouterEndpoint(f"r-{i}", f"http://10.0.0.{i}:8001") for i in (1, 2, 3)]
+    eps = [RouterEndpoint(f"r-{i}", f"http://10.0.0.{i}:8001") for i in (1, 2, 3, 4)]
     fan = MembershipFanout(lambda: eps, "k", httpx.Client(transport=httpx.MockTransport(handler)))
-    assert fan.load() == {"active_by_replica": {"d/0/1": 5.0, "d/1/1": 1.0},
-                          "in_flight_by_class": {"interactive": 1.0, "standard": 3.0},
-                          "prefill_tokens_by_class": {"interactive": 500.0, "standard": 9000.0}}
-    bodies["10.0.0.1"]["policy"] = {"name": "prefix"}
-    assert fan.load()["in_flight_by_class"] is None  # no pod counts classes: the switcher decides per replica
+    assert fan.load() == LoadReport(in_flight={"d/0/1": 5, "d/1/1": 1},
+                                    in_flight_by_class={"interactive": 1, "standard": 5},
+                                    prefill_tokens_by_class={"interactive": 500, "standard": 9100})
+    eps[:] = eps[2:]
+    assert fan.load() is None

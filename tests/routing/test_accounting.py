@@ -55,3 +55,25 @@ def test_a_policy_without_classes_counts_the_class_each_request_names() -> None:
     for ctx in (_ctx("a", 1), _ctx("b", 1, "batch")):
         ledger.admit(ctx, ledger.policy.select(ctx, [view]), view, 0)
     assert ledger.in_flight_by_class == {"": 1, "batch": 1}
+
+
+def test_the_report_is_the_ledgers_count_and_reports_add_up() -> None:
+    """`report` is what `GET /admin/load` answers and the switcher reads: every view's in-flight count (idle ones at
+    0) and the per-class counts; the controller adds several routers' reports key by key."""
+    from zoe_cluster.routing.load_report import LoadReport
+
+    pol = get_policy("slo", classes={"interactive": {"a": 4}}, default_class="standard")
+    views = [ReplicaView("r/0/0", "sim://0", variant="a"), ReplicaView("r/1/0", "sim://1", variant="a")]
+    ledger = LoadLedger(pol)
+    for ctx in (_ctx("x", 4, "interactive"), _ctx("y", 2)):
+        ledger.admit(ctx, pol.select(ctx, views[:1]), views[0], 512)
+    report = ledger.report(views)
+    assert report == LoadReport(in_flight={"r/0/0": 2, "r/1/0": 0},
+                                in_flight_by_class={"interactive": 1, "standard": 1},
+                                prefill_tokens_by_class={"interactive": 3 * 512, "standard": 512})
+    assert LoadReport.model_validate_json(report.model_dump_json()) == report
+    other = LoadReport(in_flight={"r/1/0": 3}, in_flight_by_class={"standard": 3}, prefill_tokens_by_class={})
+    assert LoadReport.summed([report, other]) == LoadReport(
+        in_flight={"r/0/0": 2, "r/1/0": 3}, in_flight_by_class={"interactive": 1, "standard": 4},
+        prefill_tokens_by_class={"interactive": 3 * 512, "standard": 512})
+    assert LoadReport.summed([]) == LoadReport()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zoe_cluster.recipes import RecipeRegistry
+from zoe_cluster.routing.load_report import LoadReport
 from zoe_cluster.switching import SwitchConfig
 from zoe_cluster.switching.actuator import FleetReplica, SwitchActuator
 from zoe_cluster.switching.window import ConcurrencyWindow
@@ -31,14 +32,14 @@ class FakeFleet:
 
     def __init__(self, variants):
         self.variants = list(variants)
-        self.load = [0.0] * len(variants)
+        self.counts = [0] * len(variants)
         self.swaps = []
 
     def replicas(self):
         return [FleetReplica(i, f"d/{i}/0", v, "ready", None) for i, v in enumerate(self.variants)]
 
-    def in_flight(self):
-        return {f"d/{i}/0": c for i, c in enumerate(self.load)}
+    def load(self):
+        return LoadReport(in_flight={f"d/{i}/0": c for i, c in enumerate(self.counts)})
 
     def swap(self, index, variant, reason):
         self.swaps.append((index, variant))
@@ -51,12 +52,12 @@ def test_actuator_swaps_after_load_rises_and_records_reasons():
     cfg = SwitchConfig(candidates=["fp8-tp8-nightly", "mxfp4-tp8"], window_s=120, interval_s=30, dwell_s=600,
                        horizon_s=7200, drain_s=30)
     act = SwitchActuator(GLM, cfg, fleet, clock=lambda: t[0])
-    fleet.load = [1.0, 1.0]
+    fleet.counts = [1, 1]
     for _ in range(5):
         act.step()
         t[0] += 30
     assert fleet.swaps == []  # low load: FP8 is right
-    fleet.load = [32.0, 32.0]
+    fleet.counts = [32, 32]
     for _ in range(10):
         act.step()
         t[0] += 30

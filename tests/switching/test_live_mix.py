@@ -1,6 +1,6 @@
 """The live path of mixed fleets: a deployment with service classes runs its router with the `slo` filter (limits
-derived from the recipe), and the controller reads per-class in-flight counts back from that router, which is what
-`SwitchLoop` hands to `decide` (the same function the replay uses)."""
+derived from the recipe), and the controller reads the router's load report (`GET /admin/load`, per-class counts
+from its `LoadLedger`) back, which is what `SwitchLoop` hands to `decide` (the same function the replay uses)."""
 
 from __future__ import annotations
 
@@ -116,8 +116,8 @@ def test_controller_reads_per_class_in_flight_from_the_router():
     t.start()
     try:
         in_flight, prefill = asyncio.run(counts())
-        assert in_flight == {"interactive": 1.0, "standard": 0.0}
-        assert prefill["interactive"] > 0 and prefill["standard"] == 0  # the held prompt, nothing cached
+        assert in_flight == {"interactive": 1}
+        assert prefill["interactive"] > 0 and prefill.get("standard", 0) == 0  # the held prompt, nothing cached
     finally:
         t.join()
         router.stop()
@@ -125,12 +125,18 @@ def test_controller_reads_per_class_in_flight_from_the_router():
             s.stop()
 
 
-def test_a_router_without_the_slo_filter_reports_no_classes():
+def test_a_router_with_any_policy_reports_its_ledgers_load_and_only_to_the_admin():
+    """`GET /admin/load` is the typed `LoadReport` whatever the policy: a router on `prefix` counts every member
+    replica (0 when idle) and no class before a request names one; without the admin key it answers 401."""
     from tests.router.fake_backend import ServerThread
     from zoe_cluster.router.app import build_router
     from zoe_cluster.router.config import RouterConfig
+    from zoe_cluster.router.membership import MemberReplica, Membership
+    from zoe_cluster.routing.load_report import LoadReport
 
-    router = ServerThread(build_router(RouterConfig(models=["m"], health_interval_s=0, admin_key="k")).app).start()
+    members = Membership(version=0, replicas=[MemberReplica(id="d/0/0", url="http://127.0.0.1:9", variant=A)])
+    config = RouterConfig(models=["m"], health_interval_s=0, admin_key="k", policy="prefix")
+    router = ServerThread(build_router(config, membership=members).app).start()
 
     async def counts():
         link = RouterLink(router.url, admin_key="k")
@@ -140,8 +146,8 @@ def test_a_router_without_the_slo_filter_reports_no_classes():
             await link.close()
 
     try:
-        load = asyncio.run(counts())
-        assert load is not None and load.in_flight_by_class is None and load.prefill_tokens_by_class is None
+        assert asyncio.run(counts()) == LoadReport(in_flight={"d/0/0": 0})
+        assert httpx.get(router.url + "/admin/load").status_code == 401
     finally:
         router.stop()
 
@@ -167,18 +173,18 @@ def test_the_loop_hands_per_class_counts_and_prompt_rates_to_decide():
 
     from zoe_cluster.switching.actuator import FleetReplica
     from zoe_cluster.switching.loop import SwitchLoop
-    from zoe_cluster.switching.vocabulary import FleetLoad
+    from zoe_cluster.routing.load_report import LoadReport
 
     class FakeController:
-        tokens = 0.0
+        tokens = 0
 
         def replicas(self):
             return [FleetReplica(i, f"d/{i}/1", B, "ready", None) for i in range(2)]
 
         async def load(self):
-            self.tokens += 30_000.0
-            return FleetLoad({"d/0/1": 3.0, "d/1/1": 3.0}, {"interactive": 2.0, "standard": 4.0},
-                             {"interactive": self.tokens / 3, "standard": self.tokens})
+            self.tokens += 30_000
+            return LoadReport(in_flight={"d/0/1": 3, "d/1/1": 3}, in_flight_by_class={"interactive": 2, "standard": 4},
+                              prefill_tokens_by_class={"interactive": self.tokens // 3, "standard": self.tokens})
 
         async def swap(self, index, variant, reason):
             return None
@@ -201,24 +207,33 @@ def test_the_loop_hands_per_class_counts_and_prompt_rates_to_decide():
 
 
 def test_the_controller_adds_the_router_pods_load_to_its_own_routers():
-    """Under the Helm chart traffic also goes through the release's router pods: the switcher sees the sum
-    (FAKE router link and fanout; `MembershipFanout.load` itself is tested in tests/k8s)."""
+    """Under the Helm chart traffic also goes through the release's router pods: the switcher sees the sum of the
+    reports of the routers that answer (FAKE router link and fanout; `MembershipFanout.load` itself is tested in
+    tests/k8s), and None when no router answers."""
     from zoe_cluster.cluster.fleet_load import FleetLoadReader
-    from zoe_cluster.switching.vocabulary import FleetLoad
+    from zoe_cluster.routing.load_report import LoadReport
+
+    own = LoadReport(in_flight={"d/0/1": 2}, in_flight_by_class={"standard": 2}, prefill_tokens_by_class={"standard": 90})
+    pods = LoadReport(in_flight={"d/0/1": 3, "d/1/1": 4}, in_flight_by_class={"interactive": 2},
+                      prefill_tokens_by_class={"interactive": 700})
 
     class Link:
         async def load(self):
-            return FleetLoad({"d/0/1": 2.0})  # the controller's own router runs another policy: no classes
+            return own
 
     class Pods:
-        def load(self):
-            return {"active_by_replica": {"d/0/1": 3.0, "d/1/1": 4.0}, "in_flight_by_class": {"interactive": 2.0},
-                    "prefill_tokens_by_class": {"interactive": 700.0}}
+        report: LoadReport | None = pods
 
-    link = Link()
-    reader = FleetLoadReader(lambda: link, Pods())
-    assert asyncio.run(reader.read()) == FleetLoad({"d/0/1": 5.0, "d/1/1": 4.0}, {"interactive": 2.0},
-                                                   {"interactive": 700.0})
+        def load(self):
+            return self.report
+
+    link, fanout = Link(), Pods()
+    reader = FleetLoadReader(lambda: link, fanout)
+    assert asyncio.run(reader.read()) == LoadReport(
+        in_flight={"d/0/1": 5, "d/1/1": 4}, in_flight_by_class={"standard": 2, "interactive": 2},
+        prefill_tokens_by_class={"standard": 90, "interactive": 700})
+    fanout.report = None  # no pod answered: the own router's counts stand
+    assert asyncio.run(reader.read()) == own
     reader.fanout = None  # off Kubernetes: the own router alone
-    assert asyncio.run(reader.read()) == FleetLoad({"d/0/1": 2.0}, None, None)
-    assert asyncio.run(FleetLoadReader(lambda: None).read()) == FleetLoad({})  # no router at all
+    assert asyncio.run(reader.read()) == own
+    assert asyncio.run(FleetLoadReader(lambda: None).read()) is None  # no router at all

@@ -10,7 +10,7 @@ from zoe_cluster.recipes import RecipeRegistry
 from zoe_cluster.switching import SwitchConfig
 from zoe_cluster.switching.actuator import FleetReplica
 from zoe_cluster.switching.loop import SwitchLoop
-from zoe_cluster.switching.vocabulary import FleetLoad
+from zoe_cluster.routing.load_report import LoadReport
 
 GLM = RecipeRegistry.default().get("glm-5.3")
 CFG = SwitchConfig(candidates=["fp8-tp8-nightly", "mxfp4-tp8"], window_s=60, interval_s=1, dwell_s=600,
@@ -23,7 +23,7 @@ class FakeController:
 
     def __init__(self, fail: bool = False):
         self.variants = ["fp8-tp8-nightly", "fp8-tp8-nightly"]
-        self.per_replica = 32.0
+        self.per_replica = 32
         self.fail = fail
         self.swapped: list[tuple[int, str, str]] = []
 
@@ -31,10 +31,11 @@ class FakeController:
         return [FleetReplica(i, f"glm/{i}/0", v, "ready", None) for i, v in enumerate(self.variants)]
 
     def by_class(self):
-        return None
+        return {}
 
     async def load(self):
-        return FleetLoad({f"glm/{i}/0": self.per_replica for i in range(len(self.variants))}, self.by_class())
+        return LoadReport(in_flight={f"glm/{i}/0": self.per_replica for i in range(len(self.variants))},
+                          in_flight_by_class=self.by_class())
 
     async def swap(self, index, variant, reason):
         await asyncio.sleep(0)
@@ -85,10 +86,10 @@ def test_with_classes_the_loop_steers_a_mix_from_the_controllers_per_class_count
         def __init__(self):
             super().__init__()
             self.variants = ["fp8-tp8-nightly"] * 4
-            self.per_replica = 12.0
+            self.per_replica = 12
 
         def by_class(self):
-            return {"interactive": 9.6, "standard": 38.4}
+            return {"interactive": 10, "standard": 38}
 
     cfg = CFG.model_copy(update={"classes": [ServiceClass(name="interactive", ttft_s=1.0, itl_s=0.020),
                                              ServiceClass(name="standard", ttft_s=2.0, itl_s=0.030)],
@@ -103,5 +104,22 @@ def test_with_classes_the_loop_steers_a_mix_from_the_controllers_per_class_count
 
     decisions = asyncio.run(go())
     assert [d.action for d in decisions].count("swap") == 1
-    assert ctl.swapped[0][1] == "mxfp4-tp8" and "in flight by class: interactive 9.6" in ctl.swapped[0][2]
-    assert loop.report()["demand"] == {"interactive": 9.6, "standard": 38.4}
+    assert ctl.swapped[0][1] == "mxfp4-tp8" and "in flight by class: interactive 10" in ctl.swapped[0][2]
+    assert loop.report()["demand"] == {"interactive": 10.0, "standard": 38.0}
+
+
+def test_when_no_router_answers_the_loop_decides_per_replica_without_class_counts():
+    from zoe_cluster.switching.vocabulary import ServiceClass
+
+    class Unanswered(FakeController):
+        async def load(self):
+            return None  # neither the own router nor a router pod answered
+
+    cfg = CFG.model_copy(update={"classes": [ServiceClass(name="interactive", ttft_s=1.0, itl_s=0.020),
+                                             ServiceClass(name="standard", ttft_s=2.0, itl_s=0.030)]})
+    ctl = Unanswered()
+    loop = SwitchLoop(GLM, cfg, ctl, CollectorRegistry())
+    decisions = asyncio.run(loop.tick())
+    assert [d.action for d in decisions] == ["hold", "hold"] and ctl.swapped == []
+    assert loop.report()["demand"] is None
+    assert all(r["concurrency"] == 0.0 for r in loop.report()["latest"])

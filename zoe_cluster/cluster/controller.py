@@ -178,10 +178,11 @@ class DeploymentController:
         return [{"index": r.index, "replica_id": r.replica_id, "variant": r.variant, "state": r.state,
                  "last_swap_at": r.last_swap_at} for r in self.replicas.fleet()]
 
-    async def in_flight(self) -> dict[str, float]:
+    async def in_flight(self) -> dict[str, int]:
         """Requests in flight per replica id, as the routers count them now (the own router plus, under the Helm
-        chart, every router pod); empty without a router."""
-        return (await self.load.read()).in_flight
+        chart, every router pod); empty when no router answers."""
+        report = await self.load.read()
+        return report.in_flight if report is not None else {}
 
     async def scale(self, replicas: int) -> dict:
         """Keep `replicas` replicas; refuses a count the cluster's GPUs can never hold."""

@@ -1,4 +1,5 @@
-"""The controller's side of the router: start it as a process the controller owns, push membership, read load.
+"""The controller's side of the router: start it as a process the controller owns, push membership, read load
+(`GET /admin/load`, a `routing.load_report.LoadReport`).
 
 The controller is the single writer of membership (zoe_cluster.router.membership): every change (a replica
 ready, draining, gone) becomes a new `Membership` with a higher version, PUT to the router's admin endpoint
@@ -20,7 +21,7 @@ from zoe_cluster.cluster.process_group import spawn_supervised
 from zoe_cluster.cluster.spec import DeploymentSpec
 from zoe_cluster.router.config import RouterConfig
 from zoe_cluster.router.membership import Membership
-from zoe_cluster.switching.vocabulary import FleetLoad
+from zoe_cluster.routing.load_report import LoadReport
 
 log = logging.getLogger(__name__)
 
@@ -86,24 +87,19 @@ class RouterLink:
         log.warning("membership push v%s answered %s: %s", membership.version, r.status_code, r.text[:300])
         return False
 
-    async def load(self) -> FleetLoad | None:
-        """The router's counts from one `GET /admin/membership`: in flight per replica id and, when its policy is
-        the class-aware `slo`, per service class; None when the router does not answer."""
+    async def load(self) -> LoadReport | None:
+        """The router's counts (`GET /admin/load`): in flight per replica id and per service class, uncached prompt
+        tokens per class; None when the router does not answer with a report."""
         try:
-            r = await self._client.get(self.url + "/admin/membership")
-            if r.status_code != 200:
-                return None
-            body = r.json()
-            per_replica = {rep["id"]: float(rep.get("active_requests", 0)) for rep in body.get("replicas", [])}
-        except (httpx.HTTPError, ValueError, TypeError, KeyError, AttributeError):
+            r = await self._client.get(self.url + "/admin/load")
+            return LoadReport.model_validate_json(r.content) if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):  # pydantic's ValidationError is a ValueError
             return None
-        return FleetLoad(per_replica, _class_counts(body, "in_flight_by_class"),
-                         _class_counts(body, "prefill_tokens_by_class"))
 
     async def active_requests(self, replica_id: str) -> int | None:
         """In-flight requests the router has open to `replica_id`, or None when it cannot tell."""
         load = await self.load()
-        return int(load.in_flight.get(replica_id, 0)) if load is not None and load.in_flight else None
+        return load.in_flight.get(replica_id, 0) if load is not None and load.in_flight else None
 
     async def close(self, grace_s: float = 5.0) -> None:
         await self._client.aclose()
@@ -156,13 +152,3 @@ class RouterProcess:
     async def close(self, grace_s: float) -> None:
         if self.link is not None:
             await self.link.close(grace_s)
-
-
-def _class_counts(body: dict, key: str) -> dict[str, float] | None:
-    """A per-class count the router's `slo` policy publishes in `GET /admin/membership` (`key` of its
-    description); None when the router runs another policy."""
-    try:
-        counts = body.get("policy", {}).get(key)
-        return None if counts is None else {str(c): float(n) for c, n in counts.items()}
-    except (ValueError, TypeError, AttributeError):
-        return None

@@ -9,6 +9,8 @@ starts later gets the last membership on the next `publish`/`resync`.
 Router pods outlive the controller actor: a controller that Ray restarts counts its membership versions from 0
 again, and the routers would refuse its pushes as stale (409). The fanout therefore sends `base + version`, and
 when a router answers 409 it reads that router's version and raises `base` above it, then pushes again.
+
+`load()` reads every pod's `GET /admin/load` (a `routing.load_report.LoadReport`) and sums them for the switcher.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from zoe_cluster.router.membership import Membership
+from zoe_cluster.routing.load_report import LoadReport
 
 
 @dataclass(frozen=True)
@@ -158,30 +161,18 @@ class MembershipFanout:
                 result.failed[e.pod] = f"HTTP {r.status_code}: {r.text[:200]}"
         return result
 
-
-    def load(self) -> dict[str, dict[str, float] | None]:
-        """The router pods' own counts, summed over the pods (each counts only the traffic it routed): requests in
-        flight per replica id (`active_by_replica`) and, from pods whose policy is the class-aware `slo`, requests
-        in flight and uncached prompt tokens routed per service class (`in_flight_by_class`,
-        `prefill_tokens_by_class`; None when no pod counts classes). A pod that does not answer counts nothing."""
-        out: dict[str, dict[str, float] | None] = {"active_by_replica": {}, "in_flight_by_class": None,
-                                                   "prefill_tokens_by_class": None}
+    def load(self) -> LoadReport | None:
+        """The router pods' own counts (`GET /admin/load` on each), summed over the pods: each counts only the
+        traffic it routed. A pod that does not answer with a report counts nothing; None when none answers."""
+        reports = []
         for e in self._find():
             try:
-                r = self._http.get(f"{e.url}/admin/membership", headers=self._headers, timeout=5.0)
-                body = r.json() if r.status_code == 200 else {}
-            except Exception:  # one unreachable pod must not hide the others' load
+                r = self._http.get(f"{e.url}/admin/load", headers=self._headers, timeout=5.0)
+                if r.status_code == 200:
+                    reports.append(LoadReport.model_validate_json(r.content))
+            except Exception:  # one unreachable pod (or one that answers no report) must not hide the others' load
                 continue
-            active = out["active_by_replica"]
-            for rep in body.get("replicas", []):
-                active[rep["id"]] = active.get(rep["id"], 0.0) + float(rep.get("active_requests", 0))
-            policy = body.get("policy") or {}
-            for key in ("in_flight_by_class", "prefill_tokens_by_class"):
-                if (counts := policy.get(key)) is not None:
-                    total = out[key] = out[key] or {}
-                    for c, n in counts.items():
-                        total[c] = total.get(c, 0.0) + float(n)
-        return out
+        return LoadReport.summed(reports) if reports else None
 
 
 def fanout_from_env(env: dict[str, str] | None = None, core: Any = None, http: Any = None) -> MembershipFanout | None:

@@ -1,8 +1,10 @@
 """The router's non-proxy endpoints (a Starlette app): /health, /v1/models, /metrics and the admin API.
 
-The admin API (membership push, drain) needs the admin bearer key and is disabled (403) without one; see
-`zoe_cluster.router.membership` for the contract. /metrics needs the `metrics_key` bearer key when one is set.
-Every error is in the one shape of `zoe_cluster.router.errors`.
+The admin API (membership push, drain, the load report) needs the admin bearer key and is disabled (403) without
+one; see `zoe_cluster.router.membership` for the membership contract, `zoe_cluster.routing.load_report` for the
+load's. `GET /admin/membership` also shows the policy's `describe()`, which is debug output: nothing parses it.
+/metrics needs the `metrics_key` bearer key when one is set. Every error is in the one shape of
+`zoe_cluster.router.errors`.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class AuxRoutes:
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/metrics", self._metrics, methods=["GET"]),
             Route("/admin/membership", self._admin_membership, methods=["GET", "PUT"]),
+            Route("/admin/load", self._admin_load, methods=["GET"]),
             Route("/admin/replicas/{replica_id:path}/drain", self._admin_drain, methods=["POST"]),
             Route("/admin/replicas/{replica_id:path}/undrain", self._admin_drain, methods=["POST"]),
         ]
@@ -108,6 +111,13 @@ class AuxRoutes:
             return _error(409, str(e), "conflict")
         self.router.health.kick()
         return JSONResponse({"version": m.version, "replicas": len(m.replicas), **changes})
+
+    async def _admin_load(self, request: Request) -> Response:
+        """The router's load (`routing.load_report.LoadReport`, from its `LoadLedger`): what the switcher reads."""
+        if (denied := self._admin_denied(request)) is not None:
+            return denied
+        report = self.router.load_ledger.report(st.view for st in self.router.replicas)
+        return Response(report.model_dump_json(), media_type="application/json")
 
     async def _admin_drain(self, request: Request) -> Response:
         if (denied := self._admin_denied(request)) is not None:

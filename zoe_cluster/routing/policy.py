@@ -77,6 +77,11 @@ class Policy:
     def on_cache_evicted(self, replica_id: str, tokens: int | None) -> None:
         """The replica's engine evicted `tokens` tokens of KV cache (None: all of it), from its KV events."""
 
+    def class_of(self, ctx: RequestContext) -> str:
+        """The service class `ctx` counts in (the load's per-class counts, `routing.accounting`): the class it names,
+        "" for none. A class-aware policy (`slo`) maps it onto the classes it knows."""
+        return ctx.slo_class or ""
+
     def describe(self) -> dict[str, Any]:
         return {"policy": self.name, **self.config.model_dump()}
 

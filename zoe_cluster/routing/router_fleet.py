@@ -127,6 +127,9 @@ class RouterFleet(Policy):
         for r in self.routers:  # precise mode: every router subscribes to the engines' KV events
             r.on_cache_evicted(replica_id, tokens)
 
+    def class_of(self, ctx: RequestContext) -> str:
+        return self.routers[0].class_of(ctx)  # every router runs the same policy and options
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "requests_per_router": list(self.requests_per_router)}
 

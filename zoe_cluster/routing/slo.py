@@ -71,11 +71,11 @@ class SloPolicy(Policy, name="slo"):
         super().__init__(config)
         self.inner = get_policy(self.config.inner, **self.config.inner_config)
         self._active: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        """Requests in flight per replica and class (this policy's own count)."""
-        self._prefill_tokens: dict[str, int] = defaultdict(int)
-        """Uncached prompt tokens routed so far per class (cumulative; the switcher turns it into a rate)."""
+        """Requests in flight per replica and class (this policy's own count, what `_keeps_limits` reads; the
+        fleet-wide per-class load is the router's `routing.accounting.LoadLedger`'s)."""
 
     def class_of(self, ctx: RequestContext) -> str:
+        """The class a request counts in: the one it names when this filter knows it, else the default class."""
         return ctx.slo_class if ctx.slo_class in self.config.classes else self.config.default_class
 
     def _keeps_limits(self, r: ReplicaView) -> bool:
@@ -100,9 +100,7 @@ class SloPolicy(Policy, name="slo"):
         return replace(self.inner.select(ctx, others), reason="slo_spill", spilled=True)
 
     def on_routed(self, ctx: RequestContext, decision: RoutingDecision) -> None:
-        cls = self.class_of(ctx)
-        self._active[decision.replica_id][cls] += 1
-        self._prefill_tokens[cls] += max(0, ctx.prompt_tokens - decision.matched_tokens(ctx))
+        self._active[decision.replica_id][self.class_of(ctx)] += 1
         self.inner.on_routed(ctx, decision)
 
     def on_finished(self, ctx: RequestContext, replica_id: str, ok: bool) -> None:
@@ -123,16 +121,7 @@ class SloPolicy(Policy, name="slo"):
         """Requests in flight on `replica_id` per class, as this policy counted them."""
         return {c: n for c, n in self._active.get(replica_id, {}).items() if n > 0}
 
-    def in_flight_by_class(self) -> dict[str, int]:
-        """Requests in flight across all replicas per class (what the switcher's mix decision reads)."""
-        totals: dict[str, int] = defaultdict(int)
-        for counts in self._active.values():
-            for cls, n in counts.items():
-                totals[cls] += n
-        return {c: totals.get(c, 0) for c in {*self.config.classes, self.config.default_class}}
-
     def describe(self) -> dict[str, Any]:
-        classes = {*self.config.classes, self.config.default_class}
+        """Debug output (`GET /admin/membership`); the load the switcher reads is `GET /admin/load`."""
         return {**super().describe(), "inner_policy": self.inner.describe(),
-                "in_flight_by_class": self.in_flight_by_class(),
-                "prefill_tokens_by_class": {c: self._prefill_tokens.get(c, 0) for c in classes}}
+                "active_by_class": {rid: self.active_by_class(rid) for rid in self._active}}

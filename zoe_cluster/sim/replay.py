@@ -28,6 +28,7 @@ from zoe_cluster.recipes import Recipe
 from zoe_cluster.routing import Policy, ReplicaView, context_from_trace, get_policy
 from zoe_cluster.routing.accounting import LoadLedger
 from zoe_cluster.routing.hashing import MOONCAKE_BLOCK_TOKENS
+from zoe_cluster.routing.load_report import LoadReport
 from zoe_cluster.sim.calibrate import Calibration, calibrate
 from zoe_cluster.sim.core import EngineCore, RequestTooLarge, SimRequest
 from zoe_cluster.sim.kv_cache import HOST_LINK_GB_S, PrefixCache, host_kv_tier, kv_capacity
@@ -195,8 +196,9 @@ class ReplayResult:
 class ReplayFleet:
     """The simulated replicas of one replay, as a controller sees them.
 
-    It implements the switching actuator's `FleetControl` (`replicas`, `in_flight`, `swap`), so the live
-    controller's actuator and `decide` drive simulated swaps unchanged. A swap is drain-first: the replica leaves
+    It implements the switching actuator's `FleetControl` (`replicas`, `load`, `swap`), so the live controller's
+    actuator and `decide` drive simulated swaps unchanged; `load` is the report of the router's load bookkeeping
+    (`LoadLedger.report`), the one the live router answers at `GET /admin/load`. A swap is drain-first: the replica leaves
     the routable set, finishes what it holds, is down for the new variant's weights load time
     (`profile.weights_load_s` x `load_time_scale`), then comes back as a new generation with a fresh cache.
     """
@@ -207,7 +209,7 @@ class ReplayFleet:
                  ledger: LoadLedger | None = None):
         self.recipe, self.cal_for, self.kv_tokens = recipe, cal_for, kv_tokens
         self.ledger = ledger
-        """The router's load bookkeeping (per-class counts); None: none kept."""
+        """The router's load bookkeeping (the per-class counts of `load`); None: none kept."""
         self.block_tokens = block_tokens
         self.host_kv_gb, self.host_link_gb_s = host_kv_gb, host_link_gb_s
         self.load_time_scale = load_time_scale
@@ -232,7 +234,7 @@ class ReplayFleet:
         bs = self.block_tokens
         host = host_kv_tier(self.recipe, variant, self.host_kv_gb, self.host_link_gb_s)
         cache = PrefixCache(max(1, cap // bs), bs, host.tokens // bs, host.load_s_per_token)
-        core = EngineCore(self.cal_for(variant).model, cache, v.max_num_seqs, v.max_num_batched_tokens)
+        core = EngineCore.for_variant(self.cal_for(variant).model, cache, v)
         view = ReplicaView(f"sim/{i}/{self.generation[i]}", f"sim://{i}", variant=variant, kv_capacity_tokens=cap,
                            host_kv_capacity_tokens=host.tokens, max_active_requests=v.max_num_seqs)
         return core, view
@@ -244,14 +246,10 @@ class ReplayFleet:
         return [FleetReplica(i, self.views[i].replica_id, self.variants[i], self.state[i], self.last_swap_at[i])
                 for i in range(len(self.views))]
 
-    def in_flight(self) -> dict[str, float]:
-        return {v.replica_id: float(v.active_requests) for v in self.views}
-
-    def in_flight_by_class(self) -> dict[str, float]:
-        return {c: float(n) for c, n in self.ledger.in_flight_by_class.items()} if self.ledger else {}
-
-    def prefill_tokens_by_class(self) -> dict[str, float]:
-        return {c: float(n) for c, n in self.ledger.prefill_tokens_by_class.items()} if self.ledger else {}
+    def load(self) -> LoadReport:
+        if self.ledger is None:
+            return LoadReport(in_flight={v.replica_id: v.active_requests for v in self.views})
+        return self.ledger.report(self.views)
 
     def swap(self, index: int, variant: str, reason: str = "") -> None:
         if self.state[index] != "ready":
@@ -432,7 +430,7 @@ def replay(config: SimReplayConfig, requests: list[TraceRow] | RequestSource,
             controller(fleet)  # type: ignore[misc]
             timeline.append({"t_s": end, "in_flight": sum(v.active_requests for v in views),
                              "variants": list(fleet.variants), "states": list(fleet.state),
-                             "output_tokens": tick_tokens, "in_flight_by_class": fleet.in_flight_by_class()})
+                             "output_tokens": tick_tokens, "in_flight_by_class": fleet.load().in_flight_by_class})
             tick_tokens = 0
             for j in range(replicas):  # a replica told to drain while idle starts loading now
                 if fleet.state[j] == "draining" and not busy[j]:

@@ -1,7 +1,7 @@
 """The switching actuator: samples load, calls `decide`, and applies swaps through the controller.
 
 It owns no policy: `decide` (pure) makes every choice. The controller gives it a `FleetControl` that reports the
-replicas (variant, state, last swap) and the router's in-flight counts, and performs a drain-first swap (mark
+replicas (variant, state, last swap) and the router's load (`LoadReport`), and performs a drain-first swap (mark
 draining in the router, wait bounded for in-flight requests, stop, start the new variant on the same GPUs, wait
 ready, return it to the router). The actuator keeps the recent decisions for `zoe status` and the metrics.
 """
@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from zoe_cluster.recipes import Recipe
+from zoe_cluster.routing.load_report import LoadReport
 from zoe_cluster.switching.decide import decide
 from zoe_cluster.switching.vocabulary import ReplicaObservation, SwitchConfig, SwitchDecision
 from zoe_cluster.switching.window import ConcurrencyWindow, RateWindow
@@ -32,16 +34,9 @@ class FleetReplica:
 class FleetControl(Protocol):
     def replicas(self) -> list[FleetReplica]: ...
 
-    def in_flight(self) -> dict[str, float]:
-        """Requests in flight per replica id, as the router counts them now."""
-        ...
-
-    def in_flight_by_class(self) -> dict[str, float]:
-        """Requests in flight across the fleet per service class (needed only when the config names classes)."""
-        ...
-
-    def prefill_tokens_by_class(self) -> dict[str, float]:
-        """Uncached prompt tokens admitted so far per service class (a cumulative counter; optional)."""
+    def load(self) -> LoadReport:
+        """The router's counts now: in flight per replica id and, read when the config names classes, in flight and
+        uncached prompt tokens admitted so far per service class."""
         ...
 
     def swap(self, index: int, variant: str, reason: str) -> None:
@@ -75,17 +70,18 @@ class SwitchActuator:
 
     def step(self) -> list[SwitchDecision]:
         """Sample, decide, apply through `control`. Returns every decision of this step (holds included)."""
-        by_class = self.control.in_flight_by_class() if self.config.classes else None
-        prefill = self.control.prefill_tokens_by_class() if self.config.classes else None
-        decisions = self.observe(self.control.replicas(), self.control.in_flight(), by_class, prefill)
+        load = self.control.load()
+        by_class = load.in_flight_by_class if self.config.classes else None
+        prefill = load.prefill_tokens_by_class if by_class is not None else None
+        decisions = self.observe(self.control.replicas(), load.in_flight, by_class, prefill)
         for d in decisions:
             if d.action == "swap":
                 self.control.swap(d.replica, d.variant, d.reason)
         return decisions
 
-    def observe(self, fleet: list[FleetReplica], in_flight: dict[str, float],
-                in_flight_by_class: dict[str, float] | None = None,
-                prefill_tokens_by_class: dict[str, float] | None = None) -> list[SwitchDecision]:
+    def observe(self, fleet: list[FleetReplica], in_flight: Mapping[str, float],
+                in_flight_by_class: Mapping[str, float] | None = None,
+                prefill_tokens_by_class: Mapping[str, float] | None = None) -> list[SwitchDecision]:
         """Sample `in_flight` (and the per-class counts and prompt-token counters, when given), decide over
         `fleet`, and record; the caller applies the swaps (async drivers)."""
         now = self.clock()

@@ -1,7 +1,7 @@
 """The switching loop the deployment controller runs: every `interval_s` it asks its `LiveFleetControl` for the
-replicas and the routers' load (`FleetLoad`), lets the `SwitchActuator` (and so `decide`) choose, starts the chosen
-drain-first swaps through the fleet control, and exports the switching metrics (zoe_cluster.metrics, area
-"switching") on the registry it is given.
+replicas and the routers' load (`routing.load_report.LoadReport`), lets the `SwitchActuator` (and so `decide`)
+choose, starts the chosen drain-first swaps through the fleet control, and exports the switching metrics
+(zoe_cluster.metrics, area "switching") on the registry it is given.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from prometheus_client import CollectorRegistry
 
 from zoe_cluster.metrics import build_metrics
 from zoe_cluster.recipes import Recipe
+from zoe_cluster.routing.load_report import LoadReport
 from zoe_cluster.switching.actuator import FleetReplica, SwitchActuator
 from zoe_cluster.switching.predict import replica_tok_s
-from zoe_cluster.switching.vocabulary import FleetLoad, SwitchConfig, SwitchDecision
+from zoe_cluster.switching.vocabulary import SwitchConfig, SwitchDecision
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,8 @@ class LiveFleetControl(Protocol):
 
     def replicas(self) -> list[FleetReplica]: ...
 
-    async def load(self) -> FleetLoad:
-        """The routers' counts now."""
+    async def load(self) -> LoadReport | None:
+        """The routers' counts now, summed over the routers that answered; None when none did."""
         ...
 
     async def swap(self, index: int, variant: str, reason: str) -> None:
@@ -54,10 +55,11 @@ class SwitchLoop:
     async def tick(self) -> list[SwitchDecision]:
         fleet = self.fleet.replicas()
         load = await self.fleet.load()
-        # per-class counts steer a mix (switching.mix); without them (or without classes): per replica
-        by_class = load.in_flight_by_class if self.config.classes else None
-        prefill = load.prefill_tokens_by_class if by_class is not None else None
-        decisions = self.actuator.observe(fleet, load.in_flight, by_class, prefill)
+        # per-class counts steer a mix (switching.mix); without them (no classes, or no router answered): per replica
+        by_class = prefill = None
+        if load is not None and self.config.classes:
+            by_class, prefill = load.in_flight_by_class, load.prefill_tokens_by_class
+        decisions = self.actuator.observe(fleet, load.in_flight if load is not None else {}, by_class, prefill)
         by_index = {r.index: r for r in fleet}
         self.metrics.concurrency_estimate.clear()
         self.metrics.predicted_tok_s.clear()

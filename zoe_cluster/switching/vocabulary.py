@@ -1,4 +1,5 @@
-"""The switching vocabulary: its configuration, service classes, the fleet's load, a decision's inputs and outputs.
+"""The switching vocabulary: its configuration, service classes, a decision's inputs and outputs (the fleet's load
+is `routing.load_report.LoadReport`, what the routers count).
 
 `decide` (per replica), `mix` (mixed fleets), `classes` (per-class limits), the actuator, the deployment spec and
 the replay all speak these types; this module imports none of them.
@@ -13,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from zoe_cluster.replica_state import ReplicaState
 
-__all__ = ["FleetLoad", "ReplicaObservation", "ServiceClass", "SwitchConfig", "SwitchDecision"]
+__all__ = ["ReplicaObservation", "ServiceClass", "SwitchConfig", "SwitchDecision"]
 
 
 class ServiceClass(BaseModel):
@@ -95,15 +96,3 @@ class SwitchDecision:
     predicted_tok_s_target: float = 0.0
     gain_tokens: float = 0.0
     cost_tokens: float = 0.0
-
-
-@dataclass(frozen=True)
-class FleetLoad:
-    """The routers' counts of a fleet's load at one moment (every router of the deployment summed)."""
-
-    in_flight: dict[str, float]
-    """Requests in flight per replica id."""
-    in_flight_by_class: dict[str, float] | None = None
-    """Requests in flight per service class; None where no router counts classes (its policy is not `slo`)."""
-    prefill_tokens_by_class: dict[str, float] | None = None
-    """Uncached prompt tokens routed so far per service class (cumulative); None where not counted."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 
 
 class ConcurrencyWindow:
@@ -17,7 +18,7 @@ class ConcurrencyWindow:
         self.window_s = window_s
         self._samples: dict[str, deque[tuple[float, float]]] = {}
 
-    def add(self, now: float, in_flight: dict[str, float]) -> None:
+    def add(self, now: float, in_flight: Mapping[str, float]) -> None:
         for replica, value in in_flight.items():
             q = self._samples.setdefault(replica, deque())
             if q and now < q[-1][0]:
@@ -51,7 +52,7 @@ class RateWindow:
         self.window_s = window_s
         self._samples: deque[tuple[float, dict[str, float]]] = deque()
 
-    def add(self, now: float, totals: dict[str, float]) -> None:
+    def add(self, now: float, totals: Mapping[str, float]) -> None:
         if self._samples and now < self._samples[-1][0]:
             raise ValueError(f"sample at {now} is older than the last one ({self._samples[-1][0]})")
         self._samples.append((now, dict(totals)))
