@@ -57,7 +57,8 @@ def check_vllm(argvs):
             results.append({"ok": True, "error": "", "values": {
                 "kv_offloading_size": eng.kv_offloading_size, "kv_offloading_backend": eng.kv_offloading_backend,
                 "tool_call_parser": args.tool_call_parser, "enable_auto_tool_choice": args.enable_auto_tool_choice,
-                "reasoning_parser": eng.reasoning_parser or None, "trust_remote_code": eng.trust_remote_code}})
+                "reasoning_parser": eng.reasoning_parser or None, "trust_remote_code": eng.trust_remote_code,
+                "long_prefill_token_threshold": eng.long_prefill_token_threshold}})
         except BaseException as e:  # argparse exits with SystemExit
             results.append({"ok": False, "error": _error(e, err)})
     return results

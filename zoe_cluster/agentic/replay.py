@@ -97,7 +97,8 @@ def replay_sessions(
         live_sessions=driver.live_sessions, total_sessions=driver.total_sessions, think_cap_s=driver.think_cap_s,
         host_kv_gb=host_kv_gb,
         host_hit_rate=source.host_cached_tokens / source.prompt_tokens if source.prompt_tokens else 0.0,
-        preemptions=res.preemptions, routing_reasons=res.routing_reasons, simulated_s=res.simulated_s,
+        preemptions=res.preemptions, routing_reasons=res.routing_reasons, per_replica=res.per_replica,
+        simulated_s=res.simulated_s,
         wall_s=res.wall_s, ttft_floor_source="twin step model (each request alone, every reusable block hit)",
     )
     return report

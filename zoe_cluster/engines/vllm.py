@@ -96,6 +96,8 @@ class VllmAdapter(EngineAdapter):
             argv += ["--distributed-executor-backend", "ray"]
         if v.block_size:
             argv += ["--block-size", str(v.block_size)]
+        if v.long_prefill_token_threshold:
+            argv += ["--long-prefill-token-threshold", str(v.long_prefill_token_threshold)]
         if v.speculative:
             spec = {"method": v.speculative.method, "num_speculative_tokens": v.speculative.num_speculative_tokens}
             argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]

@@ -234,6 +234,12 @@ class _VariantBase(_Strict):
 class VllmVariant(_VariantBase):
     engine: Literal["vllm"] = Field(description="Serve with vLLM (`vllm serve`).")
     block_size: int | None = Field(default=None, description="KV block size in tokens (engine default if unset).")
+    long_prefill_token_threshold: int = Field(
+        default=0,
+        ge=0,
+        description="Most prefill tokens one request gets in an engine step while others are queued or running "
+        "(`--long-prefill-token-threshold`), so a short prompt shares the step with a long one; 0: no cap.",
+    )
 
 
 class SglangVariant(_VariantBase):

@@ -4,7 +4,10 @@ Each step the scheduler first serves running requests in order (a prefilling req
 decoding request 1 token, or 1 + proposed drafts with speculative decoding), then admits waiting requests
 while `max_num_seqs`, the `max_num_batched_tokens` budget and the KV blocks allow (chunked prefill: a long
 prompt is split over steps; a request is admitted only when its whole prompt's blocks are free, as vLLM's
-`scheduler_reserve_full_isl` does, though each step allocates only its chunk). When a running request needs a block and none is free, the most recently admitted
+`scheduler_reserve_full_isl` does, though each step allocates only its chunk). With vLLM's
+`long_prefill_token_threshold` (`LongPrefillCap`) no request's prefill takes more than that many tokens of a step,
+so a short prefill shares the step with a long one instead of waiting for it to finish. When a running request
+needs a block and none is free, the most recently admitted
 running request is preempted (recompute mode: its blocks are freed and it goes back to the front of the
 waiting queue, to prefill its prompt and its output so far again), and nobody new is admitted that step.
 
@@ -19,8 +22,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from zoe_cluster.kernel_support import image_engine, release
 from zoe_cluster.sim.kv_cache import PrefixCache
 from zoe_cluster.sim.step_model import StepModel, position_sums
+
+VLLM_LONE_REQUEST_UNCAPPED = "0.32.0"
+"""First vLLM release checked to leave a lone request's prefill uncapped (0.32.0 and 0.33.0 do, 0.29.0 does not;
+vllm-project/vllm#57951); an image whose tag names an earlier release is modelled like 0.29."""
 
 
 @dataclass(eq=False, slots=True)
@@ -89,6 +97,45 @@ class EngineCounters:
     busy_s: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class LongPrefillCap:
+    """vLLM V1's `long_prefill_token_threshold`: the most prefill tokens one request gets in a step.
+
+    vLLM's scheduler cuts every request's tokens of the step to the threshold before the step's budget
+    (`vllm/v1/core/sched/scheduler.py`, the running and the waiting loops alike). From vLLM 0.32 it skips the
+    cut when the running and waiting requests number one ("nobody to starve"); 0.29 cuts a lone request too."""
+
+    threshold_tokens: int = 0
+    """`--long-prefill-token-threshold`; 0 leaves prefills uncapped (vLLM's default)."""
+    cap_lone_request: bool = False
+    """Cut a request that is alone in the engine too (vLLM before 0.32)."""
+
+    def tokens(self, eligible_requests: int) -> int:
+        """The cap for a step whose schedule starts with `eligible_requests` running + waiting; 0: none."""
+        if self.threshold_tokens <= 0 or (eligible_requests <= 1 and not self.cap_lone_request):
+            return 0
+        return self.threshold_tokens
+
+    def lone_chunk_tokens(self, max_num_batched_tokens: int) -> int:
+        """Prefill tokens per step of a request alone on the engine."""
+        cap = self.tokens(1)
+        return min(cap, max_num_batched_tokens) if cap else max_num_batched_tokens
+
+
+def long_prefill_cap(variant: Any) -> LongPrefillCap:
+    """The `LongPrefillCap` a recipe variant's engine runs with: its `long_prefill_token_threshold` (vLLM variants;
+    SGLang 0.5 has no such option), applied to a lone request as the release its image tag names does (a tag
+    without a release, such as a nightly, is taken as current)."""
+    threshold = getattr(variant, "long_prefill_token_threshold", 0)
+    rel = image_engine(variant.image).release
+    earlier = rel is not None and _padded(release(rel)) < _padded(release(VLLM_LONE_REQUEST_UNCAPPED))
+    return LongPrefillCap(threshold, cap_lone_request=earlier)
+
+
+def _padded(v: tuple[int, ...]) -> tuple[int, ...]:
+    return v + (0,) * (3 - len(v))
+
+
 class RequestTooLarge(ValueError):
     """The request can never fit in this engine's KV cache."""
 
@@ -102,11 +149,13 @@ class EngineCore:
         cache: PrefixCache,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 16384,
+        long_prefill: LongPrefillCap = LongPrefillCap(),
     ) -> None:
         self.model = model
         self.cache = cache
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.long_prefill = long_prefill
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.counters = EngineCounters()
@@ -114,6 +163,11 @@ class EngineCore:
         self._tpr = model.tokens_per_decode_request
         self._spec = model.spec_proposed_tokens > 0
         self._load_s = 0.0  # host-tier loads of the requests admitted into the step being built
+
+    @classmethod
+    def for_variant(cls, model: StepModel, cache: PrefixCache, variant: Any) -> "EngineCore":
+        """The engine of one replica of a recipe variant: its scheduler limits and long-prefill cap."""
+        return cls(model, cache, variant.max_num_seqs, variant.max_num_batched_tokens, long_prefill_cap(variant))
 
     # --- requests -----------------------------------------------------------------------------------
     def add(self, req: SimRequest) -> None:
@@ -168,13 +222,14 @@ class EngineCore:
             return None
         cache, bs, running = self.cache, self._bs, self.running
         budget = self.max_num_batched_tokens
+        cap = self.long_prefill.tokens(len(running) + len(self.waiting))  # counted once per step, as vLLM does
         entries: list[tuple[SimRequest, int]] = []
         preempted = False
         i = 0
         while i < len(running):
             req = running[i]
             if req.computed < req.prefill_len:
-                n = min(req.prefill_len - req.computed, budget)
+                n = min(req.prefill_len - req.computed, cap or budget, budget)
                 if n <= 0:
                     i += 1
                     continue
@@ -201,12 +256,12 @@ class EngineCore:
             budget -= n
             i += 1
         if not preempted:
-            self._admit(entries, budget)
+            self._admit(entries, budget, cap)
         if not entries:
             return None
         return self._price(entries)
 
-    def _admit(self, entries: list[tuple[SimRequest, int]], budget: int) -> None:
+    def _admit(self, entries: list[tuple[SimRequest, int]], budget: int, cap: int) -> None:
         cache, bs, waiting, running = self.cache, self._bs, self.waiting, self.running
         while waiting and len(running) < self.max_num_seqs and budget > 0:
             req = waiting[0]
@@ -217,7 +272,7 @@ class EngineCore:
             # blocks gone from HBM but still in host memory are loaded back (into newly allocated blocks)
             loaded = cache.host_match(hashes[hit:]) if cache.host_blocks else 0
             hit_tokens = (hit + loaded) * bs
-            n = min(req.prefill_len - hit_tokens, budget)
+            n = min(req.prefill_len - hit_tokens, cap or budget, budget)
             cache.acquire(hashes[:hit])
             need = -(-(hit_tokens + n) // bs) - hit
             # Like vLLM (scheduler_reserve_full_isl, on by default): admitted only if the blocks for the whole

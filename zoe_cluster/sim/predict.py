@@ -33,7 +33,7 @@ def build_engine(
     cal = calibration or calibrate(recipe, variant, block_tokens=block_tokens)
     tokens = kv_tokens if kv_tokens is not None else kv_capacity(recipe, variant).tokens
     cache = PrefixCache(max(1, tokens // block_tokens), block_tokens)
-    return EngineCore(cal.model, cache, v.max_num_seqs, v.max_num_batched_tokens)
+    return EngineCore.for_variant(cal.model, cache, v)
 
 
 def _run(core: EngineCore, now: float = 0.0) -> float:

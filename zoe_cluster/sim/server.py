@@ -132,7 +132,7 @@ class SimServer:
         self.host_tier = host_kv_tier(recipe, variant, config.host_kv_gb)
         cache = PrefixCache(max(1, kv_tokens // config.block_tokens), config.block_tokens,
                             self.host_tier.tokens // config.block_tokens, self.host_tier.load_s_per_token)
-        self.core = EngineCore(self.calibration.model, cache, v.max_num_seqs, v.max_num_batched_tokens)
+        self.core = EngineCore.for_variant(self.calibration.model, cache, v)
         self.metrics = SimMetrics(config.metrics_mode, config.served_model_name)
         self.faults = FaultState(config.faults or FaultConfig(), config.seed)
         self.startup_s = load_s(recipe, variant, config.load_time) if config.startup_s is None else config.startup_s
