@@ -234,7 +234,7 @@ class ReplayFleet:
         bs = self.block_tokens
         host = host_kv_tier(self.recipe, variant, self.host_kv_gb, self.host_link_gb_s)
         cache = PrefixCache(max(1, cap // bs), bs, host.tokens // bs, host.load_s_per_token)
-        core = EngineCore(self.cal_for(variant).model, cache, v.max_num_seqs, v.max_num_batched_tokens)
+        core = EngineCore.for_variant(self.cal_for(variant).model, cache, v)
         view = ReplicaView(f"sim/{i}/{self.generation[i]}", f"sim://{i}", variant=variant, kv_capacity_tokens=cap,
                            host_kv_capacity_tokens=host.tokens, max_active_requests=v.max_num_seqs)
         return core, view
