@@ -175,19 +175,22 @@ def _slo_policy(policy: str, options: dict, slo_class: list[str], slo_model: str
 
 
 def run_router(router, cfg, log_level: str = "warning") -> None:
-    """Serve `router` with uvicorn (uvloop when available; httptools with read timeouts) until SIGINT/SIGTERM."""
+    """Serve `router` with uvicorn (uvloop when available; httptools with read timeouts) until SIGINT, or SIGTERM
+    and its drain."""
     import uvicorn
 
     console.print(
         f"zoe router on http://{cfg.host}:{cfg.port} policy={cfg.policy} replicas={len(router.replicas.by_id)}",
         highlight=False,
     )
+    from zoe_cluster.router.drain import DrainingServer, uvicorn_drain_kwargs
     from zoe_cluster.router.http_server import hardened_http
 
-    uvicorn.run(
+    config = uvicorn.Config(
         router.app, host=cfg.host, port=cfg.port, loop="auto", lifespan="on", access_log=False,
         http=hardened_http(cfg.header_timeout_s, cfg.body_timeout_s),  # read timeouts, HTTP/1.0 framing
         log_level=log_level, timeout_keep_alive=75,
         proxy_headers=False,  # the router is the edge: no X-Forwarded-* rewriting (one ASGI layer less per request)
-        server_header=False,
+        server_header=False, **uvicorn_drain_kwargs(router),
     )
+    DrainingServer(config, router).run()  # SIGTERM: drain (router.drain), then exit

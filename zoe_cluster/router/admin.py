@@ -64,8 +64,10 @@ class AuxRoutes:
     async def _health(self, request: Request) -> Response:
         now = self.router.clock()
         routable = sum(1 for st in self.router.replicas if st.routable(now))
-        return JSONResponse({"status": "ok", "replicas": len(self.router.replicas.by_id), "routable": routable,
-                             "membership_version": self.router.replicas.version})
+        draining = self.router.draining  # SIGTERM: load balancers take the router out while it finishes
+        return JSONResponse({"status": "draining" if draining else "ok", "replicas": len(self.router.replicas.by_id),
+                             "routable": routable, "membership_version": self.router.replicas.version},
+                            status_code=503 if draining else 200)
 
     async def _models(self, request: Request) -> Response:
         if self.router._api_keys:

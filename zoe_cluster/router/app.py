@@ -18,7 +18,8 @@ keep-alive connections. A connection failure, a timeout or a stall before the re
 continues the stream on another replica (`router.migration`, up to `migration_limit` times) or, when it cannot,
 ends it with an SSE error event and `[DONE]`. Sending upstream and relaying answers is `router.forwarding`, a mixin
 of `Router`. With `membership_file`, the last applied membership is kept there and read at start
-(`router.membership_store`). A client disconnect cancels the upstream request (its connection is
+(`router.membership_store`), and the picture (prefix indexes, KV-event mirrors) beside it (`router.picture_store`).
+Precise mode: the router subscribes to every KV-event publisher the membership lists (`router.kv_events`). A client disconnect cancels the upstream request (its connection is
 closed, so the engine aborts it). Finished requests feed the replica's time-per-output-token average, from which
 `router.slowness` judges replicas slow. Errors, the router's and the engines', reach the client in one shape
 (`router.errors`). Header and body read timeouts and HTTP/1.0 framing are the server's (`router.http_server`).
@@ -45,8 +46,10 @@ from zoe_cluster.router.admin import AuxRoutes
 from zoe_cluster.router.config import RouterConfig
 from zoe_cluster.router.errors import HttpError, error_body
 from zoe_cluster.router.health import HealthChecker
+from zoe_cluster.router.kv_events import KvEventSubscriber
 from zoe_cluster.router.membership import MemberReplica, Membership
 from zoe_cluster.router.membership_store import load_membership, save_membership
+from zoe_cluster.router.picture_store import PictureKeeper, picture_path
 from zoe_cluster.router.forwarding import Forwarding, _Attempt
 from zoe_cluster.router.replicas import ReplicaSet
 from zoe_cluster.router.request_checks import RequestError, check_sampling, parse_json_body
@@ -107,6 +110,10 @@ class Router(Forwarding):
         self._children: dict[tuple, Any] = {}
         self._ids = itertools.count(1)
         self._id_prefix = f"zoe-{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}-"
+        self.kv_events: KvEventSubscriber | None = None  # subscribes to the publishers membership lists
+        self.picture: PictureKeeper | None = None  # with membership_file: the picture saved beside it
+        self.draining = False
+        """SIGTERM received: /health answers 503 while in-flight requests finish (`zoe router`'s server)."""
         if membership is None and config.membership_file:
             membership = load_membership(config.membership_file)
         if membership is not None:
@@ -117,7 +124,6 @@ class Router(Forwarding):
         self._matched_tokens = 0
         self._prompt_tokens = 0
         self.upstream: UpstreamPool | None = None
-        self.kv_events = None  # KvEventSubscriber in precise mode
         self.health = HealthChecker(self, config)
         self.chat_prefixes = ChatPrefixCache(
             config.block_tokens, max_depth=config.max_json_depth, max_number_chars=config.max_number_chars
@@ -129,6 +135,8 @@ class Router(Forwarding):
         changes = self.replicas.apply(membership)
         if self.config.membership_file:
             save_membership(self.config.membership_file, membership)
+        if self.kv_events is not None:
+            self.kv_events.follow(membership.replicas)
         if changes["removed"]:
             gone = set(changes["removed"])
             self._children = {k: v for k, v in self._children.items() if not gone & set(k[1])}
@@ -147,15 +155,22 @@ class Router(Forwarding):
         if self.upstream is None:
             self.upstream = UpstreamPool(connect_timeout_s=self.config.connect_timeout_s)
         self.health.start()
-        if self.config.kv_events_endpoint and self.kv_events is None:
-            from zoe_cluster.router.kv_events import KvEventSubscriber
-
-            self.kv_events = KvEventSubscriber(self.config.kv_events_endpoint, self.policy.on_cache_evicted,
-                                               known=lambda rid: rid in self.replicas.by_id)
+        if self.kv_events is None:
+            self.kv_events = KvEventSubscriber(self.policy.on_cache_evicted, known=lambda rid: rid in self.replicas.by_id,
+                                               bind_endpoint=self.config.kv_events_endpoint)
             self.kv_events.start()
+            if self.config.membership_file and self.picture is None:
+                self.picture = PictureKeeper(self, picture_path(self.config.membership_file),
+                                             self.config.picture_save_s)
+                self.picture.restore()  # before following: the saved sequence numbers say where replay resumes
+                self.picture.start()
+            self.kv_events.follow(m.member for m in self.replicas.by_id.values())
 
     async def stop(self) -> None:
         await self.health.stop()
+        if self.picture is not None:
+            await self.picture.stop()
+            self.picture = None
         if self.kv_events is not None:
             await self.kv_events.stop()
             self.kv_events = None

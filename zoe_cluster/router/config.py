@@ -78,6 +78,22 @@ class RouterConfig(BaseModel):
         description="File where the router keeps the last membership it applied, read at start when no membership "
         "is given, so a restarted router serves its replicas at once (zoe_cluster.router.membership_store).",
     )
+    picture_save_s: float = Field(
+        default=2.0, ge=0,
+        description="With membership_file: period of saving the router's picture (prefix indexes, KV-event mirrors "
+        "and the event sequence numbers applied) beside it, also saved at shutdown and read at start "
+        "(zoe_cluster.router.picture_store); 0: only at shutdown.",
+    )
+    drain_delay_s: float = Field(
+        default=0.0, ge=0,
+        description="On SIGTERM: keep serving this long while /health answers 503, so load balancers stop sending "
+        "new connections, before the listener closes (Kubernetes: a few seconds; the chart sets it).",
+    )
+    drain_timeout_s: float = Field(
+        default=60.0, gt=0,
+        description="On SIGTERM, after the listener closes: longest wait for in-flight requests and streams to "
+        "finish before they are cut and the process exits.",
+    )
     max_queue: int = Field(default=1024, ge=0, description="Requests that may wait for a free replica; more get 429.")
     queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest wait in the queue before 503.")
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After sent with 429/503.")
@@ -113,8 +129,9 @@ class RouterConfig(BaseModel):
     )
     kv_events_endpoint: str | None = Field(
         default=None,
-        description="Precise mode: ZMQ endpoint the router binds for the engines' KV events "
-        "(e.g. tcp://0.0.0.0:5557); replicas publish with topic = their replica id.",
+        description="Precise mode for engines that connect their publisher: a ZMQ endpoint the router binds "
+        "(e.g. tcp://0.0.0.0:5557), topic = replica id; only one router can bind it. Engines that bind their "
+        "publisher list it in membership (MemberReplica.kv_events) and every router subscribes without this.",
     )
     scrape_metrics: bool = Field(default=True, description="Scrape each replica's /metrics with the health check.")
 

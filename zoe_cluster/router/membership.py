@@ -33,6 +33,32 @@ from zoe_cluster.engines.vllm import VllmAdapter
 REPLICA_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]*/[0-9]+/[0-9]+$"
 
 
+class KvEventSource(BaseModel):
+    """One KV-event publisher of a replica's engine (one per data-parallel rank): the engine binds these, every
+    router connects to them (precise mode, `zoe_cluster.router.kv_events`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    endpoint: str = Field(description="ZMQ PUB endpoint the engine binds, as routers reach it: tcp://host:port.")
+    replay_endpoint: str | None = Field(
+        default=None, description="ZMQ ROUTER endpoint where the engine replays its recent batches "
+        "(tcp://host:port); a router that (re)connects asks it for what it missed. None: no replay.")
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _tcp_endpoint(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        u = urlsplit(v)
+        try:
+            port = u.port
+        except ValueError as e:
+            raise ValueError(f"{v!r}: {e}") from None
+        if u.scheme != "tcp" or not u.hostname or u.hostname == "*" or not port:
+            raise ValueError(f"a KV-event endpoint must be tcp://host:port with a concrete host, got {v!r}")
+        return v
+
+
 class MemberReplica(BaseModel):
     """One replica the router may send requests to."""
 
@@ -65,6 +91,11 @@ class MemberReplica(BaseModel):
     )
     max_context_tokens: int | None = Field(
         default=None, gt=0, description="Longest prompt + output the replica accepts, tokens (None: no check)."
+    )
+    kv_events: list[KvEventSource] = Field(
+        default_factory=list,
+        description="The engine's KV-event publishers, one per data-parallel rank (precise mode): every router "
+        "subscribes to each; empty: the replica publishes none.",
     )
 
     @field_validator("url")

@@ -105,6 +105,16 @@ class PrefixIndex:
         self._lru.clear()
         self._host.clear()
 
+    def snapshot(self) -> tuple[list[int], list[int]]:
+        """(HBM hashes, host-tier hashes), each least recently used first: what `restore` takes back."""
+        return list(self._lru), list(self._host)
+
+    def restore(self, hbm: Sequence[int], host: Sequence[int] = ()) -> None:
+        """Replace both tiers by a `snapshot` (least recently used first), kept within the capacities."""
+        self._lru = OrderedDict.fromkeys(hbm[max(0, len(hbm) - self.capacity_blocks):])
+        keep = self.host_capacity_blocks
+        self._host = OrderedDict.fromkeys(host[max(0, len(host) - keep):] if keep else ())
+
 
 def _touch(lru: OrderedDict[int, None], block_hashes: Sequence[int], capacity: int) -> None:
     for h in reversed(block_hashes[:capacity]):

@@ -1,0 +1,174 @@
+"""A router's picture of the replicas' caches, kept in a file beside its membership file so a restarted router
+routes by what it knew instead of starting blind.
+
+    keeper = PictureKeeper(router, picture_path(config.membership_file), save_every_s=2.0)
+    keeper.restore()      # at start, after the membership file was applied; returns the replicas restored
+    keeper.start()        # saves every save_every_s (written whole, then renamed into place)
+    await keeper.stop()   # saves a last time
+
+What the file holds, per replica of the current membership: the prefix index (both tiers' block hashes, least
+recently used first, as 8-byte unsigned integers), the KV-event mirror (precise mode: blocks per data-parallel
+rank, totals, gaps) and, per KV-event publisher, the next sequence number the router expected. A restarted router
+restores the indexes and mirrors of the replicas its membership still lists (ids name the generation, so a
+replaced engine's picture is not taken for its successor's) and asks each publisher's replay endpoint for the
+batches from that sequence number on (`zoe_cluster.router.kv_events`): the evictions it missed while down are
+applied to the restored index. What a SIGKILL loses is what happened since the last save (at most
+`save_every_s` of routing decisions; evictions are replayed). A file that does not parse is logged and ignored.
+The format is msgpack with a version number; an unknown version is ignored the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from array import array
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from zoe_cluster.routing.kv_events import RankCache, ReplicaCacheMirror
+from zoe_cluster.routing.prefix_index import PrefixIndex
+
+if TYPE_CHECKING:
+    from zoe_cluster.router.app import Router
+
+_log = logging.getLogger(__name__)
+FORMAT_VERSION = 1
+
+
+def picture_path(membership_file: str | Path) -> Path:
+    """Where the picture of a router keeping its membership in `membership_file` lives."""
+    p = Path(membership_file)
+    return p.with_name(p.name + ".picture")
+
+
+def _hashes(values: list[int]) -> bytes:
+    return array("Q", values).tobytes()
+
+
+def _unhash(raw: bytes) -> list[int]:
+    a = array("Q")
+    a.frombytes(raw)
+    return a.tolist()
+
+
+def _indexes_of(policy: Any) -> Any:
+    """The policy that keeps prefix indexes (`index_of`), looking through wrappers (`inner`); None if none does."""
+    seen = 0
+    while policy is not None and seen < 8:
+        if hasattr(policy, "index_of") and hasattr(policy, "index"):
+            return policy
+        policy, seen = getattr(policy, "inner", None), seen + 1
+    return None
+
+
+class PictureKeeper:
+    """Saves and restores one router's picture (see the module docstring)."""
+
+    def __init__(self, router: "Router", path: str | Path, save_every_s: float = 2.0) -> None:
+        self.router = router
+        self.path = Path(path)
+        self.save_every_s = save_every_s
+        self.saves = 0
+        self._task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ capture / apply (pure of files)
+    def capture(self) -> dict[str, Any]:
+        """The picture as a msgpack-able document."""
+        r = self.router
+        policy = _indexes_of(r.policy)
+        sub = r.kv_events
+        seqs = sub.next_seqs() if sub is not None else {}
+        replicas: dict[str, Any] = {}
+        for rid in r.replicas.by_id:
+            entry: dict[str, Any] = {}
+            idx: PrefixIndex | None = policy.index_of(rid) if policy is not None else None
+            if idx is not None:
+                hbm, host = idx.snapshot()
+                entry["hbm"], entry["host"] = _hashes(hbm), _hashes(host)
+            mirror = sub.mirrors.get(rid) if sub is not None else None
+            if mirror is not None:
+                entry["mirror"] = {"block_size": mirror.block_size, "gaps": mirror.gaps, "history": mirror.history,
+                                   "ranks": [[k, c.blocks, c.last_seq] for k, c in mirror.ranks.items()]}
+            entry["next_seq"] = {ep: n for (rr, ep), n in seqs.items() if rr == rid}
+            replicas[rid] = entry
+        return {"format": FORMAT_VERSION, "block_tokens": r.config.block_tokens, "replicas": replicas}
+
+    def apply(self, doc: dict[str, Any]) -> int:
+        """Restore `doc` into the router; returns the replicas whose picture was restored."""
+        r = self.router
+        if doc.get("format") != FORMAT_VERSION or doc.get("block_tokens") != r.config.block_tokens:
+            _log.warning("picture file %s has format %s / block_tokens %s, this router %s / %s: not used",
+                         self.path, doc.get("format"), doc.get("block_tokens"), FORMAT_VERSION,
+                         r.config.block_tokens)
+            return 0
+        policy = _indexes_of(r.policy)
+        sub = r.kv_events
+        restored = 0
+        for rid, entry in doc.get("replicas", {}).items():
+            st = r.replicas.by_id.get(rid)
+            if st is None:
+                continue  # no longer a member (or another generation): its picture is not this replica's
+            if policy is not None and "hbm" in entry:
+                policy.index(st.view, r.config.block_tokens).restore(_unhash(entry["hbm"]), _unhash(entry["host"]))
+            if sub is not None and "mirror" in entry:
+                m = entry["mirror"]
+                sub.mirrors[rid] = ReplicaCacheMirror(
+                    block_size=m["block_size"], gaps=m["gaps"], history=dict(m["history"]),
+                    ranks={k: RankCache(blocks, seq) for k, blocks, seq in m["ranks"]})
+            if sub is not None:
+                sub.resume_seq.update({(rid, ep): n for ep, n in entry.get("next_seq", {}).items()})
+            restored += 1
+        return restored
+
+    # ------------------------------------------------------------------ files
+    def save(self) -> None:
+        """Write the picture atomically (a reader sees the old file or the new one)."""
+        self._write(msgpack.packb(self.capture(), use_bin_type=True))
+
+    def _write(self, data: bytes) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, self.path)
+        self.saves += 1
+
+    def restore(self) -> int:
+        """Read the file into the router (call after the membership and the KV-event subscriber exist); returns
+        the replicas restored (0 without a usable file)."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return 0
+        try:
+            doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+            if not isinstance(doc, dict):
+                raise ValueError("not a map")
+            return self.apply(doc)
+        except (ValueError, TypeError, KeyError, msgpack.exceptions.ExtraData) as e:
+            _log.error("picture file %s is not a router picture (%s): starting without it", self.path, e)
+            return 0
+
+    def start(self) -> None:
+        if self.save_every_s > 0 and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.save()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.save_every_s)
+            try:
+                data = msgpack.packb(self.capture(), use_bin_type=True)  # captured on the loop: one consistent state
+                await asyncio.to_thread(self._write, data)
+            except OSError as e:
+                _log.warning("could not save the picture to %s: %s", self.path, e)
