@@ -7,14 +7,14 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import time
+from collections import deque
 
 import pytest
 
 from tests.router.test_proxy import Cluster, completion, sse_events
 from zoe_cluster.router.slowness import (
-    Ewma,
     LatencyFacts,
-    ewma,
+    LatencySamples,
     next_stall_check_s,
     probe_due,
     record_sample,
@@ -23,18 +23,41 @@ from zoe_cluster.router.slowness import (
 )
 
 
+def series(value, n):
+    return LatencySamples(deque([value] if value is not None else []), n if value is not None else 0)
+
+
 def facts(tpot_s=None, n=10, e2e=None, ne=0):
-    return LatencyFacts(Ewma(tpot_s, n if tpot_s is not None else 0), Ewma(e2e, ne))
+    return LatencyFacts(series(tpot_s, n), series(e2e, ne))
 
 
-def test_ewma_and_probe_samples():
-    assert ewma(None, 2.0, 0.2) == 2.0 and ewma(1.0, 2.0, 0.25) == 1.25
+def test_window_median_and_probe_samples():
     f = LatencyFacts.empty()
-    record_sample(f, "tpot_s", 0.1, 0.5)
-    record_sample(f, "tpot_s", 0.3, 0.5)
-    assert f.tpot_s.value == pytest.approx(0.2) and f.tpot_s.samples == 2
-    record_sample(f, "tpot_s", 0.01, 0.5, probe=True)  # a probe says how the replica is now
-    assert f.tpot_s.value == 0.01
+    for x in (0.1, 0.3, 0.2):
+        record_sample(f, "tpot_s", x, window=3)
+    assert f.tpot_s.value == pytest.approx(0.2) and f.tpot_s.samples == 3
+    record_sample(f, "tpot_s", 0.4, window=3)  # the oldest (0.1) leaves the window
+    assert list(f.tpot_s.recent) == [0.3, 0.2, 0.4] and f.tpot_s.value == pytest.approx(0.3)
+    record_sample(f, "tpot_s", 0.01, window=3, probe=True)  # a probe says how the replica is now
+    assert f.tpot_s.value == 0.01 and f.tpot_s.samples == 5
+    with pytest.raises(ValueError, match="window"):
+        record_sample(f, "tpot_s", 0.01, window=0)
+
+
+def test_one_stream_beside_a_long_prefill_does_not_make_a_replica_slow():
+    """A healthy replica's short stream that decoded while the engine ran another request's long prefill in chunks
+    shows many times the usual time per token (the twin gives 7x for an 88-token stream beside a 500K-token
+    prefill): one such sample among fast ones is no verdict; a replica slow on most of its window is."""
+    fleet = {rid: LatencyFacts.empty() for rid in "abcd"}
+    for rid, f in fleet.items():
+        for _ in range(5):
+            record_sample(f, "tpot_s", 0.017, window=5)
+    record_sample(fleet["a"], "tpot_s", 0.017 * 7, window=5)
+    assert slow_replicas(fleet, factor=3.0, min_samples=5) == {}
+    record_sample(fleet["a"], "tpot_s", 0.017 * 4, window=5)
+    assert slow_replicas(fleet, factor=3.0, min_samples=5) == {}
+    record_sample(fleet["a"], "tpot_s", 0.017 * 10, window=5)  # now 3 of its last 5 are slow
+    assert list(slow_replicas(fleet, factor=3.0, min_samples=5)) == ["a"]
 
 
 def test_slow_against_the_median_of_peers():

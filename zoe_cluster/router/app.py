@@ -104,7 +104,6 @@ class Router(Forwarding):
             slow_factor=config.slow_factor,
             slow_min_samples=config.slow_min_samples,
             slow_probe_s=config.slow_probe_s,
-            latency_ewma_alpha=config.latency_ewma_alpha,
         )
         self._retry_statuses = frozenset(config.retry_statuses)
         self._children: dict[tuple, Any] = {}

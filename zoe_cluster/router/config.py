@@ -115,17 +115,16 @@ class RouterConfig(BaseModel):
     )
     slow_factor: float | None = Field(
         default=3.0, gt=1,
-        description="A replica whose time per output token exceeds this many times its peers' median gets no new "
-        "requests until a probe shows it recovered (None: off).",
+        description="A replica whose median time per output token over its latest slow_min_samples requests exceeds "
+        "this many times its peers' gets no new requests until a probe shows it recovered (None: off).",
     )
     slow_min_samples: int = Field(
-        default=5, ge=1, description="Finished requests a replica (and a peer) needs before it can be judged slow."
+        default=5, ge=1,
+        description="Finished requests a replica (and a peer) needs before it can be judged slow, and the window of "
+        "latest requests whose median is judged.",
     )
     slow_probe_s: float = Field(
         default=2.0, gt=0, description="Period of the single probe request sent to a replica judged slow."
-    )
-    latency_ewma_alpha: float = Field(
-        default=0.2, gt=0, le=1, description="Weight of a new sample in a replica's moving average of latency."
     )
     kv_events_endpoint: str | None = Field(
         default=None,

@@ -45,7 +45,7 @@ class RoutedReplica:
     """Left membership (in-flight requests may still hold this object)."""
     served: frozenset[str] = field(default_factory=frozenset)
     latency: LatencyFacts = field(default_factory=LatencyFacts.empty)
-    """Moving averages of its time per output token, and since when it is judged slow (`router.slowness`)."""
+    """Its latest times per output token, and since when it is judged slow (`router.slowness`)."""
     last_byte_at: float = 0.0
     """Monotonic time any of its streams last sent a byte (stall detection)."""
     decoding_streams: int = 0
@@ -97,7 +97,6 @@ class ReplicaSet:
         slow_factor: float | None = None,
         slow_min_samples: int = 5,
         slow_probe_s: float = 2.0,
-        latency_ewma_alpha: float = 0.2,
     ) -> None:
         self.policy = policy
         self.metrics = metrics
@@ -107,7 +106,7 @@ class ReplicaSet:
         self.clock = clock
         self.on_change = on_change
         self.slow_factor, self.slow_min_samples = slow_factor, slow_min_samples
-        self.slow_probe_s, self.latency_ewma_alpha = slow_probe_s, latency_ewma_alpha
+        self.slow_probe_s = slow_probe_s
         self._judged_at = float("-inf")
         self.version: int | None = None
         self.membership: Membership | None = None
@@ -197,7 +196,7 @@ class ReplicaSet:
         slow set judged again."""
         if st.removed or self.slow_factor is None:
             return
-        record_sample(st.latency, measure, sample_s, self.latency_ewma_alpha, probe=probe)
+        record_sample(st.latency, measure, sample_s, self.slow_min_samples, probe=probe)
         now = self.clock()
         if probe or now - self._judged_at >= _JUDGE_EVERY_S:
             self.judge_slow()

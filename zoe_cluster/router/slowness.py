@@ -2,17 +2,20 @@
 
 A replica much slower than its peers stops receiving new requests until it recovers:
 
-- Facts, per replica (`LatencyFacts`): an exponentially weighted moving average (EWMA) of the time per output
-  token of its finished streams (`tpot_s`: time between the first and the last SSE event over the events between
-  them), and of its non-streamed requests (`e2e_per_token_s`: whole request time over `usage.completion_tokens`),
-  each with its sample count. The two are kept apart because one includes the prefill and the other does not.
+- Facts, per replica (`LatencyFacts`): the latest `window` samples of the time per output token of its finished
+  streams (`tpot_s`: time between the first and the last SSE event over the events between them), and of its
+  non-streamed requests (`e2e_per_token_s`: whole request time over `usage.completion_tokens`), each with its
+  sample count. The two are kept apart because one includes the prefill and the other does not.
 - Decision (`slow_replicas`): a replica is slow when, for a measure it and at least one peer have `min_samples`
-  of, its EWMA exceeds `factor` times the median of its peers' EWMAs. Time to first token is not used: with
-  prefix-aware routing it differs by the cache hits a replica gets, not by the replica's speed; queueing is
-  already in the policies' load terms.
+  of, the median of its window exceeds `factor` times the median of its peers' medians. A median, not a moving
+  average: a healthy engine's decode steps stretch while it runs another request's long prefill in chunks
+  (agentic prompts of 100K+ tokens), so one short stream that decoded beside such a prefill can show many times
+  the usual time per token; a replica slow on most of its recent requests is what the decision is for. Time to
+  first token is not used: with prefix-aware routing it differs by the cache hits a replica gets, not by the
+  replica's speed; queueing is already in the policies' load terms.
 - Recovery (`probe_due`): a slow replica receives no new work, so it gives no new samples; every `probe_s` one
-  request goes to it as a probe, and the probe's sample replaces its EWMA (`record_sample(..., probe=True)`), so a
-  replica that recovered is judged on how it is now.
+  request goes to it as a probe, and the probe's sample replaces its window (`record_sample(..., probe=True)`), so
+  a replica that recovered is judged on how it is now.
 
 A replica that hangs mid-request is found by `stall_verdict`: a request that waited `stall_timeout_s` on a replica
 whose decoding streams all sent no byte for `stall_timeout_s` gives up on it, and the replica is ejected.
@@ -21,48 +24,59 @@ whose decoding streams all sent no byte for `stall_timeout_s` gives up on it, an
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 MEASURES = ("tpot_s", "e2e_per_token_s")
 
 
 @dataclass
-class Ewma:
-    value: float | None = None
+class LatencySamples:
+    """The latest samples of one measure, seconds (at most the window `record_sample` is given), and how many
+    were ever recorded."""
+
+    recent: deque[float] = field(default_factory=deque)
     samples: int = 0
+
+    @property
+    def value(self) -> float | None:
+        """The median of the recent samples (None before the first)."""
+        return statistics.median(self.recent) if self.recent else None
 
 
 @dataclass
 class LatencyFacts:
     """One replica's latency record (mutated by `record_sample`; read by the decisions)."""
 
-    tpot_s: Ewma
-    e2e_per_token_s: Ewma
+    tpot_s: LatencySamples
+    e2e_per_token_s: LatencySamples
     slow_since: float | None = None
     """Monotonic time the replica was found slow (None: not slow)."""
     last_probe_at: float = 0.0
 
     @classmethod
     def empty(cls) -> "LatencyFacts":
-        return cls(Ewma(), Ewma())
+        return cls(LatencySamples(), LatencySamples())
 
 
-def ewma(prev: float | None, sample: float, alpha: float) -> float:
-    """The moving average after one more sample (the sample itself when there is no average yet)."""
-    return sample if prev is None else prev + alpha * (sample - prev)
-
-
-def record_sample(facts: LatencyFacts, measure: str, sample_s: float, alpha: float, probe: bool = False) -> None:
-    """Add one sample of `measure` (seconds); a probe's sample replaces the average."""
-    e: Ewma = getattr(facts, measure)
-    e.value = sample_s if probe else ewma(e.value, sample_s, alpha)
+def record_sample(facts: LatencyFacts, measure: str, sample_s: float, window: int, probe: bool = False) -> None:
+    """Add one sample of `measure` (seconds), keeping the latest `window`; a probe's sample replaces them."""
+    if window <= 0:
+        raise ValueError(f"window must be positive, got {window}")
+    e: LatencySamples = getattr(facts, measure)
+    if probe:
+        e.recent.clear()
+    e.recent.append(sample_s)
+    while len(e.recent) > window:
+        e.recent.popleft()
     e.samples += 1
 
 
 def slow_replicas(facts: Mapping[str, LatencyFacts], factor: float, min_samples: int) -> dict[str, str]:
-    """Replica id -> why, for each replica slower than `factor` x the median of its peers on some measure."""
+    """Replica id -> why, for each replica whose recent median is over `factor` x its peers' median on some
+    measure."""
     out: dict[str, str] = {}
     for measure in MEASURES:
         vals = {rid: getattr(f, measure).value for rid, f in facts.items()
