@@ -25,6 +25,22 @@ def _error(e: BaseException, stderr: io.StringIO) -> str:
     return repr(e)
 
 
+def _kv_events(cfg):
+    """The KV-event publisher settings an engine parsed (None: no KV events)."""
+    if cfg is None:
+        return None
+    return {k: getattr(cfg, k, None) for k in ("enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint",
+                                               "topic")}
+
+
+def _sglang_kv_events(text):
+    if not text:
+        return None
+    from sglang.srt.disaggregation.kv_events import KVEventsConfig
+
+    return _kv_events(KVEventsConfig.from_cli(text))  # what SGLang's scheduler builds its publisher from
+
+
 def check_vllm(argvs):
     from vllm.engine.arg_utils import EngineArgs
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
@@ -58,7 +74,8 @@ def check_vllm(argvs):
                 "kv_offloading_size": eng.kv_offloading_size, "kv_offloading_backend": eng.kv_offloading_backend,
                 "tool_call_parser": args.tool_call_parser, "enable_auto_tool_choice": args.enable_auto_tool_choice,
                 "reasoning_parser": eng.reasoning_parser or None, "trust_remote_code": eng.trust_remote_code,
-                "long_prefill_token_threshold": eng.long_prefill_token_threshold}})
+                "long_prefill_token_threshold": eng.long_prefill_token_threshold,
+                "kv_events": _kv_events(eng.kv_events_config)}})
         except BaseException as e:  # argparse exits with SystemExit
             results.append({"ok": False, "error": _error(e, err)})
     return results
@@ -82,7 +99,7 @@ def check_sglang(argvs):
             results.append({"ok": True, "error": "", "values": {
                 "enable_hierarchical_cache": args.enable_hierarchical_cache, "hicache_size": args.hicache_size,
                 "tool_call_parser": args.tool_call_parser, "reasoning_parser": args.reasoning_parser,
-                "trust_remote_code": args.trust_remote_code}})
+                "trust_remote_code": args.trust_remote_code, "kv_events": _sglang_kv_events(args.kv_events_config)}})
         except BaseException as e:
             results.append({"ok": False, "error": _error(e, err)})
     return results

@@ -9,6 +9,7 @@ else: code outside `zoe_cluster.engines` asks an adapter, it never compares an e
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, get_args
 
@@ -45,6 +46,11 @@ class LaunchContext:
     host_kv_gb: float = 0.0
     """Host memory for a second KV tier, GB per replica (0: HBM only); each adapter turns it into its engine's
     flags: vLLM's CPU offloading, SGLang's HiCache, the simulated engine's host tier."""
+    kv_events_port: int | None = None
+    """Precise routing: the engine binds its KV-event publishers from this port on (`kv_event_ports`), topic
+    `replica_id`; None: no KV events."""
+    replica_id: str = ""
+    """The replica's id ("deployment/index/generation"), the topic of its KV events."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,22 @@ def adapter_class(name: str) -> type[EngineAdapter]:
         return _ADAPTERS[name]
     except KeyError:
         raise ValueError(f"unknown engine '{name}'; known: {', '.join(ENGINE_NAMES)}") from None
+
+
+def kv_event_ports(base_port: int, dp_size: int) -> list[tuple[int, int]]:
+    """(publisher port, replay port) of each data-parallel rank of an engine given `base_port`: vLLM and SGLang
+    offset both endpoints' ports by the rank, so the publishers take base..base+dp-1 and the replay sockets the dp
+    ports after them. Routers connect to these (`MemberReplica.kv_events`)."""
+    return [(base_port + r, base_port + dp_size + r) for r in range(dp_size)]
+
+
+def kv_events_config(base_port: int, dp_size: int, topic: str) -> str:
+    """The `--kv-events-config` JSON both vLLM (0.29-0.33) and SGLang (0.5.19-0.5.23) take: a ZMQ publisher the
+    engine binds on every interface (a wildcard host makes both bind rather than connect), with a replay socket so
+    a router that (re)connects catches up. vLLM reads `enable_kv_cache_events`; SGLang ignores it."""
+    return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{base_port}",
+                       "replay_endpoint": f"tcp://*:{base_port + dp_size}", "topic": topic},
+                      separators=(",", ":"))
 
 
 def visible_devices_env(platform: Platform, gpu_ids: tuple[int, ...]) -> dict[str, str]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from zoe_cluster.engines.base import EngineAdapter, EngineCommand, EngineStats, LaunchContext, visible_devices_env
+from zoe_cluster.engines.base import (EngineAdapter, EngineCommand, EngineStats, LaunchContext, kv_events_config,
+                                      visible_devices_env)
 from zoe_cluster.engines.metrics_text import engine_stats
 from zoe_cluster.engines.vllm import kernel_env
 from zoe_cluster.recipes import Recipe, SglangVariant
@@ -77,6 +78,8 @@ class SglangAdapter(EngineAdapter):
         if ctx.host_kv_gb > 0:  # HiCache: --hicache-size is whole GB per rank (each TP rank keeps its own pool)
             per_rank = max(1, int(ctx.host_kv_gb // (par.tp * par.pp * par.dp)))
             argv += ["--enable-hierarchical-cache", "--hicache-size", str(per_rank)]
+        if ctx.kv_events_port is not None:  # every node gets it: the scheduler owning a KV cache publishes
+            argv += ["--kv-events-config", kv_events_config(ctx.kv_events_port, par.dp, ctx.replica_id)]
         argv += list(v.extra_engine_args)
         env = {**v.env, **kernel_env(v.kernels), **visible_devices_env(ctx.platform, ctx.gpu_ids), **ctx.extra_env}
         return EngineCommand(argv=argv, env=env)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from zoe_cluster.engines.base import EngineAdapter, EngineCommand, EngineStats, LaunchContext, visible_devices_env
+from zoe_cluster.engines.base import (EngineAdapter, EngineCommand, EngineStats, LaunchContext, kv_events_config,
+                                      visible_devices_env)
 from zoe_cluster.engines.metrics_text import engine_stats
 from zoe_cluster.recipes import Recipe, VllmVariant
 
@@ -103,6 +104,8 @@ class VllmAdapter(EngineAdapter):
             argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
         if ctx.host_kv_gb > 0:  # vLLM's native CPU offloading; its size is GiB summed over the replica's ranks
             argv += ["--kv-offloading-size", f"{ctx.host_kv_gb * 1e9 / 2**30:.1f}", "--kv-offloading-backend", "native"]
+        if ctx.kv_events_port is not None:
+            argv += ["--kv-events-config", kv_events_config(ctx.kv_events_port, par.dp, ctx.replica_id)]
         argv += kernel_args(v.kernels, ctx.platform, list(v.extra_engine_args))
         argv += list(v.extra_engine_args)
         return EngineCommand(argv=argv, env=env)
