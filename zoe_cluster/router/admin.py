@@ -19,8 +19,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from zoe_cluster.config_errors import validation_problems
 from zoe_cluster.router.errors import error_body
 from zoe_cluster.router.membership import Membership
+from zoe_cluster.router.picture_store import picture_summary
 from zoe_cluster.router.replicas import StaleMembership
 
 if TYPE_CHECKING:
@@ -100,13 +102,13 @@ class AuxRoutes:
             if self.router.kv_events is not None:
                 out["kv_events"] = {rid: {"engine_blocks": m.blocks, "block_size": m.block_size, "gaps": m.gaps,
                                           **m.history} for rid, m in self.router.kv_events.mirrors.items()}
+            out["picture"] = picture_summary(self.router)
             return JSONResponse(out)
         raw = await request.body()
         try:
             m = Membership.model_validate_json(raw)
         except ValidationError as e:
-            problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors())
-            return _error(400, f"invalid membership: {problems}", "invalid_request_error")
+            return _error(400, f"invalid membership: {validation_problems(e, whole='body')}", "invalid_request_error")
         try:
             changes = self.router.apply_membership(m)
         except StaleMembership as e:

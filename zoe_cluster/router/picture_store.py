@@ -65,6 +65,17 @@ def _indexes_of(policy: Any) -> Any:
     return None
 
 
+def picture_summary(router: "Router") -> dict[str, Any]:
+    """Per replica, the blocks its prefix index holds (HBM, host tier): the admin API shows it."""
+    policy = _indexes_of(router.policy)
+    out: dict[str, Any] = {}
+    for rid in router.replicas.by_id:
+        idx = policy.index_of(rid) if policy is not None else None
+        out[rid] = {"prefix_blocks": idx.hbm_blocks if idx is not None else 0,
+                    "host_prefix_blocks": len(idx.snapshot()[1]) if idx is not None and idx.host_capacity_blocks else 0}
+    return out
+
+
 class PictureKeeper:
     """Saves and restores one router's picture (see the module docstring)."""
 
