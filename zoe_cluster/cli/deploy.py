@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from zoe_cluster.cli.common import EXIT_RUNTIME, console, fail, parse_service_classes, print_json
+from zoe_cluster.config_errors import validation_problems
 from zoe_cluster.engines import ENGINE_NAMES, get_adapter, simulated_engine
 
 SIM_DEFAULT_REPLICAS = 2
@@ -324,7 +325,7 @@ def register(app: typer.Typer) -> None:
                 metrics_port=metrics_port, worker_images=worker_images,
             )
         except ValidationError as e:
-            fail("; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()))
+            fail(validation_problems(e))
         console.print(f"deploying {spec.name}: {spec.replicas} x {chosen} on {engine} (Ray {gcs})", highlight=False)
         load = recipe.variants[chosen].profile.weights_load_s
         if simulated and load and engine_env["ZOE_SIM_LOAD_TIME"] == "real":

@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 
 from zoe_cluster.cli.common import console, fail, parse_service_classes
+from zoe_cluster.config_errors import validation_problems
 from zoe_cluster.engines import ENGINE_NAMES
 from zoe_cluster.engines.vllm import VllmAdapter
 
@@ -135,7 +136,7 @@ def register(app: typer.Typer) -> None:
         except PolicyConfigError as e:
             fail(str(e))
         except ValidationError as e:
-            fail("; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()))
+            fail(validation_problems(e))
         if membership is None and cfg.admin_key is None and not cfg.membership_file:
             fail("no --replica given and no --admin-key to receive membership: the router would have nothing to route to")
         run_router(build_router(cfg, membership=membership), cfg, log_level)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from zoe_cluster.cluster.placement import GangShape
+from zoe_cluster.config_errors import validation_problems
 from zoe_cluster.engines import EngineAdapter, EngineName, get_adapter
 from zoe_cluster.recipes.schema import Recipe
 from zoe_cluster.router.config import RouterConfig
@@ -137,8 +138,7 @@ class DeploymentSpec(BaseModel):
             try:
                 self.router_config()
             except ValidationError as e:  # named as the router's config names them (settings are its fields)
-                raise ValueError("; ".join(f"router: {'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
-                                           for err in e.errors())) from None
+                raise ValueError(validation_problems(e, whole="config", prefix="router: ")) from None
         return self
 
     def router_policy(self) -> tuple[str | None, dict[str, Any]]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from zoe_cluster.config_errors import validation_problems
 from zoe_cluster.router.membership import Membership
 
 _log = logging.getLogger(__name__)
@@ -41,6 +42,6 @@ def load_membership(path: str | Path) -> Membership | None:
     try:
         return Membership.model_validate_json(text)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(file)'}: {err['msg']}" for err in e.errors())
+        problems = validation_problems(e, whole="(file)")
         _log.error("membership file %s is not a valid membership (%s); waiting for a push", path, problems)
         return None

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from zoe_cluster.config_errors import validation_problems
 from zoe_cluster.routing.context import ReplicaView, RequestContext, RoutingDecision
 
 
@@ -107,8 +108,7 @@ def validate_policy_config(name: str, config: dict[str, Any] | None = None) -> P
     try:
         return POLICIES[name].Config(**(config or {}))
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
-        raise PolicyConfigError(f"policy '{name}': {problems}") from None
+        raise PolicyConfigError(f"policy '{name}': {validation_problems(e)}") from None
 
 
 def get_policy(name: str = DEFAULT_POLICY, **config: Any) -> Policy:

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
+from zoe_cluster.config_errors import validation_problems
 from zoe_cluster.routing.context import ReplicaView, RequestContext, RoutingDecision
 from zoe_cluster.routing.hash_ring import HashRing
 from zoe_cluster.routing.policy import (
@@ -143,6 +144,5 @@ def fleet_factory(routers: int, front: str = "random", policy: str = DEFAULT_POL
         config = RouterFleetConfig(routers=routers, front=front, policy=policy, options=dict(options or {}),
                                    seed=seed, affinity_blocks=affinity_blocks)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'policy'}: {err['msg']}" for err in e.errors())
-        raise PolicyConfigError(f"router fleet: {problems}") from None
+        raise PolicyConfigError(f"router fleet: {validation_problems(e, whole='policy')}") from None
     return partial(RouterFleet, config)
