@@ -46,17 +46,40 @@ RETENTION_ARMS = (("prefix", "prefix", {}), ("prefix, thinking sessions not coun
                   ("session_hash", "session_hash", {}))
 
 
-def run_one(traces: str, model: str, replicas: int, live: int, policy: str, host_kv_gb: float,
-            policy_options: dict[str, Any] | None = None, kv_tokens: int | None = None) -> dict[str, Any]:
-    """One closed-loop replay (`zoe sim replay TRACES --sessions LIVE`); its report with the derived columns."""
-    from zoe_cluster.agentic.replay import run_closed_loop
+def recipe_with_threshold(model: str, long_prefill_token_threshold: int, image: str | None = None):  # type: ignore[no-untyped-def]
+    """`model`'s recipe, its default variant run with vLLM's `--long-prefill-token-threshold` (0: as written) and,
+    when given, another engine image (the twin reads only the vLLM release its tag names: whether the threshold
+    cuts a request that is alone on the engine, as vLLM before 0.32 does)."""
     from zoe_cluster.recipes import RecipeRegistry
+
+    recipe = RecipeRegistry.default().get(model)
+    update: dict[str, Any] = {}
+    if long_prefill_token_threshold:
+        update["long_prefill_token_threshold"] = long_prefill_token_threshold
+    if image:
+        update["image"] = image
+    if update:
+        recipe = recipe.model_copy(deep=True)
+        name = recipe.default_variant
+        recipe.variants[name] = recipe.variants[name].model_copy(update=update)
+    return recipe
+
+
+def run_one(traces: str, model: str, replicas: int, live: int, policy: str, host_kv_gb: float,
+            policy_options: dict[str, Any] | None = None, kv_tokens: int | None = None,
+            long_prefill_token_threshold: int = 0, think_cap_s: float = 60.0,
+            image: str | None = None) -> dict[str, Any]:
+    """One closed-loop replay (`zoe sim replay TRACES --sessions LIVE`, the default variant with
+    `long_prefill_token_threshold` set when nonzero); its report with the derived columns."""
+    from zoe_cluster.agentic.options import SessionOptions
+    from zoe_cluster.agentic.replay import replay_sessions
     from zoe_cluster.sim.calibrate import calibrate
 
     t0 = time.perf_counter()
-    rep = run_closed_loop(traces, live, replicas, policy, model=model, policy_options=policy_options,
-                          host_kv_gb=host_kv_gb, kv_tokens=kv_tokens)
-    recipe = RecipeRegistry.default().get(model)
+    recipe = recipe_with_threshold(model, long_prefill_token_threshold, image)
+    opts = SessionOptions(live, think_cap_s=think_cap_s, max_input_tokens=recipe.architecture.max_context_tokens)
+    rep = replay_sessions(recipe, recipe.default_variant, opts.driver(traces), replicas, policy,
+                          policy_options=policy_options, kv_tokens=kv_tokens, host_kv_gb=host_kv_gb)
     per_token_s = calibrate(recipe, rep["variant"]).model.prefill_per_token_s
     hits = (rep["prefix_hit_rate"] or 0.0) + rep.get("host_hit_rate", 0.0)
     floor_p90 = rep.get("ttft_floor_p90_s")
@@ -66,6 +89,8 @@ def run_one(traces: str, model: str, replicas: int, live: int, policy: str, host
     return {
         "replicas": replicas, "live_sessions": live, "policy": policy, "host_kv_gb": host_kv_gb,
         "policy_options": policy_options or {}, "kv_tokens": kv_tokens,
+        "long_prefill_token_threshold": long_prefill_token_threshold, "think_cap_s": think_cap_s,
+        "image": recipe.variant(recipe.default_variant).image,
         "share_of_ceiling": hits / rep["reuse_ceiling"] if rep["reuse_ceiling"] else None,
         "p90_over_floor": rep["ttft_p90_s"] / floor_p90 if floor_p90 else None,
         "prefill_load": prefill_load,
@@ -83,6 +108,10 @@ def main() -> None:
     ap.add_argument("--live", default="16,32,64")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--host-kv-gb", type=float, default=HOST_KV_GB, help="host tier per replica (0: HBM only)")
+    ap.add_argument("--long-prefill-token-threshold", default="0",
+                    help="vLLM's --long-prefill-token-threshold values to run the default variant with (0: unset)")
+    ap.add_argument("--engine-image", default=None,
+                    help="run the default variant on this image instead (e.g. vllm/vllm-openai-rocm:v0.32.0)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(HERE / "policies.json"))
     ap.add_argument("--plot-only", action="store_true", help="redraw policies.png from --out")
@@ -93,19 +122,23 @@ def main() -> None:
         return retention(args)
     out = Path(args.out)
     if not args.plot_only:
-        combos = [(int(n), int(live), p, tier)
+        combos = [(int(n), int(live), p, tier, int(cap))
                   for n in args.replicas.split(",") for live in args.live.split(",")
                   for tier in ((0.0, args.host_kv_gb) if args.host_kv_gb else (0.0,))
+                  for cap in args.long_prefill_token_threshold.split(",")
                   for p in args.policies.split(",")]
         rows = []
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futs = [pool.submit(run_one, args.traces, args.model, n, live, p, tier) for n, live, p, tier in combos]
+            futs = [pool.submit(run_one, args.traces, args.model, n, live, p, tier,
+                                long_prefill_token_threshold=cap, image=args.engine_image)
+                    for n, live, p, tier, cap in combos]
             for i, f in enumerate(futs):
                 row = f.result()
                 rows.append(row)
                 r = row["report"]
                 print(f"[{i + 1}/{len(futs)}] {row['replicas']} replicas, {row['live_sessions']} live, "
-                      f"{row['policy']}, host {row['host_kv_gb']:.0f} GB: hit {r['prefix_hit_rate']:.3f} "
+                      f"{row['policy']}, host {row['host_kv_gb']:.0f} GB, "
+                      f"threshold {row['long_prefill_token_threshold']}: hit {r['prefix_hit_rate']:.3f} "
                       f"(+host {r.get('host_hit_rate', 0):.3f}) of ceiling {r['reuse_ceiling']:.3f}, "
                       f"TTFT p90 {r['ttft_p90_s']:.2f} s (floor {r['ttft_floor_p90_s']:.2f}), "
                       f"{r['output_tok_s_per_gpu']:.2f} tok/s/GPU, dropped {r['dropped']}", flush=True)

@@ -1,11 +1,16 @@
-"""Concurrency sweep on the virtual clock: the 32 shared agentic sessions closed-loop on simulated GLM-5.3
-replicas, 1..64 live sessions, throughput per GPU against p90 interactivity.
+"""Concurrency sweep on the virtual clock, to and past saturation: the 32 shared agentic sessions closed-loop on
+simulated GLM-5.3 replicas, throughput per GPU against p90 interactivity, and the throughput ratio of `prefix` over
+each other policy at equal p90 interactivity (read off the curves by linear interpolation).
 
-    python bench/agentic/sweep.py                       # writes bench/agentic/sweep.json and sweep.png
-    python bench/agentic/sweep.py --replicas 8 --policies prefix --sessions 8,32
+    python bench/agentic/sweep.py --jobs 2             # writes bench/agentic/sweep.json and sweep.png
+    python bench/agentic/sweep.py --plot-only          # redraw sweep.png and the ratios from sweep.json
+    python bench/agentic/sweep.py --policies prefix --sessions 8,32 --out /tmp/s.json
 
 Each point is `zoe sim replay ../shared/traces/agentic --sessions N --model glm-5.3 --replicas R --policy P
---json` (the in-process `run_closed_loop`); sessions beyond the 32 files replay them again as new users.
+--think-cap-s C --json` (the in-process replay of `policies.run_one`, which also sets vLLM's
+`--long-prefill-token-threshold` on the variant when asked); sessions beyond the 32 files replay them again as new
+users. Every point records each replica's busy time, so the hot-spotting of a policy (its busiest replica over the
+mean) is read next to the curves.
 """
 
 from __future__ import annotations
@@ -13,18 +18,75 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
 
-from zoe_cluster.agentic.plot import plot_sweep  # noqa: E402
-from zoe_cluster.agentic.replay import run_closed_loop  # noqa: E402
+from policies import run_one  # noqa: E402
 
 KEEP = ("live_sessions", "total_sessions", "requests", "completed", "dropped", "errors", "prefix_hit_rate",
         "reuse_ceiling", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_floor_p90_s", "itl_p50_s", "itl_p90_s",
-        "e2e_p90_s", "output_tok_s", "output_tok_s_per_gpu", "tok_s_per_user_p90", "gpus", "preemptions", "wall_s")
+        "e2e_p90_s", "output_tok_s", "output_tok_s_per_gpu", "tok_s_per_user_p90", "gpus", "span_s", "preemptions",
+        "wall_s")
+
+
+def point(row: dict[str, Any]) -> dict[str, Any]:
+    """The kept report fields of one run, with its prefill load and the busy share of each replica."""
+    rep = row["report"]
+    busy = [p["busy_s"] / rep["span_s"] for p in rep.get("per_replica", [])] if rep["span_s"] else []
+    return {**{k: rep.get(k) for k in KEEP}, "prefill_load": row["prefill_load"],
+            "replica_busy": [round(b, 4) for b in busy],
+            "busiest_over_mean": max(busy) / (sum(busy) / len(busy)) if busy and sum(busy) else None}
+
+
+def curve(points: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(p90 tok/s per user, tok/s per GPU) of a sweep, in order of rising concurrency."""
+    return [(p["tok_s_per_user_p90"], p["output_tok_s_per_gpu"])
+            for p in sorted(points, key=lambda p: p["live_sessions"]) if p.get("tok_s_per_user_p90")]
+
+
+def throughput_at(pts: list[tuple[float, float]], interactivity: float) -> float | None:
+    """Throughput per GPU where a sweep's curve crosses `interactivity` (tok/s per user), interpolated linearly
+    between the two points around it; the highest such throughput when it crosses more than once; None when the
+    sweep never reaches that interactivity level from both sides."""
+    best = None
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        lo, hi = min(x0, x1), max(x0, x1)
+        if lo <= interactivity <= hi and hi > lo:
+            y = y0 + (y1 - y0) * (interactivity - x0) / (x1 - x0)
+            best = y if best is None else max(best, y)
+        elif x0 == x1 == interactivity:
+            best = max(y0, y1) if best is None else max(best, y0, y1)
+    return best
+
+
+def ratios(series: dict[str, list[dict[str, Any]]], base: str = "prefix", steps: int = 12) -> dict[str, Any]:
+    """`base`'s throughput per GPU over each other policy's, at interactivity levels spread over the range both
+    sweeps cover: {policy: [{tok_s_per_user_p90, base, other, ratio}]}."""
+    out: dict[str, Any] = {}
+    if base not in series:
+        return out
+    b = curve(series[base])
+    for name, pts in series.items():
+        if name == base:
+            continue
+        o = curve(pts)
+        lo = max(min(x for x, _ in b), min(x for x, _ in o))
+        hi = min(max(x for x, _ in b), max(x for x, _ in o))
+        rows = []
+        for i in range(steps + 1):
+            x = lo + (hi - lo) * i / steps
+            tb, to = throughput_at(b, x), throughput_at(o, x)
+            if tb and to:
+                rows.append({"tok_s_per_user_p90": round(x, 2), base: round(tb, 3), name: round(to, 3),
+                             "ratio": round(tb / to, 3)})
+        out[name] = rows
+    return out
 
 
 def main() -> None:
@@ -32,41 +94,86 @@ def main() -> None:
     ap.add_argument("--sessions-dir", default=str(REPO.parent / "shared/traces/agentic"))
     ap.add_argument("--model", default="glm-5.3")
     ap.add_argument("--replicas", type=int, default=4)
-    ap.add_argument("--policies", default="prefix,session_hash")
-    ap.add_argument("--sessions", default="1,2,4,8,16,32,64")
+    ap.add_argument("--policies", default="prefix,session_hash,least_load")
+    ap.add_argument("--sessions", default="16,64,128,256")
     ap.add_argument("--host-kv-gb", type=float, default=0.0)
+    ap.add_argument("--think-cap-s", type=float, default=60.0)
+    ap.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    ap.add_argument("--skip", default="", help="POLICY:SESSIONS points to leave out, comma-separated")
+    ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(HERE / "sweep.json"))
+    ap.add_argument("--plot-only", action="store_true", help="redraw the plot and the ratios from --out")
     args = ap.parse_args()
-    from rich.progress import Progress
-
-    levels = [int(x) for x in args.sessions.split(",")]
-    policies = args.policies.split(",")
-    series: dict[str, list[dict]] = {}
-    with Progress() as progress:
-        task = progress.add_task("sweep", total=len(levels) * len(policies))
-        for policy in policies:
-            for n in levels:
-                progress.update(task, description=f"{policy} x {n} sessions")
-                rep = run_closed_loop(args.sessions_dir, n, args.replicas, policy, model=args.model,
-                                      host_kv_gb=args.host_kv_gb)
-                series.setdefault(policy, []).append({k: rep.get(k) for k in KEEP})
-                progress.advance(task)
-    doc = {
-        "command": "python bench/agentic/sweep.py " + " ".join(sys.argv[1:]),
-        "point_command": "zoe sim replay ../shared/traces/agentic --sessions N --model "
-                         f"{args.model} --replicas {args.replicas} --policy P --host-kv-gb {args.host_kv_gb} --json",
-        "setup": {"model": args.model, "replicas": args.replicas, "host_kv_gb": args.host_kv_gb,
-                  "think_cap_s": 60.0, "max_input_tokens": "the model's context"},
-        "series": series,
-    }
     out = Path(args.out)
+    if args.plot_only:
+        doc = json.loads(out.read_text())
+    else:
+        skip = {tuple(x.split(":")) for x in args.skip.split(",")} if args.skip else set()
+        # the longest runs first, so the pool's workers finish together
+        combos = [(p, int(n)) for n in sorted(args.sessions.split(","), key=int, reverse=True)
+                  for p in args.policies.split(",") if (p, n) not in skip]
+        series: dict[str, list[dict]] = {}
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            futs = [pool.submit(run_one, args.sessions_dir, args.model, args.replicas, n, p, args.host_kv_gb,
+                                long_prefill_token_threshold=args.long_prefill_token_threshold,
+                                think_cap_s=args.think_cap_s) for p, n in combos]
+            for (policy, n), f in zip(combos, futs):
+                pt = point(f.result())
+                series.setdefault(policy, []).append(pt)
+                print(policy, n, f"{pt['output_tok_s_per_gpu']:.2f} tok/s/GPU",
+                      f"{pt['tok_s_per_user_p90']:.1f} tok/s/user p90", f"TTFT p90 {pt['ttft_p90_s']:.2f} s",
+                      f"busiest/mean {pt['busiest_over_mean']:.2f}", f"prefill load {pt['prefill_load']:.3f}",
+                      flush=True)
+        doc = {
+            "command": "python bench/agentic/sweep.py " + " ".join(sys.argv[1:]),
+            "point_command": f"zoe sim replay {args.sessions_dir} --sessions N --model {args.model} --replicas "
+                             f"{args.replicas} --policy P --think-cap-s {args.think_cap_s} --host-kv-gb "
+                             f"{args.host_kv_gb} --json",
+            "setup": {"model": args.model, "replicas": args.replicas, "host_kv_gb": args.host_kv_gb,
+                      "think_cap_s": args.think_cap_s, "max_input_tokens": "the model's context",
+                      "long_prefill_token_threshold": args.long_prefill_token_threshold},
+            "series": series,
+        }
+    doc["ratio_at_equal_p90_interactivity"] = ratios(doc["series"])
     out.write_text(json.dumps(doc, indent=2) + "\n")
-    plot_sweep(series, out.with_suffix(".png"),
-               f"{args.model}: 32 agentic sessions closed-loop, {args.replicas} simulated replicas (virtual clock)")
-    for policy, pts in series.items():
+    plot(doc, out.with_suffix(".png"))
+    for name, rows in doc["ratio_at_equal_p90_interactivity"].items():
+        print(f"prefix over {name}:", ", ".join(f"{r['tok_s_per_user_p90']}: {r['ratio']:.2f}x" for r in rows))
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = doc["series"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    for name, pts in series.items():
+        pts = sorted(pts, key=lambda p: p["live_sessions"])
+        xs = [p["tok_s_per_user_p90"] for p in pts]
+        axes[0].plot(xs, [p["output_tok_s_per_gpu"] for p in pts], "o-", label=name)
         for p in pts:
-            print(policy, p["live_sessions"], round(p["output_tok_s_per_gpu"], 2), round(p["tok_s_per_user_p90"], 1),
-                  round(p["ttft_p90_s"], 3), p["prefix_hit_rate"], p["reuse_ceiling"])
+            axes[0].annotate(str(p["live_sessions"]), (p["tok_s_per_user_p90"], p["output_tok_s_per_gpu"]),
+                             textcoords="offset points", xytext=(4, 4), fontsize=7)
+        live = [p["live_sessions"] for p in pts]
+        axes[1].plot(live, [p["ttft_p90_s"] for p in pts], "o-", label=name)
+        axes[2].plot(live, [p["busiest_over_mean"] for p in pts], "o-", label=name)
+    axes[0].set_xlabel("p90 interactivity: tok/s per user (1 / ITL p90)")
+    axes[0].set_ylabel("output tok/s per GPU")
+    axes[1].set_xlabel("live sessions")
+    axes[1].set_ylabel("TTFT p90 (s)")
+    axes[1].set_yscale("log")
+    axes[2].set_xlabel("live sessions")
+    axes[2].set_ylabel("busiest replica's busy time / mean")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    s = doc["setup"]
+    fig.suptitle(f"{s['model']}: 32 agentic sessions closed-loop on {s['replicas']} simulated replicas, think cap "
+                 f"{s['think_cap_s']:.0f} s (virtual clock)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
