@@ -19,19 +19,13 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import free_port, stop, wait_http  # noqa: E402  (same folder: loopback helpers)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-ZOE = [sys.executable, "-m", "zoe_cluster.cli.main"]
+sys.path.insert(0, str(REPO))
 
-
-def spawn(argv: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+from zoe_cluster.bench.loopback import ZOE, RouterSpec, router_process, sim_replicas  # noqa: E402
 
 
 def main() -> None:
@@ -60,53 +54,24 @@ def main() -> None:
         task = progress.add_task("routers", total=len(names))
         for seed, name in enumerate(names, start=1):
             progress.update(task, description=name)
-            ports = [free_port() for _ in range(args.replicas)]
-            # sglang-router lists its model as "unknown" in /v1/models, and `zoe bench trace` asks for what is
-            # listed: behind it, the replicas serve that name (the engines are the same either way)
-            served = args.model if name.startswith("zoe-") else "unknown"
-            sims = [spawn([*ZOE, "sim", "serve", "--model", args.model, "--port", str(p), "--time-scale",
-                           str(args.time_scale), "--startup-s", "0", "--served-model-name", served],
-                          tmp / f"sim-{name}-{i}.log") for i, p in enumerate(ports)]
-            router = None
-            try:
-                for p in ports:
-                    wait_http(f"http://127.0.0.1:{p}/health")
-                urls = [f"http://127.0.0.1:{p}" for p in ports]
-                rport = free_port()
-                if name.startswith("zoe-"):
-                    # "zoe-prefix:key=value,key=value" passes policy tunables
-                    policy, _, tunables = name.removeprefix("zoe-").partition(":")
-                    # the KV capacity the controller would push in membership, so the prefix index is sized right
-                    argv = [*ZOE, "router", "--port", str(rport), "--model", args.model, "--policy", policy,
-                            "--engine", "sim", "--kv-capacity-tokens", str(kv_tokens)]
-                    for kv in filter(None, tunables.split(",")):
-                        argv += ["--policy-config", kv]
-                    for u in urls:
-                        argv += ["--replica", u]
-                else:
-                    policy = name.removeprefix("sglang-router-")
-                    argv = [args.peer_python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
-                            str(rport), "--worker-urls", *urls, "--policy", policy, "--log-level", "warn",
-                            "--prometheus-port", str(free_port())]  # its default 29000 may be taken
-                router = spawn(argv, tmp / f"router-{name}.log")
-                wait_http(f"http://127.0.0.1:{rport}/health")
-                time.sleep(1)
-                report = tmp / f"{name}.json"
-                cmd = ["zoe", "bench", "trace", args.trace, "--url", f"http://127.0.0.1:{rport}", "--model",
-                       served, "--time-scale", str(args.time_scale), "--server-time-scale", str(args.time_scale),
-                       "--limit", str(args.limit), "--max-output-len", str(args.max_output_len), "--seed", str(seed),
-                       "--out", str(report), "--label", name]
-                done = subprocess.run([*ZOE, *cmd[1:]], cwd=REPO, capture_output=True, text=True)
-                if done.returncode != 0:
-                    raise SystemExit(f"{name}: zoe bench trace failed ({done.returncode}): {done.stderr[-2000:]}")
-                doc = json.loads(report.read_text())
-                runs.append({"router": name, "command": shlex.join(cmd).replace(str(REPO.parent) + "/", "../")
-                             .replace(str(tmp), "<tmp>"), "report": summary_of(doc)})
-            finally:
-                if router is not None:
-                    stop(router)
-                for s in sims:
-                    stop(s)
+            # "zoe-prefix:key=value,key=value" passes policy tunables (`RouterSpec`)
+            spec = RouterSpec.parse(name)
+            served = spec.served_model(args.model)
+            with sim_replicas(args.replicas, model=args.model, time_scale=args.time_scale, log_dir=tmp,
+                              served_model=served) as urls:
+                with router_process(spec, urls, model=args.model, log_dir=tmp, kv_capacity_tokens=kv_tokens,
+                                    peer_python=args.peer_python) as router:
+                    report = tmp / f"{name}.json"
+                    cmd = ["zoe", "bench", "trace", args.trace, "--url", router.url, "--model", served,
+                           "--time-scale", str(args.time_scale), "--server-time-scale", str(args.time_scale),
+                           "--limit", str(args.limit), "--max-output-len", str(args.max_output_len), "--seed",
+                           str(seed), "--out", str(report), "--label", name]
+                    done = subprocess.run([*ZOE, *cmd[1:]], cwd=REPO, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{name}: zoe bench trace failed ({done.returncode}): {done.stderr[-2000:]}")
+            doc = json.loads(report.read_text())
+            runs.append({"router": name, "command": shlex.join(cmd).replace(str(REPO.parent) + "/", "../")
+                         .replace(str(tmp), "<tmp>"), "report": summary_of(doc)})
             progress.advance(task)
     doc = {"command": "python bench/router/live_compare.py " + " ".join(sys.argv[1:]),
            "setup": {"replicas": args.replicas, "limit": args.limit, "time_scale": args.time_scale,
