@@ -1,42 +1,49 @@
-"""Live, side by side on one set of simulated GLM-5.3 replicas: `zoe bench agentic` (closed-loop sessions)
-through zoe's router and through sglang-router `cache_aware`, and the same sessions replayed on the virtual
-clock (`zoe sim replay --sessions`), to check that live and replay agree.
+"""Live, side by side on one set of simulated GLM-5.3 replicas: the closed-loop session driver through zoe's router
+and through sglang-router `cache_aware`, and the same sessions replayed on the virtual clock (`zoe sim replay
+--sessions`), to check that live and replay agree.
 
     python bench/agentic/live_compare.py --peer-python /tmp/peers/venv/bin/python
 
-Each router gets freshly started replicas (empty caches) and a different run salt. The simulated engines run on
-a scaled wall clock (`--time-scale`); the bench divides its timings by the same factor, so figures are modelled
-seconds, as in replay. The engines' own /metrics counters give the prefix hit rate. Writes
-bench/agentic/live_compare.json (commands, each run's report) and live_compare.png.
+Each live run gets freshly started replicas (empty caches, `zoe_cluster.bench.loopback`) and its own run salt, and
+runs what `zoe bench agentic <sessions> --url ROUTER ...` runs (`agentic.live.run_live`, here in-process so that
+every request's record can be joined with replay's). zoe's router is run `--repeats` times, a peer
+`--peer-repeats`: the spread between repeats is the live run's noise on this machine, reported beside the
+live/replay ratios. The simulated engines run
+on a scaled wall clock (`--time-scale`); timings are divided by the same factor, so figures are modelled seconds,
+as in replay. The hit rate is the engines' own /metrics counters; zoe's router's decisions by reason and its
+ejections come from its /metrics.
+
+Per request (joined on session key and trace position), the TTFT difference live minus replay is split into
+requests whose cached tokens agree (the live path's own cost: client, HTTP, router, the engine's server) and
+those that hit less live (routing), and the first is fitted as a fixed cost plus a cost per 100K prompt tokens.
+Writes bench/agentic/live_compare.json (commands, setup, each run's report, the split) and live_compare.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
-import shlex
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
+
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench/router"))
-from overhead import free_port, stop, wait_http  # noqa: E402  (loopback helpers of the router benches)
 
-ZOE = [sys.executable, "-m", "zoe_cluster.cli.main"]
+from zoe_cluster.bench.loopback import RouterSpec, router_process, sim_replicas  # noqa: E402
+
 SMALL = ("trace_0012,trace_0074,trace_0134,trace_0175,trace_0179,trace_0184,trace_0272,trace_0347,trace_0350,"
          "trace_0351,trace_0574,trace_0576,trace_0694,trace_0722")
 """The sessions of at most ~2M prompt tokens in all: what two CPU cores push through four engines and a router."""
 COMPARED = ("prefix_hit_rate", "ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p90_s", "output_tok_s")
-
-
-def spawn(argv: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
 
 
 def session_dir(src: Path, names: list[str]) -> Path:
@@ -46,48 +53,92 @@ def session_dir(src: Path, names: list[str]) -> Path:
     return d
 
 
-def live_run(name: str, args, sessions: Path, tmp: Path, salt: int) -> tuple[list[str], dict]:
-    ports = [free_port() for _ in range(args.replicas)]
-    # sglang-router lists its model as "unknown" in /v1/models; the replicas serve that name behind it
-    served = args.model if name.startswith("zoe-") else "unknown"
-    sims = [spawn([*ZOE, "sim", "serve", "--model", args.model, "--port", str(p), "--time-scale", str(args.time_scale),
-                   "--startup-s", "0", "--served-model-name", served], tmp / f"sim-{name}-{i}.log")
-            for i, p in enumerate(ports)]
-    router = None
-    try:
-        for p in ports:
-            wait_http(f"http://127.0.0.1:{p}/health")
-        urls = [f"http://127.0.0.1:{p}" for p in ports]
-        rport = free_port()
-        if name.startswith("zoe-"):
-            policy = name.removeprefix("zoe-")
-            argv = [*ZOE, "router", "--port", str(rport), "--model", args.model, "--policy", policy, "--engine", "sim",
-                    "--kv-capacity-tokens", str(args.kv_tokens)]
-            for u in urls:
-                argv += ["--replica", u]
-        else:
-            argv = [args.peer_python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(rport),
-                    "--worker-urls", *urls, "--policy", name.removeprefix("sglang-router-"), "--log-level", "warn",
-                    "--prometheus-port", str(free_port())]
-        router = spawn(argv, tmp / f"router-{name}.log")
-        wait_http(f"http://127.0.0.1:{rport}/health")
-        time.sleep(1)
-        out = tmp / f"{name}.json"
-        cmd = ["zoe", "bench", "agentic", str(sessions), "--url", f"http://127.0.0.1:{rport}", "--sessions",
-               str(args.sessions), "--model", served, "--gpus", str(args.replicas * args.gpus_per_replica),
-               "--twin-model", args.model, "--think-cap-s", str(args.think_cap_s), "--server-time-scale",
-               str(args.time_scale), "--salt", str(salt), "--out", str(out)]
-        for u in urls:
-            cmd += ["--engine-url", u]
-        done = subprocess.run([*ZOE, *cmd[1:]], cwd=REPO, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"{name}: zoe bench agentic failed ({done.returncode}): {done.stderr[-2000:]}")
-        return cmd, json.loads(out.read_text())
-    finally:
-        if router is not None:
-            stop(router)
-        for s in sims:
-            stop(s)
+def router_counters(url: str) -> dict:
+    """zoe's router: requests by routing reason and ejections by cause, summed over replicas."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    out: dict[str, dict[str, float]] = {"routing_reasons": {}, "ejections": {}}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "zoe_router_requests_total":
+                key, label = "routing_reasons", s.labels["reason"]
+            elif s.name == "zoe_router_ejections_total":
+                key, label = "ejections", s.labels["cause"]
+            else:
+                continue
+            out[key][label] = out[key].get(label, 0) + int(s.value)
+    return out
+
+
+def live_run(name: str, args, sessions: Path, tmp: Path, salt: int) -> tuple[str, dict, list]:
+    """One live run of `name` on fresh replicas: (equivalent command, report, per-request records)."""
+    from zoe_cluster.agentic.cli import twin_profile
+    from zoe_cluster.agentic.live import LiveConfig, run_live
+    from zoe_cluster.agentic.options import SessionOptions
+
+    spec = RouterSpec.parse(name)
+    served = spec.served_model(args.model)
+    gpus = args.replicas * args.gpus_per_replica
+    with sim_replicas(args.replicas, model=args.model, time_scale=args.time_scale, log_dir=tmp,
+                      served_model=served) as urls:
+        with router_process(spec, urls, model=args.model, log_dir=tmp, kv_capacity_tokens=args.kv_tokens,
+                            peer_python=args.peer_python) as router:
+            opts = SessionOptions(args.sessions, think_cap_s=args.think_cap_s, salt=salt)
+            config = LiveConfig(router.url, served, gpus, urls, twin_profile(args.model, None),
+                                server_time_scale=args.time_scale)
+            report, records = asyncio.run(run_live(opts.driver(sessions), config))
+            if spec.kind == "zoe":
+                report["router"] = router_counters(router.url)
+    cmd = (f"zoe bench agentic <sessions> --url <router> --sessions {args.sessions} --model {served} --gpus {gpus} "
+           f"--twin-model {args.model} --think-cap-s {args.think_cap_s} --server-time-scale {args.time_scale} "
+           f"--salt {salt}" + " --engine-url <replica>" * args.replicas)
+    return cmd, report, records
+
+
+def _key(rec) -> tuple[str, str]:
+    return rec.call.session_key, rec.call.source.index
+
+
+def split_ttft(replay_records: list, live_records: list, time_scale: float) -> dict:
+    """Live minus replay TTFT per request, for requests whose cached tokens agree (the live path's cost) and for
+    those that hit less live (routing); the first fitted as fixed + per-100K-prompt-token cost."""
+    rep = {_key(r): r for r in replay_records if r.ok and r.ttft_s is not None}
+    same, fewer_hits = [], []
+    for r in live_records:
+        k = _key(r)
+        if not r.ok or r.ttft_s is None or k not in rep or r.cached_tokens is None:
+            continue
+        base = rep[k]
+        row = (r.call.input_tokens, r.ttft_s - base.ttft_s, base.cached_tokens - r.cached_tokens)
+        (same if abs(row[2]) < r.call.block_tokens else fewer_hits).append(row)
+    out: dict = {"requests_joined": len(same) + len(fewer_hits), "same_cached": len(same),
+                 "fewer_cached_live": sum(1 for r in fewer_hits if r[2] > 0),
+                 "more_cached_live": sum(1 for r in fewer_hits if r[2] < 0),
+                 "tokens_lost_live": sum(max(0, r[2]) for r in fewer_hits)}
+    if len(same) >= 3:
+        x = np.array([t for t, _, _ in same], dtype=float)
+        y = np.array([d for _, d, _ in same], dtype=float)
+        slope, icept = np.polyfit(x / 1e5, y, 1)
+        out.update(same_cached_ttft_delta_p50_s=float(np.median(y)), same_cached_ttft_delta_p90_s=float(
+            np.percentile(y, 90)), fit_fixed_s=float(icept), fit_per_100k_prompt_tokens_s=float(slope),
+            fit_note=f"modelled seconds; wall seconds are these x time scale {time_scale:g}")
+    if fewer_hits:
+        out["fewer_cached_ttft_delta_sum_s"] = float(sum(d for _, d, lost in fewer_hits if lost > 0))
+    return out
+
+
+def summarize_repeats(reports: list[dict]) -> dict:
+    """Per compared metric: mean, min, max over repeats and the spread (max - min) / mean."""
+    out = {}
+    for k in COMPARED:
+        vals = [r[k] for r in reports if r.get(k) is not None]
+        if not vals:
+            continue
+        mean = statistics.fmean(vals)
+        out[k] = {"mean": mean, "min": min(vals), "max": max(vals),
+                  "spread": (max(vals) - min(vals)) / mean if mean else None}
+    return out
 
 
 def main() -> None:
@@ -98,15 +149,17 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--sessions", type=int, default=8, help="live sessions")
     ap.add_argument("--think-cap-s", type=float, default=10.0)
-    ap.add_argument("--time-scale", type=float, default=0.5, help="real seconds per simulated second")
+    ap.add_argument("--time-scale", type=float, default=1.0, help="real seconds per simulated second")
     ap.add_argument("--routers", default="zoe-prefix,sglang-router-cache_aware")
+    ap.add_argument("--repeats", type=int, default=2, help="live runs of each zoe router (their spread is the noise)")
+    ap.add_argument("--peer-repeats", type=int, default=1, help="live runs of each peer router")
     ap.add_argument("--peer-python", default="/tmp/peers/venv/bin/python")
     ap.add_argument("--out", default=str(HERE / "live_compare.json"))
     args = ap.parse_args()
     from rich.progress import Progress
 
     from zoe_cluster.agentic.options import SessionOptions
-    from zoe_cluster.agentic.replay import run_closed_loop
+    from zoe_cluster.agentic.replay import replay_sessions
     from zoe_cluster.recipes import RecipeRegistry
     from zoe_cluster.sim.kv_cache import kv_capacity
 
@@ -116,47 +169,61 @@ def main() -> None:
     names = args.files.split(",")
     sessions = session_dir(Path(args.sessions_dir), names)
     tmp = Path(tempfile.mkdtemp(prefix="zoe-agentic-live-"))
-    runs = []
     routers = args.routers.split(",")
+    runs, live_records = [], {}
     with Progress() as progress:
-        task = progress.add_task("runs", total=len(routers) + 1)
+        repeats = {n: args.repeats if RouterSpec.parse(n).kind == "zoe" else args.peer_repeats for n in routers}
+        task = progress.add_task("runs", total=sum(repeats.values()) + 1)
         progress.update(task, description="replay (virtual clock)")
-        opts = SessionOptions(args.sessions, think_cap_s=args.think_cap_s)
-        replay = run_closed_loop(sessions, args.sessions, args.replicas, "prefix", model=args.model, options=opts)
+        # prompts cut to the model's context, as `zoe sim replay` does; these sessions fit it whole
+        opts = SessionOptions(args.sessions, think_cap_s=args.think_cap_s,
+                              max_input_tokens=recipe.architecture.max_context_tokens)
+        replay_records: list = []
+        replay = replay_sessions(recipe, recipe.default_variant, opts.driver(sessions), args.replicas, "prefix",
+                                 kv_tokens=args.kv_tokens, records_out=replay_records)
         runs.append({"run": "replay-prefix", "command": f"zoe sim replay <sessions> --sessions {args.sessions} "
                      f"--model {args.model} --replicas {args.replicas} --policy prefix --think-cap-s "
                      f"{args.think_cap_s} --json", "report": replay})
         progress.advance(task)
-        for salt, name in enumerate(routers, start=1):
-            progress.update(task, description=name)
-            cmd, rep = live_run(name, args, sessions, tmp, salt)
-            runs.append({"run": name, "command": shlex.join(cmd).replace(str(sessions), "<sessions>")
-                         .replace(str(tmp), "<tmp>"), "report": rep})
-            progress.advance(task)
-    live = next((r["report"] for r in runs if r["run"] == "zoe-prefix"), None)
-    agreement = None
-    if live is not None:
-        agreement = {k: {"live": live.get(k), "replay": replay.get(k),
-                         "live_over_replay": (live[k] / replay[k]) if live.get(k) and replay.get(k) else None}
-                     for k in COMPARED}
+        salt = 0
+        for name in routers:
+            for rep in range(repeats[name]):
+                salt += 1
+                progress.update(task, description=f"{name} #{rep + 1}")
+                t0 = time.monotonic()
+                cmd, report, records = live_run(name, args, sessions, tmp, salt)
+                report["bench_wall_s"] = time.monotonic() - t0
+                report["load_average_1m_at_end"] = os.getloadavg()[0]
+                runs.append({"run": name, "repeat": rep + 1, "command": cmd, "report": report})
+                live_records.setdefault(name, []).append(records)
+                progress.advance(task)
+    by_router = {name: summarize_repeats([r["report"] for r in runs if r["run"] == name]) for name in routers}
+    agreement = {}
+    for name in routers:
+        agreement[name] = {k: {"live_mean": v["mean"], "replay": replay.get(k),
+                               "live_over_replay": v["mean"] / replay[k] if replay.get(k) else None,
+                               "repeat_spread": v["spread"]}
+                           for k, v in by_router[name].items()}
+    split = {name: [split_ttft(replay_records, recs, args.time_scale) for recs in live_records[name]]
+             for name in routers}
     doc = {
         "command": "python bench/agentic/live_compare.py " + " ".join(sys.argv[1:]),
-        "setup": {"model": args.model, "replicas": args.replicas, "live_sessions": args.sessions,
-                  "files": names, "think_cap_s": args.think_cap_s, "time_scale": args.time_scale,
+        "setup": {"model": args.model, "replicas": args.replicas, "live_sessions": args.sessions, "files": names,
+                  "think_cap_s": args.think_cap_s, "time_scale": args.time_scale, "repeats": repeats,
                   "machine_cpus": os.cpu_count(), "kv_capacity_tokens_per_replica": args.kv_tokens},
         "runs": runs,
         "live_vs_replay": agreement,
+        "ttft_split": split,
     }
     out = Path(args.out)
     out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     plot(doc, out.with_suffix(".png"))
     for r in runs:
         rep = r["report"]
-        print(r["run"], {k: rep.get(k) for k in ("completed", "errors", "prefix_hit_rate", "reuse_ceiling",
-                                                 "ttft_p90_s", "ttft_floor_p90_s", "itl_p90_s",
-                                                 "output_tok_s_per_gpu")})
-    if agreement:
-        print(json.dumps(agreement, indent=1))
+        print(r["run"], r.get("repeat", ""), {k: rep.get(k) for k in (
+            "completed", "errors", "prefix_hit_rate", "reuse_ceiling", "ttft_p50_s", "ttft_p90_s", "ttft_floor_p90_s",
+            "itl_p90_s", "output_tok_s_per_gpu")}, rep.get("router") or rep.get("routing_reasons"))
+    print(json.dumps({"live_vs_replay": agreement, "ttft_split": split}, indent=1))
 
 
 def plot(doc: dict, path: Path) -> None:
@@ -166,20 +233,27 @@ def plot(doc: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = doc["runs"]
-    names = [r["run"] for r in runs]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 4))
+    names = [r["run"] + (f" #{r['repeat']}" if r.get("repeat") else "") for r in runs]
+    colors = {"replay-prefix": "tab:gray"}
+    palette = iter(["tab:blue", "tab:red", "tab:green", "tab:orange"])
+    for r in runs:
+        if r["run"] not in colors:
+            colors[r["run"]] = next(palette)
+    fig, axes = plt.subplots(1, 4, figsize=(17, 4.2))
     panels = [("prefix_hit_rate", "prefix hit rate (engines' counters; twin in replay)", "reuse_ceiling"),
               ("ttft_p90_s", "TTFT p90 (modelled s)", "ttft_floor_p90_s"),
-              ("itl_p90_s", "ITL p90 (modelled s)", None),
+              ("ttft_p50_s", "TTFT p50 (modelled s)", None),
               ("output_tok_s_per_gpu", "output tok/s per GPU", None)]
     for ax, (key, title, ref) in zip(axes, panels):
-        ax.bar(range(len(names)), [r["report"].get(key) or 0 for r in runs],
-               color=["tab:gray", "tab:blue", "tab:red", "tab:green"][: len(names)])
+        ax.bar(range(len(names)), [r["report"].get(key) or 0 for r in runs], color=[colors[r["run"]] for r in runs])
         if ref:
             for i, r in enumerate(runs):
                 if r["report"].get(ref):
                     ax.plot([i - 0.4, i + 0.4], [r["report"][ref]] * 2, "k--", lw=1)
-        ax.set_xticks(range(len(names)), names, fontsize=8, rotation=15, ha="right")
+        if key == "prefix_hit_rate":
+            lo = min(r["report"].get(key) or 1 for r in runs)
+            ax.set_ylim(max(0.0, lo - 0.05), 1.0)
+        ax.set_xticks(range(len(names)), names, fontsize=7, rotation=20, ha="right")
         ax.set_title(title + (f" (dashed: {ref})" if ref else ""), fontsize=8)
     s = doc["setup"]
     fig.suptitle(f"agentic, live vs replay: {s['replicas']} simulated {s['model']} replicas, {s['live_sessions']} "
