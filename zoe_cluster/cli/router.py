@@ -98,6 +98,15 @@ def register(app: typer.Typer) -> None:
             help="Keep the last applied membership in this file and start from it (a restarted router serves its "
             "replicas before the controller's next push).",
         ),
+        drain_delay_s: float = typer.Option(
+            0.0, "--drain-delay-s", min=0,
+            help="On SIGTERM, keep serving this long while /health answers 503 (load balancers take the router "
+            "out), then stop accepting.",
+        ),
+        drain_timeout_s: float = typer.Option(
+            60.0, "--drain-timeout-s", min=0.001,
+            help="On SIGTERM, after the listener closes: longest wait for in-flight requests before exiting.",
+        ),
         config_json: Optional[str] = typer.Option(
             None, "--config-json", help="RouterConfig fields as JSON, winning over the flags, e.g. "
             "'{\"max_retries\": 1}' (a deployment's controller passes its router's whole config this way)."
@@ -125,6 +134,7 @@ def register(app: typer.Typer) -> None:
                 api_keys=_keys(api_key, "ZOE_ROUTER_API_KEYS"), admin_key=admin_key or None,
                 max_context_tokens=max_context_tokens, kv_events_endpoint=kv_events_endpoint,
                 migration_limit=migration_limit, membership_file=membership_file,
+                drain_delay_s=drain_delay_s, drain_timeout_s=drain_timeout_s,
             )
             cfg = RouterConfig(**{**flags, **extra})  # --config-json fields win over the flags
             fields = dict(kv_capacity_tokens=kv_capacity_tokens, host_kv_capacity_tokens=host_kv_capacity_tokens,

@@ -405,6 +405,8 @@ metadata:
     {{- end }}
 spec:
   {{- include "zoe.podCommon" . | nindent 2 }}
+  {{- /* SIGTERM drains (zoe_cluster.router.drain): the kubelet's SIGKILL must come after the delay and the wait */}}
+  terminationGracePeriodSeconds: {{ add (int $r.drain.delaySeconds) (int $r.drain.timeoutSeconds) 5 }}
   {{- with $r.nodeSelector }}
   nodeSelector:
     {{- toYaml . | nindent 4 }}
@@ -457,6 +459,10 @@ spec:
         - --membership-file
         - /var/lib/zoe-router/membership.json
         {{- end }}
+        - --drain-delay-s
+        - {{ $r.drain.delaySeconds | quote }}
+        - --drain-timeout-s
+        - {{ $r.drain.timeoutSeconds | quote }}
         {{- range $r.extraArgs }}
         - {{ . | quote }}
         {{- end }}
