@@ -263,8 +263,10 @@ def test_sigterm_drains_then_exits(tmp_path):
             time.sleep(0.3)
             health = httpx.get(url + "/health", timeout=2)
             assert health.status_code == 503 and health.json()["status"] == "draining"
-            assert httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "y", "max_tokens": 2},
-                              timeout=10).status_code == 200  # still serving during the delay
+            during = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "y", "max_tokens": 2},
+                                timeout=10)
+            assert during.status_code == 200  # still serving during the delay,
+            assert during.headers["connection"] == "close"  # but clients stop reusing their connections
             time.sleep(max(0.0, 3.6 - (time.monotonic() - t_term)))
             with pytest.raises(httpx.ConnectError):  # the listener is closed now, the stream still runs
                 httpx.get(url + "/health", timeout=2)

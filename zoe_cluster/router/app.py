@@ -44,6 +44,7 @@ from prometheus_client import CollectorRegistry
 from zoe_cluster.metrics import build_metrics
 from zoe_cluster.router.admin import AuxRoutes
 from zoe_cluster.router.config import RouterConfig
+from zoe_cluster.router.drain import closing_connection
 from zoe_cluster.router.errors import HttpError, error_body
 from zoe_cluster.router.health import HealthChecker
 from zoe_cluster.router.kv_events import KvEventSubscriber
@@ -184,6 +185,8 @@ class Router(Forwarding):
         return self
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if self.draining and scope["type"] == "http":
+            send = closing_connection(send)  # no connection outlives the drain idle: none is cut while reused
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = _PROXIED.get(scope.get("raw_path") or scope["path"].encode())
             if endpoint is None and scope["path"] in ("/v1/completions", "/v1/chat/completions"):

@@ -5,7 +5,10 @@
 
 On the first SIGTERM the router marks itself draining: /health answers 503 (readiness fails, so the Service's
 endpoints drop the pod) while the router still serves for `drain_delay_s`, covering the seconds before every node's
-proxy and load balancer has stopped sending it new connections. Then uvicorn's own shutdown runs: the listener
+proxy and load balancer has stopped sending it new connections. Every response it starts while draining carries
+`connection: close`, so clients stop reusing their keep-alive connections: a connection closed while idle can
+meet a request the client is just sending on it, which then fails with nothing received, and a client cannot tell
+that from a request cut mid-way. Then uvicorn's own shutdown runs: the listener
 closes, idle keep-alive connections are closed, busy ones close after their response, and the process waits up to
 `drain_timeout_s` for in-flight requests and streams to finish (longer ones are cut), then stops the router (its
 picture is saved) and exits. A second SIGTERM, or SIGINT, skips what is left of the delay. The chart's
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -48,6 +52,19 @@ class DrainingServer(uvicorn.Server):
         if self.exit_at is not None and time.monotonic() >= self.exit_at:
             self.should_exit = True
         return await super().on_tick(counter)
+
+
+def closing_connection(send: Callable[[dict], Awaitable[None]]) -> Callable[[dict], Awaitable[None]]:
+    """An ASGI `send` whose response start carries `connection: close` (uvicorn then closes the connection after
+    the response)."""
+
+    async def send_closing(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return send_closing
 
 
 def uvicorn_drain_kwargs(router: "Router") -> dict:
