@@ -15,9 +15,11 @@ from zoe_cluster.recipes import RecipeRegistry
 from zoe_cluster.sim.calibrate import calibrate
 from zoe_cluster.sim.engine_calibration import (
     EngineCalibrationError,
+    EngineTtftRecorder,
     SweepPlan,
     block_tokens_from_hits,
     engine_decode_step_s,
+    engine_ttft_reading,
     kv_capacity_from_metrics,
     load_engine_profile,
 )
@@ -127,3 +129,50 @@ def test_engine_decode_step_from_vllm_histograms():
 def test_sweep_plan_keeps_its_sampling_when_fitted_to_an_engine():
     plan = SweepPlan(lengths=[128, 4096], concurrency=[1, 64], temperature=0.0, top_p=1.0).fit_to(2048, 32)
     assert (plan.lengths, plan.concurrency, plan.temperature, plan.top_p) == ([128], [1], 0.0, 1.0)
+
+
+def _vllm_ttft_histograms(count: int, queue_s: float, prefill_s: float) -> str:
+    out = []
+    for name, total in (("request_queue_time_seconds", queue_s), ("request_prefill_time_seconds", prefill_s)):
+        out += [f"# TYPE vllm:{name} histogram",
+                f'vllm:{name}_count{{engine="0",model_name="tiny"}} {count}.0',
+                f'vllm:{name}_sum{{engine="0",model_name="tiny"}} {total}']
+    return "\n".join(out) + "\n"
+
+
+def test_engine_ttft_recorder_reads_each_request_in_order():
+    """The recorder reads the engine's queue + prefill histograms after every request of a sequential sweep: here a
+    real HTTP server whose /metrics advances by one finished request per scrape after the first two (the API server
+    records a request just after its stream ends, so the recorder must wait for the count to move)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    texts = [_vllm_ttft_histograms(10, 1.0, 2.0), _vllm_ttft_histograms(10, 1.0, 2.0),  # not yet counted
+             _vllm_ttft_histograms(11, 1.001, 2.020), _vllm_ttft_histograms(12, 1.001, 2.026)]
+    served = []
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = texts[min(len(served), len(texts) - 1)].encode()
+            served.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):  # noqa: D102
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        seen = []
+        rec = EngineTtftRecorder(f"http://127.0.0.1:{server.server_port}", seen.append)
+        rec("L=128 h=0")
+        rec("L=128 h=0")
+    finally:
+        server.shutdown()
+    assert seen == ["L=128 h=0"] * 2 and set(served) == {"/metrics"}
+    assert rec.by_tag["L=128 h=0"] == pytest.approx([0.021, 0.006])
+    assert rec.cell("L=128 h=0") == pytest.approx((0.006, 0.0))  # the warm-up request left out
+    assert rec.cell("other") is None
+    assert engine_ttft_reading("vllm:num_requests_running 0.0\n") is None  # an engine without the histograms

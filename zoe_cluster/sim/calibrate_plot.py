@@ -31,7 +31,13 @@ def plot_fit(prof: EngineProfile, cal: Calibration, path: str | Path) -> Path:
                     label=f"measured, hit ~{rate:.0%}")
         ax.plot([p.input_tokens for p in pts], [lone_ttft_s(prof, cal, p.input_tokens, p.hit_rate) * 1e3 for p in pts],
                 "-", color=c, label="twin" if i == 0 else None)
-    ax.set(xlabel="input tokens", ylabel="TTFT, ms", title="prefill: single-request TTFT")
+        checks = [p for p in prof.client_ttft_check if round(p.hit_rate, 1) == rate]
+        ax.plot([p.input_tokens for p in checks], [p.ttft_s.value * 1e3 for p in checks], "s", mfc="none", color=c,
+                label="as the client saw it (check)" if i == 0 and checks else None)
+    title = "prefill: single-request TTFT"
+    if prof.api_server_s is not None:
+        title += f"\n(engine-side + API server {prof.api_server_s * 1e3:.1f} ms)"
+    ax.set(xlabel="input tokens", ylabel="TTFT, ms", title=title)
     ax.legend(fontsize=7)
 
     ax = axes[1]

@@ -3,7 +3,12 @@
 The sweeps, each through zoe's bench client (`zoe_cluster.bench`), against whatever serves the URL:
 
 - **Prefill**: single-request TTFT by input length x prefix hit rate (`bench.prefill.run_prefill`; the hit rate
-  recorded is the one the engine's own counters saw, so block rounding is measured, not assumed).
+  recorded is the one the engine's own counters saw, so block rounding is measured, not assumed). When the engine
+  times requests itself (vLLM's queue and prefill time histograms, stamped in its engine core, read after every
+  request: `EngineTtftRecorder`), each cell's TTFT is the engine's median plus the API server's share, measured
+  once as the median over the cells of client TTFT minus engine TTFT (`api_server_s`): on a shared machine a
+  starved API server delays the client's first token by tens of ms at random, the engine's interval far less.
+  The client-side cells are kept as `client_ttft_check`.
 - **Decode by batch**: C streams started together, each with a prompt sized so the mean context during decode is
   `calibrate.APEX_CONTEXT_TOKENS` (the context the step model's batch fit assumes) (`bench.decode.run_decode`).
   The step time fitted is the engine's own when it reports one: vLLM's per-request decode time
@@ -35,12 +40,14 @@ from __future__ import annotations
 import datetime as dt
 import random
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -135,6 +142,12 @@ class EngineProfile(_Strict):
     context_decode_check: list[ContextDecodePoint] = Field(
         default_factory=list, description="Single-stream decode by context: measured to check the context term the "
         "prefill fit found, not fitted (see the module docstring).")
+    api_server_s: float | None = Field(default=None, description="The API server's share of a lone request's TTFT "
+                                       "(client TTFT minus the engine's queue + prefill time, median over the prefill "
+                                       "cells), when the engine times requests itself; part of the fitted frontend_s.")
+    client_ttft_check: list[TtftPoint] = Field(
+        default_factory=list, description="Prefill cells as the client saw them, when the profile's are engine-side "
+        "times plus api_server_s (see the module docstring).")
     client_decode_check: list[DecodePoint] = Field(
         default_factory=list, description="Decode by batch as the client saw it (tok/s over the decode window), "
         "when the profile's decode points are the engine's own step times (see the module docstring).")
@@ -302,6 +315,62 @@ async def probe_kv(client: StreamingClient, counter: TokenCounter, max_model_len
     return {"block_tokens": block, "kv_tokens": tokens, "hit_probes": hit_probes, "kv_capacity_from": where}
 
 
+ENGINE_TTFT_SAMPLES = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds")
+"""vLLM's per-request histograms whose sum is the engine's TTFT (arrival in the engine core to first token)."""
+
+
+def engine_ttft_reading(text: str) -> tuple[float, float] | None:
+    """(requests finished, their summed queue + prefill seconds) from one vLLM /metrics text; None when the engine
+    does not report them."""
+    names = {f"{h}_{k}" for h in ENGINE_TTFT_SAMPLES for k in ("sum", "count")}
+    if f"{ENGINE_TTFT_SAMPLES[1]}_count" not in text:
+        return None
+    v = sum_samples(text, names)
+    return v[f"{ENGINE_TTFT_SAMPLES[0]}_count"], sum(v[f"{h}_sum"] for h in ENGINE_TTFT_SAMPLES)
+
+
+class EngineTtftRecorder:
+    """The engine-side TTFT of every request of a sequential sweep, by tag: an `on_request` callback that reads the
+    engine's /metrics after each request (blocking, so readings stay in request order; it waits up to `settle_s`
+    for the finished request to be counted, since the API server records it after the stream ends)."""
+
+    def __init__(self, base_url: str, forward: Callable[[str], None] | None = None, settle_s: float = 0.5) -> None:
+        self.url = base_url.rstrip("/") + "/metrics"
+        self.forward = forward
+        self.settle_s = settle_s
+        self.by_tag: dict[str, list[float]] = {}
+        self.last = self._read()
+
+    def _read(self) -> tuple[float, float] | None:
+        try:
+            with urllib.request.urlopen(self.url, timeout=10) as resp:  # noqa: S310 (the engine URL being measured)
+                return engine_ttft_reading(resp.read().decode())
+        except OSError:
+            return None
+
+    def __call__(self, tag: str) -> None:
+        if self.forward:
+            self.forward(tag)
+        if self.last is None:
+            return
+        deadline = time.monotonic() + self.settle_s
+        now = self._read()
+        while now is not None and now[0] <= self.last[0] and time.monotonic() < deadline:
+            time.sleep(0.005)
+            now = self._read()
+        if now is None:
+            self.last = None
+            return
+        if now[0] - self.last[0] == 1:
+            self.by_tag.setdefault(tag, []).append(now[1] - self.last[1])
+        self.last = now
+
+    def cell(self, tag: str, warmup: int = 1) -> tuple[float, float] | None:
+        """(median, std) engine TTFT of a cell's measured requests (after its `warmup`), None if none recorded."""
+        vals = self.by_tag.get(tag, [])[warmup:]
+        return (float(np.median(vals)), float(np.std(vals))) if vals else None
+
+
 def engine_decode_step_s(before: str, after: str, output_tokens: int) -> float | None:
     """The engine's mean decode step over the requests that finished between two /metrics scrapes: vLLM's
     per-request decode time (first to last token, stamped in the engine core) per output token after the first.
@@ -374,14 +443,25 @@ async def run_calibration(
 
         if on_phase:
             on_phase("prefill TTFT", len(plan.lengths) * len(plan.hit_rates) * (plan.prefill_runs + 1))
+        recorder = EngineTtftRecorder(client.base_url, on_request)
         prefill = await run_prefill(client, counter, PrefillConfig(plan.lengths, plan.hit_rates, plan.prefill_runs,
-                                                                   1, plan.seed), on_request)  # fmt: skip
+                                                                   1, plan.seed), recorder)  # fmt: skip
         _check_rows(prefill, "prefill sweep")
-        ttft = [TtftPoint(input_tokens=round(r["prompt_tokens_mean"] or r["input_len"]),
-                          hit_rate=min(0.99, max(0.0, r["engine_hit_rate"] if r["engine_hit_rate"] is not None
-                                                 else r["hit_rate_target"])),
-                          ttft_s=_fig(r["ttft_s"]["p50"], r["ttft_s"]["std"], source))
-                for r in prefill if r["completed"]]  # fmt: skip
+        cells = [(r, TtftPoint(input_tokens=round(r["prompt_tokens_mean"] or r["input_len"]),
+                               hit_rate=min(0.99, max(0.0, r["engine_hit_rate"] if r["engine_hit_rate"] is not None
+                                                      else r["hit_rate_target"])),
+                               ttft_s=_fig(r["ttft_s"]["p50"], r["ttft_s"]["std"], source)))
+                 for r in prefill if r["completed"]]  # fmt: skip
+        ttft = client_ttft = [point for _, point in cells]
+        engine_cells = [recorder.cell(f"L={r['input_len']} h={r['hit_rate_target']:g}") for r, _ in cells]
+        api_server_s = None
+        if engine_cells and all(engine_cells):
+            gaps = [p.ttft_s.value - e[0] for p, e in zip(client_ttft, engine_cells)]  # type: ignore[index]
+            api_server_s = max(0.0, float(np.median(gaps)))
+            esrc = (f"{source}, engine-side (vllm:request_queue_time + prefill_time) + API server "
+                    f"{api_server_s * 1e3:.1f} ms")
+            ttft = [p.model_copy(update={"ttft_s": _fig(e[0] + api_server_s, e[1], esrc)})  # type: ignore[index]
+                    for p, e in zip(client_ttft, engine_cells)]
 
         if on_phase:
             on_phase("decode by batch", sum(plan.concurrency) * (plan.decode_runs + 1))
@@ -438,6 +518,7 @@ async def run_calibration(
                                     max_num_seqs=max_num_seqs, max_model_len=max_model_len),
         routed_experts=routed_experts, experts_per_token=experts_per_token, profile=profile, probes=probes,
         context_decode_check=ctx_points, client_decode_check=client_decode if engine_side else [],
+        api_server_s=api_server_s, client_ttft_check=client_ttft if api_server_s is not None else [],
     )  # fmt: skip
     if len(ttft) < 3 or len(decode) < 2:
         raise IncompleteCalibration(prof.model_copy(update={"error": "too few points"}), (
