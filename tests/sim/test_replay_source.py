@@ -105,3 +105,26 @@ def test_a_policy_factory_builds_a_fresh_policy_for_each_replay(glm) -> None:
     assert {**one, "policy": "prefix"} == plain
     with pytest.raises(ValueError, match="policy_options"):
         SimReplayConfig(recipe, recipe.default_variant, 2, fleet_factory(2), policy_options={"seed": 1})
+
+
+def test_the_controller_reads_the_routers_ledger_report(glm) -> None:
+    """The replay's fleet hands the switcher what the live router answers at GET /admin/load: its LoadLedger's
+    report, classes named as the policy names them (the slo filter's default class for requests that name none)."""
+    from dataclasses import replace as with_
+
+    from zoe_cluster.routing.load_report import LoadReport
+
+    recipe, cal = glm
+    v = recipe.default_variant
+    rows = [with_(r, slo_class="interactive" if i % 4 == 0 else None) for i, r in enumerate(_rows(40))]
+    seen: list[LoadReport] = []
+    config = SimReplayConfig(recipe, v, 2, "slo", policy_options={"classes": {"interactive": {v: 8}}},
+                             calibration=cal, kv_tokens=KV, controller=lambda fleet: seen.append(fleet.load()),
+                             tick_s=0.5)
+    res = replay(config, rows)
+    assert seen and all(isinstance(r, LoadReport) and set(r.in_flight) == {"sim/0/0", "sim/1/0"} for r in seen)
+    assert any(r.in_flight_by_class.get("interactive") for r in seen)
+    assert {c for r in seen for c in r.in_flight_by_class} == {"interactive", "standard"}
+    assert [row["in_flight_by_class"] for row in res.timeline] == [r.in_flight_by_class for r in seen]
+    last = seen[-1].prefill_tokens_by_class
+    assert last["interactive"] > 0 and last["standard"] > last["interactive"]  # cumulative, 3 of 4 are standard
