@@ -1,5 +1,5 @@
-"""Router pods drain on SIGTERM: the chart passes the drain settings and gives the kubelet's SIGKILL room after
-them (terminationGracePeriodSeconds), rendered with the real Helm engine."""
+"""Router HA in the chart, rendered with the real Helm engine: router pods drain on SIGTERM (the chart passes the
+drain settings and gives the kubelet's SIGKILL room after them), and `router.kvEvents` asks for precise routing."""
 
 from __future__ import annotations
 
@@ -21,3 +21,10 @@ def test_router_pods_drain_within_their_termination_grace_period():
     args = pod["containers"][0]["args"]
     assert args[args.index("--drain-delay-s") + 1] == "10" and args[args.index("--drain-timeout-s") + 1] == "300"
     assert pod["terminationGracePeriodSeconds"] == 315
+
+
+def test_kv_events_value_asks_zoe_deploy_for_precise_routing():
+    (job,) = by_kind(docs({"router": {"kvEvents": True}}), "RayJob")
+    assert "'--kv-events'" in job["spec"]["entrypoint"]
+    (job,) = by_kind(docs({}), "RayJob")
+    assert "--kv-events" not in job["spec"]["entrypoint"]

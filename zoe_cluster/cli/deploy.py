@@ -199,6 +199,10 @@ def register(app: typer.Typer) -> None:
             None, help="Router bind address (default 0.0.0.0 on a cluster, 127.0.0.1 on a local Ray)."),
         name: Optional[str] = typer.Option(None, help="Deployment name (default: the model name)."),
         policy: Optional[str] = typer.Option(None, help="Routing policy (router default if unset)."),
+        kv_events: bool = typer.Option(
+            False, "--kv-events", help="Precise routing: engines publish their KV-cache events and every router "
+            "subscribes to them (vLLM, SGLang; docs/router.md).",
+        ),
         model_path: Optional[str] = typer.Option(None, help="Local checkpoint instead of the recipe's weights."),
         max_model_len: Optional[int] = typer.Option(None, help="Context limit passed to the engine, tokens."),
         launcher: Optional[str] = typer.Option(
@@ -319,7 +323,8 @@ def register(app: typer.Typer) -> None:
                 max_model_len=max_model_len, launcher=shlex.split(launcher) if launcher else None,
                 engine_args=list(engine_arg), engine_env=engine_env, host_kv_gb=host_kv_gb,
                 health=HealthConfig(load_timeout_s=load_timeout),
-                router=DeploymentRouter(host=host or ("127.0.0.1" if local else "0.0.0.0"), port=port, policy=policy),
+                router=DeploymentRouter(host=host or ("127.0.0.1" if local else "0.0.0.0"), port=port, policy=policy,
+                                        kv_events=kv_events),
                 switching=None if switch is None else SwitchConfig(
                     candidates=switch_candidates, dwell_s=switch_dwell, classes=classes),
                 metrics_port=metrics_port, worker_images=worker_images,

@@ -49,6 +49,8 @@ class ReplicaFacts:
     last_health_error: str | None = None
     health_failures_in_a_row: int = 0
     url: str | None = None
+    kv_events_port: int | None = None
+    """First port of the engine's KV-event publishers (`engines.base.kv_event_ports`); None: it publishes none."""
     nodes: list[str] = field(default_factory=list)
     gpu_ids: list[list[int]] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)

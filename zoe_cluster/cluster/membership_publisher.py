@@ -11,13 +11,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
 
 from zoe_cluster.cluster.lifecycle import ReplicaFacts
+from zoe_cluster.engines.base import kv_event_ports
 from zoe_cluster.cluster.router_link import RouterLink
 from zoe_cluster.cluster.spec import DeploymentSpec
 from zoe_cluster.recipes.profile import host_kv_tokens
 from zoe_cluster.replica_state import ReplicaState
-from zoe_cluster.router.membership import MemberReplica, Membership
+from zoe_cluster.router.membership import KvEventSource, MemberReplica, Membership
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,18 @@ def build_membership(spec: DeploymentSpec, version: int, replicas: Iterable[Repl
             kv_capacity_tokens=adapter.kv_capacity_tokens(spec.recipe, f.variant, spec.engine_env),
             host_kv_capacity_tokens=host_kv_tokens(spec.recipe, f.variant, spec.host_kv_gb),
             max_context_tokens=spec.max_model_len or spec.recipe.architecture.max_context_tokens,
+            kv_events=kv_event_sources(f, spec.recipe.variant(f.variant).parallelism.dp),
         ))
     return Membership(version=version, replicas=members)
+
+
+def kv_event_sources(f: ReplicaFacts, dp_size: int) -> list[KvEventSource]:
+    """The KV-event publishers replica `f`'s engine binds (one per data-parallel rank), as routers reach them."""
+    if f.kv_events_port is None or f.url is None:
+        return []
+    host = urlsplit(f.url).hostname
+    return [KvEventSource(endpoint=f"tcp://{host}:{pub}", replay_endpoint=f"tcp://{host}:{replay}")
+            for pub, replay in kv_event_ports(f.kv_events_port, dp_size)]
 
 
 class MembershipPublisher:

@@ -293,6 +293,8 @@ class ReplicaSupervisor:
         try:
             port = await gang.members[0].free_port.remote(host)
             dist = f"{head['node_ip']}:{await gang.members[0].free_port.remote(host)}" if gang.shape.nodes > 1 else None
+            kv_port = (await gang.members[0].free_port.remote(host)
+                       if spec.router.kv_events and not adapter.is_simulated else None)
             started = []
             for rank, (member, info) in enumerate(zip(gang.members, gang.infos)):
                 ctx = LaunchContext(
@@ -301,6 +303,7 @@ class ReplicaSupervisor:
                     dist_init_addr=dist, model_path=spec.model_path, max_model_len=spec.max_model_len,
                     launcher=tuple(spec.launcher) if spec.launcher else None,
                     extra_env=dict(spec.engine_env), host_kv_gb=spec.host_kv_gb,
+                    kv_events_port=kv_port, replica_id=facts.id,
                 )
                 cmd = adapter.command(spec.recipe, facts.variant, ctx)
                 argv = cmd.argv + list(spec.engine_args) if cmd.argv else []
@@ -314,6 +317,7 @@ class ReplicaSupervisor:
         except Exception as e:  # noqa: BLE001 - RayActorError, or a bad command from the adapter
             raise ReplicaFailure(f"engine start failed: {e}", gang_lost=_is_actor_error(e)) from None
         facts.url = f"http://{host}:{port}"
+        facts.kv_events_port = kv_port
         facts.pids = [p["pid"] for p in started if p is not None and p["pid"] is not None]
         facts.process_groups = [p["process_group"] for p in started if p is not None]
         facts.started_at = time.time()

@@ -62,6 +62,11 @@ class DeploymentRouter(BaseModel):
     host: str = Field(default="0.0.0.0", description="Address the router listens on.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port of the OpenAI endpoint.")
     policy: str | None = Field(default=None, description="Routing policy name (router default if unset).")
+    kv_events: bool = Field(
+        default=False,
+        description="Precise routing: engines (vLLM, SGLang) publish their KV-cache events on ports they bind, "
+        "membership lists them and every router subscribes (zoe_cluster.router.kv_events).",
+    )
     settings: dict[str, Any] = Field(
         default_factory=dict,
         description="Any other field of the router's RouterConfig (zoe_cluster.router.config), e.g. "

@@ -365,6 +365,9 @@ have its GPU workers yet when the RayJob runs, and zoe deploy would then pick th
 - {{ include "zoe.engine" . | quote }}
 - --policy
 - {{ include "zoe.routerPolicy" . | quote }}
+{{- if .Values.router.kvEvents }}
+- --kv-events
+{{- end }}
 {{- with .Values.switching.candidates }}
 - --switch
 - {{ join "," . | quote }}
