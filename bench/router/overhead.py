@@ -22,7 +22,6 @@ import os
 import platform
 import re
 import shlex
-import signal
 import socket
 import statistics
 import subprocess
@@ -31,17 +30,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from zoe_cluster.bench.loopback import free_port, stop, wait_http  # noqa: F401  (other benches import them here)
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BODY = json.dumps({"model": "m", "prompt": "Say hello to the benchmark.", "max_tokens": 1})
 STREAM_BODY = json.dumps({"model": "m", "prompt": "Say hello to the benchmark.", "max_tokens": 5, "stream": True})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -67,34 +62,9 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
-def wait_http(url: str, timeout_s: float = 60) -> None:
-    import urllib.request
-
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {timeout_s}s")
-
-
 def spawn(argv: list[str], cpu: int, log: Path) -> subprocess.Popen:
     return subprocess.Popen(["taskset", "-c", str(cpu), *argv], stdout=log.open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True, cwd=REPO)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _us(v: str, unit: str) -> float:

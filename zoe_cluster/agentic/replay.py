@@ -59,7 +59,8 @@ class SessionSource:
                          output_tokens=outcome.output_tokens, tpot_s=outcome.tpot_s)
         if not outcome.dropped:
             rec.ttft_floor_s = self.floor(call)
-            rec.prompt_tokens, rec.cached_tokens = outcome.prompt_tokens, outcome.cached_tokens + outcome.host_cached_tokens
+            rec.prompt_tokens = outcome.prompt_tokens
+            rec.cached_tokens = outcome.cached_tokens + outcome.host_cached_tokens  # as the server's usage reports
             if not call.warmup:
                 self.prompt_tokens += outcome.prompt_tokens
                 self.cached_tokens += outcome.cached_tokens
