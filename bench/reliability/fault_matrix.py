@@ -13,7 +13,7 @@ Setup per fault: `zoe router` (standalone, default settings but the ones named i
 Faults: none, engine SIGKILL (the busiest engine: most requests in flight), engine SIGSTOP for `--stop-s` (then
 SIGCONT), engine 10x slowdown (`/sim/faults`), 5xx bursts (`error_rate` 0.5 for two 5 s windows), router SIGKILL
 (two routers; clients send to the first and, on a refused connection, to the second: see README for what that
-covers), bad inputs (part 3's bodies and slow connections, sent alongside the load; they must get a 4xx in OpenAI
+covers), router SIGTERM (the same two routers; the first drains: `zoe_cluster.router.drain`), bad inputs (part 3's bodies and slow connections, sent alongside the load; they must get a 4xx in OpenAI
 shape and leave the load untouched). On vLLM: kill and hang (SIGSTOP).
 
     python bench/reliability/fault_matrix.py                       # sim faults -> fault_matrix.json
@@ -41,7 +41,9 @@ import httpx
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 ZOE = [sys.executable, "-m", "zoe_cluster.cli.main"]
-SIM_FAULTS = ("none", "kill", "stop", "slow", "5xx", "router_kill", "router_kill_retry", "bad_inputs")
+SIM_FAULTS = ("none", "kill", "stop", "slow", "5xx", "router_kill", "router_kill_retry", "router_term", "bad_inputs")
+DRAIN = {"drain_delay_s": 2, "drain_timeout_s": 60}
+"""router_term's drain settings (the chart's defaults are of the same kind: a few seconds of delay)."""
 VLLM_FAULTS = ("hang", "kill")  # on the same two engines: the hung one recovers, then one is killed
 WORDS = "alpha beta gamma delta river stone cloud paper light sound".split()
 
@@ -274,8 +276,10 @@ class Bench:
         self.routers: list[subprocess.Popen] = []
         self.router_urls: list[str] = []
 
-    def start(self, n_routers: int) -> None:
+    def start(self, n_routers: int, extra_config: dict | None = None) -> None:
+        """Engines, then `n_routers` routers with `--router-config` (and `extra_config` over it)."""
         a = self.args
+        router_config = json.dumps({**json.loads(a.router_config), **(extra_config or {})})
         if a.engine == "sim":
             for i in range(3):
                 p = free_port()
@@ -301,7 +305,7 @@ class Bench:
         for k in range(n_routers):
             p = free_port()
             argv = [*ZOE, "router", "--port", str(p), "--engine", a.engine, "--model", model,
-                    *[x for u in self.engine_urls for x in ("--replica", u)], "--config-json", a.router_config]
+                    *[x for u in self.engine_urls for x in ("--replica", u)], "--config-json", router_config]
             self.routers.append(spawn(argv, self.tmp / f"router{k}.log"))
             self.router_urls.append(f"http://127.0.0.1:{p}")
         for u in self.router_urls:
@@ -344,7 +348,8 @@ async def run_fault(args, fault: str, tmp: Path, shared: Bench | None = None) ->
     if shared is None:
         b = Bench(args, tmp / fault)
         (tmp / fault).mkdir(parents=True, exist_ok=True)
-        b.start(n_routers=2 if fault.startswith("router_kill") else 1)
+        b.start(n_routers=2 if fault.startswith("router_") else 1,
+                extra_config=DRAIN if fault == "router_term" else None)
     else:
         b = shared
     cpt = 4 if args.engine == "sim" else None
@@ -356,6 +361,8 @@ async def run_fault(args, fault: str, tmp: Path, shared: Bench | None = None) ->
     async def post_faults(i: int, cfg: dict) -> None:
         async with httpx.AsyncClient(timeout=10) as c:
             await c.post(b.engine_urls[i] + "/sim/faults", json=cfg)
+
+    notes_tasks: list[asyncio.Task] = []
 
     async def fault_fn(t0: float) -> dict:
         notes: dict = {}
@@ -382,9 +389,25 @@ async def run_fault(args, fault: str, tmp: Path, shared: Bench | None = None) ->
                 await asyncio.sleep(5)
             notes["bursts"] = "error_rate 0.5 on engine 2 for 2 x 5 s"
         elif fault.startswith("router_kill"):
+            notes["in_flight_at_kill"] = b.router_metric("zoe_router_active_requests", 0)
             os.killpg(b.routers[0].pid, signal.SIGKILL)
             notes["killed"] = "router 0; clients send to router 1 when router 0 refuses a connection" + (
                 ", and re-send there a request router 0's death cut (streams start over)" if load.retry_cut else "")
+        elif fault == "router_term":
+            proc = b.routers[0]
+            notes["in_flight_at_term"] = b.router_metric("zoe_router_active_requests", 0)
+            os.killpg(proc.pid, signal.SIGTERM)
+            t_term = time.monotonic()
+            notes["terminated"] = ("router 0 (SIGTERM: drain); clients send to router 1 when router 0 refuses a "
+                                   f"connection; drain settings {DRAIN}")
+
+            async def exited() -> None:
+                while proc.poll() is None:
+                    await asyncio.sleep(0.05)
+                notes["router0_exit_code"] = proc.returncode
+                notes["router0_exit_after_s"] = round(time.monotonic() - t_term, 2)
+
+            notes_tasks.append(asyncio.create_task(exited()))
         elif fault == "bad_inputs":
             host, port = b.router_urls[0][7:].split(":")
             slow, bad = await asyncio.gather(slow_connections(host, int(port), 500, 30),
@@ -395,7 +418,8 @@ async def run_fault(args, fault: str, tmp: Path, shared: Bench | None = None) ->
     try:
         t = time.monotonic()
         notes = await load.run(args.duration_s, fault_fn)
-        k = 1 if fault.startswith("router_kill") else 0
+        await asyncio.gather(*notes_tasks)
+        k = 1 if fault.startswith("router_") else 0
         row = {
             "fault": fault, "engine": args.engine, "clients": args.clients, "duration_s": round(time.monotonic() - t, 1),
             "sent": load.sent, "succeeded": load.ok, "failed": sum(load.failed.values()),
