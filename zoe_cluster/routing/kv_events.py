@@ -1,10 +1,11 @@
 """Precise mode: correct the router's prefix indexes from the engines' KV-cache events (pure decoding and
 bookkeeping; the ZMQ socket lives in `zoe_cluster.router.kv_events`).
 
-vLLM publishes with `--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
-"endpoint": "tcp://<router-host>:<port>", "topic": "<replica id>"}'`: it connects to the router's bound SUB socket
-and sends multipart messages `[topic, seq (8 bytes big-endian), payload]`, where payload is msgpack
-`[ts, [event, ...], data_parallel_rank]` and each event is a map tagged by "type":
+vLLM and SGLang publish with `--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+"endpoint": "tcp://*:<port>", "replay_endpoint": "tcp://*:<port + dp>", "topic": "<replica id>"}'`
+(`zoe_cluster.engines.base.kv_events_config`): the engine binds a PUB socket every router connects to
+(`zoe_cluster.router.kv_events`) and sends multipart messages `[topic, seq (8 bytes big-endian), payload]`, where
+payload is msgpack `[ts, [event, ...], data_parallel_rank]` and each event is a map tagged by "type":
 `BlockStored{block_hashes, parent_block_hash, token_ids, block_size, ...}`, `BlockRemoved{block_hashes, ...}`,
 `AllBlocksCleared{}`. The topic names the replica (its "deployment/index/generation" id). With KV offloading an
 event's `medium` says which tier it is about; only GPU (or unnamed) blocks count, since the router's correction is
