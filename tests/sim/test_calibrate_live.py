@@ -3,6 +3,8 @@ write a profile the twin runs on; bad input fails clearly and never leaves a pro
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import httpx
 import pytest
 import yaml
@@ -12,7 +14,9 @@ from tests.conftest import free_port
 from tests.sim.helpers import sim_server
 from zoe_cluster.cli.main import app
 from zoe_cluster.recipes import RecipeRegistry
-from zoe_cluster.sim.calibrate import calibrate
+from zoe_cluster.recipes.schema import DecodePoint, Figure
+from zoe_cluster.sim.calibrate import Calibration, calibrate
+from zoe_cluster.sim.step_model import StepModel
 from zoe_cluster.sim.engine_calibration import (
     EngineCalibrationError,
     EngineTtftRecorder,
@@ -20,6 +24,7 @@ from zoe_cluster.sim.engine_calibration import (
     block_tokens_from_hits,
     engine_decode_step_s,
     engine_ttft_reading,
+    fit_decode_by_context,
     kv_capacity_from_metrics,
     load_engine_profile,
 )
@@ -176,3 +181,25 @@ def test_engine_ttft_recorder_reads_each_request_in_order():
     assert rec.cell("L=128 h=0") == pytest.approx((0.006, 0.0))  # the warm-up request left out
     assert rec.cell("other") is None
     assert engine_ttft_reading("vllm:num_requests_running 0.0\n") is None  # an engine without the histograms
+
+
+def test_decode_points_at_two_contexts_separate_the_context_term():
+    """Decode steps measured at two mean contexts give the decode step's cost per context token apart from its cost
+    per request; the prefill's context term stays as its own fit found it."""
+    truth = StepModel(decode_base_s=0.002, decode_per_expert_s=0.0, decode_per_token_s=5e-5, routed_experts=1,
+                      experts_per_token=1, prefill_per_token_s=1e-5, prefill_floor_s=0.001, context_per_token_s=0.0,
+                      decode_context_per_token_s=1.5e-7)
+
+    def point(c: int, ctx: int) -> tuple[DecodePoint, int]:
+        tok_s = c / truth.decode_step_s(c, c * ctx)
+        fig = Figure(value=tok_s, source="test")
+        return DecodePoint(concurrency=c, tok_s_per_node=fig, tok_s_per_user=Figure(value=tok_s / c, source="test")), ctx
+
+    start = Calibration(model=replace(truth, decode_per_token_s=3e-4, decode_context_per_token_s=None), sources={})
+    got = fit_decode_by_context(start, [point(c, 600) for c in (1, 4, 16, 32)] + [point(c, 1536) for c in (1, 4, 8)])
+    m = got.model
+    assert m.decode_context_per_token_s == pytest.approx(1.5e-7, rel=1e-3)
+    assert m.decode_per_token_s == pytest.approx(5e-5, rel=1e-3) and m.decode_base_s == pytest.approx(0.002, rel=1e-3)
+    assert m.context_per_token_s == 0.0 and got.fit_error_pct["decode_max"] < 1e-6
+    # the decode tokens of a prefill step pay the decode context term, its prefill tokens the prefill one
+    assert m.prefill_step_s(512, 1000.0, 0.0, 4, 6000.0) == pytest.approx(512e-5 + 4 * 5e-5 + 6000 * 1.5e-7)

@@ -51,6 +51,12 @@ def plot_fit(prof: EngineProfile, cal: Calibration, path: str | Path) -> Path:
         ax.plot([p.concurrency for p in cpts], [p.tok_s_per_node.value for p in cpts], "s", mfc="none",
                 color=COLORS[2], label="as the client saw it (check)")
     ax.plot(xs, [decode_tok_s(cal, c) for c in xs], "-", color=COLORS[1], label="twin")
+    if prof.decode_long_context and prof.decode_long_context_tokens:
+        ctx = prof.decode_long_context_tokens
+        lpts = sorted(prof.decode_long_context, key=lambda p: p.concurrency)
+        lx = [p.concurrency for p in lpts]
+        ax.plot(lx, [p.tok_s_per_node.value for p in lpts], "^", color=COLORS[3], label=f"measured, context {ctx}")
+        ax.plot(lx, [decode_tok_s(cal, c, ctx) for c in lx], "--", color=COLORS[3], label=f"twin, context {ctx}")
     ax.set(xscale="log", xlabel="concurrent streams", ylabel="output tok/s (engine)", title="decode by batch")
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.legend(fontsize=7)

@@ -60,7 +60,7 @@ from zoe_cluster.bench.server import ServerUnreachable, probe_server
 from zoe_cluster.engines.metrics_text import sum_samples
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.recipes.schema import ContextDecodePoint, DecodePoint, Figure, Profile, TtftPoint
-from zoe_cluster.sim.calibrate import APEX_CONTEXT_TOKENS, Calibration, CalibrationError, calibrate
+from zoe_cluster.sim.calibrate import APEX_CONTEXT_TOKENS, Calibration, CalibrationError, calibrate, nnls
 
 MEASURED_VARIANT = "measured"
 """The variant name of the in-memory recipe an `EngineProfile` becomes."""
@@ -82,6 +82,10 @@ class SweepPlan:
     decode_runs: int = 3
     context_lengths: list[int] = field(default_factory=lambda: [128, 512, 1024, 1536])
     context_output_len: int = 64
+    long_context_tokens: int = 1536
+    """Mean decode context of the second decode-by-batch sweep (with the first, at `APEX_CONTEXT_TOKENS`, it
+    separates the decode step's per-request cost from its cost per context token); capped to the model's length,
+    batches to what the KV cache holds."""
     seed: int = 0
     temperature: float = 0.0
     """Sampling of the decode sweeps. Greedy by default, as zoe's benchmarks send (`bench.client.RequestSpec`):
@@ -96,7 +100,9 @@ class SweepPlan:
         lengths = sorted({n for n in self.lengths if n + 1 <= cap})
         ctx = sorted({n for n in self.context_lengths if n + self.context_output_len <= cap})
         conc = sorted({c for c in self.concurrency if c <= max_num_seqs})
-        return replace(self, lengths=lengths, hit_rates=list(self.hit_rates), concurrency=conc, context_lengths=ctx)
+        long_ctx = min(self.long_context_tokens, cap - self.decode_output_len // 2 - 1)
+        return replace(self, lengths=lengths, hit_rates=list(self.hit_rates), concurrency=conc, context_lengths=ctx,
+                       long_context_tokens=long_ctx)
 
     @property
     def decode_prompt_tokens(self) -> int:
@@ -148,6 +154,10 @@ class EngineProfile(_Strict):
     client_ttft_check: list[TtftPoint] = Field(
         default_factory=list, description="Prefill cells as the client saw them, when the profile's are engine-side "
         "times plus api_server_s (see the module docstring).")
+    decode_long_context: list[DecodePoint] = Field(
+        default_factory=list, description="Decode by batch at mean context `decode_long_context_tokens` (the "
+        "engine's own step times): fitted with the decode points to the decode step's context term.")
+    decode_long_context_tokens: int | None = Field(default=None, description="Mean decode context of those points.")
     client_decode_check: list[DecodePoint] = Field(
         default_factory=list, description="Decode by batch as the client saw it (tok/s over the decode window), "
         "when the profile's decode points are the engine's own step times (see the module docstring).")
@@ -193,8 +203,34 @@ class EngineProfile(_Strict):
         return recipe
 
     def calibration(self) -> Calibration:
-        """The twin's step model, fitted to the measured profile by `calibrate.calibrate`."""
-        return calibrate(self.recipe(), MEASURED_VARIANT, block_tokens=self.scheduler.block_tokens)
+        """The twin's step model, fitted to the measured profile by `calibrate.calibrate`; with decode points at a
+        second context, the decode step is refitted to both (`fit_decode_by_context`)."""
+        cal = calibrate(self.recipe(), MEASURED_VARIANT, block_tokens=self.scheduler.block_tokens)
+        if not self.decode_long_context or not self.decode_long_context_tokens:
+            return cal
+        return fit_decode_by_context(cal, [(p, APEX_CONTEXT_TOKENS) for p in self.profile.decode]
+                                     + [(p, self.decode_long_context_tokens) for p in self.decode_long_context])
+
+
+def fit_decode_by_context(cal: Calibration, points: list[tuple[DecodePoint, int]]) -> Calibration:
+    """`cal` with its decode step refitted to decode-by-batch points at several mean contexts:
+    a + b * experts(n) + c * n + g * n * context (weighted by 1 / step, as `calibrate.fit_decode`), g becoming the
+    model's `decode_context_per_token_s` and the prefill's context terms left as fitted."""
+    m = cal.model
+    n = np.array([p.concurrency for p, _ in points], dtype=float)
+    ctx = np.array([c for _, c in points], dtype=float)
+    y = np.array([p.concurrency / p.tok_s_per_node.value for p, _ in points])
+    a = np.stack([np.ones_like(n), [m.experts(int(k)) for k in n], n, n * ctx], axis=1)
+    w = 1.0 / y
+    x = nnls(a * w[:, None], y * w)
+    model = replace(m, decode_base_s=float(x[0]), decode_per_expert_s=float(x[1]), decode_per_token_s=float(x[2]),
+                    decode_context_per_token_s=float(x[3]))
+    pred = [k / model.decode_step_s(int(k), k * c) for k, c in zip(n, ctx)]
+    err = [abs(p_ / p.tok_s_per_node.value - 1) * 100 for p_, (p, _) in zip(pred, points)]
+    contexts = sorted({int(c) for c in ctx})
+    sources = {**cal.sources, "decode": f"fit to {len(points)} engine-side decode points at mean contexts {contexts}"}
+    errors = {**cal.fit_error_pct, "decode_median": float(np.median(err)), "decode_max": float(max(err))}
+    return replace(cal, model=model, sources=sources, fit_error_pct=errors)
 
 
 class IncompleteCalibration(EngineCalibrationError):
@@ -475,6 +511,23 @@ async def run_calibration(
                                             on_request)  # fmt: skip
             engine_steps.append(engine_decode_step_s(before, await _scrape(client.session, client.base_url),
                                                      plan.decode_output_len))
+        long_decode: list[DecodePoint] = []
+        if all(engine_steps):
+            lprompt = await text_of_tokens(rng, max(1, plan.long_context_tokens - plan.decode_output_len // 2), counter)
+            fits = [c for c in plan.concurrency if c <= kv // (plan.long_context_tokens + plan.decode_output_len)]
+            if on_phase:
+                on_phase(f"decode by batch at context {plan.long_context_tokens}", sum(fits) * (plan.decode_runs + 1))
+            for c in fits:
+                before = await _scrape(client.session, client.base_url)
+                decode_rows_long = await run_decode(client, DecodeConfig(
+                    [c], plan.decode_output_len, lprompt, "calibration-long", plan.decode_runs, 1,
+                    temperature=plan.temperature, top_p=plan.top_p, api="completions"), on_request)  # fmt: skip
+                _check_rows(decode_rows_long, "long-context decode sweep")
+                step = engine_decode_step_s(before, await _scrape(client.session, client.base_url),
+                                            plan.decode_output_len)
+                if step:
+                    long_decode.append(DecodePoint(concurrency=c, tok_s_per_node=_fig(c / step, None, source),
+                                                   tok_s_per_user=_fig(1.0 / step, None, source)))
         _check_rows(decode_rows, "decode sweep")
         client_decode = [
             DecodePoint(concurrency=r["concurrency"],
@@ -519,6 +572,7 @@ async def run_calibration(
         routed_experts=routed_experts, experts_per_token=experts_per_token, profile=profile, probes=probes,
         context_decode_check=ctx_points, client_decode_check=client_decode if engine_side else [],
         api_server_s=api_server_s, client_ttft_check=client_ttft if api_server_s is not None else [],
+        decode_long_context=long_decode, decode_long_context_tokens=plan.long_context_tokens if long_decode else None,
     )  # fmt: skip
     if len(ttft) < 3 or len(decode) < 2:
         raise IncompleteCalibration(prof.model_copy(update={"error": "too few points"}), (
@@ -557,10 +611,9 @@ def lone_ttft_s(prof: EngineProfile, cal: Calibration, input_tokens: int, hit_ra
                              prof.scheduler.max_num_batched_tokens)
 
 
-def decode_tok_s(cal: Calibration, concurrency: int) -> float:
-    """The twin's per-node decode tok/s at `concurrency` and the decode sweep's mean context."""
-    m = cal.model
-    return concurrency / m.decode_step_s(concurrency, concurrency * APEX_CONTEXT_TOKENS)
+def decode_tok_s(cal: Calibration, concurrency: int, context_tokens: int = APEX_CONTEXT_TOKENS) -> float:
+    """The twin's per-node decode tok/s at `concurrency` and a mean context (the decode sweep's by default)."""
+    return concurrency / cal.model.decode_step_s(concurrency, concurrency * context_tokens)
 
 
 def context_tok_s(cal: Calibration, context_tokens: int) -> float:

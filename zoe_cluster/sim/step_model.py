@@ -10,6 +10,7 @@ An engine step (one forward pass of the batch the scheduler picked) costs:
   the seed fits ("17.4 ms + 0.3 ms per token", seed section Speculative decoding, table A7).
 - a step that carries a prefill chunk of m tokens at positions p..p+m-1 (plus any decode tokens):
       max(floor, q * m) + d * sum(positions) + e * sum(positions^2) + c * n_decode + d * sum(decode context)
+  (the decode tokens' d is `decode_context_per_token_s` where it was measured apart from the prefill's)
   q is the per-token prefill work (MoE, projections, fixed-size sparse attention); the `floor` is the least a
   prefill step costs (small chunks do not fill the GPUs); d is the work that grows with context (the DSA
   lightning indexer scores every earlier position; CSA top-K), e the growth beyond that seen at the longest
@@ -53,6 +54,15 @@ class StepModel:
     """Draft tokens proposed per request per step (0: no speculative decoding)."""
     spec_accepted_tokens: float = 1.0
     """Mean tokens a request emits per step (1 + accepted drafts); 1 without speculative decoding."""
+    decode_context_per_token_s: float | None = None
+    """Cost per (decode token x position it attends to), when measured apart from the prefill's d (an engine whose
+    decode attention kernel differs from its prefill one: vLLM on CPU); None: d."""
+
+    @property
+    def decode_context_s(self) -> float:
+        """The context term of decode tokens (`decode_context_per_token_s`, else d)."""
+        d = self.decode_context_per_token_s
+        return self.context_per_token_s if d is None else d
 
     def experts(self, n_tokens: int) -> float:
         """Expected distinct routed experts touched by n tokens."""
@@ -67,7 +77,7 @@ class StepModel:
             self.decode_base_s
             + self.decode_per_expert_s * self.experts(n_tokens)
             + self.decode_per_token_s * n_tokens
-            + self.context_per_token_s * context_sum
+            + self.decode_context_s * context_sum
         )
 
     def prefill_step_s(
@@ -77,7 +87,8 @@ class StepModel:
         plus n_decode decode tokens."""
         return (
             max(self.prefill_floor_s, self.prefill_per_token_s * chunk_tokens)
-            + self.context_per_token_s * (pos_sum + decode_context_sum)
+            + self.context_per_token_s * pos_sum
+            + self.decode_context_s * decode_context_sum
             + self.context2_per_token_s * pos2_sum
             + self.decode_per_token_s * n_decode
         )
@@ -88,7 +99,7 @@ class StepModel:
         return 1 + self.spec_proposed_tokens
 
     def to_dict(self) -> dict[str, float]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 def position_sums(start: int, n: int) -> tuple[float, float]:
