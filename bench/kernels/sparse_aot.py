@@ -193,14 +193,17 @@ def main() -> None:
                  "win_v_ptr": "*bf16", "win_len_ptr": "*i32", "comp_k_ptr": "*fp8e4nv", "comp_v_ptr": "*bf16",
                  "comp_idx_ptr": "*i32", "win_ks_ptr": "*fp32", "comp_ks_ptr": "*fp32", "sink_ptr": "*fp32",
                  "out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
-        # (DV, tile entries, key slots, staged index rows, final): the default at W=128, k=512 (232,192 bytes of
-        # shared memory), its two-split form, 2 key slots, 32-entry tiles, 128-column value blocks
+        # (DV, tile entries, key slots, staged index rows, final) at W=128, k=512: the default below B=67 (232,192
+        # bytes of shared memory), its two-split form, 2 key slots, 32-entry tiles, 128-column value blocks; two
+        # warpgroups over all 512 value columns (the default from B=67: 8 warps), and its two-split form
         for dv, bkv, slots, sel_rows, final in ((256, 64, 3, 8, True), (256, 64, 3, 8, False), (256, 64, 2, 8, True),
-                                                (256, 32, 3, 16, True), (128, 64, 2, 8, True)):
+                                                (256, 32, 3, 16, True), (128, 64, 2, 8, True), (512, 32, 3, 16, True),
+                                                (512, 32, 3, 16, False)):
+            warps = 4 * max(1, dv // 256)
             rows.append(compile_one(f"dual_scope_fused D=512 DV={dv} BKV={bkv} key_slots={slots} final={final}",
                                     fused.fused_kernel, fptrs,
                                     dict(D=512, DV=dv, BKV=bkv, TILES_PER_SPLIT=640 // bkv, KBUF=slots,
-                                         SEL_P2=sel_rows, FINAL=final, HAS_SINK=True, num_warps=4), 4,
+                                         SEL_P2=sel_rows, FINAL=final, HAS_SINK=True, num_warps=warps), warps,
                                     source=GluonASTSource, loop=True))
     meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
             "command": "python bench/kernels/sparse_aot.py " + " ".join(sys.argv[1:])}

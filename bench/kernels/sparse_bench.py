@@ -350,8 +350,9 @@ def _isolated_us(fn) -> float:
 
 
 # launch parameters of the one-pass kernel timed beside the default in the `limits` section
-FUSED_VARIANTS = [("default", {}), ("2 key slots", dict(num_stages=2)), ("32-entry tiles", dict(block_kv=32)),
-                  ("32-entry tiles, 2 key slots", dict(block_kv=32, num_stages=2))]
+FUSED_VARIANTS = [("default", {}), ("one warpgroup, 256 value columns, 64-entry tiles", dict(block_dv=256)),
+                  ("two warpgroups, 512 value columns, 32-entry tiles", dict(block_dv=512)),
+                  ("2 key slots", dict(num_stages=2))]
 DECODE_TOL = 1e-2  # relative error against the float32 reference: bf16 outputs and bf16 P in the value MMAs
 
 
@@ -471,7 +472,7 @@ def bench_decode_limits(quick: bool) -> None:
                 f"floor), one-pass kernel alone {fused:.1f}, per launch {launches}, err {err:.1e}")
         del inputs, ref
     # time against tiles at one split per sequence: a line's intercept is the cost outside the entry loop
-    for b in ((8, 64) if quick else (8, 32, 64)):
+    for b in ((8, 64) if quick else (8, 32, 64, 128)):
         for k in (64, 192, 320, 512):
             inputs = _decode_inputs(b, k=k)
             ref = _reference_f32(*inputs)
@@ -481,11 +482,14 @@ def bench_decode_limits(quick: bool) -> None:
             us = median_us(fn, graph=True)
             fused = limits.fused_alone_us(fn, median_us)
             bytes_min, _ = _decode_floor(inputs)
+            bkv = limits.occupancy(b, h, d, 128 + k, k)["tile_entries"]
+            tiles = triton.cdiv(128, bkv) + triton.cdiv(k, bkv)
             add_row(op="decode_limits", shape=f"B={b} H=64 D=512 W=128 k={k}", provider="zoe, one split a sequence",
-                    config=json.dumps({"tiles": 2 + k // 64, "splits": 1}), median_us=us, fused_alone_us=fused,
-                    bytes_min=bytes_min, gbps=bytes_min / us / 1e3, rel_err_f32=err, correct=err < DECODE_TOL)
-            log(f"limits: B={b} k={k} ({2 + k // 64} tiles): call {us:.1f} us, one-pass kernel alone {fused:.1f} us,"
-                f" err {err:.1e}")
+                    config=json.dumps({"tiles": tiles, "tile_entries": bkv, "splits": 1}), median_us=us,
+                    fused_alone_us=fused, bytes_min=bytes_min, gbps=bytes_min / us / 1e3, rel_err_f32=err,
+                    correct=err < DECODE_TOL)
+            log(f"limits: B={b} k={k} ({tiles} tiles of {bkv}): call {us:.1f} us, one-pass kernel alone {fused:.1f} "
+                f"us, err {err:.1e}")
             del inputs, ref
     torch.cuda.empty_cache()
 

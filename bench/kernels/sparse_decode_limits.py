@@ -157,8 +157,9 @@ def occupancy(bsz: int, heads: int, d: int, entries: int, selected: int) -> dict
     programs = bsz * triton.cdiv(heads, 64) * (d // cfg["block_dv"]) * cfg["splits"]
     tiles = triton.cdiv(entries - selected, cfg["block_kv"]) + triton.cdiv(selected, cfg["block_kv"])
     sel_rows = dsd._fused_sel_rows(triton.cdiv(tiles, cfg["splits"]), selected, cfg["block_kv"])
-    smem = (2 * 64 * d + cfg["num_stages"] * cfg["block_kv"] * (d + 4) + 2 * cfg["block_kv"] * cfg["block_dv"] * 2
-            + sel_rows * cfg["block_kv"] * 4)
+    smem = dsd._fused_smem_bytes(d, cfg["block_dv"], cfg["block_kv"], cfg["num_stages"], sel_rows)
     return {"multiprocessors": target.cu_count, "shared_bytes_per_program_limit": target.lds_bytes,
-            "programs": programs, "splits": cfg["splits"], "tiles_per_program": triton.cdiv(tiles, cfg["splits"]),
-            "key_slots": cfg["num_stages"], "shared_bytes": smem, "wave_fill": programs / target.cu_count}
+            "programs": programs, "warps": cfg["num_warps"], "value_columns": cfg["block_dv"],
+            "tile_entries": cfg["block_kv"], "splits": cfg["splits"],
+            "tiles_per_program": triton.cdiv(tiles, cfg["splits"]), "key_slots": cfg["num_stages"],
+            "shared_bytes": smem, "wave_fill": programs / target.cu_count}

@@ -454,15 +454,34 @@ def _two_pass_config(bsz: int, heads: int, d: int, entries: int, *, block_h, blo
             "values_warps": values_warps or num_warps or 4, "values_stages": values_stages or num_stages or 3}
 
 
-# FUSED_GLUON's entries per tile: 64 (keys two tiles ahead) was faster than 32 on the H200 at every batch timed.
-# Retune with bench/kernels/sparse_decode_sweep.py (block_kv 32 / 64).
+# FUSED_GLUON's entries per tile with one warpgroup: 64 (keys two tiles ahead) was faster than 32 on the H200 at every
+# batch timed; two warpgroups (all of D=512's value columns) take 32, the tiles that fit their rings. Retune with
+# bench/kernels/sparse_decode_sweep.py (block_kv 32 / 64).
 _FUSED_BLOCK_KV = 64
+# The most splits of a sequence at which the one-pass kernel's programs hold all value columns (two warpgroups, each
+# tile's scores computed once): one, so they take the batches where a wave holds at most one of them a sequence
+# (from B=67 on 132 SMs), where one-warpgroup programs (two a sequence) need a second wave; split twice (B=64) they
+# lose to one-warpgroup programs (a merge launch, and a 32-entry tile costs about what a 64-entry one does).
+# Retune with bench/kernels/sparse_decode_sweep.py (block_dv 256 / 512) across B.
+_FUSED_WIDE_MAX_SPLITS = 1
 
 
-def _fused_block_dv(d: int, block_dv: int | None) -> int:
-    """Value columns per program of the one-pass Gluon kernel: 256 (the MMA's N, 128 accumulator registers per
-    thread) where they divide D, else 128."""
-    return block_dv or (min(256, d) if d % min(256, d) == 0 else 128)
+def _fused_warpgroups(block_dv: int) -> int:
+    """Warpgroups of a one-pass program: one per 256 value columns (a warpgroup MMA's N, 128 accumulator registers
+    per thread)."""
+    return max(1, block_dv // 256)
+
+
+def _fused_block_dv(bsz: int, heads: int, d: int, block_dv: int | None, target: Target) -> int:
+    """Value columns per program of the one-pass Gluon kernel: all of D = 512 in two warpgroups (each tile's scores
+    computed once per sequence) where one wave of such programs splits a sequence at most _FUSED_WIDE_MAX_SPLITS
+    ways; else 256 where they divide D (the scores computed by each of D / 256 programs), else 128."""
+    if block_dv:
+        return block_dv
+    programs = bsz * triton.cdiv(heads, 64)
+    if d == 512 and target.cu_count // max(1, programs) <= _FUSED_WIDE_MAX_SPLITS:
+        return d
+    return min(256, d) if d % min(256, d) == 0 else 128
 
 
 def _fused_sel_rows(tiles_per_split: int, selected: int, block_kv: int) -> int:
@@ -470,23 +489,31 @@ def _fused_sel_rows(tiles_per_split: int, selected: int, block_kv: int) -> int:
     return triton.next_power_of_2(max(1, min(tiles_per_split, triton.cdiv(selected, block_kv))))
 
 
+def _fused_smem_bytes(d: int, block_dv: int, block_kv: int, key_slots: int, sel_rows: int) -> int:
+    """Shared memory of a one-pass program: q's two fp8 parts, the key ring (rows and scales), the two value slots,
+    the staged indices and (two warpgroups) the probabilities handed between them."""
+    handover = 64 * block_kv * 2 if _fused_warpgroups(block_dv) > 1 else 0
+    return (2 * 64 * d + key_slots * block_kv * (d + 4) + 2 * block_kv * block_dv * 2 + sel_rows * block_kv * 4
+            + handover)
+
+
 def _fused_shape_ok(d: int, block_dv: int, block_kv: int, key_slots: int, sel_rows: int, lds_bytes: int) -> bool:
-    """The shapes the one-pass Gluon kernel takes: D in 128-column steps, 64-256 value columns per program
-    dividing D, 32- or 64-entry tiles, 2 or 3 key slots (keys one or two tiles ahead), and q's two fp8 parts, the
-    key ring (rows and scales), the two value slots and the staged indices within `lds_bytes` of shared memory."""
-    smem = 2 * 64 * d + key_slots * block_kv * (d + 4) + 2 * block_kv * block_dv * 2 + sel_rows * block_kv * 4
-    return (d % 128 == 0 and block_dv in (64, 128, 256) and d % block_dv == 0 and block_kv in (32, 64)
-            and key_slots in (2, 3) and smem <= lds_bytes)
+    """The shapes the one-pass Gluon kernel takes: D in 128-column steps, 64-256 value columns per program dividing
+    D or 512 in two warpgroups (D a multiple of 256), 32- or 64-entry tiles, 2 or 3 key slots (keys one or two
+    tiles ahead), and `_fused_smem_bytes` within `lds_bytes` of shared memory."""
+    return (d % 128 == 0 and block_dv in (64, 128, 256, 512) and d % block_dv == 0 and block_kv in (32, 64)
+            and key_slots in (2, 3) and _fused_smem_bytes(d, block_dv, block_kv, key_slots, sel_rows) <= lds_bytes)
 
 
 def _fused_config(bsz: int, heads: int, d: int, entries: int, selected: int, *, block_dv, block_kv, splits,
                   num_stages, target: Target) -> dict:
     """Launch parameters of the one-pass Gluon kernel (dual_scope_fused_gluon.py): 64 heads and block_dv value
-    columns per program, block_kv entries per tile, num_stages key slots (3 where they fit the target's shared
-    memory, else 2), splits programs over a sequence's entries (as many as fill one wave of one program per
-    multiprocessor); "fits" says whether its shared memory does (`_fused_shape_ok`)."""
-    block_dv = _fused_block_dv(d, block_dv)
-    block_kv = block_kv or _FUSED_BLOCK_KV
+    columns per program (`_fused_block_dv`), block_kv entries per tile (64 with one warpgroup, 32 with two),
+    num_stages key slots (3 where they fit the target's shared memory, else 2), splits programs over a sequence's
+    entries (as many as fill one wave of one program per multiprocessor); "fits" says whether its shared memory
+    does (`_fused_shape_ok`)."""
+    block_dv = _fused_block_dv(bsz, heads, d, block_dv, target)
+    block_kv = block_kv or (32 if _fused_warpgroups(block_dv) > 1 else _FUSED_BLOCK_KV)
     # the window's tiles and the selection's, counted apart as the launch counts them
     tiles = max(1, triton.cdiv(entries - selected, block_kv) + triton.cdiv(selected, block_kv))
     programs = bsz * triton.cdiv(heads, 64) * (d // block_dv)
@@ -496,9 +523,10 @@ def _fused_config(bsz: int, heads: int, d: int, entries: int, selected: int, *, 
     sel_rows = _fused_sel_rows(triton.cdiv(tiles, splits), selected, block_kv)
     if num_stages is None:
         num_stages = 3 if _fused_shape_ok(d, block_dv, block_kv, 3, sel_rows, target.lds_bytes) else 2
-    return {"block_h": 64, "block_dv": block_dv, "block_kv": block_kv, "splits": splits, "num_warps": 4,
-            "schedule": Schedule.FUSED_GLUON, "num_stages": num_stages, "qk_fp16": False, "lazy_rescale": False,
-            "defer_sum": False, "fits": _fused_shape_ok(d, block_dv, block_kv, num_stages, sel_rows, target.lds_bytes)}
+    return {"block_h": 64, "block_dv": block_dv, "block_kv": block_kv, "splits": splits,
+            "num_warps": 4 * _fused_warpgroups(block_dv), "schedule": Schedule.FUSED_GLUON, "num_stages": num_stages,
+            "qk_fp16": False, "lazy_rescale": False, "defer_sum": False,
+            "fits": _fused_shape_ok(d, block_dv, block_kv, num_stages, sel_rows, target.lds_bytes)}
 
 
 def fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled: bool, sm_scale: float, cfg: dict) -> bool:
@@ -560,7 +588,7 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
         wks.stride(0), cks.stride(0), out.stride(0), out.stride(1),
         D=d, DV=block_dv, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, KBUF=num_stages,
         SEL_P2=_fused_sel_rows(tiles_per_split, k_sel, block_kv), FINAL=final, HAS_SINK=sink is not None,
-        num_warps=4, **({"launch_pdl": True} if pdl else {}))
+        num_warps=4 * _fused_warpgroups(block_dv), **({"launch_pdl": True} if pdl else {}))
     if not final:
         _merge_splits(part_out, part_lse, sink_t, out, sink is not None, 16)
     return out

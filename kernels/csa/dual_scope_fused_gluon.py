@@ -4,7 +4,9 @@ schedule=Schedule.FUSED_GLUON)`, the default there from batch 8.
 The same attention as `dual_scope_decode` (its docstring has the math, shapes and index conventions) for bf16
 q over fp8 e4m3 keys with per-entry scales and bf16 values without scales (the DeepSeek-V4 cache), with no
 intermediate in global memory: programs (sequence b, head block of 64 x value-column block of DV, entry split),
-one warpgroup each, run an online softmax over tiles of BKV entries (64 by default):
+one warpgroup per 256 value columns, run an online softmax over tiles of BKV entries (64 with one warpgroup;
+two warpgroups, DV = 512, take 32-entry tiles, split each tile's scores between them by entries and hand its
+probabilities to both through shared memory, so a tile's scores are computed once per sequence):
 
 - q arrives split into two e4m3 parts per head with its score scale (`dual_scope_tiles.split_q_kernel`, a small
   launch before this one, once per sequence; programmatic dependent launch overlaps the two);
@@ -13,11 +15,12 @@ one warpgroup each, run an online softmax over tiles of BKV entries (64 by defau
   rows (the program's DV columns) in a ring of two, one tile ahead: with 64-entry tiles the keys of two tiles
   and the values of one are in flight while a tile is computed, within the H200's 227 KiB of shared memory at
   D=512 (`dual_scope_decode._fused_shape_ok` checks the target's);
-- S = q K^T as two fp8 warpgroup MMAs (q's parts in shared memory); an entry's validity comes from the staged
+- S = q K^T as two fp8 warpgroup MMAs (q's parts in shared memory; with two warpgroups four, over D's halves, whose
+  shorter accumulations halve the error); an entry's validity comes from the staged
   indices (window positions below win_len, selected indices >= 0), and the per-entry scale and the -inf of a
   masked entry fold into one multiply-add per score, the per-head scale into the exponent's multiply-add;
-- m, l and the [64, DV] float32 accumulator stay in the warpgroup's registers; P goes to the value MMA from
-  registers (no shared-memory round trip), acc = alpha * acc + P V.
+- m, l and the [64, DV] float32 accumulator stay in the warpgroups' registers; P goes to the value MMA from
+  registers (with two warpgroups after the hand-over), acc = alpha * acc + P V.
 
 The copies of the next tiles are issued right after the score MMAs, and the loop's first wait is for tile 0's
 keys and q alone (each prologue copy is its own commit group), so the first MMAs start before the prologue's
@@ -91,6 +94,22 @@ def _score_mma(q_hi_smem, q_lo_smem, k_buf, s_zero):
 
 
 @gluon.jit
+def _score_chains(q_hi_smem, q_lo_smem, k_buf, s_zero, D: gl.constexpr):
+    """The score MMAs of one key tile as four accumulators (q's two parts x D's two halves), asynchronous, for the
+    caller to add: each accumulates 256 products instead of 1,024, which halves the error of the fp8 MMAs'
+    accumulation (the same time as one accumulator on the H200; bench/kernels/sparse_README.md)."""
+    k_t = k_buf.permute((1, 0))
+    HALF: gl.constexpr = D // 2
+    k_a = k_t.slice(0, HALF, dim=0)
+    k_b = k_t.slice(HALF, HALF, dim=0)
+    s0 = warpgroup_mma(q_hi_smem.slice(0, HALF, dim=1), k_a, s_zero, use_acc=False, is_async=True)
+    s1 = warpgroup_mma(q_hi_smem.slice(HALF, HALF, dim=1), k_b, s_zero, use_acc=False, is_async=True)
+    s2 = warpgroup_mma(q_lo_smem.slice(0, HALF, dim=1), k_a, s_zero, use_acc=False, is_async=True)
+    s3 = warpgroup_mma(q_lo_smem.slice(HALF, HALF, dim=1), k_b, s_zero, use_acc=False, is_async=True)
+    return s0, s1, s2, s3
+
+
+@gluon.jit
 def _finish(acc, m, l, r_heads, o_cols, H, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, bq, split, n_splits,
             stride_ob, stride_oh, dv0, D: gl.constexpr, FINAL: gl.constexpr, HAS_SINK: gl.constexpr,
             st_layout: gl.constexpr):
@@ -130,11 +149,13 @@ def fused_kernel(
     D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr, TILES_PER_SPLIT: gl.constexpr, KBUF: gl.constexpr,
     SEL_P2: gl.constexpr, FINAL: gl.constexpr, HAS_SINK: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """Program (b, head block x value-column block, split), one warpgroup: see the module docstring. KBUF key slots
-    (keys KBUF - 1 tiles ahead), two value slots; SEL_P2 rows of staged indices (a power of two at least the
-    program's tiles of selected entries). part_out: [B, splits, H, D] float32, part_lse: [B, splits, H] (log2
+    """Program (b, head block x value-column block, split), num_warps / 4 warpgroups: see the module docstring. KBUF
+    key slots (keys KBUF - 1 tiles ahead), two value slots; SEL_P2 rows of staged indices (a power of two at least
+    the program's tiles of selected entries). part_out: [B, splits, H, D] float32, part_lse: [B, splits, H] (log2
     units), written only without FINAL."""
-    gl.static_assert(num_warps == 4, "one warpgroup: m, l and the accumulator's rows stay in its warps")
+    WG: gl.constexpr = num_warps // 4  # warpgroups: each holds DV / WG value columns and BKV / WG of a tile's scores
+    gl.static_assert(num_warps == 4 * WG and (WG == 1 or WG == 2), "one or two warpgroups")
+    gl.static_assert(DV // WG <= 256, "a warpgroup's value columns: the MMA's N")
     gl.static_assert(KBUF == 2 or KBUF == 3, "keys one or two tiles ahead (the commit groups' count below)")
     BH: gl.constexpr = 64  # heads per program: the warpgroup MMA's M
     VBUF: gl.constexpr = 2
@@ -148,11 +169,13 @@ def fused_kernel(
     n_tiles = t_end - t0
     bq = b.to(gl.int64)
 
-    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BKV, 32])
-    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV, 16])
-    k_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-    v_copy: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    c_copy: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG],
+                                                    instr_shape=[16, BKV // WG, 32])
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG],
+                                                    instr_shape=[16, DV // WG, 16])
+    k_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
+    v_copy: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    c_copy: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     col_s: gl.constexpr = gl.SliceLayout(0, mma_s)
     fp8: gl.constexpr = gl.float8e4nv
     vdt: gl.constexpr = win_v_ptr.dtype.element_ty
@@ -184,7 +207,7 @@ def fused_kernel(
     # ends); the values of tile 0; the keys of tile 1 (three key slots). The loop's first wait is for the first two
     # alone, so its first score MMAs start before the rest of the prologue's copies land; its barrier also makes
     # the staged indices visible.
-    sel_lay: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
+    sel_lay: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
     si = gl.arange(0, SEL_P2, layout=gl.SliceLayout(1, sel_lay))
     s_pos = (t_sel0 + si[:, None] - win_tiles) * BKV + gl.arange(0, BKV, layout=gl.SliceLayout(0, sel_lay))[None, :]
     sel_all = gl.load(idx_row + s_pos, mask=(s_pos < KSEL) & ((t_sel0 + si[:, None]) < t_end), other=-1)
@@ -227,7 +250,10 @@ def fused_kernel(
         t = t0 + j
         ring_landed(2 * (KBUF - 2))  # keys and scales of tile j; the barrier also frees tile j - 1's slots
         z = j >> 20  # 0, opaque: the q descriptors are computed here instead of held in registers
-        s = _score_mma(q_smem.index(z), q_smem.index(z + 1), k_ring.index(j % KBUF), s_zero)
+        if WG > 1:
+            s0, s1, s2, s3 = _score_chains(q_smem.index(z), q_smem.index(z + 1), k_ring.index(j % KBUF), s_zero, D)
+        else:
+            s = _score_mma(q_smem.index(z), q_smem.index(z + 1), k_ring.index(j % KBUF), s_zero)
         # while the score MMAs run: values of tile j + 1 and keys of tile j + KBUF - 1 into tile j - 1's slots
         tv = t + 1
         _issue_values(tv, (j + 1) % VBUF, _sel_row(idx_smem, tv, t_sel0, SEL_P2, gl.SliceLayout(1, v_copy)), v_ring,
@@ -244,7 +270,11 @@ def fused_kernel(
         else:
             bias = gl.where(_sel_row(idx_smem, t, t_sel0, SEL_P2, col_s) >= 0, 0.0, float("-inf"))
         ks = ks_ring.index(j % KBUF).load(col_s)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        if WG > 1:
+            s0, s1, s2, s3 = warpgroup_mma_wait(num_outstanding=0, deps=(s0, s1, s2, s3))
+            s = (s0 + s1) + (s2 + s3)
+        else:
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         # the online softmax in base 2; row_scale > 0, so the maximum of the scaled scores is row_scale times
         # the maximum of s * ks (launch_config routes sm_scale <= 0 elsewhere)
         s = s * ks[None, :] + bias[None, :]
@@ -266,4 +296,4 @@ def fused_kernel(
     o_cols = dv0 + gl.arange(0, DV, layout=gl.SliceLayout(0, mma_o))
     _finish(acc, gl.convert_layout(m_i, gl.SliceLayout(1, mma_o)), gl.convert_layout(l_i, gl.SliceLayout(1, mma_o)),
             r_heads, o_cols, H, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, bq, split, gl.num_programs(2), stride_ob,
-            stride_oh, dv0, D, FINAL, HAS_SINK, gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+            stride_oh, dv0, D, FINAL, HAS_SINK, gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0]))

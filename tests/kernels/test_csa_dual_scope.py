@@ -193,12 +193,15 @@ def test_two_pass_gluon_on_gpu(block_dv, values_warps, stages, splits, with_sink
 @pytest.mark.skipif(not ON_GPU, reason="the one-pass Gluon kernel needs a Hopper GPU")
 @pytest.mark.parametrize("block_dv,block_kv,stages,splits,with_sink", [(256, 64, 3, None, True), (128, 64, 2, 3, True),
                                                                       (256, 32, 3, 2, False), (256, 64, 3, 1, False),
-                                                                      (256, 32, 2, 1, True)])
+                                                                      (256, 32, 2, 1, True), (512, 32, 3, None, True),
+                                                                      (512, 32, 3, 2, False), (512, 32, 2, 1, True),
+                                                                      (512, 32, 3, 1, True)])
 def test_fused_gluon_on_gpu(block_dv, block_kv, stages, splits, with_sink):
     # the one-pass Hopper kernel (dual_scope_fused_gluon.py, schedule 4; stages: key slots) against the reference
     # and against the two-pass schedule on the same inputs: 70 heads (a second, part-masked head block), a ragged
     # window shorter than its tiles, -1 holes, a sequence with no entry, tiles past the selection's end, one split
-    # (the output written by the program) and several (partials merged)
+    # (the output written by the program) and several (partials merged); 512 value columns: two warpgroups, with
+    # two value slots or three
     from zoe_kernels.csa.dual_scope_decode import _fused_config, fused_supported
     from zoe_kernels.platform import current_target
 
@@ -267,10 +270,18 @@ def test_fused_shared_memory_model():
     assert _fused_shape_ok(512, 256, 64, 3, 8, h200.lds_bytes) and not _fused_shape_ok(512, 256, 64, 3, 16,
                                                                                        h200.lds_bytes)
     fused = dict(block_dv=None, block_kv=None, splits=None, num_stages=None, target=h200)
-    cfg = _fused_config(64, 64, 512, 640, 512, **fused)
+    cfg = _fused_config(64, 64, 512, 640, 512, **fused | {"block_dv": 256})
     assert (cfg["block_kv"], cfg["num_stages"], cfg["splits"], cfg["fits"]) == (64, 3, 1, True)
-    big_k = _fused_config(64, 64, 512, 2176, 2048, **fused)
+    big_k = _fused_config(64, 64, 512, 2176, 2048, **fused | {"block_dv": 256})
     assert (big_k["num_stages"], big_k["fits"]) == (2, True)
+    # two warpgroups over all 512 value columns (the B=128 default): 64-entry tiles pass 227 KB even at 2 key
+    # slots; 32-entry ones at 3 key slots, 16 rows of staged indices and the probabilities' hand-over take 186,752
+    # bytes, what the sm_90a compile reports
+    wide = _fused_config(128, 64, 512, 640, 512, **fused)
+    assert (wide["block_dv"], wide["block_kv"], wide["num_stages"], wide["splits"], wide["num_warps"]) == (
+        512, 32, 3, 1, 8)
+    assert not _fused_shape_ok(512, 512, 64, 2, 8, h200.lds_bytes)
+    assert _fused_shape_ok(512, 512, 32, 3, 16, 186_752) and not _fused_shape_ok(512, 512, 32, 3, 16, 186_751)
     assert not _fused_config(64, 64, 1024, 640, 512, **fused)["fits"]
     # the shared memory comes from the target: D=512 passes gfx950's 160 KiB of LDS even at 2 key slots
     # (199,168 bytes), D=256 fits it at 3 (150,272); gfx942's 64 KiB holds neither
@@ -387,13 +398,24 @@ def test_launch_config_batch_regimes():
     two_pass = {b: launch_config(b, 64, 512, 640, fp8_scores=True) for b in (16, 32, 64, 128)}
     assert two_pass[16]["schedule"] == 0
     assert [(two_pass[b]["schedule"], two_pass[b]["splits"]) for b in (32, 64, 128)] == [(3, 4), (3, 2), (3, 1)]
-    # where Gluon runs (Hopper) the one-pass Gluon kernel from B=8, with 256-column value blocks,
-    # 64-entry tiles at 3 key slots and splits to fill a wave; its shared memory does not fit D=1024, which keeps
-    # the two passes; B=1 keeps the one pass
+    # where Gluon runs (Hopper) the one-pass Gluon kernel from B=8, with 256-column value blocks and 64-entry tiles
+    # at 3 key slots (B=8) or all value columns and 32-entry tiles (B=64), and splits to fill a wave; its shared
+    # memory does not fit D=1024, which keeps the two passes; B=1 keeps the one pass
     gluon = {b: launch_config(b, 64, 512, 640, fp8_scores=True, gluon=True, selected=512) for b in (1, 4, 8, 16, 64)}
     assert {b: c["schedule"] for b, c in gluon.items()} == {1: 2, 4: 2, 8: 4, 16: 4, 64: 4}
     assert [(gluon[b]["block_dv"], gluon[b]["block_kv"], gluon[b]["num_stages"], gluon[b]["splits"])
             for b in (8, 64)] == [(256, 64, 3, 8), (256, 64, 3, 1)]
+    # all value columns in two warpgroups (32-entry tiles, 8 warps) from where one wave of them holds one program a
+    # sequence (B > 66 on 132 SMs; MI355X's 256 CUs: B > 128)
+    wide = {b: launch_config(b, 64, 512, 640, fp8_scores=True, gluon=True, selected=512) for b in (64, 66, 67, 128)}
+    assert {b: (c["block_dv"], c["block_kv"], c["num_warps"]) for b, c in wide.items()} == {
+        64: (256, 64, 4), 66: (256, 64, 4), 67: (512, 32, 8), 128: (512, 32, 8)}
+    from zoe_kernels.csa.dual_scope_decode import _fused_config
+    from zoe_kernels.platform import TARGETS
+
+    gfx950 = TARGETS["gfx950"]
+    assert [_fused_config(b, 64, 512, 640, 512, block_dv=None, block_kv=None, splits=None, num_stages=None,
+                          target=gfx950)["block_dv"] for b in (128, 129)] == [256, 512]
     assert launch_config(64, 64, 1024, 640, fp8_scores=True, gluon=True, selected=512)["schedule"] == 3
     # schedules have names; the integers still select them
     from zoe_kernels.csa.dual_scope_decode import Schedule
