@@ -19,7 +19,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TOPK = ("raw/sparse_results_topk_h200.json", "608b498")
 INDEXER = ("sparse_results_run4.json", "8cef3bc")
 INDEXER_TOPK = ("sparse_results_run3.json", "16cdafd")
-DECODE = ("sparse_decode_h200.json", "54e7c8b")
+DECODE = ("sparse_decode_h200.json", "5be408d")
 TOPK_ORDER = ("B=1 N=4096", "B=1 N=65536", "B=1 N=262144", "B=1 N=1048576", "B=1 N=1048576 recent", "B=8 N=262144",
               "B=32 N=1048576")
 
