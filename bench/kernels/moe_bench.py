@@ -139,10 +139,11 @@ def start_sweep() -> bool:
 
 
 def nan_alloc(shape, dtype, device):
-    """fused_moe's scratch allocator for checks: what the kernels do not write stays NaN."""
+    """fused_moe's scratch allocator for checks: what the kernels do not write stays NaN (integer buffers, counters
+    the kernels must zero first, hold a large count)."""
     import torch
 
-    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.full(shape, float("nan") if dtype.is_floating_point else 12345, dtype=dtype, device=device)
 
 
 def check_fused_moe(res: dict, label: str, fmt: str, w, routes, xs, *, path: str | None = None) -> bool:

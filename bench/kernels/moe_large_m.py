@@ -13,6 +13,8 @@ Every timed configuration is first checked against the float32 reference of its 
 the norm, NaN-poisoned scratch for zoe). Each time is a CUDA graph of R back-to-back calls over R routings
 (R = 4 for M <= 64, 2 for M <= 512, 1 above), and the zoe and baseline rows also an isolated call after a
 write of 4x the L2 (clean L2): the median replay of [flush, call] minus that of [flush] alone.
+--side-by-side M,... first times the fp8 M=1 fused epilogues against the separate launches (the --shapes) and the
+4-bit half tiles against whole 128-row tiles at those M, each checked (`side_by_side`); --no-rows then skips the rows.
 --fp8-numerics adds fp8's error and time per tile height (16..128 rows); --tolerance the errors the GPU tests see,
 per format, path and tile height; --dequant-tiles times the dequantization alone; --tile-sweep the 4-bit tiles at
 large M (TILE_SWEEP, or those of --tile-variants).
@@ -364,6 +366,96 @@ def dequant_tiles(rows: list, ceil: dict) -> None:
         torch.cuda.empty_cache()
 
 
+def _interleaved(variants: dict, rounds: int = 2) -> dict:
+    """{name: median us over `rounds` interleaved timings (A B A B ...)} of {name: (set_up, timer)}; each
+    variant's set_up() switches the code to it (and back to the default on the next variant's)."""
+    times: dict[str, list] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, (set_up, timer) in variants.items():
+            set_up()
+            times[name].append(timer())
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def side_by_side(rows: list, ceil: dict, shapes: list[str], half_ms: list[int]) -> None:
+    """The fused M=1 epilogues (`config.DOT_M1_FUSED_EPILOGUES`: fp8, three launches) against the separate
+    quantization and cast launches (five), and the 4-bit half tiles (`config.FOUR_BIT_HALF_TILES`) against whole
+    128-row tiles at `half_ms` (DeepSeek-V3.2): each variant checked on 6 fresh routings with NaN-poisoned scratch,
+    then timed interleaved (two rounds, medians) back to back (graph of R calls) and, for fp8, as an isolated call
+    with a clean L2."""
+    import torch
+
+    from zoe_kernels.moe import config, fused_moe
+    from zoe_kernels.moe.reference import fused_moe_reference
+
+    flush = torch.empty(4 * ceil["l2_bytes"] // 4, dtype=torch.float32, device="cuda")
+
+    def check(shape, fmt, w, m, switch, names, seed0):
+        """{name: (worst rel err, ok)} over fresh routings (6 at M=1, else 1), every variant on the same inputs."""
+        w13, s13, w2, s2 = w
+        worst = {name: 0.0 for name in names}
+        for r in range(6 if m == 1 else 1):
+            tw, ti = make_routing(shape, m, seed=seed0 + r, device="cuda")
+            x = torch.randn((m, shape["H"]), dtype=torch.bfloat16, device="cuda")
+            ref = fused_moe_reference(x, w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2)
+            for on, name in zip((True, False), names):
+                switch(on)
+                out = fused_moe(x, w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2, alloc=nan_alloc)
+                err = ((out.float() - ref).norm() / ref.norm()).item()
+                worst[name] = max(worst[name], err if bool(torch.isfinite(out).all()) else float("inf"))
+            del ref
+        switch(True)
+        return {name: {"rel_err_worst": err, "ok": err < TOLERANCE[fmt]} for name, err in worst.items()}
+
+    def timers(shape, fmt, w, m, reps, isolated):
+        w13, s13, w2, s2 = w
+        routes = [make_routing(shape, m, seed=77 + r, device="cuda") for r in range(reps)]
+        xs = [torch.randn((m, shape["H"]), dtype=torch.bfloat16, device="cuda") for _ in range(reps)]
+        calls = [lambda r=r: fused_moe(xs[r], w13, w2, *routes[r], fmt=fmt, w13_scale=s13, w2_scale=s2)
+                 for r in range(reps)]
+        graph = (lambda: time_graph(calls))
+        return graph, (lambda: time_isolated(calls[0], flush)) if isolated else None
+
+    def compare(label, shape_name, fmt, m, switch, names, reps, isolated):
+        shape = SHAPES[shape_name]
+        w = make_weights(shape, fmt, "cuda")
+        unique = statistics.mean(len(torch.unique(make_routing(shape, m, seed=5 + r, device="cuda")[1]))
+                                 for r in range(3))
+        floor = roofline_us(shape, fmt, m, unique, ceil)[0]
+        res = check(shape, fmt, w, m, switch, names, 300 + m)
+        graph_t = {name: timers(shape, fmt, w, m, reps, isolated) for name in names}
+        b2b = _interleaved({name: ((lambda on=on: switch(on)), graph_t[name][0])
+                            for on, name in zip((True, False), names)})
+        iso = _interleaved({name: ((lambda on=on: switch(on)), graph_t[name][1])
+                            for on, name in zip((True, False), names)}) if isolated else {}
+        switch(True)
+        for name in names:
+            row = {"step": label, "shape": shape_name, "M": m, "fmt": fmt, "variant": name, **res[name],
+                   "floor_us": round(floor, 2), "median_us": round(b2b[name], 2),
+                   "pct_roofline": round(100 * floor / b2b[name], 1)}
+            if isolated:
+                row.update(isolated_us=round(iso[name], 2), isolated_pct_roofline=round(100 * floor / iso[name], 1))
+            rows.append(row)
+            print(f"[side-by-side] {label} {shape_name} M={m} {fmt} {name}: {b2b[name]:.1f} us"
+                  + (f" (isolated {iso[name]:.1f})" if isolated else "")
+                  + f", floor {floor:.1f}, worst err {res[name]['rel_err_worst']:.2e}"
+                  + ("" if res[name]["ok"] else " NOT OK"), flush=True)
+        del w
+        torch.cuda.empty_cache()
+
+    def fp8_switch(on):
+        config.DOT_M1_FUSED_EPILOGUES = on
+
+    def half_switch(on):
+        config.FOUR_BIT_HALF_TILES = on
+
+    for name in shapes:
+        compare("fp8_m1_epilogues", name, "fp8", 1, fp8_switch, ("fused_3_launches", "separate_5_launches"), 4, True)
+    for m in half_ms:
+        for fmt in FOUR_BIT:
+            compare("4bit_half_tiles", "dsv32", fmt, m, half_switch, ("half_tiles", "whole_128_tiles"), 1, False)
+
+
 # ---------------------------------------------------------------------------------------------- crossover
 # The dequant path is taken at an M only where it beat the fused path by more than this factor: two timings of the
 # same fused path in one H200 run ("zoe" and "zoe_fused" while the table had no paths) differed by up to 7 % at
@@ -465,6 +557,9 @@ def main() -> None:
     ap.add_argument("--tile-variants", default="", help="names of TILE_SWEEP to time (default: all)")
     ap.add_argument("--tolerance", action="store_true", help="the GPU tests' errors per format, path, tile height")
     ap.add_argument("--crossover", type=Path, help="merge a results file's paths into kernels/moe/crossover.json")
+    ap.add_argument("--side-by-side", default="", help="Ms of the 4-bit half-tile comparison; also runs the fp8 M=1 "
+                    "epilogue comparison on --shapes (side_by_side), then the --shapes rows unless --no-rows")
+    ap.add_argument("--no-rows", action="store_true", help="skip the per-M rows of --shapes")
     args = ap.parse_args()
     if args.crossover:
         merge_crossover(args.crossover)
@@ -500,7 +595,12 @@ def main() -> None:
     def save():
         result.write_text(json.dumps(meta | {"rows": rows}, indent=1))
 
-    for name in [n for n in args.shapes.split(",") if n]:
+    if args.side_by_side:
+        meta["side_by_side"] = []
+        side_by_side(meta["side_by_side"], meta["ceilings"], [n for n in args.shapes.split(",") if n],
+                     [int(m) for m in args.side_by_side.split(",") if m])
+        save()
+    for name in [n for n in args.shapes.split(",") if n and not args.no_rows]:
         bench_shape(name, [int(m) for m in args.ms.split(",")], t0 + args.budget_s, meta["ceilings"], rows,
                     not args.no_isolated, save)
     meta["path_by_m"] = path_table(rows)

@@ -27,6 +27,13 @@ def target_programs() -> int:
 FOUR_BIT_BLOCK_M128_ABOVE = 64
 
 
+# The 4-bit formats' 128-row tiles run in two launches per stage (`grouped_gemm.TileRows`): the tiles with an edge in
+# their upper 64 rows, then each expert's last tile that is at most half full as a 64-row tile. Why: with ~192 edges
+# per expert (DeepSeek-V3.2 M=6144) two full tiles spend a quarter of the MMA rows on padding, and a 64-row tile costs
+# the weight decode again but half the MMA. Retune: `moe_large_m.py --half-tiles` times both side by side.
+FOUR_BIT_HALF_TILES = True
+
+
 def block_m_for(m: int, top_k: int, num_experts: int, fmt: str = "bf16") -> int:
     """Rows per tile, from the expected edges per active expert (and the format: FOUR_BIT_BLOCK_M128_ABOVE)."""
     edges = m * top_k
@@ -112,7 +119,8 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
     if interpreting():
         # The interpreter pays per program and loop step: few, large tiles.
         return {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1,
-                "JOIN_K": join_k, "SWAP_AB": bm <= SWAP_AB_MAX_BLOCK_M and fmt in SWAP_AB_FORMATS}
+                "JOIN_K": join_k, "SWAP_AB": bm <= SWAP_AB_MAX_BLOCK_M and fmt in SWAP_AB_FORMATS,
+                "HALF_TILES": FOUR_BIT_HALF_TILES and fmt in FOUR_BIT_FORMATS and bm >= 2 * JOIN_K_MIN_BLOCK_M}
     if bm >= 64:
         bn = 128
         warps = 8 if bm == 128 else 4
@@ -134,7 +142,8 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
         stages = 4 if fmt in ("fp8", "w4a16", "mxfp4") else 3
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps,
             "num_stages": fit_stages(stages, bm, bn, bk, fmt, gated),
-            "JOIN_K": join_k, "SWAP_AB": bm <= SWAP_AB_MAX_BLOCK_M and bn >= 64 and fmt in SWAP_AB_FORMATS}
+            "JOIN_K": join_k, "SWAP_AB": bm <= SWAP_AB_MAX_BLOCK_M and bn >= 64 and fmt in SWAP_AB_FORMATS,
+            "HALF_TILES": FOUR_BIT_HALF_TILES and fmt in FOUR_BIT_FORMATS and bm >= 2 * JOIN_K_MIN_BLOCK_M}
 
 
 # The tl.dot path at M=1 in its launch-saving mode: one tile per edge with the expert read from topk_ids (no
@@ -144,12 +153,22 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
 # M=1 on DeepSeek-V3.2 97.5 us against 112 us with align-based tiles (86 % of its bytes at the read bandwidth); the
 # 4-bit formats are faster on the word-wise GEMV. Retune: `bench/kernels/moe_fp8_m1_sweep.py`.
 DOT_M1_TILES: dict[str, dict[int, tuple]] = {"fp8": {1: (32, 4, 4), 2: (128, 4, 4, 2)}}
+# The M=1 mode with top-k > 1 folds the intermediate's fp8 quantization into stage 1 and the float32 -> output cast
+# into stage 2 (the last program to finish a 128-column group or an output column block does it, counted by atomics):
+# three launches instead of five. Why and retune: `bench/kernels/moe_large_m.py --fp8-m1-epilogues` times both
+# side by side (bench/kernels/moe_README.md).
+DOT_M1_FUSED_EPILOGUES = True
 # The mode runs from this many routed experts per token up: the measured shapes route 8 or 9 (ZAYA1's top-1
 # keeps the align-based tiles, not measured in this mode on the GPU).
 DOT_M1_MIN_TOP_K = 8
 # Split-K keeps at least this many K steps per program. Why: the TP8 slice (I = 256, 2 K steps) ran slower split
 # (10.8 against 10.0 us for stage 2). Retune: `moe_fp8_m1_sweep.py` on a short-I shape.
 MIN_K_STEPS_PER_SPLIT = 4
+
+
+def dot_m1_fused_epilogues() -> bool:
+    """Whether the M=1 mode fuses the quantization and cast launches into the stages (DOT_M1_FUSED_EPILOGUES)."""
+    return DOT_M1_FUSED_EPILOGUES
 
 
 def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] | None:

@@ -6,7 +6,9 @@ with vLLM's `fused_experts` layout: w13 [E, 2I, H] (rows: gate then up), w2 [E, 
 (bucket edges by expert, `align.py`), stage 1 (gate+up GEMM, SwiGLU epilogue) and stage 2 (down GEMM,
 top-k weighted combine epilogue), `grouped_gemm.py`; fp8 (w8a8) adds two activation-quantization launches.
 At M=1 a format in `config.DOT_M1_TILES` (fp8) drops align (one tile per edge, experts read
-from topk_ids) and the accumulator's memset (stage 1 zeroes it), and splits stage 2 along K.
+from topk_ids) and the accumulator's memset (stage 1 zeroes it), splits stage 2 along K, and (with top-k > 1)
+folds the intermediate's quantization into stage 1 and the float32 -> output cast into stage 2 (the last program
+of a column group does it): three launches.
 With few tokens per expert (decode) the GEMV path (`gemv.py`) runs instead: two launches, no align, no
 activation quantization (`config.use_gemv` picks by the expected edges per expert, measured per format).
 With many tokens the 4-bit formats may take the dequant path (`dequant.py`: the weights dequantized into a
@@ -26,6 +28,7 @@ from zoe_kernels.moe.config import (
     FOUR_BIT_FORMATS,
     block_m_for,
     dot_m1_configs,
+    dot_m1_fused_epilogues,
     fp8_act_quant_for,
     gemv_config,
     mx_native,
@@ -35,8 +38,8 @@ from zoe_kernels.moe.config import (
 from zoe_kernels.moe.dequant import dequant_moe
 from zoe_kernels.moe.formats import FORMATS, FP8_BLOCK, INT4_GROUP, MX_GROUP
 from zoe_kernels.moe.gemv import gemv_down_combine, gemv_gate_up
-from zoe_kernels.moe.grouped_gemm import KernelFormat, down_combine, gate_up_swiglu, kernel_format
-from zoe_kernels.platform import device_name
+from zoe_kernels.moe.grouped_gemm import KernelFormat, TileRows, down_combine, gate_up_swiglu, kernel_format
+from zoe_kernels.platform import device_name, fp8_dtype
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -50,6 +53,15 @@ def _dequant_measured_faster(m: int, fmt: str, dev: torch.device) -> bool:
     from zoe_kernels.dispatch import moe_path_for  # the table's module imports this package
 
     return moe_path_for(m, fmt, device_name(dev)) == "dequant"
+
+
+def _tile_launches(cfg: dict) -> tuple[dict, ...]:
+    """A stage's launches: one, or with `HALF_TILES` two (`grouped_gemm.TileRows`): align's tiles with an edge in
+    their upper half at BLOCK_M rows, then the others' lower halves at BLOCK_M / 2 rows."""
+    if not cfg.get("HALF_TILES"):
+        return (cfg,)
+    return (cfg | {"TILE_ROWS": TileRows.UPPER_USED},
+            cfg | {"TILE_ROWS": TileRows.LOWER_HALF, "BLOCK_M": cfg["BLOCK_M"] // 2})
 
 
 def check_moe_args(hidden_states, w13, w2, topk_weights, topk_ids, fmt, w13_scale, w2_scale) -> tuple[int, int]:
@@ -174,27 +186,53 @@ def fused_moe(
         cfg2 = stage_config(m, top_k, e, h, i, fmt, gated=False, block_m=bm)
         align = moe_align(topk_ids.contiguous(), e, bm)
 
+    # M=1 with top_k > 1 (config.DOT_M1_FUSED_EPILOGUES): stage 1 writes the fp8 intermediate (the last program of
+    # each 128-column group quantizes it) and stage 2 the output (the last program of each column block casts the
+    # float32 sum), so the path is three launches: x's quantization (which zeroes stage 1's counters), the stages.
+    fuse = bool(m1) and top_k > 1 and dot_m1_fused_epilogues()
+    quant_inter = fuse and kfmt == KernelFormat.FP8_W8A8
+    counts1 = None
+    if quant_inter:
+        groups = _cdiv(i, FP8_BLOCK)
+        counts1 = alloc((m * top_k * groups,), dtype=torch.int32, device=dev)
     x_scale = None
     if kfmt == KernelFormat.FP8_W8A8:
-        x, x_scale = quantize_act_fp8(x)
+        x, x_scale = quantize_act_fp8(x, zero=counts1)
     elif kfmt == KernelFormat.MXFP4_NATIVE:  # both operands of the scaled f8f6f4 MFMA in 8 bits or fewer
         x, x_scale = quantize_act_mxfp8(x)
     inter = alloc((m * top_k, i), dtype=dtype, device=dev)
-    acc = None
-    if top_k > 1:
+    acc = work = quant_out = cast_out = None
+    if fuse:  # one float32 buffer, zeroed by stage 1: the accumulator, then stage 2's column-block counters
+        work = alloc((m * h + _cdiv(h, cfg2["BLOCK_N"]),), dtype=torch.float32, device=dev)
+        acc = work[:m * h].view(m, h)
+        if dtype != torch.float32:
+            cast_out = (alloc((m, h), dtype=dtype, device=dev), work[m * h:].view(torch.int32))
+        if quant_inter:
+            quant_out = (alloc((m * top_k, i), dtype=fp8_dtype(dev), device=dev),
+                         alloc((m * top_k, groups), dtype=torch.float32, device=dev), counts1)
+    elif top_k > 1:
         acc = alloc((m, h), dtype=torch.float32, device=dev) if m1 else torch.zeros((m, h), dtype=torch.float32,
                                                                                    device=dev)
-    gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, top_k=top_k, kfmt=kfmt, cfg=cfg1,
-                   zero=acc if m1 else None)
+        work = acc
+    for cfg in _tile_launches(cfg1):
+        gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, top_k=top_k, kfmt=kfmt, cfg=cfg,
+                       zero=work if m1 else None, quant_out=quant_out)
 
     inter_scale = None
-    if kfmt == KernelFormat.FP8_W8A8:
+    if quant_out is not None:
+        inter, inter_scale = quant_out[0], quant_out[1]
+    elif kfmt == KernelFormat.FP8_W8A8:
         inter, inter_scale = quantize_act_fp8(inter)
     elif kfmt == KernelFormat.MXFP4_NATIVE:
         inter, inter_scale = quantize_act_mxfp8(inter)
     if top_k == 1:
         out = torch.zeros((m, h), dtype=dtype, device=dev)
-        down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, top_k=1, kfmt=kfmt, cfg=cfg2)
+        for cfg in _tile_launches(cfg2):
+            down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, top_k=1, kfmt=kfmt, cfg=cfg)
         return out
-    down_combine(inter, inter_scale, w2, w2_scale, acc, topk_weights, align, top_k=top_k, kfmt=kfmt, cfg=cfg2)
+    for cfg in _tile_launches(cfg2):
+        down_combine(inter, inter_scale, w2, w2_scale, acc, topk_weights, align, top_k=top_k, kfmt=kfmt, cfg=cfg,
+                     cast_out=cast_out)
+    if cast_out is not None:
+        return cast_out[0]
     return acc if dtype == torch.float32 else acc.to(dtype)

@@ -37,9 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
+from zoe_kernels.moe.act_quant import quantize_groups
 from zoe_kernels.moe.dot_decode import MX_BF16_SHIFT, _e2m1_scaled_halves, _int4_halves, _int4_scaled_halves
 from zoe_kernels.moe.formats import FP8_BLOCK, INT4_GROUP, MX_GROUP
-from zoe_kernels.platform import has_ptx
+from zoe_kernels.platform import fp8_max, has_ptx, interpreting
 
 FP8_GROUP = FP8_BLOCK  # the fp8 activations' quantization group along K
 
@@ -56,6 +57,18 @@ class KernelFormat(enum.IntEnum):
     MXFP4_NATIVE = 5  # e2m1 weights and MXFP8 activations through `tl.dot_scaled` (hardware-scaled MMA)
 
 
+class TileRows(enum.IntEnum):
+    """Which of align's tiles a launch computes (its TILE_ROWS constexpr). A tile whose upper half holds no edge
+    (an expert's last tile, at most half full) can run as a tile of half the height: `fused_moe` then launches a
+    stage twice, UPPER_USED at BLOCK_M rows and LOWER_HALF at BLOCK_M / 2 over the same align (config.HALF_TILES)."""
+
+    ALL = 0  # every tile, BLOCK_M rows
+    UPPER_USED = 1  # the tiles with an edge in their upper half, BLOCK_M rows
+    LOWER_HALF = 2  # the other tiles, their lower half only: BLOCK_M rows of tiles of 2 BLOCK_M
+
+
+_ALL_TILES = tl.constexpr(int(TileRows.ALL))
+_LOWER_HALF = tl.constexpr(int(TileRows.LOWER_HALF))
 _FLOAT = tl.constexpr(int(KernelFormat.FLOAT))
 _FP8_W8A8 = tl.constexpr(int(KernelFormat.FP8_W8A8))
 _INT4 = tl.constexpr(int(KernelFormat.INT4))
@@ -199,6 +212,41 @@ def _dot_w_mx_native(acc, a, a_s, w_base, ws_base, wrows, wrow_mask, k0, K, stri
 
 
 @triton.jit
+def _last_arrival(count_ptr, idx, arrivals):
+    """Whether this program is the last of `arrivals` programs to reach counter `idx` (int32, zeroed before the
+    launch). The barrier puts every thread's writes before the counter's release; the acquire puts the reads that
+    follow a True after every earlier arrival's writes."""
+    tl.debug_barrier()
+    return tl.atomic_add(count_ptr + idx, 1, sem="acq_rel", scope="gpu") == arrivals - 1
+
+
+@triton.jit
+def _quantize_when_last(inter_ptr, q_ptr, qs_ptr, count_ptr, row, group, groups, arrivals, N, stride_im, stride_in,
+                        stride_qm, stride_qsm, FP8_GROUP: tl.constexpr, FP8_MAX: tl.constexpr,
+                        ROUND_E4M3: tl.constexpr):
+    """Stage 1 at M=1: the last program to finish its columns of (row, group) reads the group's 16-bit values back
+    (from L2: `.cg`) and writes them quantized to fp8 with their scale (`act_quant.quantize_groups`), so stage 2
+    needs no quantization launch."""
+    if _last_arrival(count_ptr, row * groups + group, arrivals):
+        offs = group * FP8_GROUP + tl.arange(0, FP8_GROUP)
+        mask = offs < N
+        v = tl.load(inter_ptr + row * stride_im + offs * stride_in, mask=mask, other=0.0, cache_modifier=".cg")
+        q, s = quantize_groups(v.to(tl.float32)[None, :], FP8_MAX, ROUND_E4M3)
+        tl.store(q_ptr + row * stride_qm + offs[None, :], q.to(q_ptr.dtype.element_ty), mask=mask[None, :])
+        tl.store(qs_ptr + row * stride_qsm + group + tl.arange(0, 1), s)
+
+
+@triton.jit
+def _cast_when_last(acc_ptr, cast_ptr, count_ptr, pid_n, arrivals, N, stride_on, BLOCK_N: tl.constexpr):
+    """Stage 2 at M=1: the last program to add into a column block writes the block's float32 sum (read from L2)
+    to the output in its dtype, so no cast launch follows."""
+    if _last_arrival(count_ptr, pid_n, arrivals):
+        offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # a plain layout, not the accumulator's (fewer registers)
+        v = tl.load(acc_ptr + offs * stride_on, mask=offs < N, other=0.0, cache_modifier=".cg")
+        tl.store(cast_ptr + offs, v.to(cast_ptr.dtype.element_ty), mask=offs < N)
+
+
+@triton.jit
 def _expert_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, topk_w_ptr,
     sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
@@ -207,12 +255,15 @@ def _expert_gemm_kernel(
     stride_we, stride_wn, stride_wk, stride_wse, stride_wsn, stride_wsk,
     stride_om, stride_on,
     zero_ptr, zero_numel, expert_lo, expert_hi,
+    count_ptr, q_ptr, qs_ptr, stride_qm, stride_qsm, cast_ptr,
     GATED: tl.constexpr, ATOMIC: tl.constexpr, FMT: tl.constexpr, A_FMT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr,
     EDGE_TILES: tl.constexpr,
     SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr, PTX: tl.constexpr, JOIN_K: tl.constexpr,
     SWAP_AB: tl.constexpr, MX_WORD: tl.constexpr, MX_BF16_SHIFT: tl.constexpr,
+    QUANT_OUT: tl.constexpr, CAST_OUT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr,
+    TILE_ROWS: tl.constexpr, ALIGN_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if ZBLOCK > 0:  # stage 1 zeroes stage 2's float32 accumulator (saves a memset launch)
@@ -226,17 +277,26 @@ def _expert_gemm_kernel(
         # one tile per edge (row 0 of the tile), its expert read from topk_ids itself: no align launch
         expert = tl.load(sorted_ids_ptr + pid_m).to(tl.int64)
         if (expert < expert_lo) | (expert >= expert_hi):
+            if CAST_OUT:  # every program of the column block counts, or its last one never comes
+                _cast_when_last(out_ptr, cast_ptr, count_ptr, pid_n, num_edges * SPLIT_K, N, stride_on, BLOCK_N)
             return
         offs_m = tl.arange(0, BLOCK_M)
         row_mask = offs_m == 0
         edge = tl.where(row_mask, pid_m, num_edges)
     else:
-        if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        if pid_m * ALIGN_M >= tl.load(num_padded_ptr):
             return
         expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
         if (expert < expert_lo) | (expert >= expert_hi):  # another chunk's expert (or past the end: -1)
             return
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        if TILE_ROWS != _ALL_TILES:  # an expert's edges fill its tiles from the top: the upper half's first row
+            upper_used = tl.load(sorted_ids_ptr + pid_m * ALIGN_M + ALIGN_M // 2) < num_edges
+            if TILE_ROWS == _LOWER_HALF:
+                if upper_used:
+                    return
+            elif not upper_used:
+                return
+        offs_m = pid_m * ALIGN_M + tl.arange(0, BLOCK_M)
         edge = tl.load(sorted_ids_ptr + offs_m)
         row_mask = edge < num_edges
     token = (edge // top_k).to(tl.int64)
@@ -328,12 +388,19 @@ def _expert_gemm_kernel(
         h = acc / (1.0 + tl.exp(-acc)) * acc_up
         o_ptrs = out_ptr + edge.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
         tl.store(o_ptrs, h.to(out_ptr.dtype.element_ty), mask=out_mask)
+        if QUANT_OUT:  # the last of the programs of this edge's 128-column group quantizes the group
+            group = pid_n * BLOCK_N // FP8_GROUP
+            arrivals = tl.cdiv(tl.minimum(FP8_GROUP, N - group * FP8_GROUP), BLOCK_N)
+            _quantize_when_last(out_ptr, q_ptr, qs_ptr, count_ptr, pid_m, group, tl.cdiv(N, FP8_GROUP), arrivals,
+                                N, stride_om, stride_on, stride_qm, stride_qsm, FP8_GROUP, FP8_MAX, ROUND_E4M3)
     else:
         weight = tl.load(topk_w_ptr + edge, mask=row_mask, other=0.0)
         y = acc * weight[:, None]
         o_ptrs = out_ptr + token[:, None] * stride_om + offs_n[None, :] * stride_on
         if ATOMIC:
             tl.atomic_add(o_ptrs, y, mask=out_mask, sem="relaxed")
+            if CAST_OUT:
+                _cast_when_last(out_ptr, cast_ptr, count_ptr, pid_n, num_edges * SPLIT_K, N, stride_on, BLOCK_N)
         else:
             tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=out_mask)
 
@@ -373,10 +440,17 @@ def mx_swap_supported(w_scale: torch.Tensor, k: int, block_k: int) -> bool:
 
 
 def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_k, n, k, kfmt, gated,
-            atomic, cfg, zero=None, experts=None):
+            atomic, cfg, zero=None, experts=None, quant_out=None, cast_out=None):
     sorted_ids, block_expert, num_padded = align
     edge_tiles = block_expert is None  # align = (topk_ids flattened, None, None): one tile per edge
     split_k = cfg.get("SPLIT_K", 1)
+    if (quant_out is not None or cast_out is not None) and not (edge_tiles and experts is None):
+        raise ValueError("the fused quantization and cast epilogues run on the M=1 tiles (one per edge) only")
+    if quant_out is not None and (not gated or FP8_GROUP % cfg["BLOCK_N"]):
+        raise ValueError(f"the quantizing epilogue is stage 1's, with BLOCK_N dividing {FP8_GROUP}")
+    if cast_out is not None and (not atomic or out.shape[0] != 1 or cast_out[0].shape != out.shape
+                                 or cast_out[1].numel() < triton.cdiv(n, cfg["BLOCK_N"])):
+        raise ValueError("the casting epilogue is stage 2's at M=1 with top_k > 1 (atomic float32 accumulator)")
     if kfmt == KernelFormat.FP8_W8A8 and a_scale is None:
         raise ValueError("fp8 w8a8 takes the activations quantized (`act_quant.quantize_act_fp8`) with their scales")
     if kfmt == KernelFormat.MXFP4_NATIVE and (a_scale is None or a.dtype != torch.float8_e4m3fn):
@@ -386,6 +460,9 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
     a_scale = a_scale if a_scale is not None else a  # read only by fp8 w8a8 and native mxfp4
     w_scale = w_scale if w_scale is not None else w  # unused by the float format
     topk_w = topk_weights if topk_weights is not None else a
+    tile_rows = cfg.get("TILE_ROWS", TileRows.ALL)  # ALIGN_M: the rows of align's tiles
+    if tile_rows != TileRows.ALL and edge_tiles:
+        raise ValueError("TILE_ROWS selects among align's tiles: not with one tile per edge")
     tiles_m = num_edges if edge_tiles else block_expert.numel()
     programs = tiles_m * triton.cdiv(n, cfg["BLOCK_N"]) * split_k
     zblock = 0 if zero is None else max(16, triton.next_power_of_2(triton.cdiv(zero.numel(), max(1, programs))))
@@ -396,6 +473,13 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
             and mx_swap_supported(w_scale, k, cfg["BLOCK_K"]))
     mx_word = (not swap and kfmt == KernelFormat.MXFP4 and bool(cfg.get("JOIN_K", False))
                and mx_word_scales_supported(w_scale, k))
+    counts = None
+    q_strides = (0, 0)
+    if quant_out is not None:  # (fp8 [edges, n], float32 scales [edges, ceil(n/128)], int32 counters, zeroed)
+        *quant_out, counts = quant_out
+        q_strides = (quant_out[0].stride(0), quant_out[1].stride(0))
+    elif cast_out is not None:  # (the output, int32 counters per column block, zeroed)
+        cast_out, counts = cast_out
     _expert_gemm_kernel[(programs,)](
         a, a_scale, w, w_scale, out, topk_w,
         sorted_ids, sorted_ids if edge_tiles else block_expert, sorted_ids if edge_tiles else num_padded,
@@ -404,18 +488,24 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         w.stride(0), w.stride(1), w.stride(2), *ws_strides,
         out.stride(0), out.stride(1),
         zero if zero is not None else out, 0 if zero is None else zero.numel(), *(experts or (0, w.shape[0])),
+        counts if counts is not None else out, *(quant_out or (out, out)), q_strides[0], q_strides[1],
+        cast_out if cast_out is not None else out,
         GATED=gated, ATOMIC=atomic, FMT=int(kfmt), A_FMT=_a_fmt(a.dtype),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP,
         EDGE_TILES=edge_tiles, SPLIT_K=split_k,
         ZBLOCK=zblock, PTX=has_ptx(), JOIN_K=cfg.get("JOIN_K", False), SWAP_AB=swap, MX_WORD=mx_word,
-        MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0,
+        QUANT_OUT=quant_out is not None, CAST_OUT=cast_out is not None, TILE_ROWS=int(tile_rows),
+        ALIGN_M=cfg["BLOCK_M"] * (2 if tile_rows == TileRows.LOWER_HALF else 1),
+        FP8_MAX=fp8_max(quant_out[0].dtype) if quant_out is not None else 1.0, ROUND_E4M3=interpreting(),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
 
 def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, kfmt: int, cfg: dict,
-                   zero: torch.Tensor | None = None, experts: tuple[int, int] | None = None) -> None:
+                   zero: torch.Tensor | None = None, experts: tuple[int, int] | None = None,
+                   quant_out: tuple | None = None) -> None:
     """Stage 1: inter[edge] = silu(x[token] W_gate^T) * (x[token] W_up^T), for every routed edge.
 
     x [M, H] (fp8 w8a8: fp8 with x_scale [M, ceil(H/128)]; native mxfp4: e4m3 with e8m0 uint8 x_scale
@@ -423,20 +513,25 @@ def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, kfmt
     inter [M*top_k, I]. `align` is `moe_align`'s triple, or (topk_ids flattened, None, None) for one tile per edge.
     `zero` (float32, contiguous) is zeroed on the way. `experts` = (lo, hi): only tiles of experts lo <= e < hi
     run, with w13[0] holding expert lo (a chunk of dequantized experts); None: every expert, w13 whole.
+    `quant_out` = (fp8 [M*top_k, I], float32 scales [M*top_k, ceil(I/128)], int32 counters [M*top_k*ceil(I/128)]
+    zeroed): the M=1 tiles also write inter quantized per token group of 128 (as `act_quant.quantize_act_fp8`).
     """
     _launch(x, x_scale, w13, w13_scale, inter, None, align, num_edges=inter.shape[0], top_k=top_k,
-            n=inter.shape[1], k=x.shape[1], kfmt=kfmt, gated=True, atomic=False, cfg=cfg, zero=zero, experts=experts)
+            n=inter.shape[1], k=x.shape[1], kfmt=kfmt, gated=True, atomic=False, cfg=cfg, zero=zero, experts=experts,
+            quant_out=quant_out)
 
 
 def down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, *, top_k: int, kfmt: int,
-                 cfg: dict, experts: tuple[int, int] | None = None) -> None:
+                 cfg: dict, experts: tuple[int, int] | None = None, cast_out: tuple | None = None) -> None:
     """Stage 2: out[token] (+)= topk_weights[edge] * inter[edge] W2[e]^T.
 
     inter [M*top_k, I] (fp8 w8a8: fp8 with inter_scale [M*top_k, ceil(I/128)]; native mxfp4: e4m3 with e8m0
     inter_scale [M*top_k, ceil(I/32)]), w2 [E, H, I(/2)], out [M, H]:
     fp32 and accumulated with atomics when top_k > 1 (the caller zeroes it; cfg SPLIT_K > 1 then also
     splits K over programs), any float dtype and plainly stored when top_k == 1. `experts` as in `gate_up_swiglu`.
+    `cast_out` = (y [1, H], int32 counters [ceil(H/BLOCK_N)] zeroed): the M=1 tiles also write the finished sum
+    to y in its dtype (the last program to add into a column block writes it).
     """
     _launch(inter, inter_scale, w2, w2_scale, out, topk_weights.reshape(-1), align, num_edges=inter.shape[0],
             top_k=top_k, n=out.shape[1], k=inter.shape[1], kfmt=kfmt, gated=False, atomic=top_k > 1, cfg=cfg,
-            experts=experts)
+            experts=experts, cast_out=cast_out)

@@ -76,7 +76,8 @@ def _problem(m, h, i, e, k, fmt, dtype, *, seed, experts=None):
 
 
 def _nan_alloc(shape, dtype, device):
-    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    """Scratch poisoned: NaN, or for integer buffers (counters the kernels must zero first) a large count."""
+    return torch.full(shape, float("nan") if dtype.is_floating_point else 12345, dtype=dtype, device=device)
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -490,6 +491,30 @@ def test_dot_path_4bit_halves_joined_or_split(fmt, join_k, monkeypatch):
         out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, block_m=block_m, **kw)
         assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
         assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype, wide=join_k)
+
+
+@pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
+@pytest.mark.parametrize("half_tiles", [True, False])
+def test_dot_path_4bit_half_tiles(fmt, half_tiles, monkeypatch):
+    """`config.FOUR_BIT_HALF_TILES`: each stage in two launches (`grouped_gemm.TileRows`), align's tiles with an
+    edge in their upper half at full height and the rest as half-height tiles. Experts whose last tile is at most
+    half full (10 and 40 edges on 32-row tiles), more than half full (25), one edge short of full (31), an invalid
+    id; NaN-poisoned scratch; both modes against the reference."""
+    from zoe_kernels.moe import config
+
+    monkeypatch.setattr(config, "JOIN_K_MIN_BLOCK_M", 16)  # the mode's 2 * JOIN_K_MIN_BLOCK_M rows: 32 here
+    monkeypatch.setattr(config, "SWAP_AB_FORMATS", set())
+    monkeypatch.setattr(config, "FOUR_BIT_HALF_TILES", half_tiles)
+    dtype = DTYPES[0]
+    m, e, k = 54, 5, 2
+    x, w13, w2, tw, ti, kw = _problem(m, 200, 128, e, k, fmt, dtype, seed=zlib.crc32(f"half{fmt}".encode()))
+    counts = [10, 40, 25, 31]  # expert 4 gets none
+    ids = torch.tensor([ex for ex, c in enumerate(counts) for _ in range(c)] + [-1] * (m * k - sum(counts)))
+    ti = ids[torch.randperm(m * k, generator=torch.Generator().manual_seed(3))].view(m, k).int().to(DEVICE)
+    assert config.stage_config(m, k, e, 128, 200, fmt, gated=True, block_m=32)["HALF_TILES"] == half_tiles
+    out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, block_m=32, **kw)
+    assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
+    assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype, wide=True)
 
 
 @pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
