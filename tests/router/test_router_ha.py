@@ -189,6 +189,17 @@ def test_an_engine_without_replay_is_followed_live():
         ctx.term()
 
 
+def test_replay_answers_of_both_wire_forms_are_read():
+    from zoe_cluster.router.kv_events import _split
+
+    payload = _stored(1)
+    assert _split([b"glm/0/1", (7).to_bytes(8, "big"), payload], seq_first=True) == (b"glm/0/1", 7, payload)
+    assert _split([(7).to_bytes(8, "big"), payload], seq_first=True) == (b"", 7, payload)  # SGLang 0.5.19
+    assert _split([b"", END_OF_REPLAY, b""], seq_first=True)[1] is None
+    assert _split([b"glm/0/1", payload]) == (b"glm/0/1", None, payload)  # live, without a sequence number
+    assert _split([b"a", b"b", b"c", b"d"]) is None
+
+
 def test_membership_refuses_a_kv_event_endpoint_routers_cannot_reach():
     with pytest.raises(ValueError, match="concrete host"):
         KvEventSource(endpoint="tcp://*:5557")

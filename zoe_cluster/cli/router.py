@@ -77,7 +77,9 @@ def register(app: typer.Typer) -> None:
             VllmAdapter.name, help=f"Engine of the --replica URLs ({', '.join(ENGINE_NAMES)}): /metrics parser."
         ),
         kv_events_endpoint: Optional[str] = typer.Option(
-            None, help="Precise mode: bind this ZMQ endpoint for vLLM KV events (topic = replica id)."
+            None, help="Precise mode for engines configured to connect their KV-event publisher to one router: bind "
+            "this ZMQ endpoint (topic = replica id). Engines started by zoe (--kv-events) bind their own publishers, "
+            "which every router subscribes to from membership, without this option."
         ),
         slo_class: list[str] = typer.Option(
             [], "--slo-class", help="Service class NAME:TTFT_S:ITL_S, tightest first (repeatable), as `zoe deploy "

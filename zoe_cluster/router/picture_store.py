@@ -173,7 +173,10 @@ class PictureKeeper:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        self.save()
+        try:
+            self.save()
+        except OSError as e:
+            _log.warning("could not save the picture to %s: %s", self.path, e)
 
     async def _loop(self) -> None:
         while True:
