@@ -625,8 +625,8 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     keys, where the split is exact; True also takes fp16 q, exact for bf16-representable values). gluon_scores,
     gluon_values (TWO_PASS): that pass in Gluon on Hopper (`dual_scope_two_pass_gluon`; False: the Triton pass).
     FUSED_GLUON is one pass in Gluon on Hopper (`dual_scope_fused_gluon`: bf16 q, fp8 keys, bf16 values without
-    scales), with block_dv value columns per program, block_kv entries per tile, num_stages ring slots and splits
-    programs over a sequence's entries; where it cannot run it raises ValueError.
+    scales), with block_dv value columns per program (512: two warpgroups), block_kv entries per tile, num_stages
+    ring slots and splits programs over a sequence's entries; where it cannot run it raises ValueError.
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")
@@ -706,7 +706,7 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
         if not fused_supported(q, win_k, comp_k, win_v, comp_v, v_scaled, scale, cfg):
             raise ValueError("schedule 4 (FUSED_GLUON, one pass in Gluon) needs an sm_90 GPU with Gluon, bf16 q "
                              "over fp8 e4m3 keys and bf16 values without scales, a positive sm_scale, D a multiple of "
-                             "128, block_dv in (64, 128, 256) dividing D, block_kv 32 or 64 and 2 or 3 key stages "
+                             "128, block_dv in (64, 128, 256, 512) dividing D, block_kv 32 or 64 and 2 or 3 key stages "
                              "within the device's shared memory")
         return _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink_f32, scale * LOG2E,
                              out, block_dv=block_dv, block_kv=block_kv, splits=splits, num_stages=num_stages)

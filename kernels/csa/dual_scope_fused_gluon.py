@@ -250,7 +250,7 @@ def fused_kernel(
         t = t0 + j
         ring_landed(2 * (KBUF - 2))  # keys and scales of tile j; the barrier also frees tile j - 1's slots
         z = j >> 20  # 0, opaque: the q descriptors are computed here instead of held in registers
-        if WG > 1:
+        if WG > 1:  # four [64, BKV / 2] accumulators fit two warpgroups' registers; one warpgroup's hold one
             s0, s1, s2, s3 = _score_chains(q_smem.index(z), q_smem.index(z + 1), k_ring.index(j % KBUF), s_zero, D)
         else:
             s = _score_mma(q_smem.index(z), q_smem.index(z + 1), k_ring.index(j % KBUF), s_zero)
