@@ -330,6 +330,48 @@ def plot(out: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def table(out: dict) -> str:
+    """The README's rows for one workload: per load, each compared metric's twin-vs-live-median error and the live
+    repeats' spread (max/min - 1), then hit rate and preemptions."""
+    unit = "sessions" if out["workload"] == "agentic" else "req/s"
+    rows = ["| load | metric | twin | live median | error | live spread |", "|---|---|---|---|---|---|"]
+    for ld in out["loads"]:
+        tw, med, err, spread = ld["twin"], ld["live_median"], ld["errors_vs_live_median"], ld["live_spread_pct"]
+        for m in (*METRICS, *ENGINE_METRICS):
+            scale, fmt = (1.0, "{:.0f}") if m == "output_tok_s" else (1e3, "{:.1f} ms")
+            e = err["pct"].get(m, err["engine_side_pct"].get(m))
+            rows.append(f"| {ld['load']:g} {unit} | {m} | {fmt.format(tw[m] * scale)} | {fmt.format(med[m] * scale)} "
+                        f"| {e:+.0f}% | {spread[m]:.0f}% |")
+        hits = ", ".join(f"{x['prefix_hit_rate'] * 100:.1f}%" for x in ld["live_repeats"])
+        pre = ", ".join(f"{x['preemptions']:g}" for x in ld["live_repeats"])
+        rows.append(f"| {ld['load']:g} {unit} | prefix hit rate / preemptions | {tw['prefix_hit_rate'] * 100:.1f}% / "
+                    f"{tw['preemptions']} | {hits} / {pre} | {err['hit_rate_points']:+.1f} points | |")
+    return "\n".join(rows)
+
+
+def twin_for(prof, cal, workload: str, load: float, scale: AgenticScale,  # type: ignore[no-untyped-def]
+             sessions: list[Session], requests: int) -> dict:
+    """The twin's run of one load of a workload."""
+    max_len = prof.scheduler.max_model_len or 2048
+    if workload == "agentic":
+        return twin_agentic(prof, cal, scale.driver(sessions, int(load), max_len, 0))
+    return twin_mooncake(prof, cal, scaled_trace(requests, load, max_len, prof.scheduler.block_tokens))
+
+
+def retwin(out: dict, prof, args: argparse.Namespace) -> None:  # type: ignore[no-untyped-def]
+    """Replace the twin side of a finished validation (`out`, in place) with a run on `prof`'s current fit."""
+    cal = prof.calibration()
+    scale = AgenticScale(**out["agentic_scale"]) if out.get("agentic_scale") else AgenticScale()
+    sessions = scale.sessions(args.sessions_dir) if out["workload"] == "agentic" else []
+    out["step_model"] = cal.model.to_dict()
+    for ld in out["loads"]:
+        ld["twin"] = twin_for(prof, cal, out["workload"], ld["load"], scale, sessions, out.get("requests", 150))
+        ld["errors_vs_live_median"] = errors(ld["live_median"], ld["twin"])
+        for live in ld["live_repeats"]:
+            live["errors_vs_twin"] = errors(live, ld["twin"])
+    out["summary"] = summary(out["loads"])
+
+
 def _salt() -> int:
     return random.SystemRandom().randrange(1, 256)
 
@@ -349,11 +391,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=2048)
     ap.add_argument("--out", type=Path, default=None, help="Default: validation_<workload>.json here.")
-    ap.add_argument("--plot-only", action="store_true", help="Redraw the PNG from --out.")
+    ap.add_argument("--plot-only", action="store_true", help="Redraw the PNG from --out and print its table.")
+    ap.add_argument("--retwin", action="store_true", help="Run the twin side of --out again with --profile's "
+                    "current fit and recompute the errors; its live repeats are kept (no engine needed).")
     args = ap.parse_args()
     out_path = args.out or HERE / f"validation_{args.workload}.json"
-    if args.plot_only:
-        return plot(json.loads(out_path.read_text()), out_path.with_suffix(".png"))
+    if args.plot_only or args.retwin:
+        done = json.loads(out_path.read_text())
+        if args.retwin:
+            retwin(done, load_engine_profile(args.profile), args)
+            done["retwin_command"] = " ".join([Path(sys.executable).name, *sys.argv])
+            out_path.write_text(json.dumps(done, indent=1) + "\n")
+            print(json.dumps(done["summary"], indent=1))
+        print(table(done))
+        return plot(done, out_path.with_suffix(".png"))
     prof = load_engine_profile(args.profile)
     cal = prof.calibration()
     bs = prof.scheduler.block_tokens
@@ -366,12 +417,11 @@ def main() -> None:
            "workload": args.workload, "load_unit": "live sessions" if agentic else "requests/s",
            "agentic_scale": scale.__dict__ if agentic else None,
            "engine": f"{prof.engine} {prof.engine_version}", "step_model": cal.model.to_dict(), "loads": []}
+    if not agentic:
+        out["requests"] = args.requests
     for li, load in enumerate(float(x) for x in (args.loads or ("4,10,32" if agentic else "2,5,10")).split(",")):
-        if agentic:
-            twin = twin_agentic(prof, cal, scale.driver(sessions, int(load), max_len, 0))
-        else:
-            reqs = scaled_trace(args.requests, load, max_len, bs)
-            twin = twin_mooncake(prof, cal, reqs)
+        twin = twin_for(prof, cal, args.workload, load, scale, sessions, args.requests)
+        reqs = [] if agentic else scaled_trace(args.requests, load, max_len, bs)
         lives = []
         for rep in range(args.repeats):
             load_before = os.getloadavg()[0]
@@ -400,6 +450,7 @@ def main() -> None:
         out["summary"] = summary(out["loads"])
         out_path.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["summary"], indent=1))
+    print(table(out))
     plot(out, out_path.with_suffix(".png"))
 
 

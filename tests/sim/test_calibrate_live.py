@@ -14,8 +14,8 @@ from tests.conftest import free_port
 from tests.sim.helpers import sim_server
 from zoe_cluster.cli.main import app
 from zoe_cluster.recipes import RecipeRegistry
-from zoe_cluster.recipes.schema import DecodePoint, Figure
-from zoe_cluster.sim.calibrate import Calibration, calibrate
+from zoe_cluster.recipes.schema import DecodePoint, Figure, TtftPoint
+from zoe_cluster.sim.calibrate import Calibration, cached_tokens_for, calibrate, predict_lone_ttft
 from zoe_cluster.sim.step_model import StepModel
 from zoe_cluster.sim.engine_calibration import (
     EngineCalibrationError,
@@ -24,7 +24,9 @@ from zoe_cluster.sim.engine_calibration import (
     block_tokens_from_hits,
     engine_decode_step_s,
     engine_ttft_reading,
+    MeasuredScheduler,
     fit_decode_by_context,
+    with_step_base,
     kv_capacity_from_metrics,
     load_engine_profile,
 )
@@ -203,3 +205,24 @@ def test_decode_points_at_two_contexts_separate_the_context_term():
     assert m.context_per_token_s == 0.0 and got.fit_error_pct["decode_max"] < 1e-6
     # the decode tokens of a prefill step pay the decode context term, its prefill tokens the prefill one
     assert m.prefill_step_s(512, 1000.0, 0.0, 4, 6000.0) == pytest.approx(512e-5 + 4 * 5e-5 + 6000 * 1.5e-7)
+
+
+def test_prefill_steps_pay_the_engines_per_step_cost():
+    """An engine whose every step pays a fixed cost a: lone-request TTFTs refitted with a charged per chunk recover
+    the per-token work and the per-request latency, where a fit without it books a once per request."""
+    truth = StepModel(decode_base_s=0.002, decode_per_expert_s=0.0, decode_per_token_s=5e-5, routed_experts=1,
+                      experts_per_token=1, prefill_per_token_s=4e-6, prefill_floor_s=0.0, context_per_token_s=1e-8,
+                      frontend_s=0.005, prefill_step_base_s=0.002)
+    sched = MeasuredScheduler(block_tokens=32, kv_tokens=16384, max_num_batched_tokens=512, max_num_seqs=32)
+    points = []
+    for n in (128, 256, 512, 1024, 1536):
+        for hit in (0.0, 0.5, 0.9):
+            t = predict_lone_ttft(truth, n, cached_tokens_for(n, hit, 32), 512)
+            points.append(TtftPoint(input_tokens=n, hit_rate=hit, ttft_s=Figure(value=t, source="test")))
+    start = Calibration(model=replace(truth, prefill_step_base_s=None, frontend_s=0.007), sources={})
+    m = with_step_base(start, points, sched).model
+    assert m.prefill_step_base_s == 0.002
+    assert m.frontend_s == pytest.approx(0.005, abs=2e-4) and m.prefill_per_token_s == pytest.approx(4e-6, rel=0.05)
+    # a step carrying a 512-token chunk and 16 decodes costs a + its work, not its work alone
+    assert m.prefill_step_s(512, 512 * 1000.0, 0.0, 16, 16 * 1500.0) == pytest.approx(
+        truth.prefill_step_s(512, 512 * 1000.0, 0.0, 16, 16 * 1500.0), rel=0.05)

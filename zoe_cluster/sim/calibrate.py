@@ -125,10 +125,13 @@ class PrefillFit:
     per_token_s: float
     context_per_token_s: float
     context2_per_token_s: float
+    step_base_s: float = 0.0
+    """The per-step overhead the fit was given (`StepModel.prefill_step_base_s`)."""
 
 
-def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int) -> PrefillFit:
-    """Fit frontend, floor, per-token and context coefficients to single-request TTFT points."""
+def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int, step_base_s: float = 0.0) -> PrefillFit:
+    """Fit frontend, floor, per-token and context coefficients to single-request TTFT points; `step_base_s`, a
+    known fixed cost of every prefill step (the engine's per-step overhead), is taken off each chunk first."""
     if len(points) < 3:
         raise CalibrationError(f"need at least 3 TTFT points to fit prefill, got {len(points)}")
     rows = []
@@ -147,6 +150,7 @@ def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int) -> P
             const = np.zeros(len(rows))
             for i, (chunks, _, _) in enumerate(rows):
                 a[i, 0] = 1.0
+                const[i] += step_base_s * len(chunks)
                 for n, s1, s2 in chunks:
                     if q * n > floor:
                         a[i, 1] += n
@@ -159,7 +163,7 @@ def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int) -> P
             q = x[1]
             if done:
                 break
-        fit = PrefillFit(float(x[0]), float(floor), float(x[1]), float(x[2]), float(x[3]))
+        fit = PrefillFit(float(x[0]), float(floor), float(x[1]), float(x[2]), float(x[3]), step_base_s)
         pred = np.array([_lone_ttft_fit(fit, r[0]) for r in rows])
         return float(np.sum(((pred - y) * w) ** 2)), fit
 
@@ -174,7 +178,8 @@ def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int) -> P
 def _lone_ttft_fit(f: PrefillFit, chunks: list[tuple[int, float, float]]) -> float:
     t = f.frontend_s
     for n, s1, s2 in chunks:
-        t += max(f.floor_s, f.per_token_s * n) + f.context_per_token_s * s1 + f.context2_per_token_s * s2
+        t += max(f.floor_s, f.per_token_s * n) + f.step_base_s
+        t += f.context_per_token_s * s1 + f.context2_per_token_s * s2
     return t
 
 

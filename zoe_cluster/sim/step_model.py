@@ -10,7 +10,8 @@ An engine step (one forward pass of the batch the scheduler picked) costs:
   the seed fits ("17.4 ms + 0.3 ms per token", seed section Speculative decoding, table A7).
 - a step that carries a prefill chunk of m tokens at positions p..p+m-1 (plus any decode tokens):
       max(floor, q * m) + d * sum(positions) + e * sum(positions^2) + c * n_decode + d * sum(decode context)
-  (the decode tokens' d is `decode_context_per_token_s` where it was measured apart from the prefill's)
+  (plus `prefill_step_base_s` and the decode tokens' own d, `decode_context_per_token_s`, where those were measured
+  apart: an engine whose every step pays a fixed overhead, and whose decode attention differs from its prefill's)
   q is the per-token prefill work (MoE, projections, fixed-size sparse attention); the `floor` is the least a
   prefill step costs (small chunks do not fill the GPUs); d is the work that grows with context (the DSA
   lightning indexer scores every earlier position; CSA top-K), e the growth beyond that seen at the longest
@@ -54,6 +55,10 @@ class StepModel:
     """Draft tokens proposed per request per step (0: no speculative decoding)."""
     spec_accepted_tokens: float = 1.0
     """Mean tokens a request emits per step (1 + accepted drafts); 1 without speculative decoding."""
+    prefill_step_base_s: float | None = None
+    """Fixed cost every step carrying a prefill chunk pays on top of its work, as a decode step pays a: the engine's
+    per-step overhead (scheduling, sampling, launches), where it was measured apart from the floor (vLLM on CPU);
+    None: none, the floor standing in for it."""
     decode_context_per_token_s: float | None = None
     """Cost per (decode token x position it attends to), when measured apart from the prefill's d (an engine whose
     decode attention kernel differs from its prefill one: vLLM on CPU); None: d."""
@@ -87,6 +92,7 @@ class StepModel:
         plus n_decode decode tokens."""
         return (
             max(self.prefill_floor_s, self.prefill_per_token_s * chunk_tokens)
+            + (self.prefill_step_base_s or 0.0)
             + self.context_per_token_s * pos_sum
             + self.decode_context_s * decode_context_sum
             + self.context2_per_token_s * pos2_sum
