@@ -41,14 +41,17 @@ class Publisher:
     """One engine's KV-event publisher on loopback: a bound PUB socket and a bound ROUTER replay socket that
     answers from a buffer, in a thread (vLLM's protocol)."""
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, ports: tuple[int, int] | None = None) -> None:
         self.topic = topic.encode()
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.replay = self.ctx.socket(zmq.ROUTER)
         self.replay.setsockopt(zmq.LINGER, 0)
-        p, q = self.pub.bind_to_random_port("tcp://127.0.0.1"), self.replay.bind_to_random_port("tcp://127.0.0.1")
+        if ports is None:
+            p, q = self.pub.bind_to_random_port("tcp://127.0.0.1"), self.replay.bind_to_random_port("tcp://127.0.0.1")
+        else:
+            (p, q), _ = ports, [self.pub.bind(f"tcp://127.0.0.1:{ports[0]}"), self.replay.bind(f"tcp://127.0.0.1:{ports[1]}")]
         self.source = KvEventSource(endpoint=f"tcp://127.0.0.1:{p}", replay_endpoint=f"tcp://127.0.0.1:{q}")
         self.buffer: list[tuple[int, bytes]] = []
         self.lock = threading.Lock()
@@ -161,6 +164,43 @@ def test_a_subscriber_resuming_from_a_saved_sequence_replays_only_the_rest():
 
     try:
         asyncio.run(run())
+    finally:
+        pub.close()
+
+
+def test_an_engine_restarted_under_the_same_id_is_taken_as_empty():
+    pub = Publisher("glm/0/1")
+    ports = (int(pub.source.endpoint.rsplit(":", 1)[1]), int(pub.source.replay_endpoint.rsplit(":", 1)[1]))
+    evicted = []
+
+    async def run() -> None:
+        nonlocal pub
+        sub = KvEventSubscriber(lambda rid, t: evicted.append(t))
+        sub.start()
+        sub.follow([_member("glm/0/1", pub)])
+        await _until(lambda: pub.replays >= 1)
+        for _ in range(40):
+            pub.publish(_stored(5))
+            await asyncio.sleep(0.02)
+            if sub.mirrors:
+                break
+        for _ in range(100):  # a long-lived engine: its sequence is far ahead of a new process's
+            pub.publish(_stored(1))
+        await _until(lambda: sub.next_seqs().get(("glm/0/1", pub.source.endpoint)) == len(pub.buffer))
+        pub.close()  # the engine restarts: same endpoints, sequence from 0, an empty cache
+        pub = Publisher("glm/0/1", ports)
+        pub.publish(_stored(2), live=False)  # published before the router's socket reconnected
+        for _ in range(200):
+            pub.publish(_stored(1))
+            await asyncio.sleep(0.02)
+            if None in evicted:
+                break
+        await _until(lambda: sub.mirrors["glm/0/1"].history["stored"] == 2 + len(pub.buffer) - 1)
+        assert None in evicted and sub.mirrors["glm/0/1"].gaps == 0  # forgot everything, then refilled from 0
+        await sub.stop()
+
+    try:
+        asyncio.run(asyncio.wait_for(run(), 30))
     finally:
         pub.close()
 

@@ -18,6 +18,11 @@ One more socket exists for engines configured to connect rather than bind: with 
 binds a SUB socket they publish to, and takes the replica from the message's topic (only one router can bind
 it, so this serves a single router).
 
+An engine restarted under the same replica id (zoe never does this: a restart is a new generation, so a new id)
+starts its sequence from 0 with an empty cache; a live sequence number lower than the last one seen is taken for
+that, and the replica's picture is forgotten. A restarted engine that has published more batches than the old one
+had before the router's socket reconnects (about 0.1 s) is not detected: give it a new id.
+
 Batches are decoded by `zoe_cluster.routing.kv_events`; evictions go to the policy (`on_cache_evicted`), and
 per-replica totals are kept for the admin API.
 """
@@ -49,6 +54,9 @@ class _Source:
     task: asyncio.Task | None = None
     next_seq: int | None = None
     """The sequence number expected next from this publisher (None: nothing received or replayed yet)."""
+    live_last: int | None = None
+    """The last sequence number received live: a publisher's live sequence only rises, so a lower one means the
+    engine restarted (new process, sequence from 0, empty cache)."""
 
 
 class KvEventSubscriber:
@@ -172,6 +180,9 @@ class KvEventSubscriber:
                     self.bad_messages += 1
                     continue
                 _, seq, payload = parsed
+                if seq is not None and src.live_last is not None and seq <= src.live_last:
+                    self._restarted(src)
+                src.live_last = seq if seq is not None else src.live_last
                 if seq is not None and src.next_seq is not None:
                     if seq < src.next_seq:
                         continue  # already applied from a replay
@@ -182,6 +193,14 @@ class KvEventSubscriber:
                 self._take(src, seq, payload)
         finally:
             sock.close(linger=0)
+
+    def _restarted(self, src: _Source) -> None:
+        """The publisher's engine restarted under the same replica id: its cache is empty, its sequence starts over
+        (a batch missed before this one is fetched from replay as from a new publisher)."""
+        log.warning("KV-event publisher %s (%s) restarted: forgetting its cache", src.source.endpoint, src.replica_id)
+        self.mirrors[src.replica_id] = ReplicaCacheMirror()
+        self.on_evicted(src.replica_id, None)
+        src.next_seq = 0
 
     def _take(self, src: _Source, seq: int | None, payload: bytes) -> None:
         self.apply(src.replica_id, seq, payload)  # the mirror counts skipped sequence numbers as gaps
