@@ -13,8 +13,9 @@ Every timed configuration is first checked against the float32 reference of its 
 the norm, NaN-poisoned scratch for zoe). Each time is a CUDA graph of R back-to-back calls over R routings
 (R = 4 for M <= 64, 2 for M <= 512, 1 above), and the zoe and baseline rows also an isolated call after a
 write of 4x the L2 (clean L2): the median replay of [flush, call] minus that of [flush] alone.
---side-by-side M,... first times the fp8 M=1 fused epilogues against the separate launches (the --shapes) and the
-4-bit half tiles against whole 128-row tiles at those M, each checked (`side_by_side`); --no-rows then skips the rows.
+--side-by-side M,... first times variants side by side, each checked (`side_by_side`): at M=1 fp8's fused
+epilogues against the separate launches (the --shapes), at larger M the 4-bit half tiles against whole 128-row
+tiles; --no-rows then skips the per-M rows.
 --fp8-numerics adds fp8's error and time per tile height (16..128 rows); --tolerance the errors the GPU tests see,
 per format, path and tile height; --dequant-tiles times the dequantization alone; --tile-sweep the 4-bit tiles at
 large M (TILE_SWEEP, or those of --tile-variants).
@@ -377,12 +378,13 @@ def _interleaved(variants: dict, rounds: int = 2) -> dict:
     return {name: statistics.median(v) for name, v in times.items()}
 
 
-def side_by_side(rows: list, ceil: dict, shapes: list[str], half_ms: list[int]) -> None:
-    """The fused M=1 epilogues (`config.DOT_M1_FUSED_EPILOGUES`: fp8, three launches) against the separate
-    quantization and cast launches (five), and the 4-bit half tiles (`config.FOUR_BIT_HALF_TILES`) against whole
-    128-row tiles at `half_ms` (DeepSeek-V3.2): each variant checked on 6 fresh routings with NaN-poisoned scratch,
-    then timed interleaved (two rounds, medians) back to back (graph of R calls) and, for fp8, as an isolated call
-    with a clean L2."""
+def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> None:
+    """With 1 in `ms`, fp8 at M=1 on `shapes` with the separate quantization and cast launches (five) against the
+    fused epilogues (`config.DOT_M1_FUSED_EPILOGUES`: quantization in stage 1, four; and the cast in stage 2, three);
+    at the larger `ms`, the 4-bit half tiles (`config.FOUR_BIT_HALF_TILES`) against whole 128-row tiles
+    (DeepSeek-V3.2). Each variant checked on the same fresh routings with NaN-poisoned scratch (6 at M=1, else 1),
+    then timed interleaved (medians of three rounds at M=1, two above) back to back (graph of R calls) and, at M=1,
+    as an isolated call with a clean L2."""
     import torch
 
     from zoe_kernels.moe import config, fused_moe
@@ -390,21 +392,20 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], half_ms: list[int]) 
 
     flush = torch.empty(4 * ceil["l2_bytes"] // 4, dtype=torch.float32, device="cuda")
 
-    def check(shape, fmt, w, m, switch, names, seed0):
+    def check(shape, fmt, w, m, variants, seed0):
         """{name: (worst rel err, ok)} over fresh routings (6 at M=1, else 1), every variant on the same inputs."""
         w13, s13, w2, s2 = w
-        worst = {name: 0.0 for name in names}
+        worst = {name: 0.0 for name in variants}
         for r in range(6 if m == 1 else 1):
             tw, ti = make_routing(shape, m, seed=seed0 + r, device="cuda")
             x = torch.randn((m, shape["H"]), dtype=torch.bfloat16, device="cuda")
             ref = fused_moe_reference(x, w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2)
-            for on, name in zip((True, False), names):
-                switch(on)
+            for name, set_up in variants.items():
+                set_up()
                 out = fused_moe(x, w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2, alloc=nan_alloc)
                 err = ((out.float() - ref).norm() / ref.norm()).item()
                 worst[name] = max(worst[name], err if bool(torch.isfinite(out).all()) else float("inf"))
             del ref
-        switch(True)
         return {name: {"rel_err_worst": err, "ok": err < TOLERANCE[fmt]} for name, err in worst.items()}
 
     def timers(shape, fmt, w, m, reps, isolated):
@@ -416,20 +417,21 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], half_ms: list[int]) 
         graph = (lambda: time_graph(calls))
         return graph, (lambda: time_isolated(calls[0], flush)) if isolated else None
 
-    def compare(label, shape_name, fmt, m, switch, names, reps, isolated):
+    def compare(label, shape_name, fmt, m, variants, reps, isolated):
+        """variants: {name: set_up}; the committed default is set again at the end."""
         shape = SHAPES[shape_name]
         w = make_weights(shape, fmt, "cuda")
         unique = statistics.mean(len(torch.unique(make_routing(shape, m, seed=5 + r, device="cuda")[1]))
                                  for r in range(3))
         floor = roofline_us(shape, fmt, m, unique, ceil)[0]
-        res = check(shape, fmt, w, m, switch, names, 300 + m)
-        graph_t = {name: timers(shape, fmt, w, m, reps, isolated) for name in names}
-        b2b = _interleaved({name: ((lambda on=on: switch(on)), graph_t[name][0])
-                            for on, name in zip((True, False), names)})
-        iso = _interleaved({name: ((lambda on=on: switch(on)), graph_t[name][1])
-                            for on, name in zip((True, False), names)}) if isolated else {}
-        switch(True)
-        for name in names:
+        res = check(shape, fmt, w, m, variants, 300 + m)
+        graph_t = {name: timers(shape, fmt, w, m, reps, isolated) for name in variants}
+        rounds = 3 if m == 1 else 2
+        b2b = _interleaved({name: (set_up, graph_t[name][0]) for name, set_up in variants.items()}, rounds)
+        iso = _interleaved({name: (set_up, graph_t[name][1]) for name, set_up in variants.items()},
+                           rounds) if isolated else {}
+        config.DOT_M1_FUSED_EPILOGUES, config.FOUR_BIT_HALF_TILES = defaults
+        for name in variants:
             row = {"step": label, "shape": shape_name, "M": m, "fmt": fmt, "variant": name, **res[name],
                    "floor_us": round(floor, 2), "median_us": round(b2b[name], 2),
                    "pct_roofline": round(100 * floor / b2b[name], 1)}
@@ -443,17 +445,21 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], half_ms: list[int]) 
         del w
         torch.cuda.empty_cache()
 
-    def fp8_switch(on):
-        config.DOT_M1_FUSED_EPILOGUES = on
+    defaults = config.DOT_M1_FUSED_EPILOGUES, config.FOUR_BIT_HALF_TILES
 
-    def half_switch(on):
-        config.FOUR_BIT_HALF_TILES = on
+    def setter(module, attr, value):
+        return lambda: setattr(module, attr, value)
 
-    for name in shapes:
-        compare("fp8_m1_epilogues", name, "fp8", 1, fp8_switch, ("fused_3_launches", "separate_5_launches"), 4, True)
-    for m in half_ms:
+    fp8_variants = {"separate_5_launches": setter(config, "DOT_M1_FUSED_EPILOGUES", ()),
+                    "quant_fused_4_launches": setter(config, "DOT_M1_FUSED_EPILOGUES", ("quant",)),
+                    "quant_cast_fused_3_launches": setter(config, "DOT_M1_FUSED_EPILOGUES", ("quant", "cast"))}
+    half_variants = {"half_tiles": setter(config, "FOUR_BIT_HALF_TILES", True),
+                     "whole_128_tiles": setter(config, "FOUR_BIT_HALF_TILES", False)}
+    for name in shapes if 1 in ms else []:
+        compare("fp8_m1_epilogues", name, "fp8", 1, fp8_variants, 4, True)
+    for m in [m for m in ms if m > 1]:
         for fmt in FOUR_BIT:
-            compare("4bit_half_tiles", "dsv32", fmt, m, half_switch, ("half_tiles", "whole_128_tiles"), 1, False)
+            compare("4bit_half_tiles", "dsv32", fmt, m, half_variants, 1, False)
 
 
 # ---------------------------------------------------------------------------------------------- crossover
@@ -557,8 +563,8 @@ def main() -> None:
     ap.add_argument("--tile-variants", default="", help="names of TILE_SWEEP to time (default: all)")
     ap.add_argument("--tolerance", action="store_true", help="the GPU tests' errors per format, path, tile height")
     ap.add_argument("--crossover", type=Path, help="merge a results file's paths into kernels/moe/crossover.json")
-    ap.add_argument("--side-by-side", default="", help="Ms of the 4-bit half-tile comparison; also runs the fp8 M=1 "
-                    "epilogue comparison on --shapes (side_by_side), then the --shapes rows unless --no-rows")
+    ap.add_argument("--side-by-side", default="", help="Ms to compare variants at (side_by_side): 1 the fp8 M=1 "
+                    "epilogues on --shapes, larger M the 4-bit half tiles; then the --shapes rows unless --no-rows")
     ap.add_argument("--no-rows", action="store_true", help="skip the per-M rows of --shapes")
     args = ap.parse_args()
     if args.crossover:

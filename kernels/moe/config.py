@@ -157,7 +157,7 @@ DOT_M1_TILES: dict[str, dict[int, tuple]] = {"fp8": {1: (32, 4, 4), 2: (128, 4, 
 # into stage 2 (the last program to finish a 128-column group or an output column block does it, counted by atomics):
 # three launches instead of five. Why and retune: `bench/kernels/moe_large_m.py --fp8-m1-epilogues` times both
 # side by side (bench/kernels/moe_README.md).
-DOT_M1_FUSED_EPILOGUES = True
+DOT_M1_FUSED_EPILOGUES: tuple[str, ...] = ("quant", "cast")
 # The mode runs from this many routed experts per token up: the measured shapes route 8 or 9 (ZAYA1's top-1
 # keeps the align-based tiles, not measured in this mode on the GPU).
 DOT_M1_MIN_TOP_K = 8
@@ -166,8 +166,8 @@ DOT_M1_MIN_TOP_K = 8
 MIN_K_STEPS_PER_SPLIT = 4
 
 
-def dot_m1_fused_epilogues() -> bool:
-    """Whether the M=1 mode fuses the quantization and cast launches into the stages (DOT_M1_FUSED_EPILOGUES)."""
+def dot_m1_fused_epilogues() -> tuple[str, ...]:
+    """Which launches the M=1 mode folds into the stages: "quant", "cast" (DOT_M1_FUSED_EPILOGUES)."""
     return DOT_M1_FUSED_EPILOGUES
 
 

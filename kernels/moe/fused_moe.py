@@ -187,10 +187,11 @@ def fused_moe(
         align = moe_align(topk_ids.contiguous(), e, bm)
 
     # M=1 with top_k > 1 (config.DOT_M1_FUSED_EPILOGUES): stage 1 writes the fp8 intermediate (the last program of
-    # each 128-column group quantizes it) and stage 2 the output (the last program of each column block casts the
-    # float32 sum), so the path is three launches: x's quantization (which zeroes stage 1's counters), the stages.
-    fuse = bool(m1) and top_k > 1 and dot_m1_fused_epilogues()
-    quant_inter = fuse and kfmt == KernelFormat.FP8_W8A8
+    # each 128-column group quantizes it; x's quantization zeroes the counters) and stage 2 the output (the last
+    # program of each column block casts the float32 sum).
+    fused = dot_m1_fused_epilogues() if m1 and top_k > 1 else ()
+    quant_inter = "quant" in fused and kfmt == KernelFormat.FP8_W8A8
+    cast = "cast" in fused and dtype != torch.float32
     counts1 = None
     if quant_inter:
         groups = _cdiv(i, FP8_BLOCK)
@@ -202,18 +203,17 @@ def fused_moe(
         x, x_scale = quantize_act_mxfp8(x)
     inter = alloc((m * top_k, i), dtype=dtype, device=dev)
     acc = work = quant_out = cast_out = None
-    if fuse:  # one float32 buffer, zeroed by stage 1: the accumulator, then stage 2's column-block counters
+    if cast:  # one float32 buffer, zeroed by stage 1: the accumulator, then stage 2's column-block counters
         work = alloc((m * h + _cdiv(h, cfg2["BLOCK_N"]),), dtype=torch.float32, device=dev)
         acc = work[:m * h].view(m, h)
-        if dtype != torch.float32:
-            cast_out = (alloc((m, h), dtype=dtype, device=dev), work[m * h:].view(torch.int32))
-        if quant_inter:
-            quant_out = (alloc((m * top_k, i), dtype=fp8_dtype(dev), device=dev),
-                         alloc((m * top_k, groups), dtype=torch.float32, device=dev), counts1)
+        cast_out = (alloc((m, h), dtype=dtype, device=dev), work[m * h:].view(torch.int32))
     elif top_k > 1:
         acc = alloc((m, h), dtype=torch.float32, device=dev) if m1 else torch.zeros((m, h), dtype=torch.float32,
                                                                                    device=dev)
         work = acc
+    if quant_inter:
+        quant_out = (alloc((m * top_k, i), dtype=fp8_dtype(dev), device=dev),
+                     alloc((m * top_k, groups), dtype=torch.float32, device=dev), counts1)
     for cfg in _tile_launches(cfg1):
         gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, top_k=top_k, kfmt=kfmt, cfg=cfg,
                        zero=work if m1 else None, quant_out=quant_out)
