@@ -103,6 +103,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(HERE / "sweep.json"))
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot and the ratios from --out")
+    ap.add_argument("--add", action="store_true",
+                    help="add this run's points to --out's sweep (same setup), replacing points of the same policy "
+                         "and session count")
     args = ap.parse_args()
     out = Path(args.out)
     if args.plot_only:
@@ -124,8 +127,18 @@ def main() -> None:
                       f"{pt['tok_s_per_user_p90']:.1f} tok/s/user p90", f"TTFT p90 {pt['ttft_p90_s']:.2f} s",
                       f"busiest/mean {pt['busiest_over_mean']:.2f}", f"prefill load {pt['prefill_load']:.3f}",
                       flush=True)
+        command = "python bench/agentic/sweep.py " + " ".join(sys.argv[1:])
+        if args.add and out.exists():
+            doc = json.loads(out.read_text())
+            for policy, pts in series.items():
+                mine = {p["live_sessions"] for p in pts}
+                doc["series"][policy] = [p for p in doc["series"].get(policy, []) if p["live_sessions"] not in mine] + pts
+            doc["commands"] = doc.get("commands", [doc.pop("command", "")]) + [command]
+        else:
+            doc = None
+    if doc is None:
         doc = {
-            "command": "python bench/agentic/sweep.py " + " ".join(sys.argv[1:]),
+            "commands": [command],
             "point_command": f"zoe sim replay {args.sessions_dir} --sessions N --model {args.model} --replicas "
                              f"{args.replicas} --policy P --think-cap-s {args.think_cap_s} --host-kv-gb "
                              f"{args.host_kv_gb} --json",
