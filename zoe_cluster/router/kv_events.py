@@ -1,9 +1,9 @@
 """The router's KV-event subscriber (precise mode): ZMQ SUB sockets on the engines' KV-event publishers.
 
-Every router subscribes to every replica, so routers behind one Service share one picture of what each engine
-holds. vLLM (0.29-0.33) and SGLang (0.5.19-0.5.23) bind their PUB socket when the endpoint's host is a wildcard
+Every router subscribes to every replica, so routers behind one Service receive the same events: how much each
+engine holds and forgets (which prompts those blocks belong to, each router still learns from its own traffic). vLLM (0.29-0.33) and SGLang (0.5.19-0.5.23) bind their PUB socket when the endpoint's host is a wildcard
 (`tcp://*:5557`) and connect it otherwise; the replay endpoint, a ROUTER socket, is always bound. zoe starts the
-engines binding (`zoe_cluster.engines.kv_events_config`), the membership lists each replica's publishers
+engines binding (`zoe_cluster.engines.base.kv_events_config`), the membership lists each replica's publishers
 (`MemberReplica.kv_events`, one per data-parallel rank: the engines offset the port by the rank), and `follow`
 connects one SUB socket per publisher and closes those of replicas that left.
 
