@@ -69,7 +69,8 @@ def _check(shape, w, routes, xs, label, checks, **kw):
     ref = fused_moe_reference(xs[0], w13, w2, tw, ti, fmt="fp8", w13_scale=s13, w2_scale=s2,
                               fp8_act_quant=kw.get("fp8_act_quant", True) is not False)
     err = ((out.float() - ref).norm() / ref.norm()).item()
-    ok = bool(torch.isfinite(out).all()) and err < 2e-2
+    # the GPU tests' bf16 tolerance: M=1 runs 16-row tiles (mma.sync), measured at most 2.8e-3 on these shapes
+    ok = bool(torch.isfinite(out).all()) and err < 4e-3
     checks.append({"variant": label, "rel_err": err, "ok": ok})
     print(f"[check] {label}: rel err {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
     return ok

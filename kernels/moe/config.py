@@ -153,11 +153,13 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
 # M=1 on DeepSeek-V3.2 97.5 us against 112 us with align-based tiles (86 % of its bytes at the read bandwidth); the
 # 4-bit formats are faster on the word-wise GEMV. Retune: `bench/kernels/moe_fp8_m1_sweep.py`.
 DOT_M1_TILES: dict[str, dict[int, tuple]] = {"fp8": {1: (32, 4, 4), 2: (128, 4, 4, 2)}}
-# The M=1 mode with top-k > 1 folds the intermediate's fp8 quantization into stage 1 and the float32 -> output cast
-# into stage 2 (the last program to finish a 128-column group or an output column block does it, counted by atomics):
-# three launches instead of five. Why and retune: `bench/kernels/moe_large_m.py --fp8-m1-epilogues` times both
-# side by side (bench/kernels/moe_README.md).
-DOT_M1_FUSED_EPILOGUES: tuple[str, ...] = ("quant", "cast")
+# fp8's M=1 mode with top-k > 1 quantizes the intermediate in stage 1's epilogue (the last program to finish each
+# 128-column group of an edge, counted by an atomic, quantizes the group): one launch fewer. Why (H200, side by
+# side, medians of 3 interleaved rounds): DeepSeek-V3.2 95.4 against 95.8 us back to back, 104.1 against 104.7
+# isolated; GLM-5 93.8 against 94.2, 102.4 against 102.9 (raw/moe_m1_epilogues_h200.json; folding the output cast
+# into stage 2 as well took 98.4 / 97.2 us: 144 registers instead of 108 there, 3 programs per SM instead of 4).
+# Retune: `bench/kernels/moe_large_m.py --side-by-side 1 --no-rows`.
+DOT_M1_QUANT_IN_STAGE1 = True
 # The mode runs from this many routed experts per token up: the measured shapes route 8 or 9 (ZAYA1's top-1
 # keeps the align-based tiles, not measured in this mode on the GPU).
 DOT_M1_MIN_TOP_K = 8
@@ -166,9 +168,9 @@ DOT_M1_MIN_TOP_K = 8
 MIN_K_STEPS_PER_SPLIT = 4
 
 
-def dot_m1_fused_epilogues() -> tuple[str, ...]:
-    """Which launches the M=1 mode folds into the stages: "quant", "cast" (DOT_M1_FUSED_EPILOGUES)."""
-    return DOT_M1_FUSED_EPILOGUES
+def dot_m1_quant_in_stage1() -> bool:
+    """Whether fp8's M=1 mode quantizes the intermediate in stage 1 (DOT_M1_QUANT_IN_STAGE1)."""
+    return DOT_M1_QUANT_IN_STAGE1
 
 
 def dot_m1_configs(m: int, fmt: str, top_k: int, k2: int) -> tuple[dict, dict] | None:

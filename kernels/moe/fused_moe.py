@@ -7,8 +7,8 @@ with vLLM's `fused_experts` layout: w13 [E, 2I, H] (rows: gate then up), w2 [E, 
 top-k weighted combine epilogue), `grouped_gemm.py`; fp8 (w8a8) adds two activation-quantization launches.
 At M=1 a format in `config.DOT_M1_TILES` (fp8) drops align (one tile per edge, experts read
 from topk_ids) and the accumulator's memset (stage 1 zeroes it), splits stage 2 along K, and (with top-k > 1)
-folds the intermediate's quantization into stage 1 and the float32 -> output cast into stage 2 (the last program
-of a column group does it): three launches.
+quantizes the intermediate in stage 1 (the last program of a 128-column group does it): four launches.
+The 4-bit formats' 128-row tiles run each stage in two launches (`config.FOUR_BIT_HALF_TILES`).
 With few tokens per expert (decode) the GEMV path (`gemv.py`) runs instead: two launches, no align, no
 activation quantization (`config.use_gemv` picks by the expected edges per expert, measured per format).
 With many tokens the 4-bit formats may take the dequant path (`dequant.py`: the weights dequantized into a
@@ -28,7 +28,7 @@ from zoe_kernels.moe.config import (
     FOUR_BIT_FORMATS,
     block_m_for,
     dot_m1_configs,
-    dot_m1_fused_epilogues,
+    dot_m1_quant_in_stage1,
     fp8_act_quant_for,
     gemv_config,
     mx_native,
@@ -186,37 +186,29 @@ def fused_moe(
         cfg2 = stage_config(m, top_k, e, h, i, fmt, gated=False, block_m=bm)
         align = moe_align(topk_ids.contiguous(), e, bm)
 
-    # M=1 with top_k > 1 (config.DOT_M1_FUSED_EPILOGUES): stage 1 writes the fp8 intermediate (the last program of
-    # each 128-column group quantizes it; x's quantization zeroes the counters) and stage 2 the output (the last
-    # program of each column block casts the float32 sum).
-    fused = dot_m1_fused_epilogues() if m1 and top_k > 1 else ()
-    quant_inter = "quant" in fused and kfmt == KernelFormat.FP8_W8A8
-    cast = "cast" in fused and dtype != torch.float32
-    counts1 = None
+    # fp8 at M=1 with top_k > 1 (config.DOT_M1_QUANT_IN_STAGE1): stage 1 writes the intermediate quantized (the last
+    # program of each 128-column group quantizes it; x's quantization zeroes their counters): no quantization launch
+    quant_inter = bool(m1) and top_k > 1 and kfmt == KernelFormat.FP8_W8A8 and dot_m1_quant_in_stage1()
+    counts = None
     if quant_inter:
         groups = _cdiv(i, FP8_BLOCK)
-        counts1 = alloc((m * top_k * groups,), dtype=torch.int32, device=dev)
+        counts = alloc((m * top_k * groups,), dtype=torch.int32, device=dev)
     x_scale = None
     if kfmt == KernelFormat.FP8_W8A8:
-        x, x_scale = quantize_act_fp8(x, zero=counts1)
+        x, x_scale = quantize_act_fp8(x, zero=counts)
     elif kfmt == KernelFormat.MXFP4_NATIVE:  # both operands of the scaled f8f6f4 MFMA in 8 bits or fewer
         x, x_scale = quantize_act_mxfp8(x)
     inter = alloc((m * top_k, i), dtype=dtype, device=dev)
-    acc = work = quant_out = cast_out = None
-    if cast:  # one float32 buffer, zeroed by stage 1: the accumulator, then stage 2's column-block counters
-        work = alloc((m * h + _cdiv(h, cfg2["BLOCK_N"]),), dtype=torch.float32, device=dev)
-        acc = work[:m * h].view(m, h)
-        cast_out = (alloc((m, h), dtype=dtype, device=dev), work[m * h:].view(torch.int32))
-    elif top_k > 1:
+    acc = quant_out = None
+    if top_k > 1:
         acc = alloc((m, h), dtype=torch.float32, device=dev) if m1 else torch.zeros((m, h), dtype=torch.float32,
                                                                                    device=dev)
-        work = acc
     if quant_inter:
         quant_out = (alloc((m * top_k, i), dtype=fp8_dtype(dev), device=dev),
-                     alloc((m * top_k, groups), dtype=torch.float32, device=dev), counts1)
+                     alloc((m * top_k, groups), dtype=torch.float32, device=dev), counts)
     for cfg in _tile_launches(cfg1):
         gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, top_k=top_k, kfmt=kfmt, cfg=cfg,
-                       zero=work if m1 else None, quant_out=quant_out)
+                       zero=acc if m1 else None, quant_out=quant_out)
 
     inter_scale = None
     if quant_out is not None:
@@ -231,8 +223,5 @@ def fused_moe(
             down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, top_k=1, kfmt=kfmt, cfg=cfg)
         return out
     for cfg in _tile_launches(cfg2):
-        down_combine(inter, inter_scale, w2, w2_scale, acc, topk_weights, align, top_k=top_k, kfmt=kfmt, cfg=cfg,
-                     cast_out=cast_out)
-    if cast_out is not None:
-        return cast_out[0]
+        down_combine(inter, inter_scale, w2, w2_scale, acc, topk_weights, align, top_k=top_k, kfmt=kfmt, cfg=cfg)
     return acc if dtype == torch.float32 else acc.to(dtype)

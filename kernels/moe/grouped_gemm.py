@@ -9,8 +9,11 @@ with the top-k weighted combine in the epilogue (fp32 atomics for top-k > 1, pla
 One program computes a BLOCK_M x BLOCK_N tile of one expert; tiles past `num_padded` exit at once, so the
 grid depends on the shapes alone (graph capture). With `align` = (topk_ids flattened, None, None) every edge
 is its own tile (row 0; the M=1 mode of `config.DOT_M1_TILES`, no align launch). Optional: stage 1 zeroes a
-float32 buffer (stage 2's accumulator), stage 2 splits K over SPLIT_K programs, and a launch covers only the
-experts of a chunk (the dequant path's workspace). The K loop is software-pipelined (`num_stages`): the next
+float32 buffer (stage 2's accumulator) and, on the M=1 tiles, writes the intermediate quantized to fp8 as well
+(`quant_out`: the last program to finish a 128-column group quantizes it, counted by an atomic), stage 2 splits K
+over SPLIT_K programs, a launch covers only the experts of a chunk (the dequant path's workspace), and a launch
+computes only align's tiles with an edge in their upper half, or only the lower halves of the others
+(`TileRows`, `config.FOUR_BIT_HALF_TILES`). The K loop is software-pipelined (`num_stages`): the next
 weight tile is loaded while the current one is multiplied.
 
 The weight format is a compile-time constant (`KernelFormat`, from `kernel_format`). fp8 runs w8a8 (activations
@@ -237,16 +240,6 @@ def _quantize_when_last(inter_ptr, q_ptr, qs_ptr, count_ptr, row, group, groups,
 
 
 @triton.jit
-def _cast_when_last(acc_ptr, cast_ptr, count_ptr, pid_n, arrivals, N, stride_on, BLOCK_N: tl.constexpr):
-    """Stage 2 at M=1: the last program to add into a column block writes the block's float32 sum (read from L2)
-    to the output in its dtype, so no cast launch follows."""
-    if _last_arrival(count_ptr, pid_n, arrivals):
-        offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # a plain layout, not the accumulator's (fewer registers)
-        v = tl.load(acc_ptr + offs * stride_on, mask=offs < N, other=0.0, cache_modifier=".cg")
-        tl.store(cast_ptr + offs, v.to(cast_ptr.dtype.element_ty), mask=offs < N)
-
-
-@triton.jit
 def _expert_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, topk_w_ptr,
     sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
@@ -255,14 +248,14 @@ def _expert_gemm_kernel(
     stride_we, stride_wn, stride_wk, stride_wse, stride_wsn, stride_wsk,
     stride_om, stride_on,
     zero_ptr, zero_numel, expert_lo, expert_hi,
-    count_ptr, q_ptr, qs_ptr, stride_qm, stride_qsm, cast_ptr,
+    count_ptr, q_ptr, qs_ptr, stride_qm, stride_qsm,
     GATED: tl.constexpr, ATOMIC: tl.constexpr, FMT: tl.constexpr, A_FMT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr,
     EDGE_TILES: tl.constexpr,
     SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr, PTX: tl.constexpr, JOIN_K: tl.constexpr,
     SWAP_AB: tl.constexpr, MX_WORD: tl.constexpr, MX_BF16_SHIFT: tl.constexpr,
-    QUANT_OUT: tl.constexpr, CAST_OUT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr,
+    QUANT_OUT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr,
     TILE_ROWS: tl.constexpr, ALIGN_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -277,8 +270,6 @@ def _expert_gemm_kernel(
         # one tile per edge (row 0 of the tile), its expert read from topk_ids itself: no align launch
         expert = tl.load(sorted_ids_ptr + pid_m).to(tl.int64)
         if (expert < expert_lo) | (expert >= expert_hi):
-            if CAST_OUT:  # every program of the column block counts, or its last one never comes
-                _cast_when_last(out_ptr, cast_ptr, count_ptr, pid_n, num_edges * SPLIT_K, N, stride_on, BLOCK_N)
             return
         offs_m = tl.arange(0, BLOCK_M)
         row_mask = offs_m == 0
@@ -399,8 +390,6 @@ def _expert_gemm_kernel(
         o_ptrs = out_ptr + token[:, None] * stride_om + offs_n[None, :] * stride_on
         if ATOMIC:
             tl.atomic_add(o_ptrs, y, mask=out_mask, sem="relaxed")
-            if CAST_OUT:
-                _cast_when_last(out_ptr, cast_ptr, count_ptr, pid_n, num_edges * SPLIT_K, N, stride_on, BLOCK_N)
         else:
             tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=out_mask)
 
@@ -440,17 +429,14 @@ def mx_swap_supported(w_scale: torch.Tensor, k: int, block_k: int) -> bool:
 
 
 def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_k, n, k, kfmt, gated,
-            atomic, cfg, zero=None, experts=None, quant_out=None, cast_out=None):
+            atomic, cfg, zero=None, experts=None, quant_out=None):
     sorted_ids, block_expert, num_padded = align
     edge_tiles = block_expert is None  # align = (topk_ids flattened, None, None): one tile per edge
     split_k = cfg.get("SPLIT_K", 1)
-    if (quant_out is not None or cast_out is not None) and not (edge_tiles and experts is None):
-        raise ValueError("the fused quantization and cast epilogues run on the M=1 tiles (one per edge) only")
+    if quant_out is not None and not (edge_tiles and experts is None):
+        raise ValueError("the quantizing epilogue runs on the M=1 tiles (one per edge) only")
     if quant_out is not None and (not gated or FP8_GROUP % cfg["BLOCK_N"]):
         raise ValueError(f"the quantizing epilogue is stage 1's, with BLOCK_N dividing {FP8_GROUP}")
-    if cast_out is not None and (not atomic or out.shape[0] != 1 or cast_out[0].shape != out.shape
-                                 or cast_out[1].numel() < triton.cdiv(n, cfg["BLOCK_N"])):
-        raise ValueError("the casting epilogue is stage 2's at M=1 with top_k > 1 (atomic float32 accumulator)")
     if kfmt == KernelFormat.FP8_W8A8 and a_scale is None:
         raise ValueError("fp8 w8a8 takes the activations quantized (`act_quant.quantize_act_fp8`) with their scales")
     if kfmt == KernelFormat.MXFP4_NATIVE and (a_scale is None or a.dtype != torch.float8_e4m3fn):
@@ -478,8 +464,6 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
     if quant_out is not None:  # (fp8 [edges, n], float32 scales [edges, ceil(n/128)], int32 counters, zeroed)
         *quant_out, counts = quant_out
         q_strides = (quant_out[0].stride(0), quant_out[1].stride(0))
-    elif cast_out is not None:  # (the output, int32 counters per column block, zeroed)
-        cast_out, counts = cast_out
     _expert_gemm_kernel[(programs,)](
         a, a_scale, w, w_scale, out, topk_w,
         sorted_ids, sorted_ids if edge_tiles else block_expert, sorted_ids if edge_tiles else num_padded,
@@ -489,14 +473,13 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         out.stride(0), out.stride(1),
         zero if zero is not None else out, 0 if zero is None else zero.numel(), *(experts or (0, w.shape[0])),
         counts if counts is not None else out, *(quant_out or (out, out)), q_strides[0], q_strides[1],
-        cast_out if cast_out is not None else out,
         GATED=gated, ATOMIC=atomic, FMT=int(kfmt), A_FMT=_a_fmt(a.dtype),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP,
         EDGE_TILES=edge_tiles, SPLIT_K=split_k,
         ZBLOCK=zblock, PTX=has_ptx(), JOIN_K=cfg.get("JOIN_K", False), SWAP_AB=swap, MX_WORD=mx_word,
         MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0,
-        QUANT_OUT=quant_out is not None, CAST_OUT=cast_out is not None, TILE_ROWS=int(tile_rows),
+        QUANT_OUT=quant_out is not None, TILE_ROWS=int(tile_rows),
         ALIGN_M=cfg["BLOCK_M"] * (2 if tile_rows == TileRows.LOWER_HALF else 1),
         FP8_MAX=fp8_max(quant_out[0].dtype) if quant_out is not None else 1.0, ROUND_E4M3=interpreting(),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
@@ -522,16 +505,14 @@ def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, kfmt
 
 
 def down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, *, top_k: int, kfmt: int,
-                 cfg: dict, experts: tuple[int, int] | None = None, cast_out: tuple | None = None) -> None:
+                 cfg: dict, experts: tuple[int, int] | None = None) -> None:
     """Stage 2: out[token] (+)= topk_weights[edge] * inter[edge] W2[e]^T.
 
     inter [M*top_k, I] (fp8 w8a8: fp8 with inter_scale [M*top_k, ceil(I/128)]; native mxfp4: e4m3 with e8m0
     inter_scale [M*top_k, ceil(I/32)]), w2 [E, H, I(/2)], out [M, H]:
     fp32 and accumulated with atomics when top_k > 1 (the caller zeroes it; cfg SPLIT_K > 1 then also
     splits K over programs), any float dtype and plainly stored when top_k == 1. `experts` as in `gate_up_swiglu`.
-    `cast_out` = (y [1, H], int32 counters [ceil(H/BLOCK_N)] zeroed): the M=1 tiles also write the finished sum
-    to y in its dtype (the last program to add into a column block writes it).
     """
     _launch(inter, inter_scale, w2, w2_scale, out, topk_weights.reshape(-1), align, num_edges=inter.shape[0],
             top_k=top_k, n=out.shape[1], k=inter.shape[1], kfmt=kfmt, gated=False, atomic=top_k > 1, cfg=cfg,
-            experts=experts, cast_out=cast_out)
+            experts=experts)
