@@ -313,7 +313,8 @@ def plot(out: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = [*METRICS, *ENGINE_METRICS, "prefix_hit_rate"]
-    fig, axes = plt.subplots(1, len(names), figsize=(2.9 * len(names), 3.6))
+    fig, grid = plt.subplots(2, math.ceil(len(names) / 2), figsize=(3.3 * math.ceil(len(names) / 2), 6.6))
+    axes = grid.ravel()
     loads = [ld["load"] for ld in out["loads"]]
     for ax, m in zip(axes, names):
         for i, ld in enumerate(out["loads"]):
