@@ -89,6 +89,45 @@ def ratios(series: dict[str, list[dict[str, Any]]], base: str = "prefix", steps:
     return out
 
 
+def hash_shares(sessions_dir: str, model: str, replicas: int, levels: list[int]) -> dict[str, Any]:
+    """Where `session_hash` puts the work, without running the fleet: every request of the sweep's sessions (as
+    the driver releases them, think times passing instantly) goes to the replica its session key owns on the
+    policy's ring (`routing.hash_ring`, the replay's replica ids), and each replica adds up the floor prefill
+    time of its requests (`metrics.ttft_floor_s` less the frontend) and their output tokens. Returns, per session
+    count, each replica's share over the mean."""
+    from zoe_cluster.agentic.metrics import ttft_floor_s
+    from zoe_cluster.agentic.options import SessionOptions
+    from zoe_cluster.recipes import RecipeRegistry
+    from zoe_cluster.routing.hash_ring import HashRing
+    from zoe_cluster.routing.policies import SessionHashConfig
+    from zoe_cluster.sim.calibrate import calibrate
+
+    recipe = RecipeRegistry.default().get(model)
+    v = recipe.variant(recipe.default_variant)
+    m = calibrate(recipe, recipe.default_variant).model
+    ids = [f"sim/{i}/0" for i in range(replicas)]
+    ring = HashRing(SessionHashConfig().points_per_replica, ids)
+    out: dict[str, Any] = {}
+    for live in levels:
+        driver = SessionOptions(live, max_input_tokens=recipe.architecture.max_context_tokens).driver(sessions_dir)
+        driver.start(0.0)
+        prefill_s = dict.fromkeys(ids, 0.0)
+        output = dict.fromkeys(ids, 0)
+        now = 0.0
+        while not driver.done:
+            now = max(now, driver.next_release_s())
+            call = driver.pop()
+            rid = ring.lookup(call.session_key, lambda r: True)
+            prefill_s[rid] += ttft_floor_s(m, v.max_num_batched_tokens, call.input_tokens,
+                                           call.reusable_blocks * call.block_tokens) - m.frontend_s
+            output[rid] += call.output_tokens
+            driver.finished(call, now)
+        mean_p, mean_o = sum(prefill_s.values()) / replicas, sum(output.values()) / replicas
+        out[str(live)] = {"prefill_share": [round(prefill_s[r] / mean_p, 3) for r in ids],
+                          "output_share": [round(output[r] / mean_o, 3) for r in ids]}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions-dir", default=str(REPO.parent / "shared/traces/agentic"))
@@ -103,6 +142,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(HERE / "sweep.json"))
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot and the ratios from --out")
+    ap.add_argument("--hash-shares", action="store_true",
+                    help="also store where session_hash's ring puts the sessions' work (session_hash_shares)")
     ap.add_argument("--add", action="store_true",
                     help="add this run's points to --out's sweep (same setup), replacing points of the same policy "
                          "and session count")
@@ -147,6 +188,9 @@ def main() -> None:
                       "long_prefill_token_threshold": args.long_prefill_token_threshold},
             "series": series,
         }
+    if args.hash_shares:
+        levels = sorted({p["live_sessions"] for pts in doc["series"].values() for p in pts})
+        doc["session_hash_shares"] = hash_shares(args.sessions_dir, args.model, args.replicas, levels)
     doc["ratio_at_equal_p90_interactivity"] = ratios(doc["series"])
     out.write_text(json.dumps(doc, indent=2) + "\n")
     plot(doc, out.with_suffix(".png"))
