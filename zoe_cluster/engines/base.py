@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 
-from zoe_cluster.recipes import Recipe
-from zoe_cluster.recipes.profile import kv_capacity_tokens
+if TYPE_CHECKING:  # recipes (pydantic schema) load only where a command is built: the router needs none
+    from zoe_cluster.recipes import Recipe
 
 Platform = Literal["rocm", "cuda", "cpu"]
 
@@ -113,6 +113,8 @@ class EngineAdapter:
 
     def kv_capacity_tokens(self, recipe: Recipe, variant: str, engine_env: dict[str, str]) -> int:
         """KV-cache tokens one replica of `variant` holds (what the router sizes its prefix index to)."""
+        from zoe_cluster.recipes.profile import kv_capacity_tokens
+
         return max(1, kv_capacity_tokens(recipe, variant))
 
 

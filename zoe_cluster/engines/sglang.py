@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from zoe_cluster.engines.base import (EngineAdapter, EngineCommand, EngineStats, LaunchContext, kv_events_config,
                                       visible_devices_env)
 from zoe_cluster.engines.metrics_text import engine_stats
 from zoe_cluster.engines.vllm import kernel_env
-from zoe_cluster.recipes import Recipe, SglangVariant
+
+if TYPE_CHECKING:  # recipes load only where a command is built
+    from zoe_cluster.recipes import Recipe
 
 _KV_DTYPE = {"fp8": "fp8_e4m3", "bf16": "bf16", "auto": "auto"}
 # SGLang's names for the drafting methods; NEXTN is its name for DeepSeek/GLM-style MTP (run by EAGLE's worker).
@@ -31,6 +35,8 @@ class SglangAdapter(EngineAdapter):
     metric_names = _METRICS
 
     def command(self, recipe: Recipe, variant: str, ctx: LaunchContext) -> EngineCommand:
+        from zoe_cluster.recipes import SglangVariant
+
         v = recipe.variant(variant)
         if not isinstance(v, SglangVariant):
             raise ValueError(f"{recipe.name}/{variant} is a {v.engine} variant, not sglang")

@@ -10,11 +10,14 @@ option defaults.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from zoe_cluster.engines.base import EngineAdapter, EngineCommand, EngineStats, LaunchContext
 from zoe_cluster.engines.sglang import SglangAdapter
 from zoe_cluster.engines.vllm import VllmAdapter
-from zoe_cluster.recipes import Recipe
+
+if TYPE_CHECKING:  # recipes load only where a command is built
+    from zoe_cluster.recipes import Recipe
 
 
 class SimAdapter(EngineAdapter):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from zoe_cluster.engines.base import (EngineAdapter, EngineCommand, EngineStats, LaunchContext, kv_events_config,
                                       visible_devices_env)
 from zoe_cluster.engines.metrics_text import engine_stats
-from zoe_cluster.recipes import Recipe, VllmVariant
+
+if TYPE_CHECKING:  # recipes load only where a command is built
+    from zoe_cluster.recipes import Recipe
 
 # vLLM names the KV-cache dtype of FP8 storage "fp8"; "auto" follows the model dtype.
 _KV_DTYPE = {"fp8": "fp8", "bf16": "bfloat16", "auto": "auto"}
@@ -59,6 +62,8 @@ class VllmAdapter(EngineAdapter):
     places_own_workers = True  # multi-node: `vllm serve` on node 0 places its workers through Ray
 
     def command(self, recipe: Recipe, variant: str, ctx: LaunchContext) -> EngineCommand:
+        from zoe_cluster.recipes import VllmVariant
+
         v = recipe.variant(variant)
         if not isinstance(v, VllmVariant):
             raise ValueError(f"{recipe.name}/{variant} is a {v.engine} variant, not vllm")
