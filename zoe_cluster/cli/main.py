@@ -31,7 +31,7 @@ COMMAND_AREAS: dict[str, str] = {
     "k8s": "k8s",
 }
 """Each top-level command and the area module (`zoe_cluster.cli.<area>`) whose `register(app)` adds it, in the
-order `zoe --help` lists them. tests/cli/test_cli.py checks it against what every area registers."""
+order `zoe --help` lists them. tests/cli/test_lazy_start.py checks it against what every area registers."""
 
 
 class LazyCommands(MutableMapping):
