@@ -19,16 +19,20 @@ MODEL = StepModel(decode_base_s=0.0, decode_per_expert_s=0.0, decode_per_token_s
 BUDGET = 1000
 
 
+def _run(core: EngineCore) -> None:
+    now = 0.0
+    while (step := core.schedule(now)) is not None:
+        now += step.duration_s
+        core.complete(step, now)
+
+
 def _ttfts(cap: LongPrefillCap) -> tuple[float, float]:
     """TTFT of a 5,000-token prompt and of a 200-token one queued right behind it (1 output token each)."""
     core = EngineCore(MODEL, PrefixCache(1000, 16), 8, BUDGET, cap)
     long, short = SimRequest("long", 5000, 1), SimRequest("short", 200, 1)
     core.add(long)
     core.add(short)
-    now = 0.0
-    while (step := core.schedule(now)) is not None:
-        now += step.duration_s
-        core.complete(step, now)
+    _run(core)
     return long.first_token_s, short.first_token_s
 
 
@@ -77,10 +81,7 @@ def test_the_floor_uses_a_lone_requests_chunk():
     core = EngineCore(MODEL, PrefixCache(1000, 16), 8, BUDGET, cap)
     req = SimRequest("a", 5000, 1)
     core.add(req)
-    now = 0.0
-    while (step := core.schedule(now)) is not None:
-        now += step.duration_s
-        core.complete(step, now)
+    _run(core)
     assert ttft_floor_s(MODEL, cap.lone_chunk_tokens(BUDGET), 5000, 0) == pytest.approx(req.first_token_s)
 
 
