@@ -100,6 +100,12 @@ def register(app: typer.Typer) -> None:
             help="Keep the last applied membership in this file and start from it (a restarted router serves its "
             "replicas before the controller's next push).",
         ),
+        picture_peers: Optional[str] = typer.Option(
+            None, "--picture-peers",
+            help="Peer routers' base URLs, comma-separated (http://host:port; a headless Service name reaches every "
+            "pod): at start without a picture file, their pictures (and membership, when none) are pulled with the "
+            "admin key, for at most 3 s (--config-json '{\"picture_peer_timeout_s\": S}').",
+        ),
         drain_delay_s: float = typer.Option(
             0.0, "--drain-delay-s", min=0,
             help="On SIGTERM, keep serving this long while /health answers 503 (load balancers take the router "
@@ -137,6 +143,7 @@ def register(app: typer.Typer) -> None:
                 max_context_tokens=max_context_tokens, kv_events_endpoint=kv_events_endpoint,
                 migration_limit=migration_limit, membership_file=membership_file,
                 drain_delay_s=drain_delay_s, drain_timeout_s=drain_timeout_s,
+                picture_peers=[u.strip() for u in (picture_peers or "").split(",") if u.strip()],
             )
             cfg = RouterConfig(**{**flags, **extra})  # --config-json fields win over the flags
             fields = dict(kv_capacity_tokens=kv_capacity_tokens, host_kv_capacity_tokens=host_kv_capacity_tokens,

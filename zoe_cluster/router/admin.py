@@ -2,7 +2,8 @@
 
 The admin API (membership push, drain, the load report) needs the admin bearer key and is disabled (403) without
 one; see `zoe_cluster.router.membership` for the membership contract, `zoe_cluster.routing.load_report` for the
-load's. `GET /admin/membership` also shows the policy's `describe()`, which is debug output: nothing parses it.
+load's. `GET /admin/picture` answers the router's picture and the membership it applied, in the picture file's
+format (`zoe_cluster.router.picture_store`), for a peer router starting without one. `GET /admin/membership` also shows the policy's `describe()`, which is debug output: nothing parses it.
 /metrics needs the `metrics_key` bearer key when one is set. Every error is in the one shape of
 `zoe_cluster.router.errors`.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hmac
 from typing import TYPE_CHECKING
 
+import msgpack
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -22,7 +24,7 @@ from starlette.routing import Route
 from zoe_cluster.config_errors import validation_problems
 from zoe_cluster.router.errors import error_body
 from zoe_cluster.router.membership import Membership
-from zoe_cluster.router.picture_store import picture_summary
+from zoe_cluster.router.picture_store import PICTURE_MEDIA_TYPE, PICTURE_PATH, capture_picture, picture_summary
 from zoe_cluster.router.replicas import StaleMembership
 
 if TYPE_CHECKING:
@@ -59,6 +61,7 @@ class AuxRoutes:
             Route("/metrics", self._metrics, methods=["GET"]),
             Route("/admin/membership", self._admin_membership, methods=["GET", "PUT"]),
             Route("/admin/load", self._admin_load, methods=["GET"]),
+            Route(PICTURE_PATH, self._admin_picture, methods=["GET"]),
             Route("/admin/replicas/{replica_id:path}/drain", self._admin_drain, methods=["POST"]),
             Route("/admin/replicas/{replica_id:path}/undrain", self._admin_drain, methods=["POST"]),
         ]
@@ -122,6 +125,16 @@ class AuxRoutes:
             return denied
         report = self.router.load_ledger.report(st.view for st in self.router.replicas)
         return Response(report.model_dump_json(), media_type="application/json")
+
+    async def _admin_picture(self, request: Request) -> Response:
+        """The picture (prefix indexes, KV-event mirrors and positions) and the applied membership, msgpack: what a
+        router started with `picture_peers` restores."""
+        if (denied := self._admin_denied(request)) is not None:
+            return denied
+        doc = capture_picture(self.router)
+        m = self.router.replicas.membership
+        doc["membership"] = m.model_dump(mode="json") if m is not None else None
+        return Response(msgpack.packb(doc, use_bin_type=True), media_type=PICTURE_MEDIA_TYPE)
 
     async def _admin_drain(self, request: Request) -> Response:
         if (denied := self._admin_denied(request)) is not None:

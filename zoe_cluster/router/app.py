@@ -18,7 +18,8 @@ keep-alive connections. A connection failure, a timeout or a stall before the re
 continues the stream on another replica (`router.migration`, up to `migration_limit` times) or, when it cannot,
 ends it with an SSE error event and `[DONE]`. Sending upstream and relaying answers is `router.forwarding`, a mixin
 of `Router`. With `membership_file`, the last applied membership is kept there and read at start
-(`router.membership_store`), and the picture (prefix indexes, KV-event mirrors) beside it (`router.picture_store`).
+(`router.membership_store`), and the picture (prefix indexes, KV-event mirrors) beside it (`router.picture_store`);
+without a picture file, `picture_peers` are asked for theirs at start (bounded by `picture_peer_timeout_s`).
 Precise mode: the router subscribes to every KV-event publisher the membership lists (`router.kv_events`). A client disconnect cancels the upstream request (its connection is
 closed, so the engine aborts it). Finished requests feed the replica's time-per-output-token average, from which
 `router.slowness` judges replicas slow. Errors, the router's and the engines', reach the client in one shape
@@ -40,6 +41,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
 
 from zoe_cluster.metrics import build_metrics
 from zoe_cluster.router.admin import AuxRoutes
@@ -50,7 +52,7 @@ from zoe_cluster.router.health import HealthChecker
 from zoe_cluster.router.kv_events import KvEventSubscriber
 from zoe_cluster.router.membership import MemberReplica, Membership
 from zoe_cluster.router.membership_store import load_membership, save_membership
-from zoe_cluster.router.picture_store import PictureKeeper, picture_path
+from zoe_cluster.router.picture_store import PictureKeeper, apply_picture, picture_path, pull_picture
 from zoe_cluster.router.forwarding import Forwarding, _Attempt
 from zoe_cluster.router.replicas import ReplicaSet
 from zoe_cluster.router.request_checks import RequestError, check_sampling, parse_json_body
@@ -154,8 +156,9 @@ class Router(Forwarding):
     async def start(self) -> None:
         if self.upstream is None:
             self.upstream = UpstreamPool(connect_timeout_s=self.config.connect_timeout_s)
-        self.health.start()
         if self.kv_events is None:
+            pulled = await self._pull_picture()
+            self.health.start()
             self.kv_events = KvEventSubscriber(self.policy.on_cache_evicted, known=lambda rid: rid in self.replicas.by_id,
                                                bind_endpoint=self.config.kv_events_endpoint)
             self.kv_events.start()
@@ -164,7 +167,31 @@ class Router(Forwarding):
                                              self.config.picture_save_s)
                 self.picture.restore()  # before following: the saved sequence numbers say where replay resumes
                 self.picture.start()
+            if pulled is not None:
+                n = apply_picture(self, pulled, "peers' picture")
+                _log.info("picture of %d replicas restored from peers %s", n, ", ".join(self.config.picture_peers))
             self.kv_events.follow(m.member for m in self.replicas.by_id.values())
+        else:
+            self.health.start()
+
+    async def _pull_picture(self) -> dict | None:
+        """With `picture_peers` and no picture file: the peers' merged picture (`picture_store.pull_picture`);
+        a router without membership applies the first answer's (not followed yet: `start` follows after the
+        picture set the sequence numbers)."""
+        cfg = self.config
+        if not cfg.picture_peers or (cfg.membership_file and picture_path(cfg.membership_file).exists()):
+            return None
+        doc = await pull_picture(cfg.picture_peers, cfg.admin_key, cfg.picture_peer_timeout_s)
+        if doc is None:
+            _log.warning("no picture peer answered (%s): starting with an empty picture",
+                         ", ".join(cfg.picture_peers))
+            return None
+        if self.replicas.version is None and doc.get("membership"):
+            try:
+                self.apply_membership(Membership.model_validate(doc["membership"]))
+            except ValidationError as e:
+                _log.warning("the peers' membership is not valid (%s): not used", e)
+        return doc
 
     async def stop(self) -> None:
         await self.health.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -84,6 +85,18 @@ class RouterConfig(BaseModel):
         "and the event sequence numbers applied) beside it, also saved at shutdown and read at start "
         "(zoe_cluster.router.picture_store); 0: only at shutdown.",
     )
+    picture_peers: list[str] = Field(
+        default_factory=list,
+        description="Base URLs (http://host:port) of peer routers asked for their picture at start when no picture "
+        "file is there (a new pod): every address a host resolves to is asked (a headless Service names every pod), "
+        "the answers are merged, and a router without membership takes the first answer's "
+        "(zoe_cluster.router.picture_store.pull_picture); the admin key authenticates to them.",
+    )
+    picture_peer_timeout_s: float = Field(
+        default=3.0, gt=0,
+        description="Longest wait for the picture_peers at start, all together; peers that fail or are late are "
+        "skipped with a log line, and the router serves without their picture.",
+    )
     drain_delay_s: float = Field(
         default=0.0, ge=0,
         description="On SIGTERM: keep serving this long while /health answers 503, so load balancers stop sending "
@@ -140,4 +153,9 @@ class RouterConfig(BaseModel):
         bad = [s for s in self.retry_statuses if not 500 <= s <= 599]
         if bad:
             raise ValueError(f"retry_statuses: only 5xx statuses may be retried, got {bad}")
+        for url in self.picture_peers:
+            parts = urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise ValueError(f"picture_peers: '{url}' is not an http://host[:port] URL (peers are asked over "
+                                 "plain HTTP inside the cluster)")
         return self

@@ -15,17 +15,29 @@ batches from that sequence number on (`zoe_cluster.router.kv_events`): the evict
 applied to the restored index. What a SIGKILL loses is what happened since the last save (at most
 `save_every_s` of routing decisions; evictions are replayed). A file that does not parse is logged and ignored.
 The format is msgpack with a version number; an unknown version is ignored the same way.
+
+A router that starts without a picture file (a new pod) can pull the picture from its peers instead
+(`RouterConfig.picture_peers`): each peer answers `GET /admin/picture` (admin key) with the same document plus the
+membership it applied. `pull_picture` asks every peer, and every address a peer's host name resolves to (a
+headless Service names all router pods), at once, within `picture_peer_timeout_s` in all; a peer that fails or
+is late is skipped with a log line. The answers are merged (`merge_pictures`: per replica, the union of the block
+hashes; mirrors and sequence numbers from the first answer), and a router without membership adopts the first
+answer's membership before the picture is applied, as from the file: only replicas this router lists.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import logging
 import os
+import socket
+import time
 from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import msgpack
 
@@ -37,6 +49,9 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
+PICTURE_PATH = "/admin/picture"
+"""The admin endpoint that answers a router's picture (msgpack, `PICTURE_MEDIA_TYPE`)."""
+PICTURE_MEDIA_TYPE = "application/msgpack"
 
 
 def picture_path(membership_file: str | Path) -> Path:
@@ -76,6 +91,142 @@ def picture_summary(router: "Router") -> dict[str, Any]:
     return out
 
 
+def capture_picture(router: "Router") -> dict[str, Any]:
+    """The router's picture as a msgpack-able document (what the file and `GET /admin/picture` hold)."""
+    r = router
+    policy = _indexes_of(r.policy)
+    sub = r.kv_events
+    seqs = sub.next_seqs() if sub is not None else {}
+    replicas: dict[str, Any] = {}
+    for rid in r.replicas.by_id:
+        entry: dict[str, Any] = {}
+        idx: PrefixIndex | None = policy.index_of(rid) if policy is not None else None
+        if idx is not None:
+            hbm, host = idx.snapshot()
+            entry["hbm"], entry["host"] = _hashes(hbm), _hashes(host)
+        mirror = sub.mirrors.get(rid) if sub is not None else None
+        if mirror is not None:
+            entry["mirror"] = {"block_size": mirror.block_size, "gaps": mirror.gaps, "history": mirror.history,
+                               "ranks": [[k, c.blocks, c.last_seq] for k, c in mirror.ranks.items()]}
+        entry["next_seq"] = {ep: n for (rr, ep), n in seqs.items() if rr == rid}
+        replicas[rid] = entry
+    return {"format": FORMAT_VERSION, "block_tokens": r.config.block_tokens, "replicas": replicas}
+
+
+def apply_picture(router: "Router", doc: dict[str, Any], source: str) -> int:
+    """Restore `doc` into the router for the replicas it lists; returns how many were restored. `source` names
+    where `doc` came from in log lines."""
+    r = router
+    if doc.get("format") != FORMAT_VERSION or doc.get("block_tokens") != r.config.block_tokens:
+        _log.warning("%s has format %s / block_tokens %s, this router %s / %s: not used",
+                     source, doc.get("format"), doc.get("block_tokens"), FORMAT_VERSION, r.config.block_tokens)
+        return 0
+    policy = _indexes_of(r.policy)
+    sub = r.kv_events
+    restored = 0
+    for rid, entry in doc.get("replicas", {}).items():
+        st = r.replicas.by_id.get(rid)
+        if st is None:
+            continue  # no longer a member (or another generation): its picture is not this replica's
+        if policy is not None and "hbm" in entry:
+            policy.index(st.view, r.config.block_tokens).restore(_unhash(entry["hbm"]), _unhash(entry["host"]))
+        if sub is not None and "mirror" in entry:
+            m = entry["mirror"]
+            sub.mirrors[rid] = ReplicaCacheMirror(
+                block_size=m["block_size"], gaps=m["gaps"], history=dict(m["history"]),
+                ranks={k: RankCache(blocks, seq) for k, blocks, seq in m["ranks"]})
+        if sub is not None:
+            sub.resume_seq.update({(rid, ep): n for ep, n in entry.get("next_seq", {}).items()})
+        restored += 1
+    return restored
+
+
+def merge_pictures(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One picture from several routers' (`docs[0]` first): per replica the union of the block hashes, the first
+    document's most recently used; the KV-event mirror and sequence numbers of the first document that has them.
+    Documents of another format or block size than the first are left out."""
+    first = docs[0]
+    out = {**first, "replicas": {rid: dict(e) for rid, e in first.get("replicas", {}).items()}}
+    for doc in docs[1:]:
+        if doc.get("format") != first.get("format") or doc.get("block_tokens") != first.get("block_tokens"):
+            continue
+        for rid, entry in doc.get("replicas", {}).items():
+            mine = out["replicas"].setdefault(rid, dict(entry))
+            if mine is entry or mine == entry:
+                continue
+            for tier in ("hbm", "host"):
+                if tier in entry:  # least recently used first: the other's blocks go before the first's
+                    ours = _unhash(mine.get(tier, b""))
+                    known = set(ours)
+                    mine[tier] = _hashes([h for h in dict.fromkeys(_unhash(entry[tier])) if h not in known] + ours)
+            for key in ("mirror", "next_seq"):
+                if key not in mine and key in entry:
+                    mine[key] = entry[key]
+    return out
+
+
+def _peer_addresses(url: str) -> list[tuple[str, str, int]]:
+    """(peer url, address, port) for every address the peer's host resolves to (a headless Service: every pod)."""
+    parts = urlsplit(url)
+    port = parts.port or 80
+    infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    return [(url, addr, port) for addr in dict.fromkeys(i[4][0] for i in infos)]
+
+
+def _fetch(url: str, addr: str, port: int, admin_key: str | None, timeout_s: float) -> dict[str, Any]:
+    conn = http.client.HTTPConnection(addr, port, timeout=timeout_s)
+    try:
+        headers = {"Host": urlsplit(url).netloc, "Accept": PICTURE_MEDIA_TYPE}
+        if admin_key:
+            headers["Authorization"] = f"Bearer {admin_key}"
+        conn.request("GET", urlsplit(url).path.rstrip("/") + PICTURE_PATH, headers=headers)
+        resp = conn.getresponse()
+        raw = resp.read()
+        if resp.status != 200:
+            raise OSError(f"HTTP {resp.status}: {raw[:200].decode('utf-8', 'replace')}")
+        doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        if not isinstance(doc, dict):
+            raise ValueError("not a map")
+        return doc
+    finally:
+        conn.close()
+
+
+async def pull_picture(peers: list[str], admin_key: str | None, timeout_s: float) -> dict[str, Any] | None:
+    """The merged pictures of the peers that answered within `timeout_s` (in the order of `peers`), with the first
+    answer's `membership`; None when none did. Never raises: each failure is a log line."""
+    deadline = time.monotonic() + timeout_s
+
+    async def one(url: str) -> list[dict[str, Any]]:
+        try:
+            targets = await asyncio.to_thread(_peer_addresses, url)
+        except OSError as e:
+            _log.warning("picture peer %s: cannot resolve (%s): skipped", url, e)
+            return []
+        left = max(0.05, deadline - time.monotonic())
+        answers = await asyncio.gather(*(asyncio.to_thread(_fetch, *t, admin_key, left) for t in targets),
+                                       return_exceptions=True)
+        docs = []
+        for (_, addr, port), a in zip(targets, answers):
+            if isinstance(a, BaseException):
+                _log.warning("picture peer %s (%s:%s) failed: %s: skipped", url, addr, port, a)
+            else:
+                docs.append(a)
+        return docs
+
+    tasks = [asyncio.ensure_future(one(u)) for u in peers]
+    done, late = await asyncio.wait(tasks, timeout=timeout_s)
+    for t in late:
+        t.cancel()
+        _log.warning("picture peer %s did not answer within %g s: skipped", peers[tasks.index(t)], timeout_s)
+    docs = [d for t in tasks if t in done for d in t.result()]
+    if not docs:
+        return None
+    merged = merge_pictures(docs)
+    merged["membership"] = next((d["membership"] for d in docs if d.get("membership")), None)
+    return merged
+
+
 class PictureKeeper:
     """Saves and restores one router's picture (see the module docstring)."""
 
@@ -86,54 +237,13 @@ class PictureKeeper:
         self.saves = 0
         self._task: asyncio.Task | None = None
 
-    # ------------------------------------------------------------------ capture / apply (pure of files)
     def capture(self) -> dict[str, Any]:
         """The picture as a msgpack-able document."""
-        r = self.router
-        policy = _indexes_of(r.policy)
-        sub = r.kv_events
-        seqs = sub.next_seqs() if sub is not None else {}
-        replicas: dict[str, Any] = {}
-        for rid in r.replicas.by_id:
-            entry: dict[str, Any] = {}
-            idx: PrefixIndex | None = policy.index_of(rid) if policy is not None else None
-            if idx is not None:
-                hbm, host = idx.snapshot()
-                entry["hbm"], entry["host"] = _hashes(hbm), _hashes(host)
-            mirror = sub.mirrors.get(rid) if sub is not None else None
-            if mirror is not None:
-                entry["mirror"] = {"block_size": mirror.block_size, "gaps": mirror.gaps, "history": mirror.history,
-                                   "ranks": [[k, c.blocks, c.last_seq] for k, c in mirror.ranks.items()]}
-            entry["next_seq"] = {ep: n for (rr, ep), n in seqs.items() if rr == rid}
-            replicas[rid] = entry
-        return {"format": FORMAT_VERSION, "block_tokens": r.config.block_tokens, "replicas": replicas}
+        return capture_picture(self.router)
 
     def apply(self, doc: dict[str, Any]) -> int:
         """Restore `doc` into the router; returns the replicas whose picture was restored."""
-        r = self.router
-        if doc.get("format") != FORMAT_VERSION or doc.get("block_tokens") != r.config.block_tokens:
-            _log.warning("picture file %s has format %s / block_tokens %s, this router %s / %s: not used",
-                         self.path, doc.get("format"), doc.get("block_tokens"), FORMAT_VERSION,
-                         r.config.block_tokens)
-            return 0
-        policy = _indexes_of(r.policy)
-        sub = r.kv_events
-        restored = 0
-        for rid, entry in doc.get("replicas", {}).items():
-            st = r.replicas.by_id.get(rid)
-            if st is None:
-                continue  # no longer a member (or another generation): its picture is not this replica's
-            if policy is not None and "hbm" in entry:
-                policy.index(st.view, r.config.block_tokens).restore(_unhash(entry["hbm"]), _unhash(entry["host"]))
-            if sub is not None and "mirror" in entry:
-                m = entry["mirror"]
-                sub.mirrors[rid] = ReplicaCacheMirror(
-                    block_size=m["block_size"], gaps=m["gaps"], history=dict(m["history"]),
-                    ranks={k: RankCache(blocks, seq) for k, blocks, seq in m["ranks"]})
-            if sub is not None:
-                sub.resume_seq.update({(rid, ep): n for ep, n in entry.get("next_seq", {}).items()})
-            restored += 1
-        return restored
+        return apply_picture(self.router, doc, f"picture file {self.path}")
 
     # ------------------------------------------------------------------ files
     def save(self) -> None:

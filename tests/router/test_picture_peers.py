@@ -1,0 +1,91 @@
+"""A new router pulls its picture (and, without one, its membership) from peer routers at start: two real routers
+on loopback in front of fake engines; a dead peer costs at most the pull's timeout."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+
+from tests.conftest import free_port
+from tests.router.fake_backend import FakeBackend, ServerThread
+from zoe_cluster.router.app import build_router
+from zoe_cluster.router.config import RouterConfig
+from zoe_cluster.router.membership import MemberReplica, Membership
+from zoe_cluster.router.picture_store import _hashes, _unhash, merge_pictures
+
+PROMPTS = [f"session {i} " + f"topic{i} " * 300 for i in range(8)]
+
+
+def _placements(client: httpx.Client) -> list[str]:
+    out = []
+    for p in PROMPTS:
+        r = client.post("/v1/completions", json={"model": "m", "prompt": p, "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        out.append(r.json()["backend"])
+    return out
+
+
+def _matched_tokens(router) -> int:
+    return router._matched_tokens
+
+
+def test_a_new_router_routes_by_the_picture_its_peer_learned(tmp_path):
+    backends = [ServerThread(FakeBackend(f"b{i}").app).start() for i in range(3)]
+    members = [MemberReplica(id=f"d/{i}/1", url=s.url) for i, s in enumerate(backends)]
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    try:
+        a = build_router(RouterConfig(models=["m"], health_interval_s=0, admin_key="k"),
+                         membership=Membership(version=7, replicas=members))
+        with ServerThread(a.app) as sa:
+            with httpx.Client(base_url=sa.url, timeout=10) as c:
+                learned = _placements(c)
+                assert httpx.get(sa.url + "/admin/picture", timeout=5).status_code == 401
+            assert len(set(learned)) > 1  # spread by load at first sight: the picture is what pins them
+            # B starts with no membership and no picture file: both come from A (the dead peer is skipped)
+            b = build_router(RouterConfig(models=["m"], health_interval_s=0, admin_key="k",
+                                          membership_file=str(tmp_path / "b.json"), picture_peers=[dead, sa.url]))
+            with ServerThread(b.app) as sb, httpx.Client(base_url=sb.url, timeout=10) as c:
+                assert b.replicas.version == 7 and set(b.replicas.by_id) == {m.id for m in members}
+                again = _placements(c)
+                assert again == learned
+                assert _matched_tokens(b) > 0.9 * b._prompt_tokens
+            # the control: a router of the same membership without peers places the prompts blind
+            blind = build_router(RouterConfig(models=["m"], health_interval_s=0, admin_key="k"),
+                                 membership=Membership(version=7, replicas=members))
+            with ServerThread(blind.app) as sc, httpx.Client(base_url=sc.url, timeout=10) as c:
+                _placements(c)
+                assert _matched_tokens(blind) == 0
+    finally:
+        for s in backends:
+            s.stop()
+
+
+def test_a_dead_peer_delays_the_start_by_the_timeout_at_most_and_the_router_serves():
+    backend = ServerThread(FakeBackend("b0").app).start()
+    hung = socket.create_server(("127.0.0.1", 0))  # a peer whose kernel accepts connections it never answers
+    try:
+        cfg = RouterConfig(models=["m"], health_interval_s=0, admin_key="k", picture_peer_timeout_s=1.0,
+                           picture_peers=[f"http://127.0.0.1:{free_port()}",
+                                          f"http://127.0.0.1:{hung.getsockname()[1]}"])
+        r = build_router(cfg, membership=Membership(version=1, replicas=[MemberReplica(id="d/0/1", url=backend.url)]))
+        t0 = time.monotonic()
+        with ServerThread(r.app) as s, httpx.Client(base_url=s.url, timeout=10) as c:
+            started_s = time.monotonic() - t0
+            assert c.post("/v1/completions", json={"model": "m", "prompt": "hello", "max_tokens": 2}).status_code == 200
+        assert 0.9 < started_s < 3.0  # waited for the hung peer, and no longer than the timeout
+    finally:
+        backend.stop()
+        hung.close()
+
+
+def test_merged_pictures_keep_every_routers_blocks():
+    a = {"format": 1, "block_tokens": 16, "replicas": {"r/0/1": {"hbm": _hashes([1, 2]), "host": _hashes([])}}}
+    b = {"format": 1, "block_tokens": 16, "replicas": {"r/0/1": {"hbm": _hashes([2, 3]), "host": _hashes([9])},
+                                                         "r/1/1": {"hbm": _hashes([5]), "host": _hashes([])}}}
+    m = merge_pictures([a, b])
+    assert _unhash(m["replicas"]["r/0/1"]["hbm"]) == [3, 1, 2]  # the first answer's blocks most recently used
+    assert _unhash(m["replicas"]["r/0/1"]["host"]) == [9]
+    assert _unhash(m["replicas"]["r/1/1"]["hbm"]) == [5]
+    assert _unhash(a["replicas"]["r/0/1"]["hbm"]) == [1, 2]  # inputs untouched
