@@ -462,6 +462,11 @@ spec:
         - --membership-file
         - /var/lib/zoe-router/membership.json
         {{- end }}
+        {{- if $r.pullPicture }}
+        {{- /* the headless Service resolves to every ready router pod: a starting pod is not ready, so not itself */}}
+        - --picture-peers
+        - {{ printf "http://%s-router-peers.%s.svc:%v" (include "zoe.fullname" .) .Release.Namespace $r.port | quote }}
+        {{- end }}
         - --drain-delay-s
         - {{ $r.drain.delaySeconds | quote }}
         - --drain-timeout-s
