@@ -46,10 +46,11 @@ RETENTION_ARMS = (("prefix", "prefix", {}), ("prefix, thinking sessions not coun
                   ("session_hash", "session_hash", {}))
 
 
-def recipe_with_threshold(model: str, long_prefill_token_threshold: int, image: str | None = None):  # type: ignore[no-untyped-def]
+def recipe_with_threshold(model: str, long_prefill_token_threshold: int, image: str | None = None,  # type: ignore[no-untyped-def]
+                          max_num_batched_tokens: int | None = None):
     """`model`'s recipe, its default variant run with vLLM's `--long-prefill-token-threshold` (0: as written) and,
     when given, another engine image (the twin reads only the vLLM release its tag names: whether the threshold
-    cuts a request that is alone on the engine, as vLLM before 0.32 does)."""
+    cuts a request that is alone on the engine, as vLLM before 0.32 does) and another step token budget."""
     from zoe_cluster.recipes import RecipeRegistry
 
     recipe = RecipeRegistry.default().get(model)
@@ -58,6 +59,8 @@ def recipe_with_threshold(model: str, long_prefill_token_threshold: int, image: 
         update["long_prefill_token_threshold"] = long_prefill_token_threshold
     if image:
         update["image"] = image
+    if max_num_batched_tokens:
+        update["max_num_batched_tokens"] = max_num_batched_tokens
     if update:
         recipe = recipe.model_copy(deep=True)
         name = recipe.default_variant
@@ -68,7 +71,7 @@ def recipe_with_threshold(model: str, long_prefill_token_threshold: int, image: 
 def run_one(traces: str, model: str, replicas: int, live: int, policy: str, host_kv_gb: float,
             policy_options: dict[str, Any] | None = None, kv_tokens: int | None = None,
             long_prefill_token_threshold: int = 0, think_cap_s: float = 60.0,
-            image: str | None = None) -> dict[str, Any]:
+            image: str | None = None, max_num_batched_tokens: int | None = None) -> dict[str, Any]:
     """One closed-loop replay (`zoe sim replay TRACES --sessions LIVE`, the default variant with
     `long_prefill_token_threshold` set when nonzero); its report with the derived columns."""
     from zoe_cluster.agentic.options import SessionOptions
@@ -76,7 +79,7 @@ def run_one(traces: str, model: str, replicas: int, live: int, policy: str, host
     from zoe_cluster.sim.calibrate import calibrate
 
     t0 = time.perf_counter()
-    recipe = recipe_with_threshold(model, long_prefill_token_threshold, image)
+    recipe = recipe_with_threshold(model, long_prefill_token_threshold, image, max_num_batched_tokens)
     opts = SessionOptions(live, think_cap_s=think_cap_s, max_input_tokens=recipe.architecture.max_context_tokens)
     rep = replay_sessions(recipe, recipe.default_variant, opts.driver(traces), replicas, policy,
                           policy_options=policy_options, kv_tokens=kv_tokens, host_kv_gb=host_kv_gb)
@@ -91,6 +94,7 @@ def run_one(traces: str, model: str, replicas: int, live: int, policy: str, host
         "policy_options": policy_options or {}, "kv_tokens": kv_tokens,
         "long_prefill_token_threshold": long_prefill_token_threshold, "think_cap_s": think_cap_s,
         "image": recipe.variant(recipe.default_variant).image,
+        "max_num_batched_tokens": recipe.variant(recipe.default_variant).max_num_batched_tokens,
         "share_of_ceiling": hits / rep["reuse_ceiling"] if rep["reuse_ceiling"] else None,
         "p90_over_floor": rep["ttft_p90_s"] / floor_p90 if floor_p90 else None,
         "prefill_load": prefill_load,
@@ -112,6 +116,8 @@ def main() -> None:
                     help="vLLM's --long-prefill-token-threshold values to run the default variant with (0: unset)")
     ap.add_argument("--engine-image", default=None,
                     help="run the default variant on this image instead (e.g. vllm/vllm-openai-rocm:v0.32.0)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="run the default variant with this step token budget instead")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(HERE / "policies.json"))
     ap.add_argument("--plot-only", action="store_true", help="redraw policies.png from --out")
@@ -130,7 +136,8 @@ def main() -> None:
         rows = []
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
             futs = [pool.submit(run_one, args.traces, args.model, n, live, p, tier,
-                                long_prefill_token_threshold=cap, image=args.engine_image)
+                                long_prefill_token_threshold=cap, image=args.engine_image,
+                                max_num_batched_tokens=args.max_num_batched_tokens)
                     for n, live, p, tier, cap in combos]
             for i, f in enumerate(futs):
                 row = f.result()
