@@ -85,7 +85,8 @@ def test_merged_pictures_keep_every_routers_blocks():
     b = {"format": 1, "block_tokens": 16, "replicas": {"r/0/1": {"hbm": _hashes([2, 3]), "host": _hashes([9])},
                                                          "r/1/1": {"hbm": _hashes([5]), "host": _hashes([])}}}
     m = merge_pictures([a, b])
-    assert _unhash(m["replicas"]["r/0/1"]["hbm"]) == [3, 1, 2]  # the first answer's blocks most recently used
+    # least recently used first; the most recent of each router's alternately, so a cut keeps some of each
+    assert _unhash(m["replicas"]["r/0/1"]["hbm"]) == [1, 3, 2]
     assert _unhash(m["replicas"]["r/0/1"]["host"]) == [9]
     assert _unhash(m["replicas"]["r/1/1"]["hbm"]) == [5]
     assert _unhash(a["replicas"]["r/0/1"]["hbm"]) == [1, 2]  # inputs untouched

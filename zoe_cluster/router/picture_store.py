@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
+import itertools
 import logging
 import os
 import socket
@@ -141,9 +142,20 @@ def apply_picture(router: "Router", doc: dict[str, Any], source: str) -> int:
     return restored
 
 
+def _interleave(ours: list[int], theirs: list[int]) -> list[int]:
+    """Two least-recently-used-first lists as one, most recent of each alternately (ours first), without repeats:
+    neither router's recent blocks are the first cut when the union is trimmed to the replica's capacity."""
+    out: dict[int, None] = {}
+    for pair in itertools.zip_longest(reversed(ours), reversed(theirs)):
+        for h in pair:
+            if h is not None:
+                out.setdefault(h)
+    return list(reversed(out))
+
+
 def merge_pictures(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One picture from several routers' (`docs[0]` first): per replica the union of the block hashes, the first
-    document's most recently used; the KV-event mirror and sequence numbers of the first document that has them.
+    """One picture from several routers' (`docs[0]` first): per replica the union of the block hashes, recency
+    interleaved (`_interleave`); the KV-event mirror and sequence numbers of the first document that has them.
     Documents of another format or block size than the first are left out."""
     first = docs[0]
     out = {**first, "replicas": {rid: dict(e) for rid, e in first.get("replicas", {}).items()}}
@@ -155,10 +167,8 @@ def merge_pictures(docs: list[dict[str, Any]]) -> dict[str, Any]:
             if mine is entry or mine == entry:
                 continue
             for tier in ("hbm", "host"):
-                if tier in entry:  # least recently used first: the other's blocks go before the first's
-                    ours = _unhash(mine.get(tier, b""))
-                    known = set(ours)
-                    mine[tier] = _hashes([h for h in dict.fromkeys(_unhash(entry[tier])) if h not in known] + ours)
+                if tier in entry:
+                    mine[tier] = _hashes(_interleave(_unhash(mine.get(tier, b"")), _unhash(entry[tier])))
             for key in ("mirror", "next_seq"):
                 if key not in mine and key in entry:
                     mine[key] = entry[key]
