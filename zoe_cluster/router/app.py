@@ -176,7 +176,7 @@ class Router(Forwarding):
 
     async def _pull_picture(self) -> dict | None:
         """With `picture_peers` and no picture file: the peers' merged picture (`picture_store.pull_picture`);
-        a router without membership applies the first answer's (not followed yet: `start` follows after the
+        a router without membership applies the newest membership answered (not followed yet: `start` follows after the
         picture set the sequence numbers)."""
         cfg = self.config
         if not cfg.picture_peers or (cfg.membership_file and picture_path(cfg.membership_file).exists()):

@@ -89,7 +89,7 @@ class RouterConfig(BaseModel):
         default_factory=list,
         description="Base URLs (http://host:port) of peer routers asked for their picture at start when no picture "
         "file is there (a new pod): every address a host resolves to is asked (a headless Service names every pod), "
-        "the answers are merged, and a router without membership takes the first answer's "
+        "the answers are merged, and a router without membership takes the newest membership answered "
         "(zoe_cluster.router.picture_store.pull_picture); the admin key authenticates to them.",
     )
     picture_peer_timeout_s: float = Field(

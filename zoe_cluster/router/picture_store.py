@@ -21,8 +21,8 @@ A router that starts without a picture file (a new pod) can pull the picture fro
 membership it applied. `pull_picture` asks every peer, and every address a peer's host name resolves to (a
 headless Service names all router pods), at once, within `picture_peer_timeout_s` in all; a peer that fails or
 is late is skipped with a log line. The answers are merged (`merge_pictures`: per replica, the union of the block
-hashes; mirrors and sequence numbers from the first answer), and a router without membership adopts the first
-answer's membership before the picture is applied, as from the file: only replicas this router lists.
+hashes; mirrors and sequence numbers from the first answer), and a router without membership adopts the newest
+membership among the answers before the picture is applied, as from the file: only replicas this router lists.
 """
 
 from __future__ import annotations
@@ -203,8 +203,8 @@ def _fetch(url: str, addr: str, port: int, admin_key: str | None, timeout_s: flo
 
 
 async def pull_picture(peers: list[str], admin_key: str | None, timeout_s: float) -> dict[str, Any] | None:
-    """The merged pictures of the peers that answered within `timeout_s` (in the order of `peers`), with the first
-    answer's `membership`; None when none did. Never raises: each failure is a log line."""
+    """The merged pictures of the peers that answered within `timeout_s` (in the order of `peers`), with the newest
+    `membership` among the answers; None when none did. Never raises: each failure is a log line."""
     deadline = time.monotonic() + timeout_s
 
     async def one(url: str) -> list[dict[str, Any]]:
@@ -233,7 +233,8 @@ async def pull_picture(peers: list[str], admin_key: str | None, timeout_s: float
     if not docs:
         return None
     merged = merge_pictures(docs)
-    merged["membership"] = next((d["membership"] for d in docs if d.get("membership")), None)
+    merged["membership"] = max((d["membership"] for d in docs if isinstance(d.get("membership"), dict)),
+                               key=lambda m: m.get("version") if isinstance(m.get("version"), int) else -1, default=None)
     return merged
 
 
