@@ -218,9 +218,15 @@ def test_fused_gluon_on_gpu(block_dv, block_kv, stages, splits, with_sink):
     # heads of magnitudes 1e-2 to 1e1: wide score ranges, the running maximum moving across tiles
     args["q"] = (args["q"].float() * torch.logspace(-2, 1, 70)[None, :, None]).to(torch.bfloat16)
     out = _run(args, schedule=4, block_dv=block_dv, block_kv=block_kv, num_stages=stages, splits=splits, **kw)
-    _check(out, _reference(args, **kw), torch.bfloat16)
-    two = _run(args, schedule=3, **kw)
-    assert ((out.float() - two.float()).norm() / two.float().norm()) < 4e-3
+    ref = _reference(args, **kw)
+    _check(out, ref, torch.bfloat16)
+    if block_dv == 512:
+        # two warpgroups keep four score accumulators, so this form is closer to the reference than the two-pass
+        # schedule (H200: 1.9e-3 against 5.4-6.3e-3 on these inputs); the two differ by their errors' sum
+        assert (out.cpu().double() - ref).norm() / ref.norm() < 3e-3
+    else:
+        two = _run(args, schedule=3, **kw)
+        assert ((out.float() - two.float()).norm() / two.float().norm()) < 4e-3
     if not with_sink:
         assert (out[2].cpu() == 0).all()
 
