@@ -421,7 +421,7 @@ class EngineCore:
         base = m.decode_step_s(ntok, ctx0 * tpr)
         if base <= 0:
             return None
-        slope = m.context_per_token_s * tpr * n * acc  # step time grows as contexts grow
+        slope = m.decode_context_s * tpr * n * acc  # decode steps grow as contexts grow
         span = horizon - now
         k = k_fin if span >= base * k_fin else (max(1, int(span // base) + 1) if span > 0 else 1)
         if k <= 1:
