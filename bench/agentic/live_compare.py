@@ -154,6 +154,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="live runs of each zoe router (their spread is the noise)")
     ap.add_argument("--peer-repeats", type=int, default=1, help="live runs of each peer router")
     ap.add_argument("--peer-python", default="/tmp/peers/venv/bin/python")
+    ap.add_argument("--replay-policy", default="prefix", help="the routing policy of the virtual-clock replay")
     ap.add_argument("--out", default=str(HERE / "live_compare.json"))
     args = ap.parse_args()
     from rich.progress import Progress
@@ -179,11 +180,11 @@ def main() -> None:
         opts = SessionOptions(args.sessions, think_cap_s=args.think_cap_s,
                               max_input_tokens=recipe.architecture.max_context_tokens)
         replay_records: list = []
-        replay = replay_sessions(recipe, recipe.default_variant, opts.driver(sessions), args.replicas, "prefix",
-                                 kv_tokens=args.kv_tokens, records_out=replay_records)
-        runs.append({"run": "replay-prefix", "command": f"zoe sim replay <sessions> --sessions {args.sessions} "
-                     f"--model {args.model} --replicas {args.replicas} --policy prefix --think-cap-s "
-                     f"{args.think_cap_s} --json", "report": replay})
+        replay = replay_sessions(recipe, recipe.default_variant, opts.driver(sessions), args.replicas,
+                                 args.replay_policy, kv_tokens=args.kv_tokens, records_out=replay_records)
+        runs.append({"run": f"replay-{args.replay_policy}", "command": f"zoe sim replay <sessions> --sessions "
+                     f"{args.sessions} --model {args.model} --replicas {args.replicas} --policy {args.replay_policy} "
+                     f"--think-cap-s {args.think_cap_s} --json", "report": replay})
         progress.advance(task)
         salt = 0
         for name in routers:
@@ -234,7 +235,7 @@ def plot(doc: dict, path: Path) -> None:
 
     runs = doc["runs"]
     names = [r["run"] + (f" #{r['repeat']}" if r.get("repeat") else "") for r in runs]
-    colors = {"replay-prefix": "tab:gray"}
+    colors = {runs[0]["run"]: "tab:gray"}
     palette = iter(["tab:blue", "tab:red", "tab:green", "tab:orange"])
     for r in runs:
         if r["run"] not in colors:
