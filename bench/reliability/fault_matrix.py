@@ -38,22 +38,18 @@ from pathlib import Path
 
 import httpx
 
+from zoe_cluster.bench.loopback import free_port, wait_http  # noqa: F401  (router_restart/router_join take them from here)
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 ZOE = [sys.executable, "-m", "zoe_cluster.cli.main"]
 SIM_FAULTS = ("none", "kill", "stop", "slow", "5xx", "router_kill", "router_kill_retry", "router_term", "bad_inputs")
 DRAIN = {"drain_delay_s": 2, "drain_timeout_s": 60}
 """router_term's drain settings (the chart's defaults are of the same kind: a few seconds of delay)."""
+ENGINE_START_S = 300.0
+"""Longest wait for an engine's /health at the start (vLLM on the CPU takes minutes)."""
 VLLM_FAULTS = ("hang", "kill")  # on the same two engines: the hung one recovers, then one is killed
 WORDS = "alpha beta gamma delta river stone cloud paper light sound".split()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(argv: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
@@ -69,18 +65,6 @@ def kill_tree(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
     proc.wait(timeout=30)
-
-
-def wait_http(url: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(url)
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -300,7 +284,7 @@ class Bench:
                 self.engines.append(spawn(argv, self.tmp / f"vllm{i}.log", env=vllm_env(1, None, a.vllm_python)))
                 self.engine_urls.append(f"http://127.0.0.1:{p}")
         for u in self.engine_urls:
-            wait_http(u + "/health")
+            wait_http(u + "/health", ENGINE_START_S)
         model = "glm-5.3" if a.engine == "sim" else "tiny"
         for k in range(n_routers):
             p = free_port()
@@ -309,7 +293,7 @@ class Bench:
             self.routers.append(spawn(argv, self.tmp / f"router{k}.log"))
             self.router_urls.append(f"http://127.0.0.1:{p}")
         for u in self.router_urls:
-            wait_http(u + "/health")
+            wait_http(u + "/health", ENGINE_START_S)
 
     def busiest_engine(self) -> int:
         """The engine with the most requests in flight, as the first router counts them."""
