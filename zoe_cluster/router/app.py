@@ -21,8 +21,8 @@ of `Router`. With `membership_file`, the last applied membership is kept there a
 (`router.membership_store`), and the picture (prefix indexes, KV-event mirrors) beside it (`router.picture_store`);
 without a picture file, `picture_peers` are asked for theirs at start (bounded by `picture_peer_timeout_s`).
 Precise mode: the router subscribes to every KV-event publisher the membership lists (`router.kv_events`). A client disconnect cancels the upstream request (its connection is
-closed, so the engine aborts it). Finished requests feed the replica's time-per-output-token average, from which
-`router.slowness` judges replicas slow. Errors, the router's and the engines', reach the client in one shape
+closed, so the engine aborts it). Finished requests feed the replica's latest times per output token, whose median
+`router.slowness` judges against its peers'. Errors, the router's and the engines', reach the client in one shape
 (`router.errors`). Header and body read timeouts and HTTP/1.0 framing are the server's (`router.http_server`).
 
 Hot path: the /v1 POST routes are a plain ASGI handler (no framework dispatch); the rest is a Starlette app.
