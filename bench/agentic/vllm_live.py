@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench/router"))
 sys.path.insert(0, str(HERE))
 from live_compare import SMALL, session_dir  # noqa: E402
-from overhead import free_port, stop, wait_http  # noqa: E402
+from zoe_cluster.bench.loopback import free_port, stop, wait_http  # noqa: E402
 
 ZOE = [sys.executable, "-m", "zoe_cluster.cli.main"]
 

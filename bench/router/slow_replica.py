@@ -24,9 +24,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from live_compare import ZOE, spawn  # noqa: E402  (same folder)
-from overhead import free_port, stop, wait_http  # noqa: E402
+from zoe_cluster.bench.loopback import ZOE, free_port, spawn, stop, wait_http
 
 HERE = Path(__file__).resolve().parent
 
