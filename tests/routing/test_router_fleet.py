@@ -160,3 +160,35 @@ def test_zoe_sim_replay_routers_builds_the_fleet_without_registering_it(tmp_path
     assert FLEET_POLICY not in POLICIES
     bad = CliRunner().invoke(app, [*args, "--routers", "2", "--router-front", "sticky"])
     assert bad.exit_code != 0 and "--router-front" in bad.output
+
+
+def _conversations(pol, n_replicas=8, turn_gap_s=10.0):
+    """Prefix blocks matched over 6 turns of 40 conversations, a turn every `turn_gap_s` of the replay's clock."""
+    reps = replicas(n_replicas)
+    matched = 0
+    for turn in range(6):
+        for c in range(40):
+            ids = [0, 1000 + c, *range(10_000 * c, 10_000 * c + turn + 1)]
+            c_ = context_from_trace(f"{c}-{turn}", "m", ids, 512 * len(ids), 10, arrival_s=turn * turn_gap_s + c / 40)
+            d = route(pol, c_, reps)
+            matched += d.matched_blocks
+            pol.on_finished(c_, d.replica_id, True)
+            next(r for r in reps if r.replica_id == d.replica_id).finish(c_, d.matched_tokens(c_))
+    return matched
+
+
+def test_random_front_sharing_pictures_matches_one_router():
+    """Behind a random front, routers that take their peers' inserts every second find each conversation's
+    earlier turns as one router does; without sharing they lose them."""
+    one = _conversations(get_policy("prefix"))
+    shared = fleet(routers=4, front="random", share_every_s=1.0)
+    assert _conversations(shared) >= 0.97 * one
+    assert shared.shared_chains > 0 and shared.describe()["shared_chains"] == shared.shared_chains
+    assert _conversations(fleet(routers=4, front="random")) < 0.8 * one
+    # a period longer than the gap between turns shares too late for the next turn
+    assert _conversations(fleet(routers=4, front="random", share_every_s=100.0)) < 0.8 * one
+
+
+def test_sharing_period_must_be_positive():
+    with pytest.raises(PolicyConfigError, match="share_every_s"):
+        fleet_factory(2, "random", share_every_s=0)

@@ -311,6 +311,10 @@ def replay_cmd(
     router_affinity_blocks: int = typer.Option(
         1, "--router-affinity-blocks", min=1,
         help="--router-front affinity, requests without a session key: leading prompt blocks the key covers."),
+    router_share_s: Optional[float] = typer.Option(
+        None, "--router-share-s",
+        help="With --routers > 1: every this many seconds of the replay's clock each router takes the prefix-index "
+             "chains its peers inserted, as `zoe router --picture-share-s` (default: the routers share nothing)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N requests (with --sessions: files)."),
     kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="KV capacity per replica override, tokens."),
     host_kv_gb: float = typer.Option(
@@ -348,7 +352,8 @@ def replay_cmd(
         from zoe_cluster.routing.router_fleet import fleet_factory
 
         try:
-            routing = fleet_factory(routers, router_front, policy, affinity_blocks=router_affinity_blocks)
+            routing = fleet_factory(routers, router_front, policy, affinity_blocks=router_affinity_blocks,
+                                    share_every_s=router_share_s)
         except PolicyConfigError as e:
             fail(f"--routers/--router-front: {e}")
     if limit is not None and limit <= 0:

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 import msgpack
 
 from zoe_cluster.routing.kv_events import RankCache, ReplicaCacheMirror
+from zoe_cluster.routing.picture_sharing import indexing_policy
 from zoe_cluster.routing.prefix_index import PrefixIndex
 
 if TYPE_CHECKING:
@@ -71,19 +72,9 @@ def _unhash(raw: bytes) -> list[int]:
     return a.tolist()
 
 
-def _indexes_of(policy: Any) -> Any:
-    """The policy that keeps prefix indexes (`index_of`), looking through wrappers (`inner`); None if none does."""
-    seen = 0
-    while policy is not None and seen < 8:
-        if hasattr(policy, "index_of") and hasattr(policy, "index"):
-            return policy
-        policy, seen = getattr(policy, "inner", None), seen + 1
-    return None
-
-
 def picture_summary(router: "Router") -> dict[str, Any]:
     """Per replica, the blocks its prefix index holds (HBM, host tier): the admin API shows it."""
-    policy = _indexes_of(router.policy)
+    policy = indexing_policy(router.policy)
     out: dict[str, Any] = {}
     for rid in router.replicas.by_id:
         idx = policy.index_of(rid) if policy is not None else None
@@ -95,7 +86,7 @@ def picture_summary(router: "Router") -> dict[str, Any]:
 def capture_picture(router: "Router") -> dict[str, Any]:
     """The router's picture as a msgpack-able document (what the file and `GET /admin/picture` hold)."""
     r = router
-    policy = _indexes_of(r.policy)
+    policy = indexing_policy(r.policy)
     sub = r.kv_events
     seqs = sub.next_seqs() if sub is not None else {}
     replicas: dict[str, Any] = {}
@@ -122,7 +113,7 @@ def apply_picture(router: "Router", doc: dict[str, Any], source: str) -> int:
         _log.warning("%s has format %s / block_tokens %s, this router %s / %s: not used",
                      source, doc.get("format"), doc.get("block_tokens"), FORMAT_VERSION, r.config.block_tokens)
         return 0
-    policy = _indexes_of(r.policy)
+    policy = indexing_policy(r.policy)
     sub = r.kv_events
     restored = 0
     for rid, entry in doc.get("replicas", {}).items():

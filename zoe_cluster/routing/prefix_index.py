@@ -13,12 +13,18 @@ being recomputed), as in the simulated engine (`sim.kv_cache`).
 
 Precise mode corrects the HBM set from the engine's KV events: `evict_lru(n)` when the engine reports n blocks
 removed, `clear()` when it reports all blocks cleared (see `routing.kv_events`).
+
+Several routers share what they insert (`routing.picture_sharing`): the index logs every chain `insert` records,
+numbered, and a peer asks for the chains after the last number it took (`inserted_since`) and adds them to its own
+index of the replica with `absorb` (which does not log them: each router publishes only its own decisions). The
+log keeps at most as many block hashes as the larger tier holds: an older chain would be evicted from an index
+of this size by the time it was read.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
 
 
 def _leading(block_hashes: Sequence[int], present: OrderedDict[int, None], start: int = 0) -> int:
@@ -33,7 +39,7 @@ def _leading(block_hashes: Sequence[int], present: OrderedDict[int, None], start
 class PrefixIndex:
     """LRU sets of block hashes of one replica: HBM, and optionally its host-memory tier."""
 
-    __slots__ = ("capacity_blocks", "host_capacity_blocks", "_lru", "_host")
+    __slots__ = ("capacity_blocks", "host_capacity_blocks", "_lru", "_host", "_log", "_log_blocks", "_next_seq")
 
     def __init__(self, capacity_blocks: int, host_capacity_blocks: int = 0) -> None:
         if capacity_blocks <= 0:
@@ -44,6 +50,9 @@ class PrefixIndex:
         self.host_capacity_blocks = host_capacity_blocks
         self._lru: OrderedDict[int, None] = OrderedDict()
         self._host: OrderedDict[int, None] = OrderedDict()
+        self._log: deque[tuple[int, Sequence[int]]] = deque()  # (number, chain) of inserts, oldest first
+        self._log_blocks = 0
+        self._next_seq = 1
 
     def __len__(self) -> int:
         """Distinct blocks the replica can serve a hit from (either tier)."""
@@ -77,9 +86,42 @@ class PrefixIndex:
         from the tail (as engines free a request's blocks); a hit on a head keeps serving the whole prefix.
         A prompt longer than the capacity keeps only its first `capacity_blocks` blocks: a later prompt can only
         reuse a prefix, so the head is what is worth remembering."""
-        _touch(self._lru, block_hashes, self.capacity_blocks)
-        if self.host_capacity_blocks:
-            _touch(self._host, block_hashes, self.host_capacity_blocks)
+        self.absorb((block_hashes,))
+        if block_hashes:
+            self._record(block_hashes)
+
+    def absorb(self, chains: Iterable[Sequence[int]]) -> None:
+        """Insert chains another router inserted (its `inserted_since`), oldest first, without logging them."""
+        for chain in chains:
+            _touch(self._lru, chain, self.capacity_blocks)
+            if self.host_capacity_blocks:
+                _touch(self._host, chain, self.host_capacity_blocks)
+
+    @property
+    def next_seq(self) -> int:
+        """The number the next logged insert gets."""
+        return self._next_seq
+
+    def inserted_since(self, seq: int) -> list[Sequence[int]]:
+        """The logged chains numbered `seq` or later, oldest first (the log's oldest when it no longer reaches back
+        to `seq`; all of them when `seq` is past `next_seq`, which a new index of the same replica id restarted)."""
+        if seq > self._next_seq:
+            seq = 0
+        out = []
+        for n, chain in reversed(self._log):
+            if n < seq:
+                break
+            out.append(chain)
+        out.reverse()
+        return out
+
+    def _record(self, block_hashes: Sequence[int]) -> None:
+        chain = block_hashes[:max(self.capacity_blocks, self.host_capacity_blocks)]
+        self._log.append((self._next_seq, chain))
+        self._next_seq += 1
+        self._log_blocks += len(chain)
+        while self._log_blocks > max(self.capacity_blocks, self.host_capacity_blocks):
+            self._log_blocks -= len(self._log.popleft()[1])
 
     def resize(self, capacity_blocks: int, host_capacity_blocks: int | None = None) -> None:
         if capacity_blocks <= 0:

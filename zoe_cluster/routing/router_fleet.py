@@ -5,7 +5,10 @@ index, session table); what they share is what every router observes from the en
 `RouterFleet` policy models that: it holds N inner policy instances and a front that hands each request to one
 of them, and the chosen router decides alone. Every router reads the same `ReplicaView`s (the driver keeps one
 load picture), and hears every replica removal and, in precise mode, every KV event (each router subscribes to
-the engines' event streams, so their pictures of evictions are the same).
+the engines' event streams, so their pictures of evictions are the same). With `share_every_s`, the routers also
+share their approximate pictures as live routers do (`routing.picture_sharing`): at the first request at or after
+each period of the replay's clock, every router takes the chains every peer inserted into its prefix indexes since
+the last time.
 
 Fronts (`FRONTS`):
 - "random": a plain Kubernetes Service, which spreads connections over router pods with no regard to content;
@@ -19,6 +22,7 @@ The fleet is never registered by name (it stays out of the live router's `--poli
 schema): a replay takes the factory that builds it.
 
     replay(SimReplayConfig(recipe, variant, 8, fleet_factory(routers=4, front="affinity")), rows)
+    replay(SimReplayConfig(recipe, variant, 8, fleet_factory(routers=4, share_every_s=1.0)), rows)
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pydantic import Field, ValidationError, model_validator
 from zoe_cluster.config_errors import validation_problems
 from zoe_cluster.routing.context import ReplicaView, RequestContext, RoutingDecision
 from zoe_cluster.routing.hash_ring import HashRing
+from zoe_cluster.routing.picture_sharing import apply_picture_delta, picture_delta
 from zoe_cluster.routing.policy import (
     DEFAULT_POLICY,
     Policy,
@@ -62,6 +67,9 @@ class RouterFleetConfig(PolicyConfig):
         "Affinity front, requests without a session key: hash the chain hash of this many leading prompt blocks "
         "(fewer when the prompt is shorter). 1 keys on the first block; when every prompt opens with the same "
         "system prompt that sends all such requests to one router, and 2 or more spreads them by conversation."))
+    share_every_s: float | None = Field(None, gt=0, description=(
+        "Period, seconds of the replay's clock, of each router taking the prefix-index chains its peers inserted "
+        "(routing.picture_sharing), as `zoe router --picture-share-s`; None: the routers share nothing."))
 
     @model_validator(mode="after")
     def _inner_policy_valid(self) -> "RouterFleetConfig":
@@ -92,6 +100,11 @@ class RouterFleet(Policy):
         self._router_of: dict[str, int] = {}
         """Request id -> the router that routed it, until it finishes."""
         self.requests_per_router = [0] * cfg.routers
+        self._views: dict[str, ReplicaView] = {}
+        self._cursors = [[{} for _ in range(cfg.routers)] for _ in range(cfg.routers)]
+        """_cursors[k][j]: per replica, the number of router j's index log that router k asks from next."""
+        self._next_share_s: float | None = None
+        self.shared_chains = 0
 
     def router_for(self, ctx: RequestContext) -> int:
         """Index of the router the front hands `ctx` to (the random front draws from its generator)."""
@@ -106,7 +119,27 @@ class RouterFleet(Policy):
         assert owner is not None  # the ring holds every router
         return self._ids.index(owner)
 
+    def share(self, block_tokens: int) -> int:
+        """Every router takes the chains each peer inserted since it last asked; returns the chains taken."""
+        added = 0
+        for k, mine in enumerate(self.routers):
+            for j, peer in enumerate(self.routers):
+                if j != k:
+                    delta = picture_delta(peer, self._cursors[k][j], self._views)
+                    added += apply_picture_delta(mine, self._views, block_tokens, delta, self._cursors[k][j])
+        self.shared_chains += added
+        return added
+
     def select(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> RoutingDecision:
+        for r in replicas:
+            self._views[r.replica_id] = r
+        every = self.config.share_every_s
+        if every is not None and self.config.routers > 1 and ctx.arrival_s is not None:
+            if self._next_share_s is None:
+                self._next_share_s = ctx.arrival_s + every
+            elif ctx.arrival_s >= self._next_share_s:
+                self.share(ctx.block_tokens)
+                self._next_share_s += every * (1 + (ctx.arrival_s - self._next_share_s) // every)
         k = self.router_for(ctx)
         self._router_of[ctx.request_id] = k
         self.requests_per_router[k] += 1
@@ -121,6 +154,10 @@ class RouterFleet(Policy):
             self.routers[k].on_finished(ctx, replica_id, ok)
 
     def on_replica_removed(self, replica_id: str) -> None:
+        self._views.pop(replica_id, None)
+        for cursors in self._cursors:
+            for c in cursors:
+                c.pop(replica_id, None)
         for r in self.routers:  # membership reaches every router
             r.on_replica_removed(replica_id)
 
@@ -132,17 +169,18 @@ class RouterFleet(Policy):
         return self.routers[0].class_of(ctx)  # every router runs the same policy and options
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "requests_per_router": list(self.requests_per_router)}
+        return {**super().describe(), "requests_per_router": list(self.requests_per_router),
+                "shared_chains": self.shared_chains}
 
 
 def fleet_factory(routers: int, front: str = "random", policy: str = DEFAULT_POLICY,
                   options: dict[str, Any] | None = None, seed: int = 0,
-                  affinity_blocks: int = 1) -> Callable[[], RouterFleet]:
+                  affinity_blocks: int = 1, share_every_s: float | None = None) -> Callable[[], RouterFleet]:
     """What builds a fleet of `routers` routers running `policy` (with `options`) behind `front`, a fresh one per
     call (a replay's `SimReplayConfig.policy`). The config is validated here: PolicyConfigError names a bad field."""
     try:
         config = RouterFleetConfig(routers=routers, front=front, policy=policy, options=dict(options or {}),
-                                   seed=seed, affinity_blocks=affinity_blocks)
+                                   seed=seed, affinity_blocks=affinity_blocks, share_every_s=share_every_s)
     except ValidationError as e:
         raise PolicyConfigError(f"router fleet: {validation_problems(e, whole='policy')}") from None
     return partial(RouterFleet, config)
