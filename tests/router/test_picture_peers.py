@@ -90,3 +90,45 @@ def test_merged_pictures_keep_every_routers_blocks():
     assert _unhash(m["replicas"]["r/0/1"]["host"]) == [9]
     assert _unhash(m["replicas"]["r/1/1"]["hbm"]) == [5]
     assert _unhash(a["replicas"]["r/0/1"]["hbm"]) == [1, 2]  # inputs untouched
+
+
+def test_routers_behind_a_random_front_share_what_they_learn(tmp_path):
+    """Two routers that list each other (and themselves, as a headless Service's name would) with picture_share_s:
+    each prompt is placed by one of them, and after a period the other routes it to the same replica with its
+    whole prefix matched."""
+    backends = [ServerThread(FakeBackend(f"b{i}").app).start() for i in range(3)]
+    members = Membership(version=3, replicas=[MemberReplica(id=f"d/{i}/1", url=s.url) for i, s in enumerate(backends)])
+    ports = [free_port(), free_port()]
+    peers = [f"http://127.0.0.1:{p}" for p in ports]
+    routers = [build_router(RouterConfig(models=["m"], health_interval_s=0, admin_key="k", picture_peers=peers,
+                                         picture_share_s=0.2, picture_peer_timeout_s=0.5), membership=members)
+               for _ in ports]
+    try:
+        with ServerThread(routers[0].app, ports[0]) as sa, ServerThread(routers[1].app, ports[1]) as sb:
+            clients = [httpx.Client(base_url=s.url, timeout=10) for s in (sa, sb)]
+            first = []
+            for i, p in enumerate(PROMPTS):  # alternately, as a random front would
+                r = clients[i % 2].post("/v1/completions", json={"model": "m", "prompt": p, "max_tokens": 3})
+                first.append(r.json()["backend"])
+            assert len(set(first)) > 1
+            time.sleep(0.8)  # a few periods
+            before = [(r._matched_tokens, r._prompt_tokens) for r in routers]
+            for i, p in enumerate(PROMPTS):  # now each prompt through the router that did not place it
+                r = clients[(i + 1) % 2].post("/v1/completions", json={"model": "m", "prompt": p, "max_tokens": 3})
+                assert r.json()["backend"] == first[i]
+            for (m0, p0), r in zip(before, routers):
+                assert r._matched_tokens - m0 > 0.9 * (r._prompt_tokens - p0)
+                d = r.sharer.describe()
+                assert d["chains_taken"] >= len(PROMPTS) // 2 and len(d["self"]) == 1 and len(d["peers"]) == 1
+            shown = httpx.get(sa.url + "/admin/membership", headers={"Authorization": "Bearer k"}, timeout=5).json()
+            assert shown["picture_sharing"]["every_s"] == 0.2 and shown["picture_sharing"]["rounds"] >= 2
+            # the exchange needs the admin key and a well-formed body
+            assert httpx.post(sa.url + "/admin/picture/delta", content=b"", timeout=5).status_code == 401
+            bad = httpx.post(sa.url + "/admin/picture/delta", content=b"\x93\x01", timeout=5,
+                             headers={"Authorization": "Bearer k"})
+            assert bad.status_code == 400 and "picture delta" in bad.json()["error"]["message"]
+            for c in clients:
+                c.close()
+    finally:
+        for s in backends:
+            s.stop()

@@ -106,6 +106,11 @@ def register(app: typer.Typer) -> None:
             "pod): at start without a picture file, their pictures (and membership, when none) are pulled with the "
             "admin key, for at most 3 s (--config-json '{\"picture_peer_timeout_s\": S}').",
         ),
+        picture_share_s: float = typer.Option(
+            0.0, "--picture-share-s", min=0,
+            help="With --picture-peers: every this many seconds take the prefix-index chains each peer inserted since "
+            "the last time, so routers behind a plain Service keep one approximate picture (0: only at start).",
+        ),
         drain_delay_s: float = typer.Option(
             0.0, "--drain-delay-s", min=0,
             help="On SIGTERM, keep serving this long while /health answers 503 (load balancers take the router "
@@ -144,6 +149,7 @@ def register(app: typer.Typer) -> None:
                 migration_limit=migration_limit, membership_file=membership_file,
                 drain_delay_s=drain_delay_s, drain_timeout_s=drain_timeout_s,
                 picture_peers=[u.strip() for u in (picture_peers or "").split(",") if u.strip()],
+                picture_share_s=picture_share_s,
             )
             cfg = RouterConfig(**{**flags, **extra})  # --config-json fields win over the flags
             fields = dict(kv_capacity_tokens=kv_capacity_tokens, host_kv_capacity_tokens=host_kv_capacity_tokens,

@@ -3,7 +3,8 @@
 The admin API (membership push, drain, the load report) needs the admin bearer key and is disabled (403) without
 one; see `zoe_cluster.router.membership` for the membership contract, `zoe_cluster.routing.load_report` for the
 load's. `GET /admin/picture` answers the router's picture and the membership it applied, in the picture file's
-format (`zoe_cluster.router.picture_store`), for a peer router starting without one. `GET /admin/membership` also shows the policy's `describe()`, which is debug output: nothing parses it.
+format (`zoe_cluster.router.picture_store`), for a peer router starting without one; `POST /admin/picture/delta`
+the prefix-index chains it inserted since the numbers a peer sends (`zoe_cluster.router.picture_sharing`). `GET /admin/membership` also shows the policy's `describe()`, which is debug output: nothing parses it.
 /metrics needs the `metrics_key` bearer key when one is set. Every error is in the one shape of
 `zoe_cluster.router.errors`.
 """
@@ -24,6 +25,7 @@ from starlette.routing import Route
 from zoe_cluster.config_errors import validation_problems
 from zoe_cluster.router.errors import error_body
 from zoe_cluster.router.membership import Membership
+from zoe_cluster.router.picture_sharing import DELTA_PATH, delta_document
 from zoe_cluster.router.picture_store import PICTURE_MEDIA_TYPE, PICTURE_PATH, capture_picture, picture_summary
 from zoe_cluster.router.replicas import StaleMembership
 
@@ -62,6 +64,7 @@ class AuxRoutes:
             Route("/admin/membership", self._admin_membership, methods=["GET", "PUT"]),
             Route("/admin/load", self._admin_load, methods=["GET"]),
             Route(PICTURE_PATH, self._admin_picture, methods=["GET"]),
+            Route(DELTA_PATH, self._admin_picture_delta, methods=["POST"]),
             Route("/admin/replicas/{replica_id:path}/drain", self._admin_drain, methods=["POST"]),
             Route("/admin/replicas/{replica_id:path}/undrain", self._admin_drain, methods=["POST"]),
         ]
@@ -106,6 +109,8 @@ class AuxRoutes:
                 out["kv_events"] = {rid: {"engine_blocks": m.blocks, "block_size": m.block_size, "gaps": m.gaps,
                                           **m.history} for rid, m in self.router.kv_events.mirrors.items()}
             out["picture"] = picture_summary(self.router)
+            if self.router.sharer is not None:
+                out["picture_sharing"] = self.router.sharer.describe()
             return JSONResponse(out)
         raw = await request.body()
         try:
@@ -134,6 +139,22 @@ class AuxRoutes:
         doc = capture_picture(self.router)
         m = self.router.replicas.membership
         doc["membership"] = m.model_dump(mode="json") if m is not None else None
+        return Response(msgpack.packb(doc, use_bin_type=True), media_type=PICTURE_MEDIA_TYPE)
+
+    async def _admin_picture_delta(self, request: Request) -> Response:
+        """The prefix-index chains this router inserted since the numbers in the body (msgpack `{"since":
+        {replica_id: number}}`), msgpack: what a peer's `PictureSharer` takes every period."""
+        if (denied := self._admin_denied(request)) is not None:
+            return denied
+        try:
+            body = msgpack.unpackb(await request.body(), raw=False, strict_map_key=False)
+            since = body["since"]
+            if not isinstance(since, dict) or not all(isinstance(k, str) and isinstance(v, int)
+                                                      for k, v in since.items()):
+                raise ValueError("since must map replica ids to numbers")
+        except (ValueError, TypeError, KeyError, msgpack.exceptions.ExtraData) as e:
+            return _error(400, f"invalid picture delta request: {e}", "invalid_request_error")
+        doc = delta_document(self.router, since)
         return Response(msgpack.packb(doc, use_bin_type=True), media_type=PICTURE_MEDIA_TYPE)
 
     async def _admin_drain(self, request: Request) -> Response:

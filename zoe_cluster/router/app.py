@@ -19,7 +19,8 @@ continues the stream on another replica (`router.migration`, up to `migration_li
 ends it with an SSE error event and `[DONE]`. Sending upstream and relaying answers is `router.forwarding`, a mixin
 of `Router`. With `membership_file`, the last applied membership is kept there and read at start
 (`router.membership_store`), and the picture (prefix indexes, KV-event mirrors) beside it (`router.picture_store`);
-without a picture file, `picture_peers` are asked for theirs at start (bounded by `picture_peer_timeout_s`).
+without a picture file, `picture_peers` are asked for theirs at start (bounded by `picture_peer_timeout_s`), and
+with `picture_share_s` every period for the chains they inserted since (`router.picture_sharing`).
 Precise mode: the router subscribes to every KV-event publisher the membership lists (`router.kv_events`). A client disconnect cancels the upstream request (its connection is
 closed, so the engine aborts it). Finished requests feed the replica's latest times per output token, whose median
 `router.slowness` judges against its peers'. Errors, the router's and the engines', reach the client in one shape
@@ -52,6 +53,7 @@ from zoe_cluster.router.health import HealthChecker
 from zoe_cluster.router.kv_events import KvEventSubscriber
 from zoe_cluster.router.membership import MemberReplica, Membership
 from zoe_cluster.router.membership_store import load_membership, save_membership
+from zoe_cluster.router.picture_sharing import PictureSharer
 from zoe_cluster.router.picture_store import PictureKeeper, apply_picture, picture_path, pull_picture
 from zoe_cluster.router.forwarding import Forwarding, _Attempt
 from zoe_cluster.router.replicas import ReplicaSet
@@ -114,6 +116,9 @@ class Router(Forwarding):
         self._id_prefix = f"zoe-{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}-"
         self.kv_events: KvEventSubscriber | None = None  # subscribes to the publishers membership lists
         self.picture: PictureKeeper | None = None  # with membership_file: the picture saved beside it
+        self.sharer: PictureSharer | None = None  # with picture_peers and picture_share_s: takes the peers' inserts
+        self.instance_id = f"{os.getpid():x}-{os.urandom(6).hex()}"
+        """This process among its peers (a picture delta names the router that answered it)."""
         self.draining = False
         """SIGTERM received: /health answers 503 while in-flight requests finish (`zoe router`'s server)."""
         if membership is None and config.membership_file:
@@ -171,6 +176,9 @@ class Router(Forwarding):
                 n = apply_picture(self, pulled, "peers' picture")
                 _log.info("picture of %d replicas restored from peers %s", n, ", ".join(self.config.picture_peers))
             self.kv_events.follow(m.member for m in self.replicas.by_id.values())
+            if self.sharer is None and self.config.picture_peers and self.config.picture_share_s > 0:
+                self.sharer = PictureSharer(self)
+                self.sharer.start()
         else:
             self.health.start()
 
@@ -195,6 +203,9 @@ class Router(Forwarding):
 
     async def stop(self) -> None:
         await self.health.stop()
+        if self.sharer is not None:
+            await self.sharer.stop()
+            self.sharer = None
         if self.picture is not None:
             await self.picture.stop()
             self.picture = None
