@@ -26,6 +26,7 @@ from zoe_cluster.sim.engine_calibration import (
     engine_ttft_reading,
     MeasuredScheduler,
     fit_decode_by_context,
+    with_idle_wake,
     with_step_base,
     kv_capacity_from_metrics,
     load_engine_profile,
@@ -226,3 +227,17 @@ def test_prefill_steps_pay_the_engines_per_step_cost():
     # a step carrying a 512-token chunk and 16 decodes costs a + its work, not its work alone
     assert m.prefill_step_s(512, 512 * 1000.0, 0.0, 16, 16 * 1500.0) == pytest.approx(
         truth.prefill_step_s(512, 512 * 1000.0, 0.0, 16, 16 * 1500.0), rel=0.05)
+
+
+def test_idle_wake_splits_the_per_request_latency_and_keeps_lone_predictions():
+    """The fitted per-request time less the API server's measured share becomes the idle wake-up of the first step:
+    a lone request on an idle engine is predicted exactly as before, and the API server's share stays latency."""
+    m = StepModel(decode_base_s=0.002, decode_per_expert_s=0.0, decode_per_token_s=5e-5, routed_experts=1,
+                  experts_per_token=1, prefill_per_token_s=4e-6, prefill_floor_s=0.0, context_per_token_s=1e-8,
+                  frontend_s=0.0076, prefill_step_base_s=0.002)
+    split = with_idle_wake(Calibration(model=m, sources={}), 0.0047).model
+    assert split.frontend_s == pytest.approx(0.0047) and split.idle_wake_s == pytest.approx(0.0029)
+    for n, cached in ((128, 0), (1536, 1376), (1024, 512)):
+        assert predict_lone_ttft(split, n, cached, 512) == pytest.approx(predict_lone_ttft(m, n, cached, 512), abs=1e-12)
+    # an API server that took longer than the whole fitted latency: no negative wake-up
+    assert with_idle_wake(Calibration(model=m, sources={}), 0.009).model.idle_wake_s == 0.0

@@ -123,3 +123,30 @@ def test_fast_forward_gives_the_same_result(cal):
     assert slow[1] == fast[1]
     for (f1, e1), (f2, e2) in zip(slow[0], fast[0]):
         assert f1 == pytest.approx(f2, rel=1e-9) and e1 == pytest.approx(e2, rel=1e-6)
+
+
+def test_queued_at_the_step_boundary_and_idle_wake_up(cal):
+    from dataclasses import replace
+
+    wake = 0.004
+    core = EngineCore(replace(cal.model, idle_wake_s=wake), PrefixCache(100_000, 16), max_num_batched_tokens=4096)
+    a = SimRequest("a", 1000, 3, arrival_s=0.0)
+    core.add(a)
+    first = core.schedule(0.0)
+    assert a.queued_s == 0.0  # the idle engine takes it at once
+    alone = cal.model.prefill_step_s(1000, 1000 * 999 / 2, 999 * 1000 * 1999 / 6)
+    assert first.duration_s == pytest.approx(alone + wake)  # the first step after idling pays the wake-up
+    b = SimRequest("b", 1000, 3, arrival_s=first.duration_s / 2)
+    core.add(b)  # arrives mid-step: the engine takes it when that step ends
+    core.complete(first, first.duration_s)
+    second = core.schedule(first.duration_s)
+    assert b.queued_s == first.duration_s
+    assert second.duration_s == pytest.approx(core.model.prefill_step_s(1000, 1000 * 999 / 2, 999 * 1000 * 1999 / 6,
+                                                                        1, 1000.0))  # busy: no wake-up
+    core.complete(second, first.duration_s + second.duration_s)
+    end = run(core, first.duration_s + second.duration_s)  # both finish; the engine runs dry
+    c = SimRequest("c", 100, 1, arrival_s=end + 1.0)
+    core.add(c)
+    again = core.schedule(end + 1.0)
+    assert c.queued_s == end + 1.0
+    assert again.duration_s == pytest.approx(core.model.prefill_step_s(100, 100 * 99 / 2, 99 * 100 * 199 / 6) + wake)

@@ -100,7 +100,7 @@ def replay_sessions(
         host_kv_gb=host_kv_gb,
         host_hit_rate=source.host_cached_tokens / source.prompt_tokens if source.prompt_tokens else 0.0,
         preemptions=res.preemptions, routing_reasons=res.routing_reasons, per_replica=res.per_replica,
-        simulated_s=res.simulated_s,
+        simulated_s=res.simulated_s, engine_ttft_mean_s=res.engine_ttft_mean_s,
         wall_s=res.wall_s, ttft_floor_source="twin step model (each request alone, every reusable block hit)",
     )
     return report

@@ -110,8 +110,8 @@ def _prefill_chunks(input_tokens: int, cached: int, chunk: int) -> list[tuple[in
 
 
 def predict_lone_ttft(model: StepModel, input_tokens: int, cached: int, chunk: int) -> float:
-    """TTFT of one request alone on the engine (what `EngineCore` yields; used to check fits)."""
-    t = model.frontend_s
+    """TTFT of one request alone on an idle engine (what `EngineCore` yields; used to check fits)."""
+    t = model.frontend_s + model.idle_wake_s
     for start, n in _prefill_chunks(input_tokens, cached, chunk):
         s1, s2 = position_sums(start, n)
         t += model.prefill_step_s(n, s1, s2)

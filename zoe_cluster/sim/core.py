@@ -11,6 +11,10 @@ needs a block and none is free, the most recently admitted
 running request is preempted (recompute mode: its blocks are freed and it goes back to the front of the
 waiting queue, to prefill its prompt and its output so far again), and nobody new is admitted that step.
 
+The first step after the engine ran dry pays the step model's `idle_wake_s` (vLLM's loop blocks when it has no
+work; a request arriving then waits for it to wake), and a request's `queued_s` is the step boundary at which the
+engine took it, as vLLM's engine core stamps it.
+
 A driver owns time: it calls `schedule(now)` to get the next `Step` (its duration from the `StepModel`), lets
 that much time pass on its clock, then calls `complete(step, end)`. `fast_forward` runs many identical pure
 decode steps in one call for the virtual clock (same result as calling schedule/complete for each).
@@ -58,6 +62,10 @@ class SimRequest:
     host_cached_tokens: int = 0
     """Prompt tokens loaded from the host KV tier at first admission (beyond `cached_tokens`)."""
     spec_credit: float = 0.0
+    queued_s: float | None = None
+    """When the engine took the request into its waiting queue: the first step boundary at or after its arrival
+    (vLLM's engine core adds new requests between steps and stamps QUEUED then, so its queue + prefill time
+    leaves out the step in progress at arrival)."""
     first_token_s: float | None = None
     finish_s: float | None = None
     preemptions: int = 0
@@ -163,6 +171,8 @@ class EngineCore:
         self._tpr = model.tokens_per_decode_request
         self._spec = model.spec_proposed_tokens > 0
         self._load_s = 0.0  # host-tier loads of the requests admitted into the step being built
+        self._idle = True  # no step ran since the engine last had nothing to do (the next pays idle_wake_s)
+        self._arrived: list[SimRequest] = []  # added since the last step boundary (not yet stamped queued_s)
 
     @classmethod
     def for_variant(cls, model: StepModel, cache: PrefixCache, variant: Any) -> "EngineCore":
@@ -180,6 +190,7 @@ class EngineCore:
             )
         req.prefill_len = req.prompt_tokens
         self.waiting.append(req)
+        self._arrived.append(req)
 
     def abort(self, req: SimRequest) -> None:
         """Drop a request (client went away)."""
@@ -218,7 +229,11 @@ class EngineCore:
 
     def schedule(self, now: float) -> Step | None:
         """Pick the next step's batch and allocate its KV blocks; None when there is nothing to run."""
+        for req in self._arrived:
+            req.queued_s = now
+        self._arrived.clear()
         if not self.running and not self.waiting:
+            self._idle = True
             return None
         cache, bs, running = self.cache, self._bs, self.running
         budget = self.max_num_batched_tokens
@@ -258,6 +273,7 @@ class EngineCore:
         if not preempted:
             self._admit(entries, budget, cap)
         if not entries:
+            self._idle = True
             return None
         return self._price(entries)
 
@@ -325,6 +341,9 @@ class EngineCore:
         # pessimistic than engines that load asynchronously while other requests keep running.
         t += self._load_s
         self._load_s = 0.0
+        if self._idle:
+            t += m.idle_wake_s
+            self._idle = False
         return Step(entries, t, n_pre, n_dec)
 
     def complete(self, step: Step, end: float) -> list[tuple[SimRequest, int]]:

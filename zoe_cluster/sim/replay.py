@@ -183,6 +183,9 @@ class ReplayResult:
     host_kv_gb: float = 0.0
     host_kv_tokens: int = 0
     """Host-tier capacity per replica, tokens (0: no host tier)."""
+    engine_ttft_mean_s: float = float("nan")
+    """Mean over completed requests of first token minus `SimRequest.queued_s` (the engine's queue + prefill time,
+    as vLLM's engine core stamps it: the step in progress at arrival and `frontend_s` left out)."""
     timeline: list[dict[str, Any]] = field(default_factory=list)
     request_log: list[tuple[float, float, float, int, str, str | None]] = field(default_factory=list)
     """With `log_requests`: (arrival_s, ttft_s, tpot_s, output_tokens, variant, slo_class) of every completed
@@ -351,6 +354,7 @@ def replay(config: SimReplayConfig, requests: list[TraceRow] | RequestSource,
     ttfts: list[float] = []
     tpots: list[float] = []
     e2es: list[float] = []
+    engine_ttfts: list[float] = []
     reasons: dict[str, int] = {}
     dropped = completed = 0
     prompt_tokens = cached_tokens = host_tokens = out_tokens = good_tokens = 0
@@ -460,6 +464,7 @@ def replay(config: SimReplayConfig, requests: list[TraceRow] | RequestSource,
                 frontend = cal_for(fleet.variants[i]).model.frontend_s
                 ttft = req.first_token_s - req.arrival_s + frontend  # type: ignore[operator]
                 e2es.append(req.finish_s - req.arrival_s + frontend)
+                engine_ttfts.append(req.first_token_s - req.queued_s)  # type: ignore[operator]
                 tpot = (req.finish_s - req.first_token_s) / (req.output - 1) if req.output > 1 else 0.0  # type: ignore[operator]
                 if req.output > 1:
                     tpots.append(tpot)
@@ -500,6 +505,7 @@ def replay(config: SimReplayConfig, requests: list[TraceRow] | RequestSource,
         swaps=fleet.swaps, timeline=timeline, request_log=request_log,
         host_hit_rate=host_tokens / prompt_tokens if prompt_tokens else 0.0, host_kv_gb=config.host_kv_gb,
         host_kv_tokens=fleet.views[0].host_kv_capacity_tokens if fleet.views else 0,
+        engine_ttft_mean_s=sum(engine_ttfts) / len(engine_ttfts) if engine_ttfts else float("nan"),
     )
 
 

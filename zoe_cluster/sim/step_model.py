@@ -18,6 +18,8 @@ An engine step (one forward pass of the batch the scheduler picked) costs:
   contexts (seed table A5: 5.1x per doubling from 256K to 512K tokens).
 - every request also pays `frontend_s` once (HTTP, tokenization, detokenization, scheduling latency): latency,
   not engine time, so it never occupies the step loop.
+- the first step after the engine had nothing to do takes `idle_wake_s` longer (an engine loop that blocks when
+  idle and whose worker threads sleep pays for waking up: measured on vLLM, not assumed elsewhere).
 
 All times are seconds of the modelled hardware. `zoe_cluster.sim.calibrate` fits the numbers per recipe variant.
 """
@@ -59,6 +61,9 @@ class StepModel:
     """Fixed cost every step carrying a prefill chunk pays on top of its work, as a decode step pays a: the engine's
     per-step overhead (scheduling, sampling, launches), where it was measured apart from the floor (vLLM on CPU);
     None: none, the floor standing in for it."""
+    idle_wake_s: float = 0.0
+    """Extra time of the first step after the engine had no work (vLLM's engine loop blocks on its input queue when
+    idle); requests that arrive while it steps do not pay it. 0: none."""
     decode_context_per_token_s: float | None = None
     """Cost per (decode token x position it attends to), when measured apart from the prefill's d (an engine whose
     decode attention kernel differs from its prefill one: vLLM on CPU); None: d."""
