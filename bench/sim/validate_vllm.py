@@ -67,7 +67,11 @@ ENGINE_METRICS = ("engine_ttft_mean_s", "engine_itl_mean_s")
 time per output token), stamped in the engine core, so an API server that delivers a stream late leaves them
 unchanged (`_twin_engine_side` for the twin's)."""
 HISTOGRAMS = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
-              "vllm:request_time_per_output_token_seconds")
+              "vllm:request_time_per_output_token_seconds", "vllm:time_to_first_token_seconds")
+API_TTFT = "vllm:time_to_first_token_seconds"
+"""Stamped in the API server: from a request's arrival there (after its HTTP body was parsed) to the API server
+taking the output batch with its first token; recorded live as `api_ttft_mean_s` (not compared) so the client's
+TTFT splits into engine, API server and HTTP."""
 
 
 # --- workloads ------------------------------------------------------------------------------------------------
@@ -204,7 +208,8 @@ def _engine_side(before: tuple, after: tuple) -> dict:  # type: ignore[type-arg]
             "engine_ttft_mean_s": (d["vllm:request_queue_time_seconds_sum"]
                                    + d["vllm:request_prefill_time_seconds_sum"]) / n,
             "engine_itl_mean_s": d["vllm:request_time_per_output_token_seconds_sum"] / n,
-            "engine_requests": d["vllm:request_queue_time_seconds_count"]}
+            "engine_requests": d["vllm:request_queue_time_seconds_count"],
+            "api_ttft_mean_s": d[f"{API_TTFT}_sum"] / (d[f"{API_TTFT}_count"] or 1)}
 
 
 async def live_mooncake(url: str, model: str, reqs: list[TraceRequest], salt: int, block: int, vocab: int) -> dict:
@@ -219,7 +224,8 @@ async def live_mooncake(url: str, model: str, reqs: list[TraceRequest], salt: in
     return {
         "completed": len(ok), "errors": row["errors"], "error_samples": row["error_samples"],
         "ttft_p50_s": pct(ttft, 0.5), "ttft_p90_s": pct(ttft, 0.9), "itl_p50_s": pct(itl, 0.5),
-        "itl_p90_s": pct(itl, 0.9), "output_tok_s": row["output_tok_s"], **_engine_side(before, after),
+        "itl_p90_s": pct(itl, 0.9), "output_tok_s": row["output_tok_s"], "ttft_mean_s": statistics.mean(ttft),
+        **_engine_side(before, after),
         "prompt_tokens_total": row["prompt_tokens_total"], "duration_s": row["duration_s"],
     }
 
@@ -231,16 +237,20 @@ async def live_agentic(url: str, model: str, driver: SessionDriver) -> dict:
         after = await _stats(client.session, url)
     side = _engine_side(before, after)
     side.pop("prefix_hit_rate")  # run_live's is the same counters over the same window
+    side["ttft_mean_s"] = statistics.mean(r.ttft_s for r in records if r.ok and r.ttft_s is not None)
     return {**{k: report[k] for k in ("completed", "errors", "error_examples", *METRICS, "prefix_hit_rate",
                                      "reuse_ceiling", "prompt_tokens", "output_tokens", "span_s")}, **side}
 
 
 # --- twin runs --------------------------------------------------------------------------------------------------
-def _twin_engine_side(ttft: list[float], itl: list[float], prof, cal) -> dict:  # type: ignore[no-untyped-def]
-    """The twin's figures comparable with vLLM's engine-side histograms: its TTFT less the API server's share the
-    calibration measured (`api_server_s`; the whole frontend latency when it measured none), its mean ITL."""
+def _twin_engine_side(engine_ttft_mean_s: float, itl: list[float], prof, cal) -> dict:  # type: ignore[no-untyped-def]
+    """The twin's figures comparable with vLLM's engine-side histograms: its queue + prefill time as vLLM's engine
+    core stamps it (from the step boundary where the engine takes a request: `SimRequest.queued_s`) plus the part of
+    `frontend_s` the calibration measured engine-side (all of it less the API server's share, `api_server_s`), and
+    its mean ITL."""
     api_s = prof.api_server_s if prof.api_server_s is not None else cal.model.frontend_s
-    return {"engine_ttft_mean_s": statistics.mean(ttft) - api_s, "engine_itl_mean_s": statistics.mean(itl)}
+    return {"engine_ttft_mean_s": engine_ttft_mean_s + cal.model.frontend_s - api_s,
+            "engine_itl_mean_s": statistics.mean(itl)}
 
 
 def twin_mooncake(prof, cal, reqs: list[TraceRequest]) -> dict:  # type: ignore[no-untyped-def]
@@ -254,7 +264,8 @@ def twin_mooncake(prof, cal, reqs: list[TraceRequest]) -> dict:  # type: ignore[
         "completed": res.completed, "ttft_p50_s": pct(ttft, 0.5), "ttft_p90_s": pct(ttft, 0.9),
         "itl_p50_s": pct(itl, 0.5), "itl_p90_s": pct(itl, 0.9), "output_tok_s": res.output_tok_s,
         "prefix_hit_rate": res.per_replica[0]["prefix_hit_rate"], "preemptions": res.preemptions,
-        **_twin_engine_side(ttft, [x[2] for x in res.request_log], prof, cal),
+        "ttft_mean_s": statistics.mean(ttft),
+        **_twin_engine_side(res.engine_ttft_mean_s, [x[2] for x in res.request_log], prof, cal),
     }
 
 
@@ -264,7 +275,8 @@ def twin_agentic(prof, cal, driver: SessionDriver) -> dict:  # type: ignore[no-u
                              kv_tokens=prof.scheduler.kv_tokens, records_out=records)
     ok = [r for r in records if r.ok]
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
-    side = _twin_engine_side(ttft, [r.tpot_s or 0.0 for r in ok], prof, cal)
+    side = _twin_engine_side(report["engine_ttft_mean_s"], [r.tpot_s or 0.0 for r in ok], prof, cal)
+    side["ttft_mean_s"] = statistics.mean(ttft)
     return {**{k: report[k] for k in ("completed", *METRICS, "prefix_hit_rate", "reuse_ceiling", "preemptions",
                                      "prompt_tokens", "output_tokens", "span_s")}, **side}
 
@@ -280,8 +292,9 @@ def errors(live: dict, twin: dict) -> dict:
 
 
 def summary(loads: list[dict]) -> dict:
-    """Twin vs the median live run over every compared percentile of every load, and the same statistic for one
-    live repeat against the median of the other repeats (the machine's noise, on the same scale)."""
+    """Twin vs the median live run over every compared percentile of every load (and vs the repeats' mean), the
+    same statistic for one live repeat against the median of the other repeats (the machine's noise, on the same
+    scale), and the share of compared figures where the twin lies inside the live repeats' range."""
     twin_err = [abs(v) for ld in loads for v in ld["errors_vs_live_median"]["pct"].values()]
     noise: dict[str, list[float]] = {"client": [], "engine": []}
     for ld in loads:
@@ -291,6 +304,13 @@ def summary(loads: list[dict]) -> dict:
             for side, names in (("client", METRICS), ("engine", ENGINE_METRICS)):
                 noise[side] += [abs(r[m] / statistics.median(x[m] for x in others) - 1) * 100
                                 for m in names if others]
+    vs_mean, inside = [], []
+    for ld in loads:
+        for m in METRICS:
+            live = [x[m] for x in ld["live_repeats"]]
+            if statistics.mean(live):
+                vs_mean.append(abs(ld["twin"][m] / statistics.mean(live) - 1) * 100)
+            inside.append(min(live) <= ld["twin"][m] <= max(live))
     hits = [abs(ld["errors_vs_live_median"]["hit_rate_points"] or 0) for ld in loads]
     eng = [abs(v) for ld in loads for v in ld["errors_vs_live_median"]["engine_side_pct"].values()]
 
@@ -302,7 +322,9 @@ def summary(loads: list[dict]) -> dict:
             "engine_side_max_abs_pct": max(eng) if eng else None,
             "live_repeat_vs_others_median_abs_pct": med(noise["client"]),
             "live_repeat_vs_others_max_abs_pct": max(noise["client"]) if noise["client"] else None,
-            "engine_side_repeat_vs_others_median_abs_pct": med(noise["engine"])}
+            "engine_side_repeat_vs_others_median_abs_pct": med(noise["engine"]),
+            "twin_vs_live_mean_median_abs_pct": med(vs_mean),
+            "twin_inside_live_range_share": sum(inside) / len(inside) if inside else None}
 
 
 def plot(out: dict, path: Path) -> None:
