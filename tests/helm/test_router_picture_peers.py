@@ -1,5 +1,6 @@
 """Router HA in the chart: a starting router pod names its peers through a headless Service over the router pods
-(`router.pullPicture`), and the URL the chart passes is one `zoe router --picture-peers` accepts."""
+(`router.pullPicture`) and takes their prefix-index entries every `router.pictureShareSeconds`, and the URL the chart
+passes is one `zoe router --picture-peers` accepts."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def test_router_pods_pull_their_picture_from_the_ready_router_pods():
     container = router["spec"]["template"]["spec"]["containers"][0]
     args = container["args"]
     url = args[args.index("--picture-peers") + 1]
-    RouterConfig(picture_peers=[url])  # the router takes it
+    share_s = float(args[args.index("--picture-share-s") + 1])
+    assert RouterConfig(picture_peers=[url], picture_share_s=share_s).picture_share_s == 1.0  # the router takes both
     (peers,) = [s for s in by_kind(objs, "Service") if s["metadata"]["name"].endswith("-router-peers")]
     assert peers["spec"]["clusterIP"] == "None" and not peers["spec"]["publishNotReadyAddresses"]
     assert peers["spec"]["selector"] == router["spec"]["selector"]["matchLabels"]
@@ -31,5 +33,6 @@ def test_router_pods_pull_their_picture_from_the_ready_router_pods():
     assert "ZOE_ROUTER_ADMIN_KEY" in {e["name"] for e in container["env"]}  # what authenticates to the peers
 
     objs = docs({"router": {"pullPicture": False}})
-    assert "--picture-peers" not in _router(objs)["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = _router(objs)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--picture-peers" not in args and "--picture-share-s" not in args
     assert not [s for s in by_kind(objs, "Service") if s["metadata"]["name"].endswith("-router-peers")]

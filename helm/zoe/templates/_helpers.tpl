@@ -466,6 +466,8 @@ spec:
         {{- /* the headless Service resolves to every ready router pod: a starting pod is not ready, so not itself */}}
         - --picture-peers
         - {{ printf "http://%s-router-peers.%s.svc:%v" (include "zoe.fullname" .) .Release.Namespace $r.port | quote }}
+        - --picture-share-s
+        - {{ $r.pictureShareSeconds | quote }}
         {{- end }}
         - --drain-delay-s
         - {{ $r.drain.delaySeconds | quote }}
