@@ -51,6 +51,8 @@ class RequestResult:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     output_chunks: int = 0
+    resent: int = 0
+    """Times the request was sent again after its connection was refused or its stream cut."""
 
     @property
     def decode_s(self) -> float | None:
@@ -125,10 +127,13 @@ class StreamingClient:
 
     def __init__(
         self, base_url: str, model: str, timeout_s: float = 3600.0, api_key: str | None = None,
-        server_time_scale: float = 1.0,
+        server_time_scale: float = 1.0, resend_limit: int = 2,
     ):  # fmt: skip
         if server_time_scale <= 0:
             raise ValueError("server_time_scale must be positive")
+        if resend_limit < 0:
+            raise ValueError("resend_limit must be >= 0")
+        self.resend_limit = resend_limit
         self.base_url = base_url.rstrip("/")
         self.server_time_scale = server_time_scale
         self.model = model
@@ -163,57 +168,76 @@ class StreamingClient:
         return self._session
 
     async def send(self, spec: RequestSpec) -> RequestResult:
-        """Send one streaming request and time it; failures come back as `ok=False` with the reason."""
-        path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
+        """Send one streaming request and time it, sending it again from the start when its connection is refused
+        or its stream cut (up to `resend_limit` times); failures come back as `ok=False` with the reason."""
         start = self.now()
-        result = RequestResult(tag=spec.tag, ok=False, start_s=start)
+        for attempt in range(self.resend_limit + 1):
+            result = RequestResult(tag=spec.tag, ok=False, start_s=start, resent=attempt)
+            try:
+                await self._stream(spec, result, start)
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, _StreamCut) as exc:  # refused, cut
+                result.error = f"{type(exc).__name__}: {exc}"
+                if attempt < self.resend_limit:
+                    await asyncio.sleep(0.05 * (attempt + 1))
+                    continue
+            except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, ValueError) as exc:
+                result.error = f"{type(exc).__name__}: {exc}"
+            return result
+        return result  # pragma: no cover (the loop returns)
+
+    async def _stream(self, spec: RequestSpec, result: RequestResult, start: float) -> None:
+        path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
         last: float | None = None
-        try:
-            headers = {"x-session-id": spec.session} if spec.session is not None else None
-            async with self.session.post(self.base_url + path, json=request_body(spec, self.model),
-                                         headers=headers) as resp:
-                if resp.status != 200:
-                    text = (await resp.text())[:500]
-                    result.error = f"HTTP {resp.status}: {text}"
-                    return result
-                buffer = b""
-                async for raw in resp.content:
-                    buffer += raw
-                    if not buffer.endswith(b"\n"):
-                        continue
-                    line, buffer = buffer.strip(), b""
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    now = self.now()
-                    chunk = json.loads(data)
-                    if "error" in chunk and not chunk.get("choices"):
-                        err = chunk["error"]
-                        result.error = f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
-                        return result
-                    if _chunk_text(chunk):
-                        result.output_chunks += 1
-                        if result.ttft_s is None:
-                            result.ttft_s = now - start
-                        elif last is not None:
-                            result.itl_s.append(now - last)
-                        last = now
-                    usage = chunk.get("usage")
-                    if usage:
-                        result.prompt_tokens = usage.get("prompt_tokens")
-                        result.output_tokens = int(usage.get("completion_tokens") or 0)
-                        details = usage.get("prompt_tokens_details") or {}
-                        if details.get("cached_tokens") is not None:
-                            result.cached_tokens = int(details["cached_tokens"])
-            result.e2e_s = self.now() - start
-            if not result.output_tokens:
-                result.output_tokens = result.output_chunks
-            if result.ttft_s is None:
-                # A stream without output text (e.g. only EOS): count the end as the first token.
-                result.ttft_s = result.e2e_s
-            result.ok = True
-        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, ValueError) as exc:
-            result.error = f"{type(exc).__name__}: {exc}"
-        return result
+        headers = {"x-session-id": spec.session} if spec.session is not None else None
+        async with self.session.post(self.base_url + path, json=request_body(spec, self.model),
+                                     headers=headers) as resp:
+            if resp.status != 200:
+                text = (await resp.text())[:500]
+                result.error = f"HTTP {resp.status}: {text}"
+                return
+            buffer = b""
+            done = False
+            async for raw in resp.content:
+                buffer += raw
+                if not buffer.endswith(b"\n"):
+                    continue
+                line, buffer = buffer.strip(), b""
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    done = True
+                    break
+                now = self.now()
+                chunk = json.loads(data)
+                if "error" in chunk and not chunk.get("choices"):
+                    err = chunk["error"]
+                    result.error = f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
+                    return
+                if _chunk_text(chunk):
+                    result.output_chunks += 1
+                    if result.ttft_s is None:
+                        result.ttft_s = now - start
+                    elif last is not None:
+                        result.itl_s.append(now - last)
+                    last = now
+                usage = chunk.get("usage")
+                if usage:
+                    result.prompt_tokens = usage.get("prompt_tokens")
+                    result.output_tokens = int(usage.get("completion_tokens") or 0)
+                    details = usage.get("prompt_tokens_details") or {}
+                    if details.get("cached_tokens") is not None:
+                        result.cached_tokens = int(details["cached_tokens"])
+            if not done:
+                raise _StreamCut("the stream ended before [DONE]")
+        result.e2e_s = self.now() - start
+        if not result.output_tokens:
+            result.output_tokens = result.output_chunks
+        if result.ttft_s is None:
+            # A stream without output text (e.g. only EOS): count the end as the first token.
+            result.ttft_s = result.e2e_s
+        result.ok = True
+
+
+class _StreamCut(Exception):
+    """A stream that ended without `[DONE]`: its connection was closed mid-stream."""
