@@ -68,7 +68,8 @@ def _engine_counters(urls: list[str]) -> tuple[float, float]:
             sum(metric(u, "vllm:prefix_cache_queries_total") for u in urls))
 
 
-def _prompt(i: int, row) -> str:
+def trace_prompt(i: int, row) -> str:
+    """Request i of the trace as text: its trace blocks as router-sized blocks (module docstring)."""
     tokens = max(1, round(row.input_tokens * BLOCK_TOKENS / TRACE_BLOCK_TOKENS))
     return prompt_text(tuple(row.hash_ids), BLOCK_TOKENS, tokens, str(i))
 
@@ -112,7 +113,7 @@ def run_variant(variant: str, rows: list, args: argparse.Namespace, tmp: Path) -
         with httpx.Client(timeout=120) as c:
             def send(name: str, i: int, row) -> None:
                 r = c.post(urls[name] + "/v1/completions",
-                           json={"model": MODEL, "prompt": _prompt(i, row), "max_tokens": 2})
+                           json={"model": MODEL, "prompt": trace_prompt(i, row), "max_tokens": 2})
                 assert r.status_code == 200, r.text
 
             for i, row in enumerate(rows[:args.warm]):

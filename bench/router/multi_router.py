@@ -39,8 +39,9 @@ def _fronts(share_s: list[float]) -> list[tuple[str, str, int, float | None]]:
 
 
 def _flags(routers: int, front: str, blocks: int, share_s: float | None) -> str:
-    return (f" --routers {routers} --router-front {front}" + (f" --router-affinity-blocks {blocks}" if blocks > 1 else "")
-            + (f" --router-share-s {share_s:g}" if share_s is not None else ""))
+    flags = f" --routers {routers} --router-front {front}"
+    flags += f" --router-affinity-blocks {blocks}" if blocks > 1 else ""
+    return flags + (f" --router-share-s {share_s:g}" if share_s is not None else "")
 
 
 def _mooncake_run(recipe: Any, variant: str, rows: list[Any], replicas: int, routers: int, label: str, front: str,
@@ -136,7 +137,8 @@ def main() -> None:
                         "hit_rate_one_router": round(base["prefix_hit_rate"], 4),
                         "hit_rate_fleet": round(r["prefix_hit_rate"], 4), "ratio": round(ratio, 4),
                         "holds_target": ratio >= TARGET_RATIO})
-    out = {"command": " ".join(["python bench/router/multi_router.py", *sys.argv[1:]]), "model": args.model, "variant": variant,
+    out = {"command": " ".join(["python bench/router/multi_router.py", *sys.argv[1:]]), "model": args.model,
+           "variant": variant,
            "target_ratio": TARGET_RATIO, "summary": summary, "runs": runs}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     plot(summary, Path(args.out).with_suffix(".png"), args.routers)

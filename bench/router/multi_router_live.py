@@ -18,8 +18,9 @@ Measured: `engine_hit`, the share of prompt tokens the engines found in their pr
 (`vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total` summed over the engines), the outcome routing
 is for; `router_hit`, the share of prompt tokens the routers' indexes matched
 (`zoe_router_prefix_matched_tokens_total / zoe_router_prompt_tokens_total` summed over the routers). Trace blocks
-(512 tokens) are rendered as 64-token blocks of text (`zoe_cluster.agentic.prompts`, the router's block size) so
-two prompts share a router block exactly where the trace says they share a block; `max_tokens` is 2.
+(512 tokens) are rendered as 64-token blocks of text, the router's block size, as bench/reliability/router_join.py
+renders them (`trace_prompt`), so two prompts share a router block exactly where the trace says they share a
+block; `max_tokens` is 2.
 """
 
 from __future__ import annotations
@@ -39,27 +40,16 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from zoe_cluster.agentic.prompts import prompt_text  # noqa: E402
+sys.path.insert(0, str(REPO / "bench/reliability"))
+from router_join import BLOCK_TOKENS, MODEL, trace_prompt  # noqa: E402  (the same prompts as the join benchmark)
+from router_restart import metric  # noqa: E402
+
 from zoe_cluster.bench.loopback import RouterSpec, free_port, sim_replicas, spawn, stop, wait_http  # noqa: E402
 from zoe_cluster.sim.replay import load_mooncake  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-MODEL = "glm-5.3"
-TRACE_BLOCK_TOKENS = 512
-BLOCK_TOKENS = 64
 VARIANTS = ("one", "random", "share")
 ADMIN_KEY = "bench-admin"
-
-
-def _metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.split("{")[0].split(" ")[0] == name)
-
-
-def _prompt(i: int, row) -> str:
-    tokens = max(1, round(row.input_tokens * BLOCK_TOKENS / TRACE_BLOCK_TOKENS))
-    return prompt_text(tuple(row.hash_ids), BLOCK_TOKENS, tokens, str(i))
 
 
 def run_variant(variant: str, rows: list, args: argparse.Namespace, tmp: Path, share_s: float | None = None) -> dict:
@@ -82,7 +72,8 @@ def run_variant(variant: str, rows: list, args: argparse.Namespace, tmp: Path, s
             lock = threading.Lock()
 
             def send(client: httpx.Client, i: int, row, url: str) -> None:
-                r = client.post(url + "/v1/completions", json={"model": MODEL, "prompt": _prompt(i, row), "max_tokens": 2})
+                body = {"model": MODEL, "prompt": trace_prompt(i, row), "max_tokens": 2}
+                r = client.post(url + "/v1/completions", json=body)
                 if r.status_code != 200:
                     with lock:
                         failures.append(f"{r.status_code}: {r.text[:200]}")
@@ -99,16 +90,16 @@ def run_variant(variant: str, rows: list, args: argparse.Namespace, tmp: Path, s
                 for f in futures:
                     f.result()
             wall_s = time.monotonic() - t0
-            hits = sum(_metric(u, "vllm:prefix_cache_hits_total") for u in engines)
-            queried = sum(_metric(u, "vllm:prefix_cache_queries_total") for u in engines)
-            matched = sum(_metric(u, "zoe_router_prefix_matched_tokens_total") for u in urls)
-            prompt = sum(_metric(u, "zoe_router_prompt_tokens_total") for u in urls)
+            hits = sum(metric(u, "vllm:prefix_cache_hits_total") for u in engines)
+            queried = sum(metric(u, "vllm:prefix_cache_queries_total") for u in engines)
+            matched = sum(metric(u, "zoe_router_prefix_matched_tokens_total") for u in urls)
+            prompt = sum(metric(u, "zoe_router_prompt_tokens_total") for u in urls)
             shared = None
             if share_s is not None:
                 shared = sum(httpx.get(u + "/admin/membership", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
                                        timeout=10).json()["picture_sharing"]["chains_taken"] for u in urls)
-            return {"variant": variant, "routers": n_routers, "share_s": share_s, "requests": len(rows), "failed": len(failures),
-                    "failures": failures[:5], "engine_hit": round(hits / max(1.0, queried), 4),
+            return {"variant": variant, "routers": n_routers, "share_s": share_s, "requests": len(rows),
+                    "failed": len(failures), "failures": failures[:5], "engine_hit": round(hits / max(1.0, queried), 4),
                     "router_hit": round(matched / max(1.0, prompt), 4), "chains_shared": shared,
                     "requests_per_router": [targets.count(u) for u in urls], "send_wall_s": round(wall_s, 1)}
         finally:
@@ -145,7 +136,8 @@ def main() -> None:
     one = next((r for r in results if r["variant"] == "one"), None)
     if one is not None:
         for r in results:
-            r["engine_hit_over_one_router"] = round(r["engine_hit"] / one["engine_hit"], 4) if one["engine_hit"] else None
+            ratio = r["engine_hit"] / one["engine_hit"] if one["engine_hit"] else None
+            r["engine_hit_over_one_router"] = round(ratio, 4) if ratio is not None else None
     Path(args.out).write_text(json.dumps({
         "command": " ".join(["python bench/router/multi_router_live.py", *sys.argv[1:]]),
         "trace": Path(args.trace).name, "engines": f"{args.engines} x zoe sim serve {MODEL} --time-scale 0.01 "

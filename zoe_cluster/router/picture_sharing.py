@@ -10,10 +10,11 @@ The exchange is `POST /admin/picture/delta` (admin key) with a msgpack body `{"s
 numbers this router took that peer's log up to; the answer (`delta_document`) is `{"format", "router",
 "block_tokens", "replicas": {replica_id: {"next": number, "chains": [8-byte unsigned hashes, ...]}}}` for the
 peer's members. Per peer address the sharer keeps those numbers, and starts over when the answering router id
-changes (the peer restarted: its logs restarted, so the next ask is for all of them). Every address a peer's host resolves to is asked (a headless
-Service names every router pod); an address that answers with this router's own id is itself and is not asked
-again. A peer that fails or is late (each ask is bounded by the period and `picture_peer_timeout_s`) is skipped
-with a log line at most once a minute per address, and asked again next period.
+changes (the peer restarted: its logs restarted, so the next ask is for all of them). Every address a peer's
+host resolves to is asked (a headless Service names every router pod); an address that answers with this
+router's own id is itself and is not asked again. A peer that fails or is late (each ask is bounded by the
+period and `picture_peer_timeout_s`) is skipped with a log line at most once a minute per address, and asked
+again next period.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ class PictureSharer:
 
     def describe(self) -> dict[str, Any]:
         return {"every_s": self.every_s, "rounds": self.rounds, "chains_taken": self.chains_taken,
-                "peers": sorted(f"{a}:{p}" for a, p in self._cursors), "self": sorted(f"{a}:{p}" for a, p in self._self)}
+                "peers": sorted(f"{a}:{p}" for a, p in self._cursors),
+                "self": sorted(f"{a}:{p}" for a, p in self._self)}
 
     async def _loop(self) -> None:
         while True:
