@@ -143,8 +143,12 @@ def test_queued_at_the_step_boundary_and_idle_wake_up(cal):
     assert b.queued_s == first.duration_s
     assert second.duration_s == pytest.approx(core.model.prefill_step_s(1000, 1000 * 999 / 2, 999 * 1000 * 1999 / 6,
                                                                         1, 1000.0))  # busy: no wake-up
-    core.complete(second, first.duration_s + second.duration_s)
-    end = run(core, first.duration_s + second.duration_s)  # both finish; the engine runs dry
+    end = first.duration_s + second.duration_s
+    core.complete(second, end)
+    while core.has_work:  # both finish; the engine runs dry (no schedule() call finds it empty)
+        step = core.schedule(end)
+        end += step.duration_s
+        core.complete(step, end)
     c = SimRequest("c", 100, 1, arrival_s=end + 1.0)
     core.add(c)
     again = core.schedule(end + 1.0)

@@ -204,6 +204,8 @@ class EngineCore:
             self.waiting.remove(req)
         req.held, req.private, req.nblocks = [], 0, 0
         self.counters.aborted += 1
+        if not self.running and not self.waiting:
+            self._idle = True
 
     @property
     def has_work(self) -> bool:
@@ -412,6 +414,8 @@ class EngineCore:
                 req.held, req.private, req.nblocks = [], 0, 0
                 self.counters.finished += 1
         self.running = keep
+        if not keep and not self.waiting:  # ran dry: the next step, whenever a request comes, pays the wake-up
+            self._idle = True
 
     def fast_forward(self, now: float, horizon: float) -> Step | None:
         """When every running request is decoding and nobody waits, run k identical decode steps in one Step:
