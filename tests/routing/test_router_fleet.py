@@ -160,6 +160,10 @@ def test_zoe_sim_replay_routers_builds_the_fleet_without_registering_it(tmp_path
     assert FLEET_POLICY not in POLICIES
     bad = CliRunner().invoke(app, [*args, "--routers", "2", "--router-front", "sticky"])
     assert bad.exit_code != 0 and "--router-front" in bad.output
+    shared = CliRunner().invoke(app, [*args, "--routers", "3", "--router-share-s", "1"])
+    assert shared.exit_code == 0 and json.loads(shared.output)["completed"] == 12, shared.output
+    bad = CliRunner().invoke(app, [*args, "--routers", "2", "--router-share-s", "0"])
+    assert bad.exit_code != 0 and "share_every_s" in bad.output
 
 
 def _conversations(pol, n_replicas=8, turn_gap_s=10.0):
