@@ -132,3 +132,49 @@ def test_routers_behind_a_random_front_share_what_they_learn(tmp_path):
     finally:
         for s in backends:
             s.stop()
+
+
+def test_a_restarted_peer_is_asked_for_its_whole_log():
+    """A peer that restarts at the same address numbers its log from 1 again: the sharer sees a new router id,
+    and its next ask is from the start, so nothing the new process inserted is skipped."""
+    import asyncio
+
+    from zoe_cluster.router.picture_sharing import PictureSharer
+    from zoe_cluster.routing.context import context_from_openai
+    from zoe_cluster.routing.picture_sharing import indexing_policy
+
+    backends = [ServerThread(FakeBackend(f"b{i}").app).start() for i in range(2)]
+    members = Membership(version=1, replicas=[MemberReplica(id=f"d/{i}/1", url=s.url) for i, s in enumerate(backends)])
+    port = free_port()
+    cfg = dict(models=["m"], health_interval_s=0, admin_key="k")
+    a = build_router(RouterConfig(**cfg, picture_peers=[f"http://127.0.0.1:{port}"], picture_share_s=1.0),
+                     membership=members)
+    sharer = PictureSharer(a)
+
+    def place(prompts):
+        b = build_router(RouterConfig(**cfg), membership=members)
+        server = ServerThread(b.app, port).start()
+        with httpx.Client(base_url=server.url, timeout=10) as c:
+            for p in prompts:
+                assert c.post("/v1/completions", json={"model": "m", "prompt": p, "max_tokens": 2}).status_code == 200
+        return server
+
+    def known(prompt):
+        ctx = context_from_openai("completions", {"model": "m", "prompt": prompt}, request_id="q",
+                                  block_tokens=a.config.block_tokens)
+        pol = indexing_policy(a.policy)
+        return max((pol.index_of(r).match(ctx.block_hashes) if pol.index_of(r) else 0) for r in a.replicas.by_id)
+
+    try:
+        first = place(PROMPTS[:4])
+        assert asyncio.run(sharer.share_once()) == 4
+        first.stop()
+        second = place(PROMPTS[4:8])  # a new process at the same address: 4 inserts, numbered from 1 again
+        try:
+            taken = asyncio.run(sharer.share_once()) + asyncio.run(sharer.share_once())
+            assert taken >= 4 and all(known(p) > 0 for p in PROMPTS[4:8])
+        finally:
+            second.stop()
+    finally:
+        for s in backends:
+            s.stop()
