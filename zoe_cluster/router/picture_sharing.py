@@ -139,7 +139,8 @@ class PictureSharer:
                 self._warn(key, "picture peer %s has block_tokens %s, this router %s: not used", url, block_tokens,
                            cfg.block_tokens)
                 continue
-            known, cursors = self._cursors.get(key, (peer, {}))
+            known = self._cursors.get(key, (peer, {}))[0]
+            cursors = self._since(key)
             taken += apply_picture_delta(self.router.policy, views, cfg.block_tokens, delta, cursors)
             # another router at this address (the peer restarted, its numbers too): ask for its whole log next
             self._cursors[key] = (peer, cursors if known == peer else {})
@@ -148,7 +149,8 @@ class PictureSharer:
         return taken
 
     def _since(self, key: tuple[str, int]) -> dict[str, int]:
-        return dict(self._cursors.get(key, ("", {}))[1])
+        """The numbers to ask the peer at `key` from, for the replicas still members (a removed replica's go)."""
+        return {rid: n for rid, n in self._cursors.get(key, ("", {}))[1].items() if rid in self.router.replicas.by_id}
 
     def _warn(self, key: tuple[str, int], msg: str, *args: Any) -> None:
         now = time.monotonic()
