@@ -72,6 +72,7 @@ def test_a_cut_stream_is_sent_again_and_counted_once(cut):
     res, calls = _run([cut, cut])
     assert res.ok and res.error is None and calls == 3 and res.resent == 2
     assert res.output_tokens == 4 and res.output_chunks == 4  # the whole new stream, nothing of the cut ones
+    assert res.to_json()["resent"] == 2
 
 
 def test_past_the_limit_the_cut_is_the_error():

@@ -82,6 +82,7 @@ class RequestResult:
             "cached_tokens": self.cached_tokens,
             "decode_tok_s": self.decode_tok_s,
             "mean_itl_s": (sum(self.itl_s) / len(self.itl_s)) if self.itl_s else None,
+            "resent": self.resent,
         }
 
 
