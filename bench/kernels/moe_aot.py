@@ -77,14 +77,14 @@ def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap
     fn = gg._expert_gemm_kernel
     ptrs = {"a_ptr": aty, "as_ptr": "*fp32", "w_ptr": wty, "ws_ptr": sty, "out_ptr": "*bf16" if gated else "*fp32",
             "topk_w_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "num_padded_ptr": "*i32",
-            "zero_ptr": "*fp32", "count_ptr": "*i32", "q_ptr": "*fp8e4nv", "qs_ptr": "*fp32"}
+            "zero_ptr": "*fp32", "count_ptr": "*i32", "q_ptr": "*fp8e4nv", "qs_ptr": "*fp32", "pf_ptr": "*u8"}
     const = dict(GATED=gated, ATOMIC=not gated, FMT=fmt, A_FMT="bf16", BLOCK_M=16, BLOCK_N=bn, BLOCK_K=128,
                  FP8_GROUP=128, INT4_GROUP=128, MX_GROUP=32, EDGE_TILES=True,
                  SPLIT_K=split, ZBLOCK=16 if gated else 0, PTX=True, JOIN_K=False,
                  SWAP_AB=swap, MX_WORD=False, MX_BF16_SHIFT=64,
                  # fp8 stage 1 quantizes the intermediate at M=1 (config.DOT_M1_QUANT_IN_STAGE1)
                  QUANT_OUT=gated and fmt == 1, FP8_MAX=448.0, ROUND_E4M3=False,
-                 TILE_ROWS=0, ALIGN_M=16,
+                 TILE_ROWS=0, ALIGN_M=16, EVEN_K=True, GU_ONE_DOT=False, PF_LINES=0,
                  stride_ak=1, stride_wk=1, stride_on=1, stride_ask=1, stride_wsk=1)  # unit strides: JIT constants
     sig = _signature(fn, ptrs, const)
     attrs = _aligned(fn, sig)

@@ -13,9 +13,9 @@ Every timed configuration is first checked against the float32 reference of its 
 the norm, NaN-poisoned scratch for zoe). Each time is a CUDA graph of R back-to-back calls over R routings
 (R = 4 for M <= 64, 2 for M <= 512, 1 above), and the zoe and baseline rows also an isolated call after a
 write of 4x the L2 (clean L2): the median replay of [flush, call] minus that of [flush] alone.
---side-by-side M,... first times variants side by side, each checked (`side_by_side`): at M=1 fp8's intermediate
-quantized in stage 1 against its own launch (the --shapes), at larger M the 4-bit half tiles against whole 128-row
-tiles; --no-rows then skips the per-M rows.
+--side-by-side M,... first times variants side by side, each checked (`side_by_side`): at M=1 fp8's L2 prefetch of
+stage 2's weights by stage 1, 0 to 16 MiB (the --shapes), at larger M the 4-bit stage 1 with gate and up in one
+dot against two (`GU_ONE_DOT`); --no-rows then skips the per-M rows.
 --fp8-numerics adds fp8's error and time per tile height (16..128 rows); --tolerance the errors the GPU tests see,
 per format, path and tile height; --dequant-tiles times the dequantization alone; --tile-sweep the 4-bit tiles at
 large M (TILE_SWEEP, or those of --tile-variants).
@@ -379,10 +379,10 @@ def _interleaved(variants: dict, rounds: int = 2) -> dict:
 
 
 def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> None:
-    """With 1 in `ms`, fp8 at M=1 on `shapes` with the intermediate's quantization as its own launch (five) against
-    stage 1 quantizing it (`config.DOT_M1_QUANT_IN_STAGE1`, four launches);
-    at the larger `ms`, the 4-bit half tiles (`config.FOUR_BIT_HALF_TILES`) against whole 128-row tiles
-    (DeepSeek-V3.2). Each variant checked on the same fresh routings with NaN-poisoned scratch (6 at M=1, else 1),
+    """With 1 in `ms`, fp8 at M=1 on `shapes` with stage 1 prefetching 0, 8 or 16 MiB of stage 2's weights into L2
+    (`config.DOT_M1_L2_PREFETCH_BYTES`);
+    at the larger `ms`, the 4-bit stage 1 with gate and up in one dot (`GU_ONE_DOT`, as `config` picks) against two
+    (the `shapes`). Each variant checked on the same fresh routings with NaN-poisoned scratch (6 at M=1, else 1),
     then timed interleaved (medians of three rounds at M=1, two above) back to back (graph of R calls) and, at M=1,
     as an isolated call with a clean L2."""
     import torch
@@ -430,7 +430,8 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> No
         b2b = _interleaved({name: (set_up, graph_t[name][0]) for name, set_up in variants.items()}, rounds)
         iso = _interleaved({name: (set_up, graph_t[name][1]) for name, set_up in variants.items()},
                            rounds) if isolated else {}
-        config.DOT_M1_QUANT_IN_STAGE1, config.FOUR_BIT_HALF_TILES = defaults
+        config.DOT_M1_L2_PREFETCH_BYTES = default_prefetch
+        fm.stage_config = original
         for name in variants:
             row = {"step": label, "shape": shape_name, "M": m, "fmt": fmt, "variant": name, **res[name],
                    "floor_us": round(floor, 2), "median_us": round(b2b[name], 2),
@@ -445,20 +446,29 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> No
         del w
         torch.cuda.empty_cache()
 
-    defaults = config.DOT_M1_QUANT_IN_STAGE1, config.FOUR_BIT_HALF_TILES
+    default_prefetch = config.DOT_M1_L2_PREFETCH_BYTES
 
     def setter(module, attr, value):
         return lambda: setattr(module, attr, value)
 
-    fp8_variants = {"separate_5_launches": setter(config, "DOT_M1_QUANT_IN_STAGE1", False),
-                    "quant_in_stage1_4_launches": setter(config, "DOT_M1_QUANT_IN_STAGE1", True)}
-    half_variants = {"half_tiles": setter(config, "FOUR_BIT_HALF_TILES", True),
-                     "whole_128_tiles": setter(config, "FOUR_BIT_HALF_TILES", False)}
+    fp8_variants = {f"l2_prefetch_{mb}MiB": setter(config, "DOT_M1_L2_PREFETCH_BYTES", mb << 20)
+                    for mb in (0, 8, 16)}
+    fm = sys.modules["zoe_kernels.moe.fused_moe"]
+    original = fm.stage_config
+
+    def two_dots(*a, **kw):
+        """stage_config with stage 1's gate and up as two dots (the form before `GU_ONE_DOT`)."""
+        return original(*a, **kw) | {"GU_ONE_DOT": False}
+
+    gu_variants = {"gate_up_one_dot": lambda: setattr(fm, "stage_config", original),
+                   "gate_up_two_dots": lambda: setattr(fm, "stage_config", two_dots)}
     for name in shapes if 1 in ms else []:
         compare("fp8_m1_epilogues", name, "fp8", 1, fp8_variants, 4, True)
     for m in [m for m in ms if m > 1]:
-        for fmt in FOUR_BIT:
-            compare("4bit_half_tiles", "dsv32", fmt, m, half_variants, 1, False)
+        for name in shapes:
+            for fmt in FOUR_BIT:
+                compare("4bit_gate_up_one_dot", name, fmt, m, gu_variants, 1, False)
+    fm.stage_config = original
 
 
 # ---------------------------------------------------------------------------------------------- crossover
@@ -563,7 +573,7 @@ def main() -> None:
     ap.add_argument("--tolerance", action="store_true", help="the GPU tests' errors per format, path, tile height")
     ap.add_argument("--crossover", type=Path, help="merge a results file's paths into kernels/moe/crossover.json")
     ap.add_argument("--side-by-side", default="", help="Ms to compare variants at (side_by_side): 1 the fp8 M=1 "
-                    "quantization in stage 1 on --shapes, larger M the 4-bit half tiles; then the --shapes rows "
+                    "L2 prefetch on --shapes, larger M the 4-bit stage 1 in one dot or two; then the --shapes rows "
                     "unless --no-rows")
     ap.add_argument("--no-rows", action="store_true", help="skip the per-M rows of --shapes")
     args = ap.parse_args()

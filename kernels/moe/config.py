@@ -63,7 +63,12 @@ def mx_native() -> bool:
 FOUR_BIT_FORMATS = ("w4a16", "mxfp4")
 # The 4-bit formats on tiles of at least this many rows (wgmma tiles on Hopper) interleave the decoded even-k and
 # odd-k weight halves into one K tile, with the int4 group scale applied to the weights (`grouped_gemm._join_k`):
-# the activations stay in shared memory and the K steps form one MMA chain. Below it the activations are split into
+# the activations stay in shared memory and the K steps form one MMA chain. Their stage 1 multiplies gate and up in
+# one dot (`grouped_gemm` GU_ONE_DOT: weight rows interleaved, 2 BLOCK_N columns): Triton waits on each wgmma whose
+# operand the loop body wrote before the next decode, so one wgmma of 128 columns per K step instead of two of 64
+# halves the waits. H200, M=6144, side by side (raw/moe_gate_up_one_dot_h200.json): DeepSeek-V3.2 w4a16 13.38
+# against 14.88 ms, mxfp4 13.08 against 14.49; GLM-5 12.65 against 14.29 and 12.59 against 13.43 (8 warps: 2-6 %
+# slower than 4). Retune: `moe_large_m.py --side-by-side 6144 --no-rows`. Below it the activations are split into
 # even-k and odd-k halves in registers (two dots per step, the int4 scale on their result), which suits 16-row tiles.
 # Why: compiled for sm_90a, the split form of the 64- and 128-row w4a16 tiles spills (255 registers, 168-2,352 bytes)
 # and the joined form does not (126-238 registers); on the H200 the joined w4a16 tiles took 0.3-0.6x the split ones'
@@ -120,7 +125,8 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
         # The interpreter pays per program and loop step: few, large tiles.
         return {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1,
                 "JOIN_K": join_k, "SWAP_AB": bm <= SWAP_AB_MAX_BLOCK_M and fmt in SWAP_AB_FORMATS,
-                "HALF_TILES": FOUR_BIT_HALF_TILES and fmt in FOUR_BIT_FORMATS and bm >= 2 * JOIN_K_MIN_BLOCK_M}
+                "HALF_TILES": FOUR_BIT_HALF_TILES and fmt in FOUR_BIT_FORMATS and bm >= 2 * JOIN_K_MIN_BLOCK_M,
+                "GU_ONE_DOT": join_k and gated}
     if bm >= 64:
         bn = 128
         warps = 8 if bm == 128 else 4
@@ -143,7 +149,8 @@ def stage_config(m: int, top_k: int, num_experts: int, n: int, k: int, fmt: str,
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps,
             "num_stages": fit_stages(stages, bm, bn, bk, fmt, gated),
             "JOIN_K": join_k, "SWAP_AB": bm <= SWAP_AB_MAX_BLOCK_M and bn >= 64 and fmt in SWAP_AB_FORMATS,
-            "HALF_TILES": FOUR_BIT_HALF_TILES and fmt in FOUR_BIT_FORMATS and bm >= 2 * JOIN_K_MIN_BLOCK_M}
+            "HALF_TILES": FOUR_BIT_HALF_TILES and fmt in FOUR_BIT_FORMATS and bm >= 2 * JOIN_K_MIN_BLOCK_M,
+            "GU_ONE_DOT": join_k and gated}
 
 
 # The tl.dot path at M=1 in its launch-saving mode: one tile per edge with the expert read from topk_ids (no
@@ -166,6 +173,20 @@ DOT_M1_MIN_TOP_K = 8
 # Split-K keeps at least this many K steps per program. Why: the TP8 slice (I = 256, 2 K steps) ran slower split
 # (10.8 against 10.0 us for stage 2). Retune: `moe_fp8_m1_sweep.py` on a short-I shape.
 MIN_K_STEPS_PER_SPLIT = 4
+
+
+# fp8's M=1 mode: stage 1's programs, after their K loop, prefetch the first this many bytes of the weights stage 2
+# reads into L2 (`grouped_gemm._prefetch_next_stage`; PTX targets), so stage 1's tail, when fewer programs stream,
+# fetches bytes that stage 2 would wait for. Why (H200, side by side, medians of 3 interleaved rounds; back to back /
+# isolated, raw/moe_gate_up_one_dot_h200.json): DeepSeek-V3.2 95.9 / 103.8 us with 16 MiB against 96.9 / 105.6 with
+# none, 98.1 / 106.2 with 24 and 101.7 / 110.6 with 40 (more competes with stage 1's own reads); GLM-5 93.5 / 102.4
+# against 95.6 / 105.0. Retune: `moe_large_m.py --side-by-side 1 --no-rows`.
+DOT_M1_L2_PREFETCH_BYTES = 16 << 20
+
+
+def dot_m1_l2_prefetch_bytes() -> int:
+    """Bytes of stage 2's weights stage 1 prefetches into L2 in the M=1 mode (0: none; PTX targets only)."""
+    return DOT_M1_L2_PREFETCH_BYTES if has_ptx() else 0
 
 
 def dot_m1_quant_in_stage1() -> bool:

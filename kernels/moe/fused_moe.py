@@ -7,7 +7,8 @@ with vLLM's `fused_experts` layout: w13 [E, 2I, H] (rows: gate then up), w2 [E, 
 top-k weighted combine epilogue), `grouped_gemm.py`; fp8 (w8a8) adds two activation-quantization launches.
 At M=1 a format in `config.DOT_M1_TILES` (fp8) drops align (one tile per edge, experts read
 from topk_ids) and the accumulator's memset (stage 1 zeroes it), splits stage 2 along K, and (with top-k > 1)
-quantizes the intermediate in stage 1 (the last program of a 128-column group does it): four launches.
+quantizes the intermediate in stage 1 (the last program of a 128-column group does it): four launches; stage 1 also
+prefetches the first of stage 2's weights into L2 (`config.DOT_M1_L2_PREFETCH_BYTES`).
 The 4-bit formats' 128-row tiles run each stage in two launches (`config.FOUR_BIT_HALF_TILES`).
 With few tokens per expert (decode) the GEMV path (`gemv.py`) runs instead: two launches, no align, no
 activation quantization (`config.use_gemv` picks by the expected edges per expert, measured per format).
@@ -28,6 +29,7 @@ from zoe_kernels.moe.config import (
     FOUR_BIT_FORMATS,
     block_m_for,
     dot_m1_configs,
+    dot_m1_l2_prefetch_bytes,
     dot_m1_quant_in_stage1,
     fp8_act_quant_for,
     gemv_config,
@@ -206,9 +208,12 @@ def fused_moe(
     if quant_inter:
         quant_out = (alloc((m * top_k, i), dtype=fp8_dtype(dev), device=dev),
                      alloc((m * top_k, groups), dtype=torch.float32, device=dev), counts)
+    prefetch = None
+    if m1 and dot_m1_l2_prefetch_bytes() > 0 and w2.is_contiguous():  # stage 2's first weights into L2
+        prefetch = (w2, dot_m1_l2_prefetch_bytes())
     for cfg in _tile_launches(cfg1):
         gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, top_k=top_k, kfmt=kfmt, cfg=cfg,
-                       zero=acc if m1 else None, quant_out=quant_out)
+                       zero=acc if m1 else None, quant_out=quant_out, prefetch=prefetch)
 
     inter_scale = None
     if quant_out is not None:

@@ -13,8 +13,11 @@ float32 buffer (stage 2's accumulator) and, on the M=1 tiles, writes the interme
 (`quant_out`: the last program to finish a 128-column group quantizes it, counted by an atomic), stage 2 splits K
 over SPLIT_K programs, a launch covers only the experts of a chunk (the dequant path's workspace), and a launch
 computes only align's tiles with an edge in their upper half, or only the lower halves of the others
-(`TileRows`, `config.FOUR_BIT_HALF_TILES`). The K loop is software-pipelined (`num_stages`): the next
-weight tile is loaded while the current one is multiplied.
+(`TileRows`, `config.FOUR_BIT_HALF_TILES`). Stage 1 can multiply gate and up in one dot (`GU_ONE_DOT`: the
+weight rows interleaved gate, up, gate, ..., the accumulator's column pairs split after the loop; the 4-bit joined
+tiles), and at M=1 prefetch the first of stage 2's weights into L2 after its K loop (`_prefetch_next_stage`). The K
+loop is software-pipelined (`num_stages`): the next weight tile is loaded while the current one is multiplied; where
+K is whole K steps (`EVEN_K`) the loads keep only their row masks.
 
 The weight format is a compile-time constant (`KernelFormat`, from `kernel_format`). fp8 runs w8a8 (activations
 quantized per token group, fp8 products) by default; the w8a16 mode (weights upcast in registers, activations kept
@@ -82,11 +85,15 @@ _MXFP4_NATIVE = tl.constexpr(int(KernelFormat.MXFP4_NATIVE))
 
 @triton.jit
 def _load_a(a_ptr, as_ptr, rows, row_mask, k0, K, stride_am, stride_ak, stride_asm, stride_ask,
-            FMT: tl.constexpr, BLOCK_K: tl.constexpr, FP8_GROUP: tl.constexpr):
-    """The A tile of one K step and, for fp8 w8a8, its activation scale per row."""
+            FMT: tl.constexpr, BLOCK_K: tl.constexpr, FP8_GROUP: tl.constexpr, EVEN_K: tl.constexpr):
+    """The A tile of one K step and, for fp8 w8a8, its activation scale per row (EVEN_K: every K step whole, no
+    K mask)."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
-    a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak,
-                mask=row_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+    if EVEN_K:  # the row mask alone (tl.load broadcasts it): no per-step compare and select
+        mask = row_mask[:, None]
+    else:
+        mask = row_mask[:, None] & (offs_k[None, :] < K)
+    a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak, mask=mask, other=0.0)
     if FMT == _FP8_W8A8:
         a_s = tl.load(as_ptr + rows * stride_asm + (k0 // FP8_GROUP) * stride_ask, mask=row_mask, other=0.0)
     else:
@@ -107,7 +114,7 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
            stride_wn, stride_wk, stride_wsn, stride_wsk,
            FMT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr, PTX: tl.constexpr,
-           JOIN_K: tl.constexpr, MX_WORD: tl.constexpr, MX_BF16_SHIFT: tl.constexpr):
+           JOIN_K: tl.constexpr, MX_WORD: tl.constexpr, MX_BF16_SHIFT: tl.constexpr, EVEN_K: tl.constexpr):
     """acc += A @ W[wrows, k0:k0+BLOCK_K].T for the weight format FMT; a2 is the activation scale (fp8 w8a8)
     or, for the 4-bit formats (int4, mxfp4) without JOIN_K, the odd-K half of A (`a` is then the even-K half). With
     JOIN_K the decoded even-k and odd-k weight halves are interleaved into one [BLOCK_K, BLOCK_N] tile and `a` is
@@ -116,16 +123,17 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
     where `mx_word_scales_supported`) takes the row's scale bytes as one 32-bit word per 128 k, applied in the
     decode (`_e2m1_scaled_halves`; bf16 weights then carry 2^-MX_BF16_SHIFT, which the caller takes back). KP is the packed row length (bytes) of the 4-bit formats: their
     masks use it, not K, so that the JIT's divisibility of KP keeps the byte loads 16 bytes wide (and
-    pipelined: cp.async), which (K + 1) // 2 did not (one byte per load)."""
+    pipelined: cp.async), which (K + 1) // 2 did not (one byte per load). EVEN_K: every K step is whole (K a
+    multiple of BLOCK_K), so the weight loads keep only the row mask."""
     if FMT == _FLOAT:
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(w_base + wrows[None, :] * stride_wn + offs_k[:, None] * stride_wk,
-                    mask=wrow_mask[None, :] & (offs_k[:, None] < K), other=0.0)
+        kmask = wrow_mask[None, :] if EVEN_K else wrow_mask[None, :] & (offs_k[:, None] < K)
+        w = tl.load(w_base + wrows[None, :] * stride_wn + offs_k[:, None] * stride_wk, mask=kmask, other=0.0)
         acc = tl.dot(a, w, acc)
     elif FMT == _FP8_W8A8 or FMT == _FP8_W8A16:
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(w_base + wrows[None, :] * stride_wn + offs_k[:, None] * stride_wk,
-                    mask=wrow_mask[None, :] & (offs_k[:, None] < K), other=0.0)
+        kmask = wrow_mask[None, :] if EVEN_K else wrow_mask[None, :] & (offs_k[:, None] < K)
+        w = tl.load(w_base + wrows[None, :] * stride_wn + offs_k[:, None] * stride_wk, mask=kmask, other=0.0)
         w_s = tl.load(ws_base + (wrows // FP8_GROUP) * stride_wsn + (k0 // FP8_GROUP) * stride_wsk,
                       mask=wrow_mask, other=0.0)
         if FMT == _FP8_W8A8:  # w8a8: fp8 x fp8 products, both scales on the result
@@ -136,8 +144,9 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
         # int4: low nibbles are the even k, high nibbles the odd k; two dots over the halves need no
         # interleave. The group scale (one per column and step) goes on the result.
         offs_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        kmask = wrow_mask[None, :] if EVEN_K else wrow_mask[None, :] & (offs_kp[:, None] < KP)
         p = tl.load(w_base + wrows[None, :] * stride_wn + offs_kp[:, None] * stride_wk,
-                    mask=wrow_mask[None, :] & (offs_kp[:, None] < KP))  # zero fill: cp.async, no select
+                    mask=kmask)  # zero fill: cp.async, no select
         if JOIN_K:  # the step's group scale (a K step lies in one group) on the weights: one MMA chain into acc
             lo, hi = _int4_scaled_halves(p, tl.broadcast_to(ws_pre[None, :], p.shape), a.dtype, PTX)
             acc = tl.dot(a, _join_k(lo, hi, BLOCK_K, BLOCK_N), acc)
@@ -148,8 +157,9 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
             acc += d * ws_pre[None, :]
     elif MX_WORD:  # mxfp4, JOIN_K: rows of packed bytes, the step's scales one word per row
         offs_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        kmask = wrow_mask[:, None] if EVEN_K else wrow_mask[:, None] & (offs_kp[None, :] < KP)
         p = tl.load(w_base + wrows[:, None] * stride_wn + offs_kp[None, :] * stride_wk,
-                    mask=wrow_mask[:, None] & (offs_kp[None, :] < KP))  # zero fill: cp.async, no select
+                    mask=kmask)  # zero fill: cp.async, no select
         sw = tl.load((ws_base + wrows * stride_wsn + k0 // (4 * MX_GROUP) * 4).to(tl.pointer_type(tl.int32)),
                      mask=wrow_mask, other=0)
         lo, hi = _e2m1_scaled_halves(p, sw, a.dtype, BLOCK_K, MX_GROUP, MX_BF16_SHIFT, PTX,
@@ -215,6 +225,29 @@ def _dot_w_mx_native(acc, a, a_s, w_base, ws_base, wrows, wrow_mask, k0, K, stri
 
 
 @triton.jit
+def _prefetch_l2(ptrs):
+    """`prefetch.global.L2::evict_last` of the 128-byte lines at `ptrs` (PTX targets only): the lines are fetched into
+    L2 with the priority to stay, nothing is returned to the thread."""
+    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.b32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_next_stage(pf_ptr, ids_ptr, p, slice_bytes, total_bytes, expert_bytes, stride_pe, num_edges,
+                         num_experts, PF_LINES: tl.constexpr):
+    """Stage 1 at M=1, after its K loop: program p prefetches into L2 its slice of the first `total_bytes` of stage
+    2's weights in the order stage 2 reads them (edge 0's expert, edge 1's, ...; `expert_bytes` contiguous per
+    expert), so that the stage's tail, when fewer programs stream, fetches bytes stage 2 would read from HBM."""
+    line = tl.arange(0, PF_LINES)
+    offs = p.to(tl.int64) * slice_bytes + line * 128
+    edge = offs // expert_bytes
+    valid = (line * 128 < slice_bytes) & (offs < total_bytes) & (edge < num_edges)
+    expert = tl.load(ids_ptr + edge, mask=valid, other=0).to(tl.int64)
+    valid = valid & (expert >= 0) & (expert < num_experts)
+    _prefetch_l2(tl.where(valid, pf_ptr + expert * stride_pe + offs % expert_bytes, pf_ptr))
+
+
+@triton.jit
 def _last_arrival(count_ptr, idx, arrivals):
     """Whether this program is the last of `arrivals` programs to reach counter `idx` (int32, zeroed before the
     launch). The barrier puts every thread's writes before the counter's release; the acquire puts the reads that
@@ -249,6 +282,7 @@ def _expert_gemm_kernel(
     stride_om, stride_on,
     zero_ptr, zero_numel, expert_lo, expert_hi,
     count_ptr, q_ptr, qs_ptr, stride_qm, stride_qsm,
+    pf_ptr, pf_slice, pf_total, pf_expert_bytes, stride_pe,
     GATED: tl.constexpr, ATOMIC: tl.constexpr, FMT: tl.constexpr, A_FMT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr,
@@ -256,7 +290,8 @@ def _expert_gemm_kernel(
     SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr, PTX: tl.constexpr, JOIN_K: tl.constexpr,
     SWAP_AB: tl.constexpr, MX_WORD: tl.constexpr, MX_BF16_SHIFT: tl.constexpr,
     QUANT_OUT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr,
-    TILE_ROWS: tl.constexpr, ALIGN_M: tl.constexpr,
+    TILE_ROWS: tl.constexpr, ALIGN_M: tl.constexpr, EVEN_K: tl.constexpr, GU_ONE_DOT: tl.constexpr,
+    PF_LINES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if ZBLOCK > 0:  # stage 1 zeroes stage 2's float32 accumulator (saves a memset launch)
@@ -299,12 +334,24 @@ def _expert_gemm_kernel(
     n_mask = offs_n < N
     w_base = w_ptr + (expert - expert_lo) * stride_we
     ws_base = ws_ptr + (expert - expert_lo) * stride_wse
+    # The weight rows of one dot: BLOCK_N of them, or with GU_ONE_DOT (stage 1) gate and up rows interleaved
+    # (gate n, up n, gate n+1, ...), 2 BLOCK_N columns in one accumulator whose column pairs split into gate and up
+    # after the loop: one MMA per K step, twice as wide, instead of two.
+    if GU_ONE_DOT:
+        j = tl.arange(0, 2 * BLOCK_N)
+        wrows = pid_n * BLOCK_N + j // 2 + (j % 2) * N
+        wrow_mask = pid_n * BLOCK_N + j // 2 < N
+    else:
+        wrows = offs_n
+        wrow_mask = n_mask
+    WN: tl.constexpr = 2 * BLOCK_N if GU_ONE_DOT else BLOCK_N
+    SEPARATE_UP: tl.constexpr = GATED and not GU_ONE_DOT
 
     if SWAP_AB:  # mxfp4 with the weights as the MMA's first operand: acc^T = W @ A^T
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, WN), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SPLIT_K == 1:  # the whole K (the common case keeps its bounds simple)
         k_lo = 0
@@ -315,23 +362,24 @@ def _expert_gemm_kernel(
         k_hi = tl.minimum(K, k_lo + k_split)
     # int4 group scales (one per column and K step): loaded one K step ahead, since Triton's pipeliner does not
     # pipeline these loads (they feed the result, not the dot) and the loop would wait on each
-    ws_gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    ws_gate = tl.zeros((WN,), dtype=tl.float32)
     ws_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if FMT == _INT4:
-        ws_gate = _int4_scales(ws_base, offs_n, n_mask, k_lo, k_hi, stride_wsn, stride_wsk, INT4_GROUP)
-        if GATED:
+        ws_gate = _int4_scales(ws_base, wrows, wrow_mask, k_lo, k_hi, stride_wsn, stride_wsk, INT4_GROUP)
+        if SEPARATE_UP:
             ws_up = _int4_scales(ws_base, N + offs_n, n_mask, k_lo, k_hi, stride_wsn, stride_wsk, INT4_GROUP)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ws_g = ws_gate
         ws_u = ws_up
         if FMT == _INT4:
-            ws_gate = _int4_scales(ws_base, offs_n, n_mask, k0 + BLOCK_K, k_hi, stride_wsn, stride_wsk, INT4_GROUP)
-            if GATED:
+            ws_gate = _int4_scales(ws_base, wrows, wrow_mask, k0 + BLOCK_K, k_hi, stride_wsn, stride_wsk,
+                                   INT4_GROUP)
+            if SEPARATE_UP:
                 ws_up = _int4_scales(ws_base, N + offs_n, n_mask, k0 + BLOCK_K, k_hi, stride_wsn, stride_wsk,
                                      INT4_GROUP)
         if FMT == _MXFP4_NATIVE:
             a, _ = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
-                           stride_ask, _FLOAT, BLOCK_K, FP8_GROUP)
+                           stride_ask, _FLOAT, BLOCK_K, FP8_GROUP, EVEN_K)
             offs_as = k0 // MX_GROUP + tl.arange(0, BLOCK_K // MX_GROUP)
             a_s = tl.load(as_ptr + a_rows[:, None] * stride_asm + offs_as[None, :] * stride_ask,
                           mask=row_mask[:, None] & (offs_as[None, :] < (K + MX_GROUP - 1) // MX_GROUP), other=127)
@@ -344,12 +392,12 @@ def _expert_gemm_kernel(
             if FMT == _INT4 or FMT == _MXFP4:
                 # one contiguous (cp.async-pipelined) load; without JOIN_K split into the even-k and odd-k halves
                 a, a2 = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
-                                stride_ask, _FLOAT, BLOCK_K, FP8_GROUP)
+                                stride_ask, _FLOAT, BLOCK_K, FP8_GROUP, EVEN_K)
                 if not JOIN_K:
                     a, a2 = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
             else:
                 a, a2 = _load_a(a_ptr, as_ptr, a_rows, row_mask, k0, K, stride_am, stride_ak, stride_asm,
-                                stride_ask, FMT, BLOCK_K, FP8_GROUP)
+                                stride_ask, FMT, BLOCK_K, FP8_GROUP, EVEN_K)
             if SWAP_AB:
                 a_t = tl.trans(a)
                 a2_t = tl.trans(a2)
@@ -359,17 +407,22 @@ def _expert_gemm_kernel(
                     acc_up = _dot_w_mx_swapped(acc_up, a_t, a2_t, w_base, ws_base, N + offs_n, n_mask, k0, KP,
                                                stride_wn, stride_wk, stride_wsn, BLOCK_K, MX_GROUP, MX_BF16_SHIFT, PTX)
             else:
-                acc = _dot_w(acc, a, a2, w_base, ws_base, ws_g, offs_n, n_mask, k0, K, KP, stride_wn, stride_wk,
-                             stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP, MX_GROUP, PTX,
-                             JOIN_K, MX_WORD, MX_BF16_SHIFT)
-                if GATED:
+                acc = _dot_w(acc, a, a2, w_base, ws_base, ws_g, wrows, wrow_mask, k0, K, KP, stride_wn, stride_wk,
+                             stride_wsn, stride_wsk, FMT, BLOCK_K, WN, FP8_GROUP, INT4_GROUP, MX_GROUP, PTX,
+                             JOIN_K, MX_WORD, MX_BF16_SHIFT, EVEN_K)
+                if SEPARATE_UP:
                     acc_up = _dot_w(acc_up, a, a2, w_base, ws_base, ws_u, N + offs_n, n_mask, k0, K, KP, stride_wn,
                                     stride_wk, stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP,
-                                    MX_GROUP, PTX, JOIN_K, MX_WORD, MX_BF16_SHIFT)
+                                    MX_GROUP, PTX, JOIN_K, MX_WORD, MX_BF16_SHIFT, EVEN_K)
 
     if SWAP_AB:
         acc = tl.trans(acc)
         acc_up = tl.trans(acc_up)
+    if PF_LINES > 0:  # stage 1 at M=1: its slice of stage 2's weights into L2 (`_prefetch_next_stage`)
+        _prefetch_next_stage(pf_ptr, sorted_ids_ptr, pid_m * num_n + pid_n, pf_slice, pf_total, pf_expert_bytes,
+                             stride_pe, num_edges, expert_hi, PF_LINES)
+    if GU_ONE_DOT:  # columns (gate n, up n) side by side: a thread holds both (the MMA layout's column pairs)
+        acc, acc_up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
     if SWAP_AB or MX_WORD:
         if MX_BF16_SHIFT > 0:  # the bf16 decode's 2^-MX_BF16_SHIFT (exact: a power of two)
             acc = acc * (2.0 ** MX_BF16_SHIFT)
@@ -429,7 +482,7 @@ def mx_swap_supported(w_scale: torch.Tensor, k: int, block_k: int) -> bool:
 
 
 def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_k, n, k, kfmt, gated,
-            atomic, cfg, zero=None, experts=None, quant_out=None):
+            atomic, cfg, zero=None, experts=None, quant_out=None, prefetch=None):
     sorted_ids, block_expert, num_padded = align
     edge_tiles = block_expert is None  # align = (topk_ids flattened, None, None): one tile per edge
     split_k = cfg.get("SPLIT_K", 1)
@@ -464,6 +517,17 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
     if quant_out is not None:  # (fp8 [edges, n], float32 scales [edges, ceil(n/128)], int32 counters, zeroed)
         *quant_out, counts = quant_out
         q_strides = (quant_out[0].stride(0), quant_out[1].stride(0))
+    pf_args, pf_lines = (out, 0, 0, 1, 0), 0
+    if prefetch is not None:  # (stage 2's weights [E, H, I'] contiguous, bytes to prefetch) for the M=1 tiles
+        pw, nbytes = prefetch
+        if not (edge_tiles and gated and pw.is_contiguous()):
+            raise ValueError("the L2 prefetch of stage 2's weights runs in stage 1's M=1 tiles, contiguous weights")
+        pw = pw.view(torch.uint8)  # byte addresses
+        expert_bytes = pw[0].numel()
+        total = min(nbytes, num_edges * expert_bytes)
+        slice_bytes = triton.cdiv(triton.cdiv(total, programs), 128) * 128
+        pf_lines = triton.next_power_of_2(max(1, slice_bytes // 128)) if total > 0 else 0
+        pf_args = (pw, slice_bytes, total, expert_bytes, pw.stride(0))
     _expert_gemm_kernel[(programs,)](
         a, a_scale, w, w_scale, out, topk_w,
         sorted_ids, sorted_ids if edge_tiles else block_expert, sorted_ids if edge_tiles else num_padded,
@@ -473,13 +537,16 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         out.stride(0), out.stride(1),
         zero if zero is not None else out, 0 if zero is None else zero.numel(), *(experts or (0, w.shape[0])),
         counts if counts is not None else out, *(quant_out or (out, out)), q_strides[0], q_strides[1],
+        *pf_args,
         GATED=gated, ATOMIC=atomic, FMT=int(kfmt), A_FMT=_a_fmt(a.dtype),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP,
         EDGE_TILES=edge_tiles, SPLIT_K=split_k,
         ZBLOCK=zblock, PTX=has_ptx(), JOIN_K=cfg.get("JOIN_K", False), SWAP_AB=swap, MX_WORD=mx_word,
         MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0,
-        QUANT_OUT=quant_out is not None, TILE_ROWS=int(tile_rows),
+        QUANT_OUT=quant_out is not None, TILE_ROWS=int(tile_rows), EVEN_K=k % cfg["BLOCK_K"] == 0,
+        PF_LINES=pf_lines,
+        GU_ONE_DOT=(gated and not swap and kfmt != KernelFormat.MXFP4_NATIVE and bool(cfg.get("GU_ONE_DOT", False))),
         ALIGN_M=cfg["BLOCK_M"] * (2 if tile_rows == TileRows.LOWER_HALF else 1),
         FP8_MAX=fp8_max(quant_out[0].dtype) if quant_out is not None else 1.0, ROUND_E4M3=interpreting(),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
@@ -488,7 +555,7 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
 
 def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, kfmt: int, cfg: dict,
                    zero: torch.Tensor | None = None, experts: tuple[int, int] | None = None,
-                   quant_out: tuple | None = None) -> None:
+                   quant_out: tuple | None = None, prefetch: tuple | None = None) -> None:
     """Stage 1: inter[edge] = silu(x[token] W_gate^T) * (x[token] W_up^T), for every routed edge.
 
     x [M, H] (fp8 w8a8: fp8 with x_scale [M, ceil(H/128)]; native mxfp4: e4m3 with e8m0 uint8 x_scale
@@ -498,10 +565,12 @@ def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, kfmt
     run, with w13[0] holding expert lo (a chunk of dequantized experts); None: every expert, w13 whole.
     `quant_out` = (fp8 [M*top_k, I], float32 scales [M*top_k, ceil(I/128)], int32 counters [M*top_k*ceil(I/128)]
     zeroed): the M=1 tiles also write inter quantized per token group of 128 (as `act_quant.quantize_act_fp8`).
+    `prefetch` = (w2 contiguous, bytes): the M=1 tiles, after their K loop, prefetch the first `bytes` of the weights
+    stage 2 reads (edge by edge) into L2 (PTX targets; `_prefetch_next_stage`).
     """
     _launch(x, x_scale, w13, w13_scale, inter, None, align, num_edges=inter.shape[0], top_k=top_k,
             n=inter.shape[1], k=x.shape[1], kfmt=kfmt, gated=True, atomic=False, cfg=cfg, zero=zero, experts=experts,
-            quant_out=quant_out)
+            quant_out=quant_out, prefetch=prefetch)
 
 
 def down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, *, top_k: int, kfmt: int,

@@ -518,6 +518,32 @@ def test_dot_path_4bit_half_tiles(fmt, half_tiles, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
+@pytest.mark.parametrize("gu_one_dot", [True, False])
+def test_dot_path_4bit_gate_up_one_dot(fmt, gu_one_dot, monkeypatch):
+    """Stage 1 on joined tiles multiplies gate and up rows interleaved in one dot (`GU_ONE_DOT`, what `config` picks)
+    and splits the accumulator's column pairs after the loop; against the two-dot form (the other formats' stage 1).
+    I = 100 (the last column tile part masked), H = 200 (a partial last K step) and 256 (whole steps, `EVEN_K`;
+    mxfp4's scales then one word per row), an invalid id, NaN-poisoned scratch, against the reference."""
+    from zoe_kernels.moe import config
+
+    fm = sys.modules["zoe_kernels.moe.fused_moe"]  # the package's `fused_moe` is the function
+    monkeypatch.setattr(config, "JOIN_K_MIN_BLOCK_M", 16)
+    monkeypatch.setattr(config, "SWAP_AB_FORMATS", set())
+    original = fm.stage_config
+    monkeypatch.setattr(fm, "stage_config", lambda *a, **kw: original(*a, **kw) | (
+        {} if gu_one_dot else {"GU_ONE_DOT": False}))
+    dtype = DTYPES[0]
+    for h in (200, 256):
+        x, w13, w2, tw, ti, kw = _problem(23, h, 100, 4, 2, fmt, dtype, seed=zlib.crc32(f"gu{fmt}{h}".encode()))
+        ti[2, 1] = -1
+        assert config.stage_config(23, 2, 4, 100, h, fmt, gated=True, block_m=16)["GU_ONE_DOT"]
+        assert not config.stage_config(23, 2, 4, h, 100, fmt, gated=False, block_m=16)["GU_ONE_DOT"]
+        out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, block_m=16, **kw)
+        assert torch.isfinite(out).all(), "an output element was not written (NaN poison survived)"
+        assert _rel_err(out, fused_moe_reference(x, w13, w2, tw, ti, **kw)) < _tol(fmt, dtype, wide=True)
+
+
+@pytest.mark.parametrize("fmt", ["w4a16", "mxfp4"])
 def test_dequantize_4bit_is_exact(fmt):
     """`dequant.dequantize_4bit` equals `formats.dequantize_weights` rounded once to the output dtype, for an
     expert range [lo, hi) of a weight whose K is odd (a padding nibble) and whose rows are off the tile; every
@@ -625,6 +651,24 @@ def test_dot_m1_mode_only_where_measured():
         assert dot_m1_configs(1, "fp8", 8, 256)[1]["SPLIT_K"] == 1
     for fmt, tiles in DOT_M1_TILES.items():
         assert len(tiles[1]) == 3 and len(tiles[2]) == 4 and tiles[2][3] >= 1
+
+
+def test_l2_prefetch_only_on_ptx_and_the_m1_tiles():
+    """Stage 1's L2 prefetch of stage 2's weights (`config.DOT_M1_L2_PREFETCH_BYTES`) runs only where PTX does, and
+    a launch that asks for it on align-based tiles is refused with a clear error."""
+    from zoe_kernels.moe import config
+    from zoe_kernels.moe.grouped_gemm import KernelFormat, gate_up_swiglu
+    from zoe_kernels.platform import has_ptx
+
+    assert config.dot_m1_l2_prefetch_bytes() == (config.DOT_M1_L2_PREFETCH_BYTES if has_ptx() else 0)
+    x = torch.randn((2, 128)).to(DEVICE, DTYPES[0])
+    w13 = torch.randn((3, 64, 128)).to(DEVICE, DTYPES[0])
+    inter = torch.empty((4, 32), dtype=DTYPES[0], device=DEVICE)
+    align = moe_align(torch.tensor([[0, 1], [2, 0]], dtype=torch.int32, device=DEVICE), 3, 16)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1}
+    with pytest.raises(ValueError, match="L2 prefetch"):
+        gate_up_swiglu(x, None, w13, None, inter, align, top_k=2, kfmt=KernelFormat.FLOAT, cfg=cfg,
+                       prefetch=(w13, 1 << 20))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
