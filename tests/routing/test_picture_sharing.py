@@ -69,3 +69,35 @@ def test_a_policy_without_indexes_shares_nothing():
     rr = get_policy("round_robin")
     assert indexing_policy(rr) is None and picture_delta(rr, {}, views) == {}
     assert apply_picture_delta(rr, views, 512, {"d/0/0": (3, [(1, 2)])}) == 0
+
+
+def test_a_session_table_numbers_its_routings_and_a_peer_binds_them_once():
+    from zoe_cluster.routing.sessions import SessionTable
+
+    a, b = SessionTable(100, idle_s=60), SessionTable(100, idle_s=60)
+    assert a.next_seq == 1 and a.routed_since(0, 0.0) == []
+    a.routed("s1", "r0", 1000, now=1.0)
+    a.routed("s2/agent_1", "r1", 500, now=2.0)
+    a.finished("s1", now=3.0)
+    a.routed("s1", "r0", 1200, now=4.0)  # one entry per session: its latest routing
+    assert a.next_seq == 4
+    assert a.routed_since(0, 5.0) == [("s2/agent_1", "r1", 500, 3.0), ("s1", "r0", 1200, 1.0)]
+    assert a.routed_since(2, 5.0) == [("s1", "r0", 1200, 1.0)] and a.routed_since(4, 5.0) == []
+    assert a.routed_since(99, 5.0) == a.routed_since(0, 5.0)  # past the end: a new table, from the start
+    assert b.absorb(a.routed_since(0, 5.0), now=105.0) == 2
+    s1 = b.get("s1")
+    assert (s1.replica_id, s1.context_tokens, s1.in_flight, s1.last_s) == ("r0", 1200, 0, 104.0)
+    assert b.on_replica("r0").sessions == 1 and b.on_replica("r0").thinking == 1
+    assert b.on_replica("r0").context_tokens == 1200 and b.siblings_on("s2", "r1") == 1
+    assert b.next_seq == 1 and b.routed_since(0, 105.0) == []  # absorbed, not numbered: b publishes only its own
+    # b routed s1 itself after a's routing: a's older entry does not move it back
+    b.routed("s1", "r2", 1300, now=106.0)
+    assert b.absorb([("s1", "r0", 1200, 5.0)], now=107.0) == 0 and b.get("s1").replica_id == "r2"
+    b.finished("s1", now=108.0)
+    # a newer routing by the peer (a move) rebinds it, per-replica sums following
+    assert b.absorb([("s1", "r1", 1400, 0.5)], now=110.0) == 1
+    assert b.get("s1").replica_id == "r1" and b.on_replica("r2").sessions == 0
+    assert b.on_replica("r1").context_tokens == 500 + 1400 and b.on_replica("r1").thinking == 2
+    # a forgotten session leaves the log
+    a.drop_replica("r0")
+    assert [e[0] for e in a.routed_since(0, 5.0)] == ["s2/agent_1"]

@@ -8,6 +8,10 @@ before the first "/", so sibling sub-agents of one parent are known as such.
 
 A session with nothing in flight that has not been seen for `idle_s` is forgotten (the run or the user ended it):
 its replica stops counting it. Expiry is lazy, oldest first, whenever the clock is read.
+
+Routers behind one front share their tables (`routing.picture_sharing`): each live session's latest routing is
+numbered (`next_seq`), a peer takes those after the last number it took (`routed_since`, one entry per session, so
+at most `max_sessions`) and binds them in its own table (`absorb`, not numbered again).
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ class SessionTable:
         self._per: dict[str, ReplicaSessions] = {}
         self._siblings: dict[tuple[str, str], int] = {}  # (family, replica) -> live sub-agents bound there
         self.moves = 0
+        self._log: OrderedDict[str, int] = OrderedDict()  # live session -> number of its latest routing, oldest first
+        self._next_seq = 1
 
     def __len__(self) -> int:
         return len(self._s)
@@ -110,6 +116,9 @@ class SessionTable:
         st.in_flight += 1
         st.last_s = now
         self._s.move_to_end(session)
+        self._log[session] = self._next_seq
+        self._log.move_to_end(session)
+        self._next_seq += 1
         return st
 
     def finished(self, session: str, now: float) -> None:
@@ -129,7 +138,56 @@ class SessionTable:
             self._forget(key)
         self._per.pop(replica_id, None)
 
+    @property
+    def next_seq(self) -> int:
+        """The number the next routing will take."""
+        return self._next_seq
+
+    def routed_since(self, seq: int, now: float) -> list[tuple[str, str, int, float]]:
+        """(session, replica id, context tokens, seconds since it was last active) of each live session whose latest
+        routing here is numbered after `seq` (all when `seq` is past `next_seq`: a new table), oldest first."""
+        if seq > self._next_seq:
+            seq = 0
+        out = []
+        for key, n in reversed(self._log.items()):
+            if n <= seq:
+                break
+            st = self._s[key]
+            out.append((key, st.replica_id, st.context_tokens, max(0.0, now - st.last_s)))
+        out.reverse()
+        return out
+
+    def absorb(self, entries: list[tuple[str, str, int, float]], now: float) -> int:
+        """Bind a peer's `routed_since` entries here, without numbering them: a session unknown here, or last active
+        here before the peer routed it and with nothing in flight here, follows the peer's replica (as thinking: its
+        request runs on the peer). Returns the sessions bound."""
+        taken = 0
+        for session, replica_id, context_tokens, age_s in entries:
+            t = now - age_s
+            st = self._s.get(session)
+            if st is not None and (st.in_flight or st.last_s >= t):
+                continue
+            if st is None:
+                family, agent = session_family(session)
+                st = self._s[session] = SessionState(replica_id, family, agent is not None)
+                self._add(st, 1)
+                self._per[replica_id].thinking += 1
+            elif st.replica_id != replica_id:
+                self._add(st, -1)
+                self._per[st.replica_id].thinking -= 1
+                st.replica_id = replica_id
+                self._add(st, 1)
+                self._per[replica_id].thinking += 1
+            self._per[replica_id].context_tokens += context_tokens - st.context_tokens
+            st.context_tokens = context_tokens
+            st.last_s = t
+            self._s.move_to_end(session)
+            taken += 1
+        self.expire(now)
+        return taken
+
     def _forget(self, key: str) -> None:
+        self._log.pop(key, None)
         st = self._s.pop(key)
         if st.thinking:
             self._per[st.replica_id].thinking -= 1
