@@ -82,7 +82,7 @@ def test_a_session_table_numbers_its_routings_and_a_peer_binds_them_once():
     a.routed("s1", "r0", 1200, now=4.0)  # one entry per session: its latest routing
     assert a.next_seq == 4
     assert a.routed_since(0, 5.0) == [("s2/agent_1", "r1", 500, 3.0), ("s1", "r0", 1200, 1.0)]
-    assert a.routed_since(2, 5.0) == [("s1", "r0", 1200, 1.0)] and a.routed_since(4, 5.0) == []
+    assert a.routed_since(3, 5.0) == [("s1", "r0", 1200, 1.0)] and a.routed_since(4, 5.0) == []
     assert a.routed_since(99, 5.0) == a.routed_since(0, 5.0)  # past the end: a new table, from the start
     assert b.absorb(a.routed_since(0, 5.0), now=105.0) == 2
     s1 = b.get("s1")

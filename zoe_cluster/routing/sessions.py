@@ -145,12 +145,12 @@ class SessionTable:
 
     def routed_since(self, seq: int, now: float) -> list[tuple[str, str, int, float]]:
         """(session, replica id, context tokens, seconds since it was last active) of each live session whose latest
-        routing here is numbered after `seq` (all when `seq` is past `next_seq`: a new table), oldest first."""
+        routing here is numbered `seq` or later (all when `seq` is past `next_seq`: a new table), oldest first."""
         if seq > self._next_seq:
             seq = 0
         out = []
         for key, n in reversed(self._log.items()):
-            if n <= seq:
+            if n < seq:
                 break
             st = self._s[key]
             out.append((key, st.replica_id, st.context_tokens, max(0.0, now - st.last_s)))
