@@ -77,7 +77,7 @@ def test_session_hash_is_sticky_and_passes_over_saturated_owners():
 
 
 # --- prefix: affinity held until saturation, then one clean move --------------------------------------------
-def test_affinity_holds_under_a_load_gap_and_moves_once_when_saturated():
+def test_affinity_holds_under_a_load_gap_and_moves_once_when_a_backlog_persists():
     p, reps = get_policy("prefix", session_saturation_prefill_tokens=40_000), replicas(3)
     chain = list(range(100))  # 51K tokens
     c0 = turn("t0", "s", chain)
@@ -87,19 +87,40 @@ def test_affinity_holds_under_a_load_gap_and_moves_once_when_saturated():
     c1 = turn("t1", "s", chain + [100, 101], t=10)
     d1 = p.select(c1, reps)
     assert d1.replica_id == home.replica_id and d1.reason == "session"
-    home.queued_prefill_tokens = 200_000  # saturated: waiting costs more than re-prefilling the chain elsewhere
+    home.queued_prefill_tokens = 200_000  # a backlog, but only just: one long prefill passing through stays
+    assert p.select(turn("t1", "s", chain + [100, 101], t=20), reps).reason == "session"
+    assert p.select(turn("t1", "s", chain + [100, 101], t=79), reps).reason == "session"  # held 59 s of 60
+    c1 = turn("t1", "s", chain + [100, 101], t=80)  # held 60 s: saturated, and waiting costs more than moving
     d2, new_home = route(p, c1, reps)
     assert d2.reason == "session_move" and new_home is not home
     finish(p, c1, d2, reps)
     home.queued_prefill_tokens = 0  # the old replica is free again: the session does not flap back
-    c2 = turn("t2", "s", chain + [100, 101, 102], t=20)
+    c2 = turn("t2", "s", chain + [100, 101, 102], t=90)
     d3 = p.select(c2, reps)
     assert d3.replica_id == new_home.replica_id and d3.reason == "session"
     assert p.sessions.get("s").moves == 1
 
 
+def test_a_backlog_that_drains_between_requests_starts_over():
+    p, reps = get_policy("prefix", session_saturation_prefill_tokens=40_000, session_saturation_s=30), replicas(2)
+    chain = list(range(100))
+    c0 = turn("t0", "s", chain)
+    d0, home = route(p, c0, reps)
+    finish(p, c0, d0, reps)
+    home.queued_prefill_tokens = 200_000
+    assert p.select(turn("t1", "s", chain + [1], t=10), reps).reason == "session"
+    home.queued_prefill_tokens = 0  # seen drained at t=30
+    assert p.select(turn("t2", "x", [7, 8], t=30), reps) is not None
+    home.queued_prefill_tokens = 200_000
+    assert p.select(turn("t3", "s", chain + [1], t=45), reps).reason == "session"  # 15 s since it rose again
+    assert p.select(turn("t4", "s", chain + [1], t=75), reps).reason == "session_move"  # 30 s
+    assert p.session_saturated(home) and not p.session_saturated(reps[1 - reps.index(home)])
+    p.on_replica_removed(home.replica_id)
+    assert home.replica_id not in p._backlog_since
+
+
 def test_no_moves_when_every_replica_is_saturated():
-    p, reps = get_policy("prefix", session_saturation_prefill_tokens=10_000), replicas(2)
+    p, reps = get_policy("prefix", session_saturation_prefill_tokens=10_000, session_saturation_s=0), replicas(2)
     c0 = turn("t0", "s", list(range(40)))
     d0, home = route(p, c0, reps)
     finish(p, c0, d0, reps)
@@ -110,7 +131,7 @@ def test_no_moves_when_every_replica_is_saturated():
 
 
 def test_a_moved_session_only_moves_when_waiting_costs_more_than_re_prefilling():
-    p, reps = get_policy("prefix", session_saturation_prefill_tokens=10_000), replicas(2)
+    p, reps = get_policy("prefix", session_saturation_prefill_tokens=10_000, session_saturation_s=0), replicas(2)
     c0 = turn("t0", "s", list(range(200)))  # 102K tokens of chain
     d0, home = route(p, c0, reps)
     finish(p, c0, d0, reps)

@@ -1,4 +1,5 @@
-"""The built-in routing policies: `round_robin`, `least_load`, `session_hash` and `prefix` (the default).
+"""The built-in routing policies: `round_robin`, `least_load`, `session_hash` and `prefix` (the default); and
+`SglangCacheAwarePolicy`, sglang-router's `cache_aware` as a baseline for the benchmarks (unregistered).
 
 `prefix` scores every candidate replica r with an estimated cost, in prompt-token equivalents, of serving the
 request there, and picks the cheapest:
@@ -24,8 +25,11 @@ then rotate.
 Sessions (`ctx.session`; `routing.sessions`):
 
 - **Affinity held until saturation.** A session's request goes to the replica holding its chain while that
-  replica is not saturated for sessions (`session_saturated`: queued prefill >= `session_saturation_prefill_tokens`,
-  or active requests >= `session_saturation_active` x its max) and still holds some of the chain. When it is
+  replica is not saturated for sessions (`session_saturated`: active requests >= `session_saturation_active` x its
+  max, or queued prefill >= `session_saturation_prefill_tokens` at every request seen for `session_saturation_s`)
+  and still holds some of the chain. A backlog must persist: one session's 100K-token turn queues that much for a
+  few seconds, and moving a session off it re-prefills the moved chain, whose prefill then shares the new
+  replica's steps with every session there (bench/agentic/policies.md measures what that costs TTFT). When it is
   saturated, the request moves to the cheapest unsaturated replica if that costs less than staying, and the
   session moves with it ("session_move"): its later turns follow the new replica, and it does not move back
   unless that one saturates in turn. When every replica is saturated nobody moves (no death spiral of re-prefills).
@@ -47,11 +51,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import ClassVar
 
 from pydantic import Field
 
 from zoe_cluster.routing.context import ReplicaView, RequestContext, RoutingDecision
 from zoe_cluster.routing.hash_ring import HashRing
+from zoe_cluster.routing.hashing import CHARS_PER_TOKEN
 from zoe_cluster.routing.policy import Policy, PolicyConfig
 from zoe_cluster.routing.pools import PoolConfig, pool_candidates
 from zoe_cluster.routing.prefix_index import PrefixIndex
@@ -143,6 +149,77 @@ class SessionHashPolicy(Policy, name="session_hash"):
         self.ring.remove(replica_id)
 
 
+class CacheAwareConfig(PolicyConfig):
+    """sglang-router's `cache_aware` tunables, defaulting to its documented defaults (sglang-router's
+    `router_args.py`: cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold 1.5, max_tree_size
+    2**26)."""
+
+    cache_threshold: float = Field(
+        default=0.3, ge=0, le=1,
+        description="Route to the best-matching replica when it holds more than this share of the prompt.",
+    )
+    balance_abs_threshold: int = Field(
+        default=64, ge=0, description="Imbalanced when the most and least active requests differ by more than this..."
+    )
+    balance_rel_threshold: float = Field(
+        default=1.5, ge=1, description="... and the most is more than this times the least."
+    )
+    max_tree_tokens: int = Field(
+        default=2**26 // CHARS_PER_TOKEN, gt=0,
+        description="Tokens each replica's tree remembers (sglang-router's max_tree_size of 2**26 characters).",
+    )
+
+
+class SglangCacheAwarePolicy(Policy):
+    """sglang-router's `cache_aware` policy (a baseline the agentic benchmarks compare against; not registered, so
+    not a choice of zoe's router: `zoe sim replay` and the benchmarks build it by its class), on the router's block
+    index instead of its character tree: when the fleet is imbalanced (active requests: max - min >
+    `balance_abs_threshold` and max > `balance_rel_threshold` x min) the least active replica; otherwise the
+    replica whose tree matches the most of the prompt if that share exceeds `cache_threshold`, else the replica with
+    the smallest tree. Every routed prompt enters the chosen replica's tree, which forgets by LRU at
+    `max_tree_tokens` (it knows nothing of the engine's KV size). No sessions, no prefill load."""
+
+    name: ClassVar[str] = "sglang_cache_aware"
+    Config = CacheAwareConfig
+    config: CacheAwareConfig
+
+    def __init__(self, config: CacheAwareConfig | None = None) -> None:
+        super().__init__(config)
+        self._trees: dict[str, PrefixIndex] = {}
+        self._turn = 0
+
+    def _tree(self, replica_id: str, block_tokens: int) -> PrefixIndex:
+        tree = self._trees.get(replica_id)
+        if tree is None:
+            tree = self._trees[replica_id] = PrefixIndex(max(1, self.config.max_tree_tokens // max(1, block_tokens)))
+        return tree
+
+    def select(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> RoutingDecision:
+        c = self.config
+        self._turn += 1
+        n = len(replicas)
+        loads = [r.active_requests for r in replicas]
+        if max(loads) - min(loads) > c.balance_abs_threshold and max(loads) > c.balance_rel_threshold * min(loads):
+            i = min(range(n), key=lambda i: (loads[i], (i - self._turn) % n))
+            return RoutingDecision(replicas[i].replica_id, "least_load")
+        trees = [self._tree(r.replica_id, ctx.block_tokens) for r in replicas]
+        matched = [t.match(ctx.block_hashes) for t in trees]
+        best = max(range(n), key=lambda i: (matched[i], -((i - self._turn) % n)))
+        share = min(ctx.prompt_tokens, matched[best] * ctx.block_tokens) / max(1, ctx.prompt_tokens)
+        if share > c.cache_threshold:
+            return RoutingDecision(replicas[best].replica_id, "prefix" if n > 1 else "only_choice",
+                                   matched_blocks=matched[best])
+        i = min(range(n), key=lambda i: (len(trees[i]), (i - self._turn) % n))
+        return RoutingDecision(replicas[i].replica_id, "least_load" if n > 1 else "only_choice",
+                               matched_blocks=matched[i])
+
+    def on_routed(self, ctx: RequestContext, decision: RoutingDecision) -> None:
+        self._tree(decision.replica_id, ctx.block_tokens).insert(ctx.block_hashes)
+
+    def on_replica_removed(self, replica_id: str) -> None:
+        self._trees.pop(replica_id, None)
+
+
 class PrefixConfig(PoolConfig):
     prefill_weight: float = Field(default=1.0, ge=0, description="Cost per prefill token queued or new.")
     hit_weight: float = Field(
@@ -185,6 +262,10 @@ class PrefixConfig(PoolConfig):
     session_idle_s: float = Field(
         default=300.0, gt=0, description="A session idle this long (nothing in flight) is forgotten (it ended)."
     )
+    session_saturation_s: float = Field(
+        default=60.0, ge=0,
+        description="... held for this long (a backlog that persists, not a long prefill passing through).",
+    )
     max_sessions: int = Field(default=100_000, gt=0, description="Sessions remembered for affinity (LRU).")
 
 
@@ -202,6 +283,7 @@ class PrefixPolicy(Policy, name="prefix"):
         self.sessions = SessionTable(self.config.max_sessions, self.config.session_idle_s)
         self._turn = 0
         self._virtual_now: float | None = None  # latest driver clock seen (ctx.arrival_s), for on_finished
+        self._backlog_since: dict[str, float] = {}
 
     def index(self, replica: ReplicaView, block_tokens: int) -> PrefixIndex:
         """The replica's prefix index, sized to its HBM and host-tier KV capacity in blocks of `block_tokens`."""
@@ -256,10 +338,26 @@ class PrefixPolicy(Policy, name="prefix"):
             extra += c.sibling_tokens * self.sessions.siblings_on(family, r.replica_id)
         return extra
 
-    def session_saturated(self, r: ReplicaView) -> bool:
+    def _note_backlogs(self, replicas: Sequence[ReplicaView], now: float) -> None:
+        """Remember since when each replica's queued prefill has been at or above the saturation mark (as seen at
+        each request: a dip between two requests goes unseen)."""
+        mark = self.config.session_saturation_prefill_tokens
+        for r in replicas:
+            if r.queued_prefill_tokens >= mark:
+                self._backlog_since.setdefault(r.replica_id, now)
+            else:
+                self._backlog_since.pop(r.replica_id, None)
+
+    def session_saturated(self, r: ReplicaView, now: float | None = None) -> bool:
+        """Whether a session on r may move off it (module docstring); `now` on the policy's clock (None: a backlog
+        counts at once)."""
         c = self.config
-        return (r.saturated or r.queued_prefill_tokens >= c.session_saturation_prefill_tokens
-                or r.active_requests >= c.session_saturation_active * r.max_active_requests)
+        if r.saturated or r.active_requests >= c.session_saturation_active * r.max_active_requests:
+            return True
+        since = self._backlog_since.get(r.replica_id)
+        if since is None and r.queued_prefill_tokens >= c.session_saturation_prefill_tokens:
+            since = now  # not noted yet (a direct call): held since now
+        return since is not None and (now is None or now - since >= c.session_saturation_s)
 
     def select(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> RoutingDecision:
         cands, spilled_from = pool_candidates(ctx, replicas, self.config)
@@ -268,14 +366,16 @@ class PrefixPolicy(Policy, name="prefix"):
         n = len(cands)
         session = ctx.session
         st = None
+        now = self._now(ctx)
+        self._note_backlogs(cands, now)
         if session is not None:
-            self.sessions.expire(self._now(ctx))
+            self.sessions.expire(now)
             st = self.sessions.get(session)
         matches = [self.index(r, ctx.block_tokens).match_tiers(ctx.block_hashes) for r in cands]
         home = None
         if st is not None:
             home = next((i for i, r in enumerate(cands) if r.replica_id == st.replica_id and sum(matches[i])), None)
-        if home is not None and not self.session_saturated(cands[home]):
+        if home is not None and not self.session_saturated(cands[home], now):
             chosen, reason = home, "session"
         else:
             # Placing (or moving) a session: its later turns follow it wherever it goes, so a hit counts for the
@@ -288,7 +388,7 @@ class PrefixPolicy(Policy, name="prefix"):
                     cost += self.placement_cost(ctx, r)
                 scored.append((cost, r.active_requests, (i - self._turn) % n, i))
             if home is not None:  # saturated: move to the cheapest unsaturated replica if that beats waiting
-                others = [s for s in scored if s[3] != home and not self.session_saturated(cands[s[3]])]
+                others = [s for s in scored if s[3] != home and not self.session_saturated(cands[s[3]], now)]
                 best = min(others) if others else scored[home]
                 chosen, reason = (best[3], "session_move") if best[0] < scored[home][0] else (home, "session")
             else:
@@ -336,6 +436,7 @@ class PrefixPolicy(Policy, name="prefix"):
             self._evict_residual[replica_id] = pending % bt  # carry the remainder: small evictions add up
 
     def on_replica_removed(self, replica_id: str) -> None:
+        self._backlog_since.pop(replica_id, None)
         self._block_tokens.pop(replica_id, None)
         self._evict_residual.pop(replica_id, None)
         self._indexes.pop(replica_id, None)
