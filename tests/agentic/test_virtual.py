@@ -123,6 +123,19 @@ def test_finished_sessions_are_replaced(tmp_path) -> None:
     assert len(drain(d2)) == 3 and d2.total_sessions == 3
 
 
+def test_ramp_up_spreads_the_first_sessions_so_repeated_files_are_not_in_lockstep(tmp_path) -> None:
+    f = write_session(tmp_path / "a.json", [req(64, 1, [1]), req(128, 1, [1, 2], think=5.0)])
+    rows = drain(SessionDriver([load_session(f)], 4, total_sessions=4, think_cap_s=None, ramp_up_s=40.0),
+                 service_s=1.0)
+    starts = {}
+    for c, s, _ in rows:
+        starts.setdefault(c.session_key, s)
+    assert starts == {"0:a": 0.0, "1:a": 10.0, "2:a": 20.0, "3:a": 30.0}  # the k-th of 4 at k/4 x 40 s
+    assert sorted(s for c, s, _ in rows if c.session_key == "1:a") == [10.0, 16.0]  # 1 s served + 5 s think
+    with pytest.raises(ValueError, match="ramp-up"):
+        SessionDriver([load_session(f)], 1, ramp_up_s=-1.0)
+
+
 def test_replay_of_real_samples(glm) -> None:
     recipe, variant = glm
     d = SessionDriver(load_sessions(DATA), 2)

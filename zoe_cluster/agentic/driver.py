@@ -6,7 +6,10 @@ The driver holds N live sessions. Each (sub-)agent of a session walks its trace 
   `think_cap_s`, like AgentX's idle cap); an agent's first request is released at once;
 - a run of consecutive sub-agent entries is spawned together when the agent reaches it (each sub-agent starts its
   own walk), and the agent resumes after the last of them finished, with its next request's think time;
-- a session ends when its top-level agent has walked every item; the next session instance takes its place.
+- a session ends when its top-level agent has walked every item; the next session instance takes its place;
+- the first N sessions start at once, or spread evenly over `ramp_up_s` (so that a file replayed by two users at
+  once is not replayed in lockstep: with more live sessions than files, instance k and k + files would otherwise
+  send the same requests at the same instants for the whole run).
 
 With `total_sessions` larger than the files given, instances cycle over them; a repeated file is a new user
 (its "local" ids get a new scope, `prompts.scope_number`).
@@ -73,7 +76,7 @@ class SessionDriver:
 
     def __init__(self, sessions: list[Session], live_sessions: int, *, total_sessions: int | None = None,
                  think_cap_s: float | None = 60.0, scaling: Scaling = Scaling(), salt: int = 0,
-                 warmup_requests: int = 0) -> None:
+                 warmup_requests: int = 0, ramp_up_s: float = 0.0) -> None:
         if not sessions:
             raise ValueError("no sessions")
         if live_sessions <= 0:
@@ -85,7 +88,10 @@ class SessionDriver:
         self.total_sessions = total_sessions if total_sessions is not None else max(live_sessions, len(sessions))
         if self.total_sessions <= 0:
             raise ValueError(f"total sessions must be positive, got {self.total_sessions}")
+        if ramp_up_s < 0:
+            raise ValueError(f"ramp-up must be >= 0 s, got {ramp_up_s}")
         self.think_cap_s = think_cap_s
+        self.ramp_up_s = ramp_up_s
         self.scaling = scaling
         self.salt = salt
         self.warmup_requests = warmup_requests
@@ -99,8 +105,10 @@ class SessionDriver:
 
     # --- the caller's side ----------------------------------------------------------------------------------
     def start(self, now: float = 0.0) -> None:
-        for _ in range(min(self.live_sessions, self.total_sessions)):
-            self._start_instance(now)
+        """Start the first live sessions: the k-th of n at now + k/n x `ramp_up_s`."""
+        n = min(self.live_sessions, self.total_sessions)
+        for k in range(n):
+            self._start_instance(now + self.ramp_up_s * k / n)
 
     def planned_requests(self) -> int:
         """Requests the whole run releases (every session instance's requests, sub-agents' included)."""

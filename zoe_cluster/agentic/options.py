@@ -21,6 +21,7 @@ class SessionOptions:
     warmup_requests: int = 0
     salt: int = 0
     limit_files: int | None = None
+    ramp_up_s: float = 0.0
 
     def driver(self, path: str | Path) -> SessionDriver:
         """Load the sessions under `path` and build the driver; raises ValueError (SessionFileError included)
@@ -31,7 +32,7 @@ class SessionOptions:
         scaling = Scaling(self.block_tokens, self.max_input_tokens, self.max_output_tokens)
         return SessionDriver(sessions, self.live_sessions, total_sessions=self.total_sessions,
                              think_cap_s=self.think_cap_s, scaling=scaling, salt=self.salt,
-                             warmup_requests=self.warmup_requests)
+                             warmup_requests=self.warmup_requests, ramp_up_s=self.ramp_up_s)
 
 
 REPORT_FIELDS = (

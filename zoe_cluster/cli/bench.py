@@ -308,6 +308,8 @@ def agentic_cmd(
     max_input_tokens: Optional[int] = typer.Option(None, "--max-input-tokens", help="Cut longer prompts."),
     max_output_tokens: Optional[int] = typer.Option(None, "--max-output-tokens", help="Cap output tokens."),
     warmup_requests: int = typer.Option(0, "--warmup-requests", help="First N requests left out of the metrics."),
+    ramp_up_s: float = typer.Option(
+        0.0, "--ramp-up-s", min=0, help="--sessions: start the first sessions spread evenly over this many seconds."),
     cache_bust: bool = typer.Option(
         True, "--cache-bust/--no-cache-bust",
         help="Salt every block's text with a fresh run salt, so first turns miss whatever earlier runs cached."),
@@ -327,7 +329,7 @@ def agentic_cmd(
 
     run_salt = salt if salt is not None else (random.randrange(1, 256) if cache_bust else 0)
     opts = SessionOptions(sessions, total_sessions, think_cap_s, block_tokens, max_input_tokens, max_output_tokens,
-                          warmup_requests, run_salt, limit)
+                          warmup_requests, run_salt, limit, ramp_up_s)
     twin = twin_profile(twin_model, twin_variant) if twin_model else None
     bench_agentic_cmd(path, opts, url, model, engine_url, gpus, twin, timeout, server_time_scale, out, json_out)
 

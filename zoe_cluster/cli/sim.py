@@ -335,6 +335,8 @@ def replay_cmd(
         None, "--max-input-tokens", help="Cut longer prompts to this many tokens (default: the model's context)."),
     max_output_tokens: Optional[int] = typer.Option(None, "--max-output-tokens", help="Cap output tokens."),
     warmup_requests: int = typer.Option(0, "--warmup-requests", help="First N requests left out of the metrics."),
+    ramp_up_s: float = typer.Option(
+        0.0, "--ramp-up-s", min=0, help="--sessions: start the first sessions spread evenly over this many seconds."),
 ) -> None:
     """Replay a trace on N simulated replicas behind the router's real policy code, on the virtual clock: a
     Mooncake trace open-loop, or agentic sessions closed-loop (--sessions)."""
@@ -373,7 +375,7 @@ def replay_cmd(
 
         opts = SessionOptions(sessions, total_sessions, think_cap_s, block_tokens,
                               max_input_tokens or recipe.architecture.max_context_tokens, max_output_tokens,
-                              warmup_requests, limit_files=limit)
+                              warmup_requests, limit_files=limit, ramp_up_s=ramp_up_s)
         return replay_sessions_cmd(trace, opts, recipe, name, cal, replicas, routing, kv_tokens, host_kv_gb, json_out)
     try:
         rows = load_mooncake(trace, limit)
