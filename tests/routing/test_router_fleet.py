@@ -196,3 +196,26 @@ def test_random_front_sharing_pictures_matches_one_router():
 def test_sharing_period_must_be_positive():
     with pytest.raises(PolicyConfigError, match="share_every_s"):
         fleet_factory(2, "random", share_every_s=0)
+
+
+def test_sharing_carries_a_sessions_affinity_to_the_other_routers():
+    """A session placed by one router: after a round of sharing, a peer routes its next turn to the same replica
+    by session affinity (reason "session"), as the router that placed it would; the peer's own later routing is
+    not moved back by the placer's older entry."""
+    reps = replicas(4)
+    f = fleet(routers=2, front="random", share_every_s=100.0)
+    first = context_from_trace("t1", "m", [1, 2, 3], 1536, 10, session="s1", arrival_s=0.0)
+    d = route(f, first, reps)
+    placer = f._router_of["t1"]
+    f.on_finished(first, d.replica_id, True)
+    peer = f.routers[1 - placer]
+    nxt = context_from_trace("t2", "m", [1, 2, 3, 4, 5], 2560, 10, session="s1", arrival_s=2.0)
+    assert peer.select(nxt, reps).reason != "session"  # not shared yet: placed anew
+    f.share(512, now=2.0)
+    assert f.shared_sessions == 1 and f.describe()["shared_sessions"] == 1
+    again = peer.select(nxt, reps)
+    assert (again.replica_id, again.reason) == (d.replica_id, "session")
+    assert peer.sessions.get("s1").last_s == 0.0  # active at 0 on the placer's clock, the replay's
+    peer.on_routed(nxt, again)
+    f.share(512, now=3.0)  # the placer takes the peer's newer routing; the peer takes nothing new
+    assert f.routers[placer].sessions.get("s1").last_s == 2.0 and f.shared_sessions == 2

@@ -10,16 +10,24 @@ log, `PrefixIndex.inserted_since`) and adds them to its own index of the replica
 router asks every peer). A router's picture then lags its peers' decisions by at most one period, and its indexes
 hold what one router routing every request would hold, in a slightly different recency order.
 
-What a peer answers is bounded: per replica, at most the index's capacity in blocks (its log is trimmed to that).
-What is shared is only the prefix indexes; session tables and load stay each router's own (load is observed from
-the engines by every router anyway). Precise mode does not need this: every router subscribes to the engines' KV
-events.
+Session tables are shared the same way (`session_delta`, `apply_session_delta`; `SessionTable.routed_since` and
+`absorb`): each live session's latest routing by the peer, with how long ago it was active (an age, not a time:
+routers' clocks differ), binds the session to the peer's replica here unless this router routed it more recently
+or has a request of it in flight. A router that meets a session's next turn then keeps its affinity as the router
+that placed it would, instead of placing it anew. Load stays each router's own (every router observes it from the
+engines). In precise mode the indexes need no sharing (every router subscribes to the engines' KV events); the
+session tables still do.
 
-The same two functions serve `zoe sim replay --routers N` (`routing.router_fleet`, on the replay's clock) and the
-live router (`router.picture_sharing`, over `POST /admin/picture/delta`).
+What a peer answers is bounded: per replica, at most the index's capacity in blocks (its log is trimmed to that),
+and one entry per live session (at most the table's `max_sessions`).
+
+The same functions serve `zoe sim replay --routers N` (`routing.router_fleet`, on the replay's clock) and the live
+router (`router.picture_sharing`, over `POST /admin/picture/delta`).
 
     delta = picture_delta(peer_policy, cursors)                 # {replica_id: (next_seq, [chain, ...])}
     apply_picture_delta(my_policy, views_by_id, block_tokens, delta, cursors)   # advances cursors
+    sd = session_delta(peer_policy, session_cursor, now)        # (next_seq, [(session, replica, tokens, age_s)])
+    apply_session_delta(my_policy, views_by_id, sd, now); session_cursor = sd[0]
 """
 
 from __future__ import annotations
@@ -28,20 +36,34 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from zoe_cluster.routing.context import ReplicaView
+from zoe_cluster.routing.sessions import SessionTable
 
 Delta = dict[str, tuple[int, list[Sequence[int]]]]
 """Per replica id: (the number to ask from next time, the chains inserted since the number asked, oldest first)."""
+SessionDelta = tuple[int, list[tuple[str, str, int, float]]]
+"""(the number to ask from next time, [(session, replica id, context tokens, seconds since active), ...] oldest
+first): `SessionTable.routed_since`."""
+
+
+def _through_wrappers(policy: Any, holds: Any) -> Any:
+    seen = 0
+    while policy is not None and seen < 8:
+        if holds(policy):
+            return policy
+        policy, seen = getattr(policy, "inner", None), seen + 1
+    return None
 
 
 def indexing_policy(policy: Any) -> Any:
     """The policy that keeps prefix indexes (`index_of` and `index`), looking through wrappers (`inner`); None if
     none does (such a policy has no picture to share)."""
-    seen = 0
-    while policy is not None and seen < 8:
-        if hasattr(policy, "index_of") and hasattr(policy, "index"):
-            return policy
-        policy, seen = getattr(policy, "inner", None), seen + 1
-    return None
+    return _through_wrappers(policy, lambda p: hasattr(p, "index_of") and hasattr(p, "index"))
+
+
+def session_table(policy: Any) -> SessionTable | None:
+    """The `SessionTable` of `policy` (its `sessions`), looking through wrappers; None if it keeps none."""
+    pol = _through_wrappers(policy, lambda p: isinstance(getattr(p, "sessions", None), SessionTable))
+    return pol.sessions if pol is not None else None
 
 
 def picture_delta(policy: Any, since: Mapping[str, int], replica_ids: Iterable[str] | None = None) -> Delta:
@@ -77,3 +99,21 @@ def apply_picture_delta(policy: Any, views: Mapping[str, ReplicaView], block_tok
         pol.index(view, block_tokens).absorb(chains)
         added += len(chains)
     return added
+
+
+def session_delta(policy: Any, since: int, now: float) -> SessionDelta:
+    """The live sessions `policy` routed after number `since` (its session table's numbering), aged at `now` on
+    `policy`'s clock; (`since`, []) for a policy without a session table."""
+    table = session_table(policy)
+    if table is None:
+        return since, []
+    return table.next_seq, table.routed_since(since, now)
+
+
+def apply_session_delta(policy: Any, views: Mapping[str, ReplicaView], delta: SessionDelta, now: float) -> int:
+    """Bind a peer's `delta` in `policy`'s session table at `now` on its clock, for sessions on replicas in `views`
+    (others are not members here: skipped). Returns the sessions bound; the caller's cursor becomes `delta[0]`."""
+    table = session_table(policy)
+    if table is None:
+        return 0
+    return table.absorb([e for e in delta[1] if e[1] in views], now)

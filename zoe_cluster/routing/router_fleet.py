@@ -8,7 +8,7 @@ load picture), and hears every replica removal and, in precise mode, every KV ev
 the engines' event streams, so their pictures of evictions are the same). With `share_every_s`, the routers also
 share their approximate pictures as live routers do (`routing.picture_sharing`): at the first request at or after
 each period of the replay's clock, every router takes the chains every peer inserted into its prefix indexes since
-the last time.
+the last time, and the sessions every peer routed since (its session table's latest routings).
 
 Fronts (`FRONTS`):
 - "random": a plain Kubernetes Service, which spreads connections over router pods with no regard to content;
@@ -37,7 +37,7 @@ from pydantic import Field, ValidationError, model_validator
 from zoe_cluster.config_errors import validation_problems
 from zoe_cluster.routing.context import ReplicaView, RequestContext, RoutingDecision
 from zoe_cluster.routing.hash_ring import HashRing
-from zoe_cluster.routing.picture_sharing import apply_picture_delta, picture_delta
+from zoe_cluster.routing.picture_sharing import apply_picture_delta, apply_session_delta, picture_delta, session_delta
 from zoe_cluster.routing.policy import (
     DEFAULT_POLICY,
     Policy,
@@ -103,8 +103,11 @@ class RouterFleet(Policy):
         self._views: dict[str, ReplicaView] = {}
         self._cursors = [[{} for _ in range(cfg.routers)] for _ in range(cfg.routers)]
         """_cursors[k][j]: per replica, the number of router j's index log that router k asks from next."""
+        self._session_cursors = [[0] * cfg.routers for _ in range(cfg.routers)]
+        """_session_cursors[k][j]: the number of router j's session table that router k asks from next."""
         self._next_share_s: float | None = None
         self.shared_chains = 0
+        self.shared_sessions = 0
 
     def router_for(self, ctx: RequestContext) -> int:
         """Index of the router the front hands `ctx` to (the random front draws from its generator)."""
@@ -119,14 +122,18 @@ class RouterFleet(Policy):
         assert owner is not None  # the ring holds every router
         return self._ids.index(owner)
 
-    def share(self, block_tokens: int) -> int:
-        """Every router takes the chains each peer inserted since it last asked; returns the chains taken."""
+    def share(self, block_tokens: int, now: float) -> int:
+        """Every router takes the chains each peer inserted and the sessions it routed since it last asked (`now`:
+        the replay's clock); returns the chains taken."""
         added = 0
         for k, mine in enumerate(self.routers):
             for j, peer in enumerate(self.routers):
                 if j != k:
                     delta = picture_delta(peer, self._cursors[k][j], self._views)
                     added += apply_picture_delta(mine, self._views, block_tokens, delta, self._cursors[k][j])
+                    sessions = session_delta(peer, self._session_cursors[k][j], now)
+                    self.shared_sessions += apply_session_delta(mine, self._views, sessions, now)
+                    self._session_cursors[k][j] = sessions[0]
         self.shared_chains += added
         return added
 
@@ -138,7 +145,7 @@ class RouterFleet(Policy):
             if self._next_share_s is None:
                 self._next_share_s = ctx.arrival_s + every
             elif ctx.arrival_s >= self._next_share_s:
-                self.share(ctx.block_tokens)
+                self.share(ctx.block_tokens, ctx.arrival_s)
                 self._next_share_s += every * (1 + (ctx.arrival_s - self._next_share_s) // every)
         k = self.router_for(ctx)
         self._router_of[ctx.request_id] = k
@@ -170,7 +177,7 @@ class RouterFleet(Policy):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "requests_per_router": list(self.requests_per_router),
-                "shared_chains": self.shared_chains}
+                "shared_chains": self.shared_chains, "shared_sessions": self.shared_sessions}
 
 
 def fleet_factory(routers: int, front: str = "random", policy: str = DEFAULT_POLICY,
