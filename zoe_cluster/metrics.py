@@ -84,6 +84,15 @@ METRICS: list[MetricSpec] = [
     MetricSpec("router", "replica_info", "zoe_router_replica_info", "gauge",
                "1 per replica in membership, labelled with its variant, context pool and state (ready/draining): "
                "the variant mix of the fleet as the router sees it.", ("replica", "variant", "pool", "state")),
+    MetricSpec("router", "picture_shared", "zoe_router_picture_shared", "counter",
+               "Picture sharing: prefix-index chains (kind=chains) and session routings (kind=sessions) taken from "
+               "each peer router (address:port).", ("peer", "kind")),
+    MetricSpec("router", "picture_share_failures", "zoe_router_picture_share_failures", "counter",
+               "Picture sharing: asks of a peer router that failed or were late (that peer is skipped this round).",
+               ("peer",)),
+    MetricSpec("router", "picture_share_lag", "zoe_router_picture_share_lag_seconds", "gauge",
+               "Picture sharing: time from the peer's previous answer to its latest, or to now when it did not "
+               "answer (about the sharing period while it answers, growing while it does not).", ("peer",)),
     # --- recipe switching (zoe_cluster.switching, run by the deployment controller) ---
     MetricSpec("switching", "decisions", "zoe_switch_decisions", "counter",
                "Switching decisions by action (swap/hold); holds are counted once per evaluation.", ("action",)),

@@ -178,3 +178,84 @@ def test_a_restarted_peer_is_asked_for_its_whole_log():
     finally:
         for s in backends:
             s.stop()
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            got = ",".join(sorted(line[len(name) + 1:line.index("}")].split(",")))
+            if got == want:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_peers_sessions_are_shared_and_sharing_is_measured():
+    """Sessions a router placed are bound to the same replicas in its peer's session table after one round (their
+    next turns keep affinity there), and the peer's /metrics count what it took per peer, a dead peer's failed asks,
+    and that peer's lag."""
+    import asyncio
+
+    from zoe_cluster.router.picture_sharing import PictureSharer
+    from zoe_cluster.routing.picture_sharing import session_table
+
+    backends = [ServerThread(FakeBackend(f"b{i}").app).start() for i in range(3)]
+    members = Membership(version=1, replicas=[MemberReplica(id=f"d/{i}/1", url=s.url) for i, s in enumerate(backends)])
+    cfg = dict(models=["m"], health_interval_s=0, admin_key="k")
+    a = build_router(RouterConfig(**cfg), membership=members)
+    dead = f"http://127.0.0.1:{free_port()}"
+    try:
+        with ServerThread(a.app) as sa, httpx.Client(base_url=sa.url, timeout=10) as c:
+            placed = {}
+            for i, p in enumerate(PROMPTS[:6]):
+                r = c.post("/v1/completions", json={"model": "m", "prompt": p, "max_tokens": 2, "user": f"s{i}"})
+                placed[f"s{i}"] = r.json()["backend"]
+            b = build_router(RouterConfig(**cfg, picture_peers=[sa.url, dead], picture_share_s=1.0,
+                                          picture_peer_timeout_s=0.5), membership=members)
+            sharer = PictureSharer(b)
+            assert asyncio.run(sharer.share_once()) == 12  # each chain inserted when routed and when it finished
+            table = session_table(b.policy)
+            for s, backend in placed.items():
+                st = table.get(s)
+                assert st is not None and st.replica_id == f"d/{backend[1:]}/1" and st.in_flight == 0
+            assert sharer.sessions_taken == 6 and len(table) == 6
+            assert asyncio.run(sharer.share_once()) == 0 and sharer.sessions_taken == 6  # nothing new
+            with ServerThread(b.app) as sb:
+                text = httpx.get(sb.url + "/metrics", timeout=5).text
+            peer = sa.url.removeprefix("http://")
+            assert _metric(text, "zoe_router_picture_shared_total", peer=peer, kind="chains") == 12
+            assert _metric(text, "zoe_router_picture_shared_total", peer=peer, kind="sessions") == 6
+            down = dead.removeprefix("http://")
+            assert _metric(text, "zoe_router_picture_share_failures_total", peer=down) == 2
+            assert _metric(text, "zoe_router_picture_share_lag_seconds", peer=down) > 0
+            assert 0 < _metric(text, "zoe_router_picture_share_lag_seconds", peer=peer) < 5
+    finally:
+        for s in backends:
+            s.stop()
+
+
+def test_a_router_that_pulled_its_picture_asks_its_peers_from_there():
+    """After the pull at start, the first round asks each peer from the numbers its picture was taken at: nothing
+    the pull held comes again (without the seed the first round took the peer's whole log, 4 chains), and what the
+    peer inserts afterwards does."""
+    import asyncio
+
+    backends = [ServerThread(FakeBackend(f"b{i}").app).start() for i in range(2)]
+    members = Membership(version=1, replicas=[MemberReplica(id=f"d/{i}/1", url=s.url) for i, s in enumerate(backends)])
+    cfg = dict(models=["m"], health_interval_s=0, admin_key="k")
+    a = build_router(RouterConfig(**cfg), membership=members)
+    try:
+        with ServerThread(a.app) as sa, httpx.Client(base_url=sa.url, timeout=10) as c:
+            for p in PROMPTS[:4]:
+                assert c.post("/v1/completions", json={"model": "m", "prompt": p, "max_tokens": 2}).status_code == 200
+            b = build_router(RouterConfig(**cfg, picture_peers=[sa.url], picture_share_s=3600.0))
+            with ServerThread(b.app):
+                assert b.sharer is not None and b.replicas.version == 1  # membership and picture pulled from a
+                assert asyncio.run(b.sharer.share_once()) == 0
+                for p in PROMPTS[4:7]:
+                    assert c.post("/v1/completions",
+                                  json={"model": "m", "prompt": p, "max_tokens": 2}).status_code == 200
+                assert asyncio.run(b.sharer.share_once()) == 3
+    finally:
+        for s in backends:
+            s.stop()

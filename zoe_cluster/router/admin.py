@@ -2,9 +2,11 @@
 
 The admin API (membership push, drain, the load report) needs the admin bearer key and is disabled (403) without
 one; see `zoe_cluster.router.membership` for the membership contract, `zoe_cluster.routing.load_report` for the
-load's. `GET /admin/picture` answers the router's picture and the membership it applied, in the picture file's
-format (`zoe_cluster.router.picture_store`), for a peer router starting without one; `POST /admin/picture/delta`
-the prefix-index chains it inserted since the numbers a peer sends (`zoe_cluster.router.picture_sharing`). `GET /admin/membership` also shows the policy's `describe()`, which is debug output: nothing parses it.
+load's. `GET /admin/picture` answers the router's picture, the membership it applied and where its logs are
+(`shared_from`), in the picture file's format (`zoe_cluster.router.picture_store`), for a peer router starting
+without one; `POST /admin/picture/delta` the prefix-index chains it inserted and the sessions it routed since the
+numbers a peer sends (`zoe_cluster.router.picture_sharing`). `GET /admin/membership` also shows the policy's
+`describe()`, which is debug output: nothing parses it.
 /metrics needs the `metrics_key` bearer key when one is set. Every error is in the one shape of
 `zoe_cluster.router.errors`.
 """
@@ -25,7 +27,7 @@ from starlette.routing import Route
 from zoe_cluster.config_errors import validation_problems
 from zoe_cluster.router.errors import error_body
 from zoe_cluster.router.membership import Membership
-from zoe_cluster.router.picture_sharing import DELTA_PATH, delta_document
+from zoe_cluster.router.picture_sharing import DELTA_PATH, delta_document, parse_delta_request, share_position
 from zoe_cluster.router.picture_store import PICTURE_MEDIA_TYPE, PICTURE_PATH, capture_picture, picture_summary
 from zoe_cluster.router.replicas import StaleMembership
 
@@ -137,24 +139,22 @@ class AuxRoutes:
         if (denied := self._admin_denied(request)) is not None:
             return denied
         doc = capture_picture(self.router)
+        doc["shared_from"] = share_position(self.router)
         m = self.router.replicas.membership
         doc["membership"] = m.model_dump(mode="json") if m is not None else None
         return Response(msgpack.packb(doc, use_bin_type=True), media_type=PICTURE_MEDIA_TYPE)
 
     async def _admin_picture_delta(self, request: Request) -> Response:
-        """The prefix-index chains this router inserted since the numbers in the body (msgpack `{"since":
-        {replica_id: number}}`), msgpack: what a peer's `PictureSharer` takes every period."""
+        """The prefix-index chains this router inserted and the sessions it routed since the numbers in the body
+        (msgpack `{"since": {replica_id: number}, "sessions": number}`), msgpack: what a peer's `PictureSharer`
+        takes every period."""
         if (denied := self._admin_denied(request)) is not None:
             return denied
         try:
-            body = msgpack.unpackb(await request.body(), raw=False, strict_map_key=False)
-            since = body["since"]
-            if not isinstance(since, dict) or not all(isinstance(k, str) and isinstance(v, int)
-                                                      for k, v in since.items()):
-                raise ValueError("since must map replica ids to numbers")
+            since, sessions = parse_delta_request(await request.body())
         except (ValueError, TypeError, KeyError, msgpack.exceptions.ExtraData) as e:
             return _error(400, f"invalid picture delta request: {e}", "invalid_request_error")
-        doc = delta_document(self.router, since)
+        doc = delta_document(self.router, since, sessions)
         return Response(msgpack.packb(doc, use_bin_type=True), media_type=PICTURE_MEDIA_TYPE)
 
     async def _admin_drain(self, request: Request) -> Response:

@@ -178,6 +178,7 @@ class Router(Forwarding):
             self.kv_events.follow(m.member for m in self.replicas.by_id.values())
             if self.sharer is None and self.config.picture_peers and self.config.picture_share_s > 0:
                 self.sharer = PictureSharer(self)
+                self.sharer.seed(pulled.get("shared_from", {}) if pulled is not None else {})
                 self.sharer.start()
         else:
             self.health.start()

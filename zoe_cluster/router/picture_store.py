@@ -195,7 +195,8 @@ def _fetch(url: str, addr: str, port: int, admin_key: str | None, timeout_s: flo
 
 async def pull_picture(peers: list[str], admin_key: str | None, timeout_s: float) -> dict[str, Any] | None:
     """The merged pictures of the peers that answered within `timeout_s` (in the order of `peers`), with the newest
-    `membership` among the answers; None when none did. Never raises: each failure is a log line."""
+    `membership` among the answers and, per (address, port) that answered, where its logs were (`shared_from`:
+    `router.picture_sharing.share_position`); None when none did. Never raises: each failure is a log line."""
     deadline = time.monotonic() + timeout_s
 
     async def one(url: str) -> list[dict[str, Any]]:
@@ -212,7 +213,7 @@ async def pull_picture(peers: list[str], admin_key: str | None, timeout_s: float
             if isinstance(a, BaseException):
                 _log.warning("picture peer %s (%s:%s) failed: %s: skipped", url, addr, port, a)
             else:
-                docs.append(a)
+                docs.append((addr, port, a))
         return docs
 
     tasks = [asyncio.ensure_future(one(u)) for u in peers]
@@ -220,10 +221,12 @@ async def pull_picture(peers: list[str], admin_key: str | None, timeout_s: float
     for t in late:
         t.cancel()
         _log.warning("picture peer %s did not answer within %g s: skipped", peers[tasks.index(t)], timeout_s)
-    docs = [d for t in tasks if t in done for d in t.result()]
-    if not docs:
+    answered = [d for t in tasks if t in done for d in t.result()]
+    if not answered:
         return None
+    docs = [d for _, _, d in answered]
     merged = merge_pictures(docs)
+    merged["shared_from"] = {(addr, port): d["shared_from"] for addr, port, d in answered if "shared_from" in d}
     merged["membership"] = max((d["membership"] for d in docs if isinstance(d.get("membership"), dict)),
                                key=lambda m: m.get("version") if isinstance(m.get("version"), int) else -1, default=None)
     return merged
