@@ -84,7 +84,7 @@ def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap
                  SWAP_AB=swap, MX_WORD=False, MX_BF16_SHIFT=64,
                  # fp8 stage 1 quantizes the intermediate at M=1 (config.DOT_M1_QUANT_IN_STAGE1)
                  QUANT_OUT=gated and fmt == 1, FP8_MAX=448.0, ROUND_E4M3=False,
-                 TILE_ROWS=0, ALIGN_M=16, EVEN_K=True, GU_ONE_DOT=False, PF_LINES=0,
+                 TILE_ROWS=0, ALIGN_M=16, EVEN_K=True, GU_ONE_DOT=False, PF_LINES=0, WORDS=True,
                  stride_ak=1, stride_wk=1, stride_on=1, stride_ask=1, stride_wsk=1)  # unit strides: JIT constants
     sig = _signature(fn, ptrs, const)
     attrs = _aligned(fn, sig)

@@ -14,8 +14,8 @@ the norm, NaN-poisoned scratch for zoe). Each time is a CUDA graph of R back-to-
 (R = 4 for M <= 64, 2 for M <= 512, 1 above), and the zoe and baseline rows also an isolated call after a
 write of 4x the L2 (clean L2): the median replay of [flush, call] minus that of [flush] alone.
 --side-by-side M,... first times variants side by side, each checked (`side_by_side`): at M=1 fp8's L2 prefetch of
-stage 2's weights by stage 1, 0 to 16 MiB (the --shapes), at larger M the 4-bit stage 1 with gate and up in one
-dot against two (`GU_ONE_DOT`); --no-rows then skips the per-M rows.
+stage 2's weights by stage 1, 0 to 16 MiB (the --shapes), at larger M the 4-bit joined tiles against narrower ones
+(the --shapes); --no-rows then skips the per-M rows.
 --fp8-numerics adds fp8's error and time per tile height (16..128 rows); --tolerance the errors the GPU tests see,
 per format, path and tile height; --dequant-tiles times the dequantization alone; --tile-sweep the 4-bit tiles at
 large M (TILE_SWEEP, or those of --tile-variants).
@@ -381,8 +381,9 @@ def _interleaved(variants: dict, rounds: int = 2) -> dict:
 def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> None:
     """With 1 in `ms`, fp8 at M=1 on `shapes` with stage 1 prefetching 0, 8 or 16 MiB of stage 2's weights into L2
     (`config.DOT_M1_L2_PREFETCH_BYTES`);
-    at the larger `ms`, the 4-bit stage 1 with gate and up in one dot (`GU_ONE_DOT`, as `config` picks) against two
-    (the `shapes`). Each variant checked on the same fresh routings with NaN-poisoned scratch (6 at M=1, else 1),
+    at the larger `ms`, the 4-bit joined tiles as `config` picks them against narrower ones (stage 1's gate and up
+    32 columns each, or stage 2 64: fewer registers, three programs per SM instead of two) and against int4's decode
+    into halves that Triton joins (the form before `dot_decode._int4_scaled_words`), on the `shapes`. Each variant checked on the same fresh routings with NaN-poisoned scratch (6 at M=1, else 1),
     then timed interleaved (medians of three rounds at M=1, two above) back to back (graph of R calls) and, at M=1,
     as an isolated call with a clean L2."""
     import torch
@@ -456,18 +457,25 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> No
     fm = sys.modules["zoe_kernels.moe.fused_moe"]
     original = fm.stage_config
 
-    def two_dots(*a, **kw):
-        """stage_config with stage 1's gate and up as two dots (the form before `GU_ONE_DOT`)."""
-        return original(*a, **kw) | {"GU_ONE_DOT": False}
+    def tiles(s1_bn=None, s2_bn=None, words=True):
+        """stage_config with the 4-bit joined tiles' BLOCK_N of stage 1 (gate and up each) and stage 2 replaced,
+        and without `words` int4's decode into halves joined by Triton (`dot_decode._int4_scaled_halves`)."""
+        def patched(*a, gated, **kw):
+            cfg = original(*a, gated=gated, **kw)
+            if not cfg.get("JOIN_K"):
+                return cfg
+            bn = s1_bn if gated else s2_bn
+            return cfg | ({"BLOCK_N": bn} if bn else {}) | ({} if words else {"WORDS": False})
+        return lambda: setattr(fm, "stage_config", patched if s1_bn or s2_bn or not words else original)
 
-    gu_variants = {"gate_up_one_dot": lambda: setattr(fm, "stage_config", original),
-                   "gate_up_two_dots": lambda: setattr(fm, "stage_config", two_dots)}
+    tile_variants = {"committed": tiles(), "int4_halves": tiles(words=False), "stage1_n32": tiles(s1_bn=32),
+                     "stage2_n64": tiles(s2_bn=64)}
     for name in shapes if 1 in ms else []:
-        compare("fp8_m1_epilogues", name, "fp8", 1, fp8_variants, 4, True)
+        compare("fp8_m1_l2_prefetch", name, "fp8", 1, fp8_variants, 4, True)
     for m in [m for m in ms if m > 1]:
         for name in shapes:
             for fmt in FOUR_BIT:
-                compare("4bit_gate_up_one_dot", name, fmt, m, gu_variants, 1, False)
+                compare("4bit_tiles", name, fmt, m, tile_variants, 1, False)
     fm.stage_config = original
 
 
@@ -573,7 +581,7 @@ def main() -> None:
     ap.add_argument("--tolerance", action="store_true", help="the GPU tests' errors per format, path, tile height")
     ap.add_argument("--crossover", type=Path, help="merge a results file's paths into kernels/moe/crossover.json")
     ap.add_argument("--side-by-side", default="", help="Ms to compare variants at (side_by_side): 1 the fp8 M=1 "
-                    "L2 prefetch on --shapes, larger M the 4-bit stage 1 in one dot or two; then the --shapes rows "
+                    "L2 prefetch on --shapes, larger M the 4-bit joined tiles' widths; then the --shapes rows "
                     "unless --no-rows")
     ap.add_argument("--no-rows", action="store_true", help="skip the per-M rows of --shapes")
     args = ap.parse_args()

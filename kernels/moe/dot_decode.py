@@ -40,11 +40,28 @@ def _int4_scaled_pairs_asm(magic: int, one: int, off: int, fma: str) -> str:
     )
 
 
+def _int4_scaled_words_asm(magic: int, one: int, off: int, fma: str) -> str:
+    """PTX of `_int4_scaled_words` for 4 bytes in one 32-bit register ($4) and their scales as 16-bit pairs (s, s)
+    ($5-$8): per byte a byte permute puts it ($4) and its copy shifted by 4 (y) in the low bytes of two 16-bit
+    halves, one `lop3` masks the low nibble of each and ors MAGIC in, one paired fma takes MAGIC + 8 off both (exact)
+    and one applies the scale: the word (w[2kp], w[2kp+1]) that the joined K tile stores, no repacking."""
+    return (
+        f"{{ .reg .b32 y, t, one, off, nz; mov.b32 one, 0x{one:04X}{one:04X}; mov.b32 off, 0x{off:04X}{off:04X}; "
+        "mov.b32 nz, 0x80008000; shr.b32 y, $4, 4; "
+        + "".join(f"prmt.b32 t, $4, y, 0x{0x0400 + 0x0101 * i:04X}; "
+                  f"lop3.b32 t, t, 0x000F000F, 0x{magic:04X}{magic:04X}, 0xEA; fma.rn.{fma} t, t, one, off; "
+                  f"fma.rn.{fma} ${i}, t, ${5 + i}, nz; " for i in range(4))
+        + "}"
+    )
+
+
 # bf16: MAGIC 0x4300 (128), 1.0 = 0x3F80, -136 = 0xC308; fp16: MAGIC 0x6400 (1024), 1.0 = 0x3C00, -1032 = 0xE408
 _INT4_PAIRS_BF16 = tl.constexpr(_int4_pairs_asm(0x4300, 0x3F80, 0xC308, "bf16x2"))
 _INT4_PAIRS_F16 = tl.constexpr(_int4_pairs_asm(0x6400, 0x3C00, 0xE408, "f16x2"))
 _INT4_SCALED_BF16 = tl.constexpr(_int4_scaled_pairs_asm(0x4300, 0x3F80, 0xC308, "bf16x2"))
 _INT4_SCALED_F16 = tl.constexpr(_int4_scaled_pairs_asm(0x6400, 0x3C00, 0xE408, "f16x2"))
+_INT4_WORDS_BF16 = tl.constexpr(_int4_scaled_words_asm(0x4300, 0x3F80, 0xC308, "bf16x2"))
+_INT4_WORDS_F16 = tl.constexpr(_int4_scaled_words_asm(0x6400, 0x3C00, 0xE408, "f16x2"))
 
 
 @triton.jit
@@ -94,6 +111,30 @@ def _int4_scaled_halves(p, s, DT: tl.constexpr, PTX: tl.constexpr):
     lo, hi = _int4_halves(p, DT, PTX)
     sf = s16.to(tl.float32)
     return (lo.to(tl.float32) * sf).to(DT), (hi.to(tl.float32) * sf).to(DT)
+
+
+@triton.jit
+def _int4_scaled_words(p, s_row, DT: tl.constexpr):
+    """PTX only, 16-bit DT: bytes p [KP, N] of two int4 nibbles (zero point 8) and the group scale of each column
+    s_row [1, N] -> int32 words [KP, N], each the DT pair ((low - 8) * s, (high - 8) * s) with the scale rounded to
+    DT (the numbers of `_int4_scaled_halves`): the two weights of a byte side by side in one register, as the
+    joined K tile stores them (`_int4_words_to_tile`)."""
+    s16 = s_row.to(DT).to(tl.uint16, bitcast=True).to(tl.uint32)
+    s2 = tl.broadcast_to((s16 * 0x10001).to(tl.int32, bitcast=True), p.shape)
+    if DT == tl.bfloat16:
+        return tl.inline_asm_elementwise(_INT4_WORDS_BF16, "=r,=r,=r,=r,r,r,r,r,r", [p, s2], dtype=tl.int32,
+                                         is_pure=True, pack=4)
+    else:
+        return tl.inline_asm_elementwise(_INT4_WORDS_F16, "=r,=r,=r,=r,r,r,r,r,r", [p, s2], dtype=tl.int32,
+                                         is_pure=True, pack=4)
+
+
+@triton.jit
+def _int4_words_to_tile(words, DT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """int32 words [BLOCK_K/2, BLOCK_N] of DT pairs (w[2kp], w[2kp+1]) -> the [BLOCK_K, BLOCK_N] K tile."""
+    lo = (words & 0xFFFF).to(tl.uint16).to(DT, bitcast=True)
+    hi = (words >> 16).to(tl.uint16).to(DT, bitcast=True)
+    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BLOCK_K, BLOCK_N))
 
 
 # mxfp4 weights decoded to bf16 in the swapped form carry 2^-MX_BF16_SHIFT (the accumulator takes it back), so that

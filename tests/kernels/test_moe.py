@@ -29,7 +29,13 @@ from zoe_kernels.moe.formats import (  # noqa: E402
     dequantize_weights,
     quantize_act_fp8_torch,
 )
-from zoe_kernels.moe.dot_decode import MX_BF16_SHIFT, _e2m1_scaled_halves, _int4_halves  # noqa: E402
+from zoe_kernels.moe.dot_decode import (  # noqa: E402
+    MX_BF16_SHIFT,
+    _e2m1_scaled_halves,
+    _int4_halves,
+    _int4_scaled_words,
+    _int4_words_to_tile,
+)
 from zoe_kernels.moe.grouped_gemm import mx_swap_supported  # noqa: E402
 from zoe_kernels.moe.reference import fused_moe_reference  # noqa: E402
 
@@ -404,6 +410,32 @@ def test_dot_path_int4_decode_every_byte_exactly(dtype):
         lo, hi = _nan_alloc((256,), dtype, DEVICE), _nan_alloc((256,), dtype, DEVICE)
         _decode_int4_bytes[(1,)](p, lo, hi, PTX=ptx)
         assert torch.equal(lo.float().cpu(), want[0]) and torch.equal(hi.float().cpu(), want[1]), ptx
+
+
+@triton.jit
+def _decode_int4_joined(p_ptr, s_ptr, out_ptr):
+    """The joined tiles' int4 decode with PTX (`dot_decode._int4_scaled_words` -> `_int4_words_to_tile`): a
+    [32 kp, 16 n] byte tile and a scale per column -> the [64 k, 16 n] K tile, stored in out_ptr's dtype."""
+    kp = tl.arange(0, 32)[:, None]
+    n = tl.arange(0, 16)[None, :]
+    dt = out_ptr.dtype.element_ty
+    tile = _int4_words_to_tile(_int4_scaled_words(tl.load(p_ptr + kp * 16 + n), tl.load(s_ptr + n), dt), dt, 64, 16)
+    tl.store(out_ptr + tl.arange(0, 64)[:, None] * 16 + n, tile)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the word decode is inline PTX")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_dot_path_int4_word_decode_every_byte_exactly(dtype):
+    """Every byte value under scales of both signs: row k = 2 kp + j of the K tile holds nibble j of byte kp, minus
+    8, times the scale rounded to the dtype, rounded once (the numbers of `_int4_scaled_halves`)."""
+    gen = torch.Generator().manual_seed(11)
+    p = (torch.arange(512) % 256)[torch.randperm(512, generator=gen)].to(torch.uint8).reshape(32, 16)
+    scale = torch.randn(16, generator=gen) * torch.exp2(torch.randint(-12, 4, (16,), generator=gen).float())
+    nib = torch.stack([p.long() & 0xF, p.long() >> 4], dim=1).reshape(64, 16)  # k = 2 kp + j
+    want = ((nib.float() - 8.0) * scale.to(dtype).float()).to(dtype)
+    out = _nan_alloc((64, 16), dtype, DEVICE)
+    _decode_int4_joined[(1,)](p.to(DEVICE), scale.to(DEVICE), out)
+    assert torch.equal(out.cpu(), want)
 
 
 @triton.jit
