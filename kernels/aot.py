@@ -74,7 +74,8 @@ def compile_environment() -> Iterator[None]:
                 os.environ[name] = value
 
 
-GLUON_MODULES = ("zoe_kernels.csa.dual_scope_fused_gluon", "zoe_kernels.csa.dual_scope_two_pass_gluon")
+GLUON_MODULES = ("zoe_kernels.csa.dual_scope_fused_gluon", "zoe_kernels.csa.dual_scope_fused_ws_gluon",
+                 "zoe_kernels.csa.dual_scope_two_pass_gluon")
 NOT_APPLICABLE = "not applicable: a Gluon kernel written for Hopper (sm_90 cp.async and warpgroup MMA) by design"
 
 

@@ -59,9 +59,10 @@ def _sass_instructions(cubin: bytes) -> int | None:
 
 
 def sass_loop_counts(cubin: bytes) -> dict | None:
-    """The hot loop's static SASS (the longest span from a label back to a branch to it): its instructions, a tile's
-    instructions a thread issues when the loop body has no branches, with its most common opcodes; and the
-    instructions before the loop (prologue)."""
+    """The hot loop's static SASS: the shortest span from a label back to a branch to it that holds the warpgroup
+    MMAs (the longest span, where there are none): its instructions, a tile's instructions a thread issues when the
+    loop body has no branches, with its most common opcodes; the instructions before it (prologue); and in a
+    warp-specialized kernel the copy loop's (the shortest span with the cp.async copies and no MMA)."""
     text = _sass_text(cubin)
     if text is None:
         return None
@@ -71,14 +72,23 @@ def sass_loop_counts(cubin: bytes) -> dict | None:
              if (m := re.search(r"BRA `\(\.(L_x_\d+)\)", line)) and labels.get(m.group(1), i) < i]
     if not spans:
         return None
-    start, end = max(spans, key=lambda span: span[1] - span[0])
-    ops = [m.group(2) for line in lines[start:end + 1] if (m := _SASS_LINE.search(line))]
+
+    def ops(span):
+        return [m.group(2) for line in lines[span[0]:span[1] + 1] if (m := _SASS_LINE.search(line))]
+
+    mma = [sp for sp in spans if any("GMMA" in op for op in ops(sp))]
+    start, end = min(mma, key=lambda sp: sp[1] - sp[0]) if mma else max(spans, key=lambda sp: sp[1] - sp[0])
+    loop = ops((start, end))
     counts: dict[str, int] = {}
-    for op in ops:
+    for op in loop:
         counts[op] = counts.get(op, 0) + 1
-    return {"loop_sass_instructions": len(ops),
-            "loop_opcodes": dict(sorted(counts.items(), key=lambda kv: -kv[1])[:10]),
-            "prologue_sass_instructions": sum(1 for line in lines[:start] if _SASS_LINE.search(line))}
+    row = {"loop_sass_instructions": len(loop),
+           "loop_opcodes": dict(sorted(counts.items(), key=lambda kv: -kv[1])[:10]),
+           "prologue_sass_instructions": sum(1 for line in lines[:start] if _SASS_LINE.search(line))}
+    copies = [sp for sp in spans if "LDGSTS" in ops(sp) and not any("GMMA" in op for op in ops(sp))]
+    if mma and copies:
+        row["copy_loop_sass_instructions"] = len(ops(min(copies, key=lambda sp: sp[1] - sp[0])))
+    return row
 
 
 def _ptxas() -> str | None:
@@ -180,30 +190,39 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sparse_aot.json"))
     ap.add_argument("--only", default="topk,indexer,decode", help="comma-separated ops to compile (also: fused, the "
-                    "one-pass Gluon decode kernel, with a Triton that has Gluon)")
+                    "one-pass Gluon decode kernels, with a Triton that has Gluon)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     only = set(args.only.split(","))
     rows = captured_rows(only)
-    if "fused" in only:  # the one-pass Gluon decode kernel (FUSED_GLUON) at the tiles, rings and value blocks tried
+    if "fused" in only:  # the one-pass Gluon decode kernels (FUSED_GLUON) at the tiles, rings and value blocks tried
         from triton.experimental.gluon._runtime import GluonASTSource
 
         fused = importlib.import_module("zoe_kernels.csa.dual_scope_fused_gluon")
+        ws = importlib.import_module("zoe_kernels.csa.dual_scope_fused_ws_gluon")
+        dsd = importlib.import_module("zoe_kernels.csa.dual_scope_decode")
         fptrs = {"q8_ptr": "*fp8e4nv", "qs_ptr": "*fp32", "win_k_ptr": "*fp8e4nv",
                  "win_v_ptr": "*bf16", "win_len_ptr": "*i32", "comp_k_ptr": "*fp8e4nv", "comp_v_ptr": "*bf16",
                  "comp_idx_ptr": "*i32", "win_ks_ptr": "*fp32", "comp_ks_ptr": "*fp32", "sink_ptr": "*fp32",
                  "out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
-        # (DV, tile entries, key slots, staged index rows, final) at W=128, k=512: the default below B=67 (232,192
-        # bytes of shared memory), its two-split form, 2 key slots, 32-entry tiles, 128-column value blocks; two
-        # warpgroups over all 512 value columns (the default from B=67: 8 warps), and its two-split form
-        for dv, bkv, slots, sel_rows, final in ((256, 64, 3, 8, True), (256, 64, 3, 8, False), (256, 64, 2, 8, True),
-                                                (256, 32, 3, 16, True), (128, 64, 2, 8, True), (512, 32, 3, 16, True),
-                                                (512, 32, 3, 16, False)):
-            warps = 4 * max(1, dv // 256)
-            rows.append(compile_one(f"dual_scope_fused D=512 DV={dv} BKV={bkv} key_slots={slots} final={final}",
-                                    fused.fused_kernel, fptrs,
+        # one compute warpgroup and loader warps (dual_scope_fused_ws_gluon), (DV, tile entries, key slots, staged
+        # rows, final) at W=128, k=512: the default below B=67 (2 key slots), its split form, 3 key slots, 32-entry
+        # tiles, 128-column value blocks
+        for dv, bkv, slots, sel_rows, final in ((256, 64, 2, 8, True), (256, 64, 2, 8, False), (256, 64, 3, 8, True),
+                                                (256, 32, 3, 16, True), (128, 64, 2, 8, True)):
+            rows.append(compile_one(f"dual_scope_fused_ws D=512 DV={dv} BKV={bkv} key_slots={slots} final={final}",
+                                    ws.fused_ws_kernel, fptrs,
                                     dict(D=512, DV=dv, BKV=bkv, TILES_PER_SPLIT=640 // bkv, KBUF=slots,
-                                         SEL_P2=sel_rows, FINAL=final, HAS_SINK=True, num_warps=warps), warps,
+                                         SEL_P2=sel_rows, LOAD_WARPS=dsd._LOADER_WARPS, LOAD_REGS=dsd._LOADER_REGS,
+                                         FINAL=final, HAS_SINK=True, num_warps=4), 4,
+                                    source=GluonASTSource, loop=True))
+        # two warpgroups over all 512 value columns (dual_scope_fused_gluon, the default from B=67: 8 warps), its
+        # two-split form and 2 key slots
+        for slots, final in ((3, True), (3, False), (2, True)):
+            rows.append(compile_one(f"dual_scope_fused D=512 DV=512 BKV=32 key_slots={slots} final={final}",
+                                    fused.fused_kernel, fptrs,
+                                    dict(D=512, DV=512, BKV=32, TILES_PER_SPLIT=20, KBUF=slots, SEL_P2=16,
+                                         FINAL=final, HAS_SINK=True, num_warps=8), 8,
                                     source=GluonASTSource, loop=True))
     meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
             "command": "python bench/kernels/sparse_aot.py " + " ".join(sys.argv[1:])}

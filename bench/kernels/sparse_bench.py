@@ -350,9 +350,10 @@ def _isolated_us(fn) -> float:
 
 
 # launch parameters of the one-pass kernel timed beside the default in the `limits` section
-FUSED_VARIANTS = [("default", {}), ("one warpgroup, 256 value columns, 64-entry tiles", dict(block_dv=256)),
+FUSED_VARIANTS = [("default", {}), ("one warpgroup and loader warps, 256 value columns, 64-entry tiles",
+                                     dict(block_dv=256)),
                   ("two warpgroups, 512 value columns, 32-entry tiles", dict(block_dv=512)),
-                  ("2 key slots", dict(num_stages=2))]
+                  ("3 key slots", dict(num_stages=3))]
 DECODE_TOL = 1e-2  # relative error against the float32 reference: bf16 outputs and bf16 P in the value MMAs
 
 
@@ -423,6 +424,18 @@ def bench_decode_limits(quick: bool) -> None:
             gbps=gbytes / us / 1e3, isolated_gbps=gbytes / iso / 1e3)
     log(f"limits: streaming read {META['stream_read_tbps']:.2f} TB/s, the call's gather {gbytes / 1e6:.1f} MB in "
         f"{us:.1f} us = {META['gather_tbps']:.2f} TB/s (isolated {iso:.1f} us = {META['gather_isolated_tbps']:.2f})")
+    # the one-pass kernel's loader warps alone (compute warps that only free the slots): the copies' own time
+    for b in (8, 64):
+        ins = inputs if b == 64 else _decode_inputs(b)
+        for key_slots, value_slots in ((3, 2), (2, 2), (2, 3)):
+            fn = limits.loader_alone_call(ins, key_slots, value_slots)
+            fn()
+            lus, liso = median_us(fn, graph=True), _isolated_us(fn)
+            add_row(op="decode_limits", shape=f"B={b} H=64 D=512 W=128 k=512", provider="loader warps alone",
+                    config=json.dumps({"key_slots": key_slots, "value_slots": value_slots}), median_us=lus,
+                    isolated_us=liso)
+            log(f"limits: B={b} loader alone, {key_slots} key / {value_slots} value slots: {lus:.1f} us "
+                f"(isolated {liso:.1f})")
     call = lambda: dual_scope_decode(*inputs[:7], win_k_scale=win_ks, comp_k_scale=comp_ks)  # noqa: E731
     launches = sparse_decode_profile.per_kernel_us(call)
     whole = median_us(call, graph=True)
@@ -451,8 +464,7 @@ def bench_decode_limits(quick: bool) -> None:
                 config=f"{heads} heads, {warps} warps a split program", median_us=us, split_alone_us=split,
                 rel_err_f32=err, correct=err < DECODE_TOL)
         log(f"limits: q split {heads} heads x {warps} warps: split {split:.2f} us, call {us:.1f} us, err {err:.1e}")
-    # the one-pass launch's key slots and tile size: 2 slots leave a program's shared memory room for the q
-    # split's programs beside it (3 slots take all but 256 bytes), so the two launches can overlap
+    # the one-pass launch's program shapes and key slots, each with its isolated time and the kernel alone
     for b in (32, 64, 128):
         inputs = _decode_inputs(b)
         ref = _reference_f32(*inputs)

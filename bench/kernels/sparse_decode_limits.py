@@ -11,6 +11,9 @@
   entries) at several batches; a line through time against tiles gives the cost outside the entry loop
   (intercept) and per tile (slope), and the slope at a small batch, where HBM is far from busy, is one
   program's serial chain per tile;
+- `loader_alone`: the one-pass kernel's loader warps (`dual_scope_fused_ws_gluon._loader`) filling the same
+  rings at the same grid, with compute warps that only wait for each slot and free it: how long the copies
+  alone take with the kernel's buffering, the time the compute cannot go below;
 - `occupancy`: the default launch's programs against the multiprocessor count and its shared memory against
   the device's, read from the device.
 """
@@ -22,8 +25,81 @@ import importlib
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from zoe_kernels.csa.dual_scope_fused_ws_gluon import _loader
 
 dsd = importlib.import_module("zoe_kernels.csa.dual_scope_decode")  # the module (the package exports its function)
+
+
+@gluon.jit
+def _drain(k_full, k_empty, v_full, v_empty, n_tiles, KBUF: gl.constexpr, VBUF: gl.constexpr):
+    """Compute warps that do no compute: each tile's key slot and value slot waited for and freed."""
+    for j in range(0, n_tiles):
+        mbarrier.wait(k_full.index(j % KBUF), (j // KBUF) & 1)
+        gl.thread_barrier()
+        mbarrier.arrive(k_empty.index(j % KBUF))
+        mbarrier.wait(v_full.index(j % VBUF), (j // VBUF) & 1)
+        gl.thread_barrier()
+        mbarrier.arrive(v_empty.index(j % VBUF))
+
+
+@gluon.jit
+def _loader_alone_kernel(win_k_ptr, win_v_ptr, win_len_ptr, comp_k_ptr, comp_v_ptr, comp_idx_ptr, win_ks_ptr,
+                         comp_ks_ptr, W, KSEL, T, stride_wkb, stride_wkn, stride_wvb, stride_wvn, stride_ckb,
+                         stride_ckn, stride_cvb, stride_cvn, stride_ib, stride_wksb, stride_cksb, D: gl.constexpr,
+                         DV: gl.constexpr, BKV: gl.constexpr, KBUF: gl.constexpr, VBUF: gl.constexpr,
+                         LOAD_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """Program (b, value-column block): the one-pass kernel's rings and loader over all T tiles, `_drain` as the
+    compute partition."""
+    b = gl.program_id(0)
+    dv0 = gl.program_id(1) * DV
+    bq = b.to(gl.int64)
+    fp8: gl.constexpr = gl.float8e4nv
+    vdt: gl.constexpr = win_v_ptr.dtype.element_ty
+    k_ring = gl.allocate_shared_memory(fp8, [KBUF, BKV, D], gl.NVMMASharedLayout.get_default_for([BKV, D], fp8))
+    v_ring = gl.allocate_shared_memory(vdt, [VBUF, BKV, DV], gl.NVMMASharedLayout.get_default_for([BKV, DV], vdt))
+    ks_ring = gl.allocate_shared_memory(gl.float32, [KBUF, BKV], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    k_full = gl.allocate_shared_memory(gl.int64, [KBUF, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [KBUF, 1], mbarrier.MBarrierLayout())
+    v_full = gl.allocate_shared_memory(gl.int64, [VBUF, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [VBUF, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(KBUF):
+        mbarrier.init(k_full.index(i), count=32 * LOAD_WARPS)
+        mbarrier.init(k_empty.index(i), count=1)
+    for i in gl.static_range(VBUF):
+        mbarrier.init(v_full.index(i), count=32 * LOAD_WARPS)
+        mbarrier.init(v_empty.index(i), count=1)
+    win_len = gl.minimum(gl.load(win_len_ptr + b), W)
+    gl.warp_specialize([
+        (_drain, (k_full, k_empty, v_full, v_empty, T, KBUF, VBUF)),
+        (_loader, (k_ring, ks_ring, v_ring, k_full, k_empty, v_full, v_empty, comp_idx_ptr + bq * stride_ib,
+                   win_k_ptr + bq * stride_wkb, comp_k_ptr + bq * stride_ckb, win_ks_ptr + bq * stride_wksb,
+                   comp_ks_ptr + bq * stride_cksb, win_v_ptr + bq * stride_wvb, comp_v_ptr + bq * stride_cvb, win_len,
+                   0, T, gl.cdiv(W, BKV), KSEL, stride_wkn, stride_ckn, stride_wvn, stride_cvn, dv0, D, DV, BKV, KBUF,
+                   VBUF, LOAD_WARPS)),
+    ], [LOAD_WARPS], [LOAD_REGS])
+
+
+def loader_alone_call(inputs, key_slots: int, value_slots: int, block_dv: int = 256, block_kv: int = 64,
+                      loader_warps: int = 4):
+    """A function launching `_loader_alone_kernel` on the decode call's inputs (one program per sequence and
+    value-column block, as the one-pass kernel's one-warpgroup form at one split)."""
+    q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = inputs
+    bsz, w, d = win_k.shape
+    tiles = triton.cdiv(w, block_kv) + triton.cdiv(idx.shape[1], block_kv)
+    grid = (bsz, d // block_dv)
+
+    def call():
+        _loader_alone_kernel[grid](
+            win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks, w, idx.shape[1], tiles, win_k.stride(0),
+            win_k.stride(1), win_v.stride(0), win_v.stride(1), comp_k.stride(0), comp_k.stride(1), comp_v.stride(0),
+            comp_v.stride(1), idx.stride(0), win_ks.stride(0), comp_ks.stride(0), D=d, DV=block_dv, BKV=block_kv,
+            KBUF=key_slots, VBUF=value_slots, LOAD_WARPS=loader_warps, LOAD_REGS=dsd._LOADER_REGS, num_warps=4)
+
+    return call
 
 
 @triton.jit

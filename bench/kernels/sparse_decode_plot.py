@@ -44,10 +44,11 @@ def main() -> None:
     dst = Path(sys.argv[2]) if len(sys.argv) > 2 else src.with_suffix(".png")
     data = json.loads(src.read_text())
     rows = data["rows"]
+    run = data["meta"].get("decode_run", "decode-a")  # the sparse_bench.py --sections decode,limits run plotted
     fig, axes = plt.subplots(1, 3, figsize=(18, 5.5))
 
     ax = axes[0]
-    dec = [r for r in rows if r.get("run") == "decode-a" and r.get("op") == "csa_dual_scope_decode"]
+    dec = [r for r in rows if r.get("run") == run and r.get("op") == "csa_dual_scope_decode"]
     batches = sorted({_batch(r["shape"]) for r in dec})
     for i, (provider, style) in enumerate((("torch gather+SDPA", "s:"), ("torch gather+bmm", "o--"),
                                            ("zoe default", "o-"))):
@@ -68,17 +69,22 @@ def main() -> None:
 
     ax = axes[1]
     lim = {r["provider"] + (r.get("config", "") if "variant" in r["provider"] else ""): r
-           for r in rows if r.get("run") == "decode-a" and r.get("op") == "decode_limits"}
+           for r in rows if r.get("run") == run and r.get("op") == "decode_limits"}
     per_launch = lim["zoe default, per launch"]
     gather = lim["gather of the call's rows"]
     b64 = next(r for r in dec if r["provider"] == "zoe default" and _batch(r["shape"]) == 64)
-    fits = tile_fits(rows, "decode-a")[64]
+    fits = tile_fits(rows, run)[64]
+    loader = next((r for r in rows if r.get("run") == run and r.get("provider") == "loader warps alone"
+                   and r["shape"].startswith("B=64 ") and json.loads(r["config"]) == {"key_slots": 2, "value_slots": 2}),
+                  None)
     slope, intercept = fits["alone_fit"]
     bars = [("byte floor", b64["floor_us"]), ("75% target", b64["floor_us"] / 0.75),
-            ("gather of the\ncall's rows", gather["median_us"]), ("zoe call", b64["median_us"]),
-            ("zoe call\nisolated", b64["isolated_us"]), ("one-pass\nkernel alone", per_launch["fused_alone_us"]),
-            ("q split\nalone", per_launch["split_alone_us"]), ("10 tiles\n(slope x 10)", 10 * slope),
-            ("outside the\nloop (intercept)", intercept)]
+            ("gather of the\ncall's rows", gather["median_us"])]
+    if loader:
+        bars.append(("loader warps\nalone", loader["median_us"]))
+    bars += [("zoe call", b64["median_us"]), ("zoe call\nisolated", b64["isolated_us"]),
+             ("one-pass\nkernel alone", per_launch["fused_alone_us"]), ("q split\nalone", per_launch["split_alone_us"]),
+             ("10 tiles\n(slope x 10)", 10 * slope), ("outside the\nloop (intercept)", intercept)]
     ax.bar(range(len(bars)), [v for _, v in bars], color=["k", "0.6"] + ["C0"] * (len(bars) - 2))
     for i, (_, v) in enumerate(bars):
         ax.annotate(f"{v:.1f}", (i, v), ha="center", va="bottom", fontsize=7)
@@ -88,7 +94,7 @@ def main() -> None:
     ax.set_title("B=64: where the time goes", fontsize=9)
 
     ax = axes[2]
-    for i, (b, f) in enumerate(sorted(tile_fits(rows, "decode-a").items())):
+    for i, (b, f) in enumerate(sorted(tile_fits(rows, run).items())):
         xs = np.array([0, f["tiles"].max()])
         ax.plot(f["tiles"], f["call"], "o", color=f"C{i}", label=f"B={b} call")
         ax.plot(xs, np.polyval(f["call_fit"], xs), "-", color=f"C{i}", lw=0.8)

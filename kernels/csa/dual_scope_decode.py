@@ -29,7 +29,8 @@ With one split (large batches) it normalizes, adds the sink and writes the outpu
 batches, to fill the GPU) it writes a normalized partial output with its log-sum-exp and a second launch
 merges the splits exactly (and adds the sink). Two more schedules take bf16 q over fp8 keys (`launch_config`
 picks them): TWO_PASS, the scores of every tile then the values by column block (dual_scope_two_pass.py);
-FUSED_GLUON, one pass in Gluon on Hopper (dual_scope_fused_gluon.py), the default there from batch 8.
+FUSED_GLUON, one pass in Gluon on Hopper (dual_scope_fused_ws_gluon.py in one compute warpgroup with loader warps,
+dual_scope_fused_gluon.py in two warpgroups), the default there from batch 8.
 Split counts follow the target's multiprocessor/CU count (`platform.current_target`).
 """
 
@@ -47,9 +48,9 @@ from zoe_kernels.csa.dual_scope_two_pass import gluon_ready, two_pass_decode
 from zoe_kernels.platform import Target, current_target, dot_precision, has_pdl
 
 try:  # the one-pass Hopper (Gluon) kernel; a Triton without Gluon keeps the others
-    from zoe_kernels.csa import dual_scope_fused_gluon
+    from zoe_kernels.csa import dual_scope_fused_gluon, dual_scope_fused_ws_gluon
 except ImportError:  # pragma: no cover - depends on the installed Triton
-    dual_scope_fused_gluon = None
+    dual_scope_fused_gluon = dual_scope_fused_ws_gluon = None
 
 # LAZY_RESCALE's threshold in log2 units: probabilities up to 2^8 against a stale row maximum (bf16/fp16/fp32 P)
 RESCALE_LOG2: tl.constexpr = tl.constexpr(8.0)
@@ -298,7 +299,7 @@ class Schedule(enum.IntEnum):
     TWO_LOOPS = 0  # one compiler-pipelined loop per scope (window, then compressed), the index load inside
     ONE_LOOP = 2  # one compiler-pipelined loop over both scopes, all selected indices loaded up front
     TWO_PASS = 3  # the scores of every tile, then the values by column block (dual_scope_two_pass.py)
-    FUSED_GLUON = 4  # one pass in Gluon on Hopper (dual_scope_fused_gluon.py)
+    FUSED_GLUON = 4  # one pass in Gluon on Hopper (dual_scope_fused_ws_gluon.py, dual_scope_fused_gluon.py)
 
 
 # Entry splits only below this many programs (more splits cost a merge launch and re-read q). Retune with
@@ -454,6 +455,10 @@ def _two_pass_config(bsz: int, heads: int, d: int, entries: int, *, block_h, blo
             "values_warps": values_warps or num_warps or 4, "values_stages": values_stages or num_stages or 3}
 
 
+# Key slots of the one-warpgroup one-pass kernel (its loader warps run keys one tile ahead of the compute warps):
+# 2 took 27.4-27.6 us at B=64 on the H200 against 27.7-27.9 with 3 (21.1-21.5 against 21.1-21.3 at B=32) and
+# leave 33 KB of shared memory free. Retune with bench/kernels/sparse_decode_sweep.py (num_stages 2 / 3).
+_FUSED_KEY_SLOTS = 2
 # FUSED_GLUON's entries per tile with one warpgroup: 64 (keys two tiles ahead) was faster than 32 on the H200 at every
 # batch timed; two warpgroups (all of D=512's value columns) take 32, the tiles that fit their rings. Retune with
 # bench/kernels/sparse_decode_sweep.py (block_kv 32 / 64).
@@ -491,10 +496,12 @@ def _fused_sel_rows(tiles_per_split: int, selected: int, block_kv: int) -> int:
 
 def _fused_smem_bytes(d: int, block_dv: int, block_kv: int, key_slots: int, sel_rows: int) -> int:
     """Shared memory of a one-pass program: q's two fp8 parts, the key ring (rows and scales), the two value slots,
-    the staged indices and (two warpgroups) the probabilities handed between them."""
-    handover = 64 * block_kv * 2 if _fused_warpgroups(block_dv) > 1 else 0
-    return (2 * 64 * d + key_slots * block_kv * (d + 4) + 2 * block_kv * block_dv * 2 + sel_rows * block_kv * 4
-            + handover)
+    and in two warpgroups the staged indices and the probabilities handed between them, in one the staged
+    validity bytes and the rings' barriers (full and empty a slot)."""
+    rings = 2 * 64 * d + key_slots * block_kv * (d + 4) + 2 * block_kv * block_dv * 2
+    if _fused_warpgroups(block_dv) > 1:
+        return rings + sel_rows * block_kv * 4 + 64 * block_kv * 2
+    return rings + sel_rows * block_kv + 8 * 2 * (key_slots + 2) + 256  # + the allocator's alignment (< 256 B)
 
 
 def _fused_shape_ok(d: int, block_dv: int, block_kv: int, key_slots: int, sel_rows: int, lds_bytes: int) -> bool:
@@ -507,13 +514,15 @@ def _fused_shape_ok(d: int, block_dv: int, block_kv: int, key_slots: int, sel_ro
 
 def _fused_config(bsz: int, heads: int, d: int, entries: int, selected: int, *, block_dv, block_kv, splits,
                   num_stages, target: Target) -> dict:
-    """Launch parameters of the one-pass Gluon kernel (dual_scope_fused_gluon.py): 64 heads and block_dv value
-    columns per program (`_fused_block_dv`), block_kv entries per tile (64 with one warpgroup, 32 with two),
-    num_stages key slots (3 where they fit the target's shared memory, else 2), splits programs over a sequence's
+    """Launch parameters of the one-pass Gluon kernel (dual_scope_fused_ws_gluon.py in one warpgroup,
+    dual_scope_fused_gluon.py in two): 64 heads and block_dv value columns per program (`_fused_block_dv`),
+    block_kv entries per tile (64 with one warpgroup, 32 with two), num_stages key slots (one warpgroup:
+    _FUSED_KEY_SLOTS; two: 3 where they fit the target's shared memory, else 2), splits programs over a sequence's
     entries (as many as fill one wave of one program per multiprocessor); "fits" says whether its shared memory
     does (`_fused_shape_ok`)."""
     block_dv = _fused_block_dv(bsz, heads, d, block_dv, target)
-    block_kv = block_kv or (32 if _fused_warpgroups(block_dv) > 1 else _FUSED_BLOCK_KV)
+    wgs = _fused_warpgroups(block_dv)
+    block_kv = block_kv or (32 if wgs > 1 else _FUSED_BLOCK_KV)
     # the window's tiles and the selection's, counted apart as the launch counts them
     tiles = max(1, triton.cdiv(entries - selected, block_kv) + triton.cdiv(selected, block_kv))
     programs = bsz * triton.cdiv(heads, 64) * (d // block_dv)
@@ -521,10 +530,12 @@ def _fused_config(bsz: int, heads: int, d: int, entries: int, selected: int, *, 
         splits = max(1, target.cu_count // programs)
     splits = max(1, min(splits, tiles))
     sel_rows = _fused_sel_rows(triton.cdiv(tiles, splits), selected, block_kv)
-    if num_stages is None:
+    if num_stages is None and wgs == 1:
+        num_stages = _FUSED_KEY_SLOTS
+    elif num_stages is None:
         num_stages = 3 if _fused_shape_ok(d, block_dv, block_kv, 3, sel_rows, target.lds_bytes) else 2
     return {"block_h": 64, "block_dv": block_dv, "block_kv": block_kv, "splits": splits,
-            "num_warps": 4 * _fused_warpgroups(block_dv), "schedule": Schedule.FUSED_GLUON, "num_stages": num_stages,
+            "num_warps": 4 * wgs, "schedule": Schedule.FUSED_GLUON, "num_stages": num_stages,
             "qk_fp16": False, "lazy_rescale": False, "defer_sum": False,
             "fits": _fused_shape_ok(d, block_dv, block_kv, num_stages, sel_rows, target.lds_bytes)}
 
@@ -562,12 +573,19 @@ def _merge_splits(part_out, part_lse, sink_t, out, has_sink: bool, merge_h: int)
 # times the split alone at other values
 _SPLIT_HEADS = 4
 _SPLIT_WARPS = 4
+# The one-warpgroup one-pass kernel's loader warps (dual_scope_fused_ws_gluon) and the registers a loader thread
+# keeps: 4 warps took 27.7 us at B=64 on the H200 against 28.5 with 2 (bench/kernels/sparse_decode_sweep.py with
+# the count as a variant); 80 registers compile without spills (bench/kernels/sparse_aot.py --only fused), and
+# fewer would give the compute warpgroup nothing (it is at 255).
+_LOADER_WARPS = 4
+_LOADER_REGS = 80
 
 
 def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink, scale_log2, out, *,
                   block_dv: int, block_kv: int, splits: int, num_stages: int) -> torch.Tensor:
-    """q split once per sequence (`split_q_kernel`), then the one-pass Gluon launch (and the merge of its
-    splits) on tensors `dual_scope_decode` has checked and prepared; writes and returns `out`."""
+    """q split once per sequence (`split_q_kernel`), then the one-pass Gluon launch (one warpgroup and loader
+    warps up to 256 value columns a program, else two warpgroups) and the merge of its splits, on tensors
+    `dual_scope_decode` has checked and prepared; writes and returns `out`."""
     bsz, heads, d = q.shape
     w_entries, k_sel = win_k.shape[1], comp_idx.shape[1]
     tiles = triton.cdiv(w_entries, block_kv) + triton.cdiv(k_sel, block_kv)
@@ -581,14 +599,18 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
     split_q_kernel[(bsz, triton.cdiv(heads, _SPLIT_HEADS))](q, q8, q_scale, heads, scale_log2, q.stride(0), q.stride(1),
                                                             D=d, BH=_SPLIT_HEADS, PDL=pdl, num_warps=_SPLIT_WARPS)
     grid = (bsz, triton.cdiv(heads, 64) * (d // block_dv), splits)
-    dual_scope_fused_gluon.fused_kernel[grid](
-        q8, q_scale, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink_t, out, part_out, part_lse,
-        heads, w_entries, k_sel, tiles, q8.stride(0), win_k.stride(0), win_k.stride(1), win_v.stride(0),
-        win_v.stride(1), comp_k.stride(0), comp_k.stride(1), comp_v.stride(0), comp_v.stride(1), comp_idx.stride(0),
-        wks.stride(0), cks.stride(0), out.stride(0), out.stride(1),
-        D=d, DV=block_dv, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, KBUF=num_stages,
-        SEL_P2=_fused_sel_rows(tiles_per_split, k_sel, block_kv), FINAL=final, HAS_SINK=sink is not None,
-        num_warps=4 * _fused_warpgroups(block_dv), **({"launch_pdl": True} if pdl else {}))
+    args = (q8, q_scale, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink_t, out, part_out, part_lse,
+            heads, w_entries, k_sel, tiles, q8.stride(0), win_k.stride(0), win_k.stride(1), win_v.stride(0),
+            win_v.stride(1), comp_k.stride(0), comp_k.stride(1), comp_v.stride(0), comp_v.stride(1), comp_idx.stride(0),
+            wks.stride(0), cks.stride(0), out.stride(0), out.stride(1))
+    shape = dict(D=d, DV=block_dv, BKV=block_kv, TILES_PER_SPLIT=tiles_per_split, KBUF=num_stages,
+                 SEL_P2=_fused_sel_rows(tiles_per_split, k_sel, block_kv), FINAL=final, HAS_SINK=sink is not None,
+                 **({"launch_pdl": True} if pdl else {}))
+    if _fused_warpgroups(block_dv) == 1:
+        dual_scope_fused_ws_gluon.fused_ws_kernel[grid](*args, LOAD_WARPS=_LOADER_WARPS, LOAD_REGS=_LOADER_REGS,
+                                                        num_warps=4, **shape)
+    else:
+        dual_scope_fused_gluon.fused_kernel[grid](*args, num_warps=8, **shape)
     if not final:
         _merge_splits(part_out, part_lse, sink_t, out, sink is not None, 16)
     return out
@@ -624,9 +646,10 @@ def dual_scope_decode(q: torch.Tensor, win_k: torch.Tensor, win_v: torch.Tensor,
     its score dots run as fp8 MMAs on q split into two e4m3 parts (`qk_fp8`: by default with bf16 q and fp8
     keys, where the split is exact; True also takes fp16 q, exact for bf16-representable values). gluon_scores,
     gluon_values (TWO_PASS): that pass in Gluon on Hopper (`dual_scope_two_pass_gluon`; False: the Triton pass).
-    FUSED_GLUON is one pass in Gluon on Hopper (`dual_scope_fused_gluon`: bf16 q, fp8 keys, bf16 values without
-    scales), with block_dv value columns per program (512: two warpgroups), block_kv entries per tile, num_stages
-    ring slots and splits programs over a sequence's entries; where it cannot run it raises ValueError.
+    FUSED_GLUON is one pass in Gluon on Hopper (bf16 q, fp8 keys, bf16 values without scales), with block_dv value
+    columns per program (up to 256: one compute warpgroup and loader warps, `dual_scope_fused_ws_gluon`; 512: two
+    warpgroups, `dual_scope_fused_gluon`), block_kv entries per tile, num_stages key slots and splits programs over
+    a sequence's entries; where it cannot run it raises ValueError.
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [B, H, D], got shape {tuple(q.shape)}")

@@ -1,26 +1,26 @@
-"""CSA dual-scope decode in one pass, written in Gluon for Hopper (sm_90): `dual_scope_decode(...,
-schedule=Schedule.FUSED_GLUON)`, the default there from batch 8.
+"""CSA dual-scope decode in one pass, written in Gluon for Hopper (sm_90), in two warpgroups over 512 value
+columns: `dual_scope_decode(..., schedule=Schedule.FUSED_GLUON)` where a program holds all of D = 512's value
+columns (the default there from batch 67 on the H200; `dual_scope_fused_ws_gluon` is the one-warpgroup form).
 
 The same attention as `dual_scope_decode` (its docstring has the math, shapes and index conventions) for bf16
 q over fp8 e4m3 keys with per-entry scales and bf16 values without scales (the DeepSeek-V4 cache), with no
-intermediate in global memory: programs (sequence b, head block of 64 x value-column block of DV, entry split),
-one warpgroup per 256 value columns, run an online softmax over tiles of BKV entries (64 with one warpgroup;
-two warpgroups, DV = 512, take 32-entry tiles, split each tile's scores between them by entries and hand its
-probabilities to both through shared memory, so a tile's scores are computed once per sequence):
+intermediate in global memory: programs (sequence b, head block of 64, entry split), two warpgroups of 256 value
+columns each, run an online softmax over tiles of BKV entries (32), split each tile's scores between the
+warpgroups by entries and hand its probabilities to both through shared memory, so a tile's scores are computed
+once per sequence:
 
 - q arrives split into two e4m3 parts per head with its score scale (`dual_scope_tiles.split_q_kernel`, a small
   launch before this one, once per sequence; programmatic dependent launch overlaps the two);
 - the program's selected indices are loaded first and staged in shared memory; the gathered key rows (all D
   columns, fp8) and key scales land by cp.async in a ring of KBUF slots, KBUF - 1 tiles ahead, and the value
-  rows (the program's DV columns) in a ring of two, one tile ahead: with 64-entry tiles the keys of two tiles
-  and the values of one are in flight while a tile is computed, within the H200's 227 KiB of shared memory at
-  D=512 (`dual_scope_decode._fused_shape_ok` checks the target's);
-- S = q K^T as two fp8 warpgroup MMAs (q's parts in shared memory; with two warpgroups four, over D's halves, whose
-  shorter accumulations halve the error); an entry's validity comes from the staged
+  rows in a ring of two, one tile ahead, within the H200's 227 KiB of shared memory at D=512
+  (`dual_scope_decode._fused_shape_ok` checks the target's);
+- S = q K^T as four fp8 warpgroup MMAs (q's two parts in shared memory, over D's halves, whose shorter
+  accumulations halve the error); an entry's validity comes from the staged
   indices (window positions below win_len, selected indices >= 0), and the per-entry scale and the -inf of a
   masked entry fold into one multiply-add per score, the per-head scale into the exponent's multiply-add;
-- m, l and the [64, DV] float32 accumulator stay in the warpgroups' registers; P goes to the value MMA from
-  registers (with two warpgroups after the hand-over), acc = alpha * acc + P V.
+- m, l and the [64, 512] float32 accumulator stay in the warpgroups' registers; P goes to the value MMAs from
+  registers after the hand-over, acc = alpha * acc + P V.
 
 The copies of the next tiles are issued right after the score MMAs, and the loop's first wait is for tile 0's
 keys and q alone (each prologue copy is its own commit group), so the first MMAs start before the prologue's
@@ -29,7 +29,8 @@ a quarter of the loop's instructions). The score MMAs stay in the tile they belo
 warpgroup MMA once two accumulators are in flight across the loop); what each of these choices was measured
 against is in bench/kernels/sparse_README.md. With one split the program normalizes, adds
 the sink and writes the output; with several it writes a normalized partial with its log-sum-exp and
-`merge_partials_kernel` merges them. `_tile_sel` and `ring_landed` are `dual_scope_two_pass_gluon`'s.
+`merge_partials_kernel` merges them. `_tile_sel` and `ring_landed` are `dual_scope_two_pass_gluon`'s;
+`_rows_of`, `_issue_keys`, `_issue_values` and `_finish` serve the one-warpgroup form too.
 """
 from __future__ import annotations
 
@@ -83,14 +84,6 @@ def _sel_row(idx_smem, t, t_sel0, SEL_P2: gl.constexpr, layout: gl.constexpr):
     validity mask do not read them there) from shared memory, in `layout`."""
     r = gl.minimum(gl.maximum(t - t_sel0, 0), SEL_P2 - 1)
     return idx_smem.index(r).load(layout)
-
-
-@gluon.jit
-def _score_mma(q_hi_smem, q_lo_smem, k_buf, s_zero):
-    """The score MMAs of one key tile, asynchronous: (q_hi + q_lo) K^T, two fp8 MMAs on the rows as copied."""
-    k_t = k_buf.permute((1, 0))  # [D, BKV]: the keys' D contiguous (K-major)
-    s = warpgroup_mma(q_hi_smem, k_t, s_zero, use_acc=False, is_async=True)
-    return warpgroup_mma(q_lo_smem, k_t, s, is_async=True)
 
 
 @gluon.jit
@@ -149,12 +142,12 @@ def fused_kernel(
     D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr, TILES_PER_SPLIT: gl.constexpr, KBUF: gl.constexpr,
     SEL_P2: gl.constexpr, FINAL: gl.constexpr, HAS_SINK: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """Program (b, head block x value-column block, split), num_warps / 4 warpgroups: see the module docstring. KBUF
-    key slots (keys KBUF - 1 tiles ahead), two value slots; SEL_P2 rows of staged indices (a power of two at least
-    the program's tiles of selected entries). part_out: [B, splits, H, D] float32, part_lse: [B, splits, H] (log2
-    units), written only without FINAL."""
+    """Program (b, head block x value-column block, split), two warpgroups (num_warps = 8): see the module
+    docstring. KBUF key slots (keys KBUF - 1 tiles ahead), two value slots; SEL_P2 rows of staged indices (a power
+    of two at least the program's tiles of selected entries). part_out: [B, splits, H, D] float32, part_lse: [B,
+    splits, H] (log2 units), written only without FINAL."""
     WG: gl.constexpr = num_warps // 4  # warpgroups: each holds DV / WG value columns and BKV / WG of a tile's scores
-    gl.static_assert(num_warps == 4 * WG and (WG == 1 or WG == 2), "one or two warpgroups")
+    gl.static_assert(num_warps == 8, "two warpgroups (dual_scope_fused_ws_gluon is the one-warpgroup form)")
     gl.static_assert(DV // WG <= 256, "a warpgroup's value columns: the MMA's N")
     gl.static_assert(KBUF == 2 or KBUF == 3, "keys one or two tiles ahead (the commit groups' count below)")
     BH: gl.constexpr = 64  # heads per program: the warpgroup MMA's M
@@ -250,10 +243,7 @@ def fused_kernel(
         t = t0 + j
         ring_landed(2 * (KBUF - 2))  # keys and scales of tile j; the barrier also frees tile j - 1's slots
         z = j >> 20  # 0, opaque: the q descriptors are computed here instead of held in registers
-        if WG > 1:  # four [64, BKV / 2] accumulators fit two warpgroups' registers; one warpgroup's hold one
-            s0, s1, s2, s3 = _score_chains(q_smem.index(z), q_smem.index(z + 1), k_ring.index(j % KBUF), s_zero, D)
-        else:
-            s = _score_mma(q_smem.index(z), q_smem.index(z + 1), k_ring.index(j % KBUF), s_zero)
+        s0, s1, s2, s3 = _score_chains(q_smem.index(z), q_smem.index(z + 1), k_ring.index(j % KBUF), s_zero, D)
         # while the score MMAs run: values of tile j + 1 and keys of tile j + KBUF - 1 into tile j - 1's slots
         tv = t + 1
         _issue_values(tv, (j + 1) % VBUF, _sel_row(idx_smem, tv, t_sel0, SEL_P2, gl.SliceLayout(1, v_copy)), v_ring,
@@ -270,11 +260,8 @@ def fused_kernel(
         else:
             bias = gl.where(_sel_row(idx_smem, t, t_sel0, SEL_P2, col_s) >= 0, 0.0, float("-inf"))
         ks = ks_ring.index(j % KBUF).load(col_s)
-        if WG > 1:
-            s0, s1, s2, s3 = warpgroup_mma_wait(num_outstanding=0, deps=(s0, s1, s2, s3))
-            s = (s0 + s1) + (s2 + s3)
-        else:
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        s0, s1, s2, s3 = warpgroup_mma_wait(num_outstanding=0, deps=(s0, s1, s2, s3))
+        s = (s0 + s1) + (s2 + s3)
         # the online softmax in base 2; row_scale > 0, so the maximum of the scaled scores is row_scale times
         # the maximum of s * ks (launch_config routes sm_scale <= 0 elsewhere)
         s = s * ks[None, :] + bias[None, :]

@@ -103,8 +103,8 @@ def split_q_kernel(q_ptr, q8_ptr, qs_ptr, H, qk_scale_log2, stride_qb, stride_qh
                    PDL: tl.constexpr):
     """Program (b, head block): q[b] [H, D] as `split_q_fp8`'s two e4m3 parts into q8 [B, 2, H, D] (hi, then lo)
     and each head's score scale qk_scale_log2 / c into qs [B, H]: once per sequence, for the one-pass Gluon
-    kernel (dual_scope_fused_gluon), whose programs copy them in. With PDL the next launch may start at once (it
-    waits for this one's writes before reading them)."""
+    kernels (dual_scope_fused_ws_gluon, dual_scope_fused_gluon), whose programs copy them in. With PDL the next
+    launch may start at once (it waits for this one's writes before reading them)."""
     if PDL:
         gdc_launch_dependents()
     b = tl.program_id(0).to(tl.int64)

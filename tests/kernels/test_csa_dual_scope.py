@@ -197,11 +197,11 @@ def test_two_pass_gluon_on_gpu(block_dv, values_warps, stages, splits, with_sink
                                                                       (512, 32, 3, 2, False), (512, 32, 2, 1, True),
                                                                       (512, 32, 3, 1, True)])
 def test_fused_gluon_on_gpu(block_dv, block_kv, stages, splits, with_sink):
-    # the one-pass Hopper kernel (dual_scope_fused_gluon.py, schedule 4; stages: key slots) against the reference
-    # and against the two-pass schedule on the same inputs: 70 heads (a second, part-masked head block), a ragged
-    # window shorter than its tiles, -1 holes, a sequence with no entry, tiles past the selection's end, one split
-    # (the output written by the program) and several (partials merged); 512 value columns: two warpgroups, with
-    # two value slots or three
+    # the one-pass Hopper kernel (schedule 4; stages: key slots) against the reference and against the two-pass
+    # schedule on the same inputs: 70 heads (a second, part-masked head block), a ragged window shorter than its
+    # tiles, -1 holes, a sequence with no entry, tiles past the selection's end, one split (the output written by
+    # the program) and several (partials merged); up to 256 value columns: one compute warpgroup and loader warps
+    # (dual_scope_fused_ws_gluon.py), 512: two warpgroups (dual_scope_fused_gluon.py), with two key slots or three
     from zoe_kernels.csa.dual_scope_decode import _fused_config, fused_supported
     from zoe_kernels.platform import current_target
 
@@ -266,18 +266,21 @@ def test_fused_schedule_rejected_where_it_cannot_run():
 
 
 def test_fused_shared_memory_model():
-    # the launcher's shared-memory model of the one-pass kernel: at H=64, D=512, W=128, k=512 the default (64-entry
-    # tiles, 3 key slots, 8 rows of staged indices) takes 232,192 bytes, what the sm_90a compile reports; with
-    # k=2048 the staged indices pass 227 KB at 3 key slots and the launcher takes 2; D=1024 fits neither
-    from zoe_kernels.csa.dual_scope_decode import _fused_config, _fused_shape_ok
+    # the launcher's shared-memory model of the one-pass kernel. One warpgroup with loader warps, H=64, D=512,
+    # W=128, k=512: 64-entry tiles, 8 rows of staged validity bytes, 2 key slots (the default) take 197,924 bytes
+    # in the sm_90a compile and 3 take 230,980; the model is at most 256 bytes above (the allocator's alignment).
+    # D=1024 fits neither
+    from zoe_kernels.csa.dual_scope_decode import _fused_config, _fused_shape_ok, _fused_smem_bytes
     from zoe_kernels.platform import TARGETS
 
     h200 = TARGETS["sm_90"]
-    assert _fused_shape_ok(512, 256, 64, 3, 8, h200.lds_bytes) and not _fused_shape_ok(512, 256, 64, 3, 16,
-                                                                                       h200.lds_bytes)
+    for slots, compiled in ((2, 197_924), (3, 230_980)):
+        assert 0 <= _fused_smem_bytes(512, 256, 64, slots, 8) - compiled <= 256
+    assert 0 <= _fused_smem_bytes(512, 128, 64, 2, 8) - 165_156 <= 256
+    assert _fused_shape_ok(512, 256, 64, 3, 8, h200.lds_bytes) and not _fused_shape_ok(512, 256, 64, 3, 8, 230_979)
     fused = dict(block_dv=None, block_kv=None, splits=None, num_stages=None, target=h200)
     cfg = _fused_config(64, 64, 512, 640, 512, **fused | {"block_dv": 256})
-    assert (cfg["block_kv"], cfg["num_stages"], cfg["splits"], cfg["fits"]) == (64, 3, 1, True)
+    assert (cfg["block_kv"], cfg["num_stages"], cfg["splits"], cfg["fits"]) == (64, 2, 1, True)
     big_k = _fused_config(64, 64, 512, 2176, 2048, **fused | {"block_dv": 256})
     assert (big_k["num_stages"], big_k["fits"]) == (2, True)
     # two warpgroups over all 512 value columns (the B=128 default): 64-entry tiles pass 227 KB even at 2 key
@@ -405,12 +408,13 @@ def test_launch_config_batch_regimes():
     assert two_pass[16]["schedule"] == 0
     assert [(two_pass[b]["schedule"], two_pass[b]["splits"]) for b in (32, 64, 128)] == [(3, 4), (3, 2), (3, 1)]
     # where Gluon runs (Hopper) the one-pass Gluon kernel from B=8, with 256-column value blocks and 64-entry tiles
-    # at 3 key slots (B=8) or all value columns and 32-entry tiles (B=64), and splits to fill a wave; its shared
+    # at 2 key slots (one warpgroup and loader warps) or all value columns and 32-entry tiles (from B=67), and
+    # splits to fill a wave; its shared
     # memory does not fit D=1024, which keeps the two passes; B=1 keeps the one pass
     gluon = {b: launch_config(b, 64, 512, 640, fp8_scores=True, gluon=True, selected=512) for b in (1, 4, 8, 16, 64)}
     assert {b: c["schedule"] for b, c in gluon.items()} == {1: 2, 4: 2, 8: 4, 16: 4, 64: 4}
     assert [(gluon[b]["block_dv"], gluon[b]["block_kv"], gluon[b]["num_stages"], gluon[b]["splits"])
-            for b in (8, 64)] == [(256, 64, 3, 8), (256, 64, 3, 1)]
+            for b in (8, 64)] == [(256, 64, 2, 8), (256, 64, 2, 1)]
     # all value columns in two warpgroups (32-entry tiles, 8 warps) from where one wave of them holds one program a
     # sequence (B > 66 on 132 SMs; MI355X's 256 CUs: B > 128)
     wide = {b: launch_config(b, 64, 512, 640, fp8_scores=True, gluon=True, selected=512) for b in (64, 66, 67, 128)}
