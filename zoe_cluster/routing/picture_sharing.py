@@ -1,4 +1,5 @@
-"""Routers that share one approximate picture: each takes the chains its peers inserted into their prefix indexes.
+"""Routers that share one picture: each takes the chains its peers inserted into their prefix indexes and the
+sessions they routed.
 
 In approximate mode a router learns where prefixes are only from its own decisions: the chain hashes of every
 prompt it sends to a replica go into that replica's `PrefixIndex`. Behind a front that spreads requests over
@@ -15,8 +16,8 @@ Session tables are shared the same way (`session_delta`, `apply_session_delta`; 
 routers' clocks differ), binds the session to the peer's replica here unless this router routed it more recently
 or has a request of it in flight. A router that meets a session's next turn then keeps its affinity as the router
 that placed it would, instead of placing it anew. Load stays each router's own (every router observes it from the
-engines). In precise mode the indexes need no sharing (every router subscribes to the engines' KV events); the
-session tables still do.
+engines). Precise mode shares the same way: the engines' KV events correct how much of a replica's index is held,
+not which blocks, so each router still learns placement from its own decisions.
 
 What a peer answers is bounded: per replica, at most the index's capacity in blocks (its log is trimmed to that),
 and one entry per live session (at most the table's `max_sessions`).
@@ -102,7 +103,7 @@ def apply_picture_delta(policy: Any, views: Mapping[str, ReplicaView], block_tok
 
 
 def session_delta(policy: Any, since: int, now: float) -> SessionDelta:
-    """The live sessions `policy` routed after number `since` (its session table's numbering), aged at `now` on
+    """The live sessions `policy` routed at number `since` or later (its session table's numbering), aged at `now` on
     `policy`'s clock; (`since`, []) for a policy without a session table."""
     table = session_table(policy)
     if table is None:
