@@ -10,7 +10,8 @@ block), and behind a random front with the routers sharing their prefix-index in
 T seconds of the replay's clock ("random-share-Ts", `routing.picture_sharing`, for each T of --share-s). Each run
 is what `zoe sim replay TRACE --model glm-5.3 --replicas R --policy prefix --routers N --router-front F
 [--router-affinity-blocks 2] [--router-share-s T] --json` does, run in-process. With --sessions S (default 16; 0
-skips it) it does the same on the agentic session files (`zoe sim replay DIR --sessions S`, closed loop), whose requests carry session keys.
+skips it) it does the same on the agentic session files (`zoe sim replay DIR --sessions S`, closed loop), whose
+requests carry session keys.
 
 Writes bench/router/multi_router.json (every run's command, hit rate, TTFT p50/p90 and requests per router, and
 per configuration the ratio of the fleet's hit rate to one router's; the target is >= 0.98) and multi_router.png
