@@ -35,7 +35,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 DEFAULT_TRACES = REPO.parent / "shared" / "traces" / "agentic"
-POLICIES = ("prefix", "session_hash", "least_load", "round_robin")
+POLICIES = ("prefix", "session_hash", "least_load", "round_robin", "sglang_cache_aware")
 HOST_KV_GB = 2048
 """Host memory per replica (one 8-GPU node) for the KV tier, as bench/router/replay_compare.py gives it."""
 SATURATED_PREFILL_LOAD = 0.5
@@ -68,10 +68,22 @@ def recipe_with_threshold(model: str, long_prefill_token_threshold: int, image: 
     return recipe
 
 
+def policy_arguments(policy: str, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any] | None]:
+    """(policy, policy_options) for `replay_sessions`: a registered policy by name, or `sglang_cache_aware`
+    (sglang-router's `cache_aware`, `routing.policies.SglangCacheAwarePolicy`, unregistered) by a factory."""
+    from zoe_cluster.routing.policies import SglangCacheAwarePolicy
+
+    if policy != SglangCacheAwarePolicy.name:
+        return policy, options
+    config = SglangCacheAwarePolicy.Config(**(options or {}))
+    return (lambda: SglangCacheAwarePolicy(config)), None
+
+
 def run_one(traces: str, model: str, replicas: int, live: int, policy: str, host_kv_gb: float,
             policy_options: dict[str, Any] | None = None, kv_tokens: int | None = None,
             long_prefill_token_threshold: int = 0, think_cap_s: float = 60.0,
-            image: str | None = None, max_num_batched_tokens: int | None = None) -> dict[str, Any]:
+            image: str | None = None, max_num_batched_tokens: int | None = None,
+            ramp_up_s: float = 0.0) -> dict[str, Any]:
     """One closed-loop replay (`zoe sim replay TRACES --sessions LIVE`, the default variant with
     `long_prefill_token_threshold` set when nonzero); its report with the derived columns."""
     from zoe_cluster.agentic.options import SessionOptions
@@ -80,9 +92,11 @@ def run_one(traces: str, model: str, replicas: int, live: int, policy: str, host
 
     t0 = time.perf_counter()
     recipe = recipe_with_threshold(model, long_prefill_token_threshold, image, max_num_batched_tokens)
-    opts = SessionOptions(live, think_cap_s=think_cap_s, max_input_tokens=recipe.architecture.max_context_tokens)
-    rep = replay_sessions(recipe, recipe.default_variant, opts.driver(traces), replicas, policy,
-                          policy_options=policy_options, kv_tokens=kv_tokens, host_kv_gb=host_kv_gb)
+    opts = SessionOptions(live, think_cap_s=think_cap_s, max_input_tokens=recipe.architecture.max_context_tokens,
+                          ramp_up_s=ramp_up_s)
+    chosen, options = policy_arguments(policy, policy_options)
+    rep = replay_sessions(recipe, recipe.default_variant, opts.driver(traces), replicas, chosen,
+                          policy_options=options, kv_tokens=kv_tokens, host_kv_gb=host_kv_gb)
     per_token_s = calibrate(recipe, rep["variant"]).model.prefill_per_token_s
     hits = (rep["prefix_hit_rate"] or 0.0) + rep.get("host_hit_rate", 0.0)
     floor_p90 = rep.get("ttft_floor_p90_s")
@@ -93,6 +107,7 @@ def run_one(traces: str, model: str, replicas: int, live: int, policy: str, host
         "replicas": replicas, "live_sessions": live, "policy": policy, "host_kv_gb": host_kv_gb,
         "policy_options": policy_options or {}, "kv_tokens": kv_tokens,
         "long_prefill_token_threshold": long_prefill_token_threshold, "think_cap_s": think_cap_s,
+        "ramp_up_s": ramp_up_s,
         "image": recipe.variant(recipe.default_variant).image,
         "max_num_batched_tokens": recipe.variant(recipe.default_variant).max_num_batched_tokens,
         "share_of_ceiling": hits / rep["reuse_ceiling"] if rep["reuse_ceiling"] else None,
@@ -110,7 +125,11 @@ def main() -> None:
     ap.add_argument("--model", default="glm-5.3")
     ap.add_argument("--replicas", default="4,8")
     ap.add_argument("--live", default="16,32,64")
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--policies", default=",".join(POLICIES[:4]),
+                    help="comma-separated: registered policies, or sglang_cache_aware (sglang-router's cache_aware)")
+    ap.add_argument("--ramp-up-s", type=float, default=0.0,
+                    help="start the first live sessions spread evenly over this many seconds (zoe sim replay "
+                         "--ramp-up-s): with more live sessions than files, repeated files are then not in lockstep")
     ap.add_argument("--host-kv-gb", type=float, default=HOST_KV_GB, help="host tier per replica (0: HBM only)")
     ap.add_argument("--long-prefill-token-threshold", default="0",
                     help="vLLM's --long-prefill-token-threshold values to run the default variant with (0: unset)")
@@ -137,7 +156,7 @@ def main() -> None:
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
             futs = [pool.submit(run_one, args.traces, args.model, n, live, p, tier,
                                 long_prefill_token_threshold=cap, image=args.engine_image,
-                                max_num_batched_tokens=args.max_num_batched_tokens)
+                                max_num_batched_tokens=args.max_num_batched_tokens, ramp_up_s=args.ramp_up_s)
                     for n, live, p, tier, cap in combos]
             for i, f in enumerate(futs):
                 row = f.result()

@@ -137,6 +137,8 @@ def main() -> None:
     ap.add_argument("--sessions", default="16,64,128,256")
     ap.add_argument("--host-kv-gb", type=float, default=0.0)
     ap.add_argument("--think-cap-s", type=float, default=60.0)
+    ap.add_argument("--ramp-up-s", type=float, default=0.0,
+                    help="start the first live sessions spread evenly over this many seconds (zoe sim replay --ramp-up-s)")
     ap.add_argument("--long-prefill-token-threshold", type=int, default=0)
     ap.add_argument("--skip", default="", help="POLICY:SESSIONS points to leave out, comma-separated")
     ap.add_argument("--jobs", type=int, default=2)
@@ -160,7 +162,7 @@ def main() -> None:
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
             futs = [pool.submit(run_one, args.sessions_dir, args.model, args.replicas, n, p, args.host_kv_gb,
                                 long_prefill_token_threshold=args.long_prefill_token_threshold,
-                                think_cap_s=args.think_cap_s) for p, n in combos]
+                                think_cap_s=args.think_cap_s, ramp_up_s=args.ramp_up_s) for p, n in combos]
             for (policy, n), f in zip(combos, futs):
                 pt = point(f.result())
                 series.setdefault(policy, []).append(pt)
@@ -182,9 +184,10 @@ def main() -> None:
             "commands": [command],
             "point_command": f"zoe sim replay {args.sessions_dir} --sessions N --model {args.model} --replicas "
                              f"{args.replicas} --policy P --think-cap-s {args.think_cap_s} --host-kv-gb "
-                             f"{args.host_kv_gb} --json",
+                             f"{args.host_kv_gb} --ramp-up-s {args.ramp_up_s} --json",
             "setup": {"model": args.model, "replicas": args.replicas, "host_kv_gb": args.host_kv_gb,
-                      "think_cap_s": args.think_cap_s, "max_input_tokens": "the model's context",
+                      "think_cap_s": args.think_cap_s, "ramp_up_s": args.ramp_up_s,
+                      "max_input_tokens": "the model's context",
                       "long_prefill_token_threshold": args.long_prefill_token_threshold},
             "series": series,
         }

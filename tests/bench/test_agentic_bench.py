@@ -1,5 +1,6 @@
 """bench/agentic: sweep.py reads the throughput ratio at equal p90 interactivity off two sweeps' curves; policies.py
-runs the default variant with vLLM's long-prefill threshold and another image's scheduling rules."""
+runs the default variant with vLLM's long-prefill threshold and another image's scheduling rules, and sglang-router's
+policy by its class; ttft_breakdown.py counts the requests the p90 TTFT target turns on."""
 
 from __future__ import annotations
 
@@ -54,3 +55,33 @@ def test_ratio_at_equal_interactivity_is_read_where_both_sweeps_reach(sweep):
     rows = sweep.ratios(series, steps=2)["session_hash"]
     assert [r["tok_s_per_user_p90"] for r in rows] == [40.0, 50.0, 60.0]
     assert [r["ratio"] for r in rows] == pytest.approx([(8 + 4 * 10 / 30) / 6.0, 2.0, 2.0], abs=1e-3)
+
+
+def test_policies_builds_sglang_cache_aware_by_its_class_with_its_options():
+    from zoe_cluster.routing.policies import SglangCacheAwarePolicy
+
+    policies = _load("policies")
+    assert policies.policy_arguments("prefix", {"hit_weight": 2.0}) == ("prefix", {"hit_weight": 2.0})
+    factory, options = policies.policy_arguments("sglang_cache_aware", {"cache_threshold": 0.5})
+    built = factory()
+    assert options is None and isinstance(built, SglangCacheAwarePolicy) and built.config.cache_threshold == 0.5
+
+
+def _row(floor, ttft, **parts):
+    comp = dict.fromkeys(("miss_s", "chunking_s", "wait_s", "with_decodes_s", "with_prefills_s"), 0.0)
+    comp.update(parts)
+    return {"floor_s": floor, "ttft_s": ttft, "floor_with_hits_s": floor, "alone_s": floor,
+            "alone_with_decodes_s": floor, "no_wait_s": ttft - comp["wait_s"], "reason": "session", **comp}
+
+
+def test_breakdown_counts_the_requests_pushed_over_1_1x_the_floor_p90():
+    breakdown = _load("ttft_breakdown")
+    # floors 0.1 .. 1.0 s: p90 0.91, limit 1.001; one floor (1.0) is under it, so the allowance is 10%
+    rows = [_row(0.1 * k, 0.1 * k) for k in range(1, 11)]
+    rows[0] = _row(0.1, 1.2, with_prefills_s=1.0, wait_s=0.1)  # pushed over, mostly by another prefill
+    rows[1] = _row(0.2, 0.9, miss_s=0.7)  # slower, not over the limit
+    s = breakdown.summary(rows)
+    assert s["limit_s"] == pytest.approx(1.1 * 0.91) and s["share_floor_over_limit"] == 0.0
+    assert s["allowance"] == pytest.approx(0.1) and s["share_pushed_over_limit"] == pytest.approx(0.1)
+    assert s["pushed"]["largest_component"] == {"with_prefills_s": 1}
+    assert s["pushed"]["under_limit_without"]["with_prefills_s"] == 1 and s["pushed"]["under_limit_without"]["wait_s"] == 0
