@@ -7,17 +7,12 @@ deployment's router."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.cluster.conftest import FAST_HEALTH
-from tests.cluster.test_vllm_replica import tiny_recipe
-from tests.conftest import free_port
+from tests.cluster.vllm_deploy import tiny_vllm_deployment
 from tests.router.fake_backend import ServerThread
-from tests.support.tiny_model import build_tiny_model
-from zoe_cluster.cluster.spec import DeploymentRouter, DeploymentSpec
 from zoe_cluster.router.app import build_router
 from zoe_cluster.router.config import RouterConfig
 from zoe_cluster.router.membership import Membership
@@ -29,21 +24,7 @@ ADMIN = {"Authorization": "Bearer a"}
 def test_a_router_following_the_deployment_receives_its_vllm_replicas_kv_events(ray_cluster, vllm_python):
     import ray
 
-    from zoe_cluster.cluster.client import create_deployment, remove_deployment
-
-    model_dir = build_tiny_model(None, vllm_python, "llama")
-    port = free_port()
-    spec = DeploymentSpec(
-        name="tiny", recipe=tiny_recipe(), variant="cpu", replicas=1, engine="vllm", model_path=str(model_dir),
-        max_model_len=2048, launcher=[str(Path(vllm_python).with_name("vllm"))],
-        health=FAST_HEALTH.model_copy(update={"load_timeout_s": 240, "check_timeout_s": 3}),
-        router=DeploymentRouter(host="127.0.0.1", port=port, policy="prefix", kv_events=True),
-    )
-    handle = create_deployment(spec, ray_cluster)
-    try:
-        st = ray.get(handle.wait_ready.remote(300))
-        if st["replicas_ready"] != 1:
-            pytest.fail(f"vLLM replica not ready: {st['replicas']}\n{ray.get(handle.logs.remote(0))['0'][-3000:]}")
+    with tiny_vllm_deployment(ray_cluster, vllm_python, policy="prefix", kv_events=True) as (handle, _, port):
         membership = Membership.model_validate(ray.get(handle.membership_view.remote()))
         (member,) = membership.replicas
         assert len(member.kv_events) == 1  # the tp1 variant: one data-parallel rank, one publisher
@@ -63,5 +44,3 @@ def test_a_router_following_the_deployment_receives_its_vllm_replicas_kv_events(
             assert mirror.get("stored", 0) > 0, f"no KV events reached the router: {doc}"
             assert mirror["block_size"] in (16, 32, 64, 128) and mirror["engine_blocks"] > 0
         assert "--kv-events-config" in ray.get(handle.logs.remote(0))["0"]
-    finally:
-        remove_deployment("tiny")
