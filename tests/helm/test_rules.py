@@ -48,8 +48,9 @@ def test_promtool_unit_tests_of_every_alert(tmp_path: Path):
 
 
 def test_thresholds_come_from_the_values():
-    spec = rendered_rules({"metrics": {"prometheusRule": {"hitRateCollapseRatio": 0.25, "queuedRequestsPerReplica": 4, "for": "10m"}}})
+    spec = rendered_rules({"metrics": {"prometheusRule": {"hitRateCollapseRatio": 0.25, "queuedRequestsPerReplica": 4, "pictureShareLagSeconds": 12, "for": "10m"}}})
     rules = {r["alert"]: r for g in spec["groups"] for r in g["rules"]}
     assert "< 0.25 * (sum(rate(zoe_router_prefix_matched_tokens_total[1d]))" in rules["ZoePrefixHitRateCollapse"]["expr"]
     assert "> 4 * ((count(vllm:num_requests_running)" in rules["ZoeEngineQueueing"]["expr"]
     assert rules["ZoeReplicaDown"]["for"] == "10m"
+    assert rules["ZoeRouterPictureSharingLags"]["expr"].endswith("(zoe_router_picture_share_lag_seconds) > 12")
