@@ -178,8 +178,8 @@ def main() -> None:
 def retention(args: argparse.Namespace) -> None:
     combos = [(name, pol, opts, tier) for tier in (0.0, args.host_kv_gb) for name, pol, opts in RETENTION_ARMS]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futs = [pool.submit(run_one, args.traces, args.model, 4, 32, pol, tier, opts, args.retention_kv_tokens)
-                for _, pol, opts, tier in combos]
+        futs = [pool.submit(run_one, args.traces, args.model, 4, 32, pol, tier, opts, args.retention_kv_tokens,
+                            ramp_up_s=args.ramp_up_s) for _, pol, opts, tier in combos]
         rows = []
         for (name, *_), f in zip(combos, futs):
             row = {"name": name, **f.result()}
