@@ -138,7 +138,8 @@ def main() -> None:
     ap.add_argument("--host-kv-gb", type=float, default=0.0)
     ap.add_argument("--think-cap-s", type=float, default=60.0)
     ap.add_argument("--ramp-up-s", type=float, default=0.0,
-                    help="start the first live sessions spread evenly over this many seconds (zoe sim replay --ramp-up-s)")
+                    help="start the first live sessions spread evenly over this many seconds "
+                         "(zoe sim replay --ramp-up-s)")
     ap.add_argument("--long-prefill-token-threshold", type=int, default=0)
     ap.add_argument("--skip", default="", help="POLICY:SESSIONS points to leave out, comma-separated")
     ap.add_argument("--jobs", type=int, default=2)

@@ -84,4 +84,5 @@ def test_breakdown_counts_the_requests_pushed_over_1_1x_the_floor_p90():
     assert s["limit_s"] == pytest.approx(1.1 * 0.91) and s["share_floor_over_limit"] == 0.0
     assert s["allowance"] == pytest.approx(0.1) and s["share_pushed_over_limit"] == pytest.approx(0.1)
     assert s["pushed"]["largest_component"] == {"with_prefills_s": 1}
-    assert s["pushed"]["under_limit_without"]["with_prefills_s"] == 1 and s["pushed"]["under_limit_without"]["wait_s"] == 0
+    without = s["pushed"]["under_limit_without"]
+    assert without["with_prefills_s"] == 1 and without["wait_s"] == 0
