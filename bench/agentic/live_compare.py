@@ -80,8 +80,9 @@ def live_run(name: str, args, sessions: Path, tmp: Path, salt: int) -> tuple[str
     spec = RouterSpec.parse(name)
     served = spec.served_model(args.model)
     gpus = args.replicas * args.gpus_per_replica
+    kv = ("--kv-tokens", str(args.kv_tokens)) if args.kv_override else ()
     with sim_replicas(args.replicas, model=args.model, time_scale=args.time_scale, log_dir=tmp,
-                      served_model=served) as urls:
+                      served_model=served, extra_args=kv) as urls:
         with router_process(spec, urls, model=args.model, log_dir=tmp, kv_capacity_tokens=args.kv_tokens,
                             peer_python=args.peer_python) as router:
             opts = SessionOptions(args.sessions, think_cap_s=args.think_cap_s, salt=salt)
@@ -155,8 +156,12 @@ def main() -> None:
     ap.add_argument("--peer-repeats", type=int, default=1, help="live runs of each peer router")
     ap.add_argument("--peer-python", default="/tmp/peers/venv/bin/python")
     ap.add_argument("--replay-policy", default="prefix", help="the routing policy of the virtual-clock replay")
+    ap.add_argument("--kv-tokens", type=int, default=None,
+                    help="KV capacity per replica, tokens (zoe sim serve --kv-tokens; default: the model's), to load "
+                         "the replicas' HBM with few sessions")
     ap.add_argument("--out", default=str(HERE / "live_compare.json"))
     args = ap.parse_args()
+    args.kv_override = args.kv_tokens is not None
     from rich.progress import Progress
 
     from zoe_cluster.agentic.options import SessionOptions
@@ -165,7 +170,7 @@ def main() -> None:
     from zoe_cluster.sim.kv_cache import kv_capacity
 
     recipe = RecipeRegistry.default().get(args.model)
-    args.kv_tokens = kv_capacity(recipe, recipe.default_variant).tokens
+    args.kv_tokens = args.kv_tokens or kv_capacity(recipe, recipe.default_variant).tokens
     args.gpus_per_replica = recipe.variant(recipe.default_variant).parallelism.gpus
     names = args.files.split(",")
     sessions = session_dir(Path(args.sessions_dir), names)
@@ -184,7 +189,8 @@ def main() -> None:
                                  args.replay_policy, kv_tokens=args.kv_tokens, records_out=replay_records)
         runs.append({"run": f"replay-{args.replay_policy}", "command": f"zoe sim replay <sessions> --sessions "
                      f"{args.sessions} --model {args.model} --replicas {args.replicas} --policy {args.replay_policy} "
-                     f"--think-cap-s {args.think_cap_s} --json", "report": replay})
+                     f"--think-cap-s {args.think_cap_s}" + (f" --kv-tokens {args.kv_tokens}" if args.kv_override else "")
+                     + " --json", "report": replay})
         progress.advance(task)
         salt = 0
         for name in routers:
