@@ -11,11 +11,12 @@ every request's record can be joined with replay's). zoe's router is run `--repe
 live/replay ratios. The simulated engines run
 on a scaled wall clock (`--time-scale`); timings are divided by the same factor, so figures are modelled seconds,
 as in replay. The hit rate is the engines' own /metrics counters; zoe's router's decisions by reason and its
-ejections come from its /metrics.
+ejections come from its /metrics. `--kv-tokens` cuts every replica's KV (and the router's index) so that a few
+sessions load the fleet's HBM.
 
 Per request (joined on session key and trace position), the TTFT difference live minus replay is split into
 requests whose cached tokens agree (the live path's own cost: client, HTTP, router, the engine's server) and
-those that hit less live (routing), and the first is fitted as a fixed cost plus a cost per 100K prompt tokens.
+those that hit less live (another routing decision, or the engine's eviction), and the first is fitted as a fixed cost plus a cost per 100K prompt tokens.
 Writes bench/agentic/live_compare.json (commands, setup, each run's report, the split) and live_compare.png.
 """
 
