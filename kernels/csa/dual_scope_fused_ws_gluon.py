@@ -87,6 +87,40 @@ def _loader(k_ring, ks_ring, v_ring, k_full, k_empty, v_full, v_empty, idx_row, 
 
 
 @gluon.jit
+def _tile_scores(q_smem, k_ring, ks_ring, ok_smem, k_full, j, t0, win_tiles, win_len, t_sel0, cols_s, s_zero,
+                 KBUF: gl.constexpr, BKV: gl.constexpr, SEL_P2: gl.constexpr, col_s: gl.constexpr):
+    """Tile j's score MMAs issued (asynchronous) once its key slot is full, its key scales and the bias of its
+    entries (0 valid, -inf masked: the masked rows and scales were copied as zeros)."""
+    t = t0 + j
+    if t < win_tiles:
+        bias = gl.where(t * BKV + cols_s < win_len, 0.0, float("-inf"))
+    else:
+        r = gl.minimum(t - t_sel0, SEL_P2 - 1)
+        bias = gl.where(ok_smem.index(r).load(col_s) != 0, 0.0, float("-inf"))
+    kslot = j % KBUF
+    mbarrier.wait(k_full.index(kslot), (j // KBUF) & 1)
+    fence_async_shared()  # the loader's cp.async writes, before the MMAs read them
+    z = j >> 20  # 0, opaque: the q descriptors are computed here instead of held in registers
+    s = _score_mma(q_smem.index(z), q_smem.index(z + 1), k_ring.index(kslot), s_zero)
+    ks = ks_ring.index(kslot).load(col_s)
+    return s, ks, bias
+
+
+@gluon.jit
+def _softmax_tile(s, ks, bias, row_scale, m_i, l_i, acc, vdt: gl.constexpr, mma_o: gl.constexpr, p_op: gl.constexpr):
+    """The online softmax step of one tile in base 2 (row_scale > 0: see dual_scope_fused_gluon): P as the value
+    MMA's register operand, the rows' new maxima and denominators, the accumulator rescaled."""
+    s = s * ks[None, :] + bias[None, :]
+    m_new = gl.maximum(m_i, row_scale * gl.max(s, axis=1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(s * row_scale[:, None] - m_safe[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
+    return gl.convert_layout(p.to(vdt), p_op), m_new, l_i, acc
+
+
+@gluon.jit
 def _attend(q_smem, k_ring, ks_ring, v_ring, ok_smem, k_full, k_empty, v_full, v_empty, q8_ptr, qs_ptr, idx_row, b,
             bq, h0, H, win_len, t0, t_end, win_tiles, KSEL, stride_q8b, D: gl.constexpr, DV: gl.constexpr,
             BKV: gl.constexpr, KBUF: gl.constexpr, VBUF: gl.constexpr, SEL_P2: gl.constexpr):
@@ -129,32 +163,12 @@ def _attend(q_smem, k_ring, ks_ring, v_ring, ok_smem, k_full, k_empty, v_full, v
     s_zero = gl.zeros([BH, BKV], gl.float32, layout=mma_s)
     p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
     for j in range(0, t_end - t0):
-        t = t0 + j
-        # 0 for a valid entry, -inf for a masked one (its key row and scale were copied as zeros)
-        if t < win_tiles:
-            bias = gl.where(t * BKV + cols_s < win_len, 0.0, float("-inf"))
-        else:
-            r = gl.minimum(t - t_sel0, SEL_P2 - 1)
-            bias = gl.where(ok_smem.index(r).load(col_s) != 0, 0.0, float("-inf"))
-        kslot = j % KBUF
-        mbarrier.wait(k_full.index(kslot), (j // KBUF) & 1)
-        fence_async_shared()  # the loader's cp.async writes, before the MMAs read them
-        z = j >> 20  # 0, opaque: the q descriptors are computed here instead of held in registers
-        s = _score_mma(q_smem.index(z), q_smem.index(z + 1), k_ring.index(kslot), s_zero)
-        ks = ks_ring.index(kslot).load(col_s)
+        s, ks, bias = _tile_scores(q_smem, k_ring, ks_ring, ok_smem, k_full, j, t0, win_tiles, win_len, t_sel0,
+                                   cols_s, s_zero, KBUF, BKV, SEL_P2, col_s)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         gl.thread_barrier()  # every warp's MMAs and scale loads are done with the slot
-        mbarrier.arrive(k_empty.index(kslot))
-        # the online softmax in base 2 (row_scale > 0: see dual_scope_fused_gluon)
-        s = s * ks[None, :] + bias[None, :]
-        m_new = gl.maximum(m_i, row_scale * gl.max(s, axis=1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(s * row_scale[:, None] - m_safe[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
-        p_dot = gl.convert_layout(p.to(vdt), p_op)
+        mbarrier.arrive(k_empty.index(j % KBUF))
+        p_dot, m_i, l_i, acc = _softmax_tile(s, ks, bias, row_scale, m_i, l_i, acc, vdt, mma_o, p_op)
         vslot = j % VBUF
         mbarrier.wait(v_full.index(vslot), (j // VBUF) & 1)
         fence_async_shared()
