@@ -5,7 +5,7 @@ code as it is now, one source file per op (each row keeps its source and commit)
   (its first timing where the sweep timed it more than once);
 - DSA indexer logits: `sparse_results_run4.json` (sparse_bench.py --sections indexer);
 - DSA indexer top-2048: `sparse_results_run3.json` (the code since does less work on rows of <= 16384 keys);
-- CSA dual-scope decode: `sparse_decode_h200.json`, run decode-a (sparse_bench.py --sections decode,limits).
+- CSA dual-scope decode: `sparse_decode_h200.json`, run decode-b (sparse_bench.py --sections decode,limits).
 
 Usage: python bench/kernels/sparse_assemble.py  (then python bench/kernels/sparse_plot.py)
 """
@@ -19,7 +19,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TOPK = ("raw/sparse_results_topk_h200.json", "608b498")
 INDEXER = ("sparse_results_run4.json", "8cef3bc")
 INDEXER_TOPK = ("sparse_results_run3.json", "16cdafd")
-DECODE = ("sparse_decode_h200.json", "5be408d")
+DECODE = ("sparse_decode_h200.json", "3951081")
 TOPK_ORDER = ("B=1 N=4096", "B=1 N=65536", "B=1 N=262144", "B=1 N=1048576", "B=1 N=1048576 recent", "B=8 N=262144",
               "B=32 N=1048576")
 
@@ -47,7 +47,7 @@ def main() -> None:
         rows += [dict(r, source=name, commit=commit) for r in _load(name)["rows"] if r.get("op") == op]
     decode = _load(DECODE[0])
     rows += [dict(r, source=DECODE[0], commit=DECODE[1]) for r in decode["rows"]
-             if r.get("op") == "csa_dual_scope_decode" and r.get("run") == "decode-a"]
+             if r.get("op") == "csa_dual_scope_decode" and r.get("run") == decode["meta"]["decode_run"]]
     meta = dict(decode["meta"])
     meta.update(command="python bench/kernels/sparse_assemble.py (sources: each row's `source`)",
                 sources={op: {"file": name, "commit": commit} for op, (name, commit) in
