@@ -5,9 +5,18 @@ answered. With `zoe router` on PORT:
     python bench/router/slow_clients.py PORT 500 header     # closed at header_timeout_s
     python bench/router/slow_clients.py PORT 500 body       # closed at body_timeout_s
 """
-import asyncio, json, statistics, sys, time
+import argparse
+import asyncio
+import json
+import statistics
+import time
 
-HOST, PORT, N, MODE = "127.0.0.1", int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+_parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+_parser.add_argument("port", type=int, help="the server's port on 127.0.0.1")
+_parser.add_argument("clients", type=int, help="connections opened at once")
+_parser.add_argument("mode", choices=("header", "body"), help="which part is sent at 1 byte/s")
+_args = _parser.parse_args()
+HOST, PORT, N, MODE = "127.0.0.1", _args.port, _args.clients, _args.mode
 HEAD = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 200\r\n\r\n"
 
 async def one():
@@ -36,4 +45,6 @@ async def main():
     print(json.dumps({"mode": MODE, "clients": N, "closed_after_s": {"min": round(min(secs), 2),
           "median": round(statistics.median(secs), 2), "max": round(max(secs), 2)},
           "answers": sorted({x[1].decode() for x in res})}))
+
+
 asyncio.run(main())
