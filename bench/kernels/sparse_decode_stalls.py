@@ -43,7 +43,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("source", type=Path)
     ap.add_argument("--tiles", type=int, default=5120, help="warp-tiles (programs x warps x tiles) a loop runs")
-    ap.add_argument("--min-share", type=float, default=1.0, help="segments below this % of samples are not listed")
+    ap.add_argument("--min-share", type=float, default=1.0, help="segments below this %% of samples are not listed")
     args = ap.parse_args()
     rows = read_rows(args.source)
     total = sum(r["samples"] for r in rows)
