@@ -1,5 +1,5 @@
 """Compile the fused MoE's GEMV kernels (`kernels/moe/gemv.py`, `gemv_4bit.py`) and its tl.dot stages
-(`grouped_gemm.py`, the M=1 tiles) for sm_90 without a GPU.
+(`grouped_gemm.py`: the M=1 tiles, and the 4-bit formats' 128-row large-M tiles) for sm_90 without a GPU.
 
 Reports registers and spills per specialisation (the DeepSeek-V3.2 M=1 configs of `config.gemv_config`),
 reusing `sparse_aot.compile_one` (Triton's own ptxas). For the tl.dot stages (`--dot`) it also reports the
@@ -53,6 +53,15 @@ DOT_KERNELS = [
     ("mxfp4 stage1 swapped", 3, "*u8", "*u8", True, 64, 4, 4, 1, "*bf16", True),
     ("mxfp4 stage2 swapped", 3, "*u8", "*u8", False, 128, 4, 4, 2, "*bf16", True),
 ]
+# The 4-bit formats' large-M tiles (align-based, 128 rows, joined K tiles, K steps of 64, as `config.stage_config`
+# picks them from 64 edges per expert): (label, FMT code, scale type, stage-1 gated, BLOCK_N, num_warps, num_stages);
+# stage 1 multiplies gate and up in one dot (GU_ONE_DOT), mxfp4 takes its scales as words (MX_WORD).
+LARGE_M_KERNELS = [
+    ("w4a16 stage1 BM128", 2, "*fp32", True, 64, 4, 3),
+    ("w4a16 stage2 BM128", 2, "*fp32", False, 128, 4, 3),
+    ("mxfp4 stage1 BM128", 3, "*u8", True, 64, 4, 3),
+    ("mxfp4 stage2 BM128", 3, "*u8", False, 128, 4, 3),
+]
 
 
 def _loop_counts(sass: str) -> dict:
@@ -72,7 +81,8 @@ def _loop_counts(sass: str) -> dict:
     return {"loop_instructions": len(best), "loop_ops": dict(ops.most_common(12))}
 
 
-def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap=False) -> dict:
+def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap=False, large_m=False) -> dict:
+    """One tl.dot stage: the M=1 tiles (DOT_KERNELS) or, with `large_m`, the 128-row joined tiles."""
     gg = importlib.import_module("zoe_kernels.moe.grouped_gemm")
     fn = gg._expert_gemm_kernel
     ptrs = {"a_ptr": aty, "as_ptr": "*fp32", "w_ptr": wty, "ws_ptr": sty, "out_ptr": "*bf16" if gated else "*fp32",
@@ -84,8 +94,13 @@ def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap
                  SWAP_AB=swap, MX_WORD=False, MX_BF16_SHIFT=64,
                  # fp8 stage 1 quantizes the intermediate at M=1 (config.DOT_M1_QUANT_IN_STAGE1)
                  QUANT_OUT=gated and fmt == 1, FP8_MAX=448.0, ROUND_E4M3=False,
-                 TILE_ROWS=0, ALIGN_M=16, EVEN_K=True, GU_ONE_DOT=False, PF_LINES=0, WORDS=True,
+                 TILE_ROWS=0, ALIGN_M=16, EVEN_K=True, GU_ONE_DOT=False,
+                 # fp8 stage 1 prefetches 16 MiB of stage 2's weights over its 512 programs (DeepSeek-V3.2)
+                 PF_LINES=256 if gated and fmt == 1 else 0,
                  stride_ak=1, stride_wk=1, stride_on=1, stride_ask=1, stride_wsk=1)  # unit strides: JIT constants
+    if large_m:  # align's 128-row tiles, the upper-used launch of the half tiles
+        const.update(BLOCK_M=128, BLOCK_K=64, EDGE_TILES=False, ZBLOCK=0, JOIN_K=True, MX_WORD=fmt == 3,
+                     QUANT_OUT=False, TILE_ROWS=1, ALIGN_M=128, GU_ONE_DOT=gated, PF_LINES=0)
     sig = _signature(fn, ptrs, const)
     attrs = _aligned(fn, sig)
     for i, name in enumerate(fn.arg_names):
@@ -94,12 +109,13 @@ def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs), target=TARGET,
                             options={"num_warps": warps, "num_stages": stages})
     ptx = kernel.asm["ptx"]
-    row = {"kernel": f"tl.dot M=1 {label} BN={bn} warps={warps} stages={stages} split={split}",
+    row = {"kernel": (f"tl.dot large M {label} BN={bn} warps={warps} stages={stages}" if large_m else
+                      f"tl.dot M=1 {label} BN={bn} warps={warps} stages={stages} split={split}"),
            "shared_bytes": kernel.metadata.shared, "cp_async": len(re.findall(r"cp\.async\.ca|cp\.async\.cg", ptx)),
            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "st_shared": len(re.findall(r"st\.shared", ptx))}
     sass = _ptxas_row(row, kernel, label)
     if sass is not None:
-        weights_per_thread = 128 * bn * (2 if gated else 1) / (32 * warps)  # one K step of 128
+        weights_per_thread = const["BLOCK_K"] * bn * (2 if gated else 1) / (32 * warps)  # one K step
         if row.get("loop_instructions"):
             row["loop_instructions_per_weight"] = round(row["loop_instructions"] / weights_per_thread, 2)
     print(json.dumps(row), flush=True)
@@ -199,6 +215,9 @@ def main() -> None:
             rows.append(compile_words(fmt, gated, cfg["WORDS"] | {"H2": config.GEMV_4BIT_H2[fmt][1 if gated else 2]}))
     if args.dot:
         rows += [compile_dot(*k) for k in DOT_KERNELS if not args.only or args.only in k[0]]
+        rows += [compile_dot(label, fmt, "*u8", sty, gated, bn, warps, stages, 1, "*bf16", large_m=True)
+                 for label, fmt, sty, gated, bn, warps, stages in LARGE_M_KERNELS
+                 if not args.only or args.only in label]
     meta = {"triton": triton.__version__, "ptxas": _ptxas(), "target": "sm_90a",
             "command": "python bench/kernels/moe_aot.py " + " ".join(sys.argv[1:])}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -382,8 +382,7 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> No
     """With 1 in `ms`, fp8 at M=1 on `shapes` with stage 1 prefetching 0, 8 or 16 MiB of stage 2's weights into L2
     (`config.DOT_M1_L2_PREFETCH_BYTES`);
     at the larger `ms`, the 4-bit joined tiles as `config` picks them against narrower ones (stage 1's gate and up
-    32 columns each, or stage 2 64: fewer registers, three programs per SM instead of two) and against int4's decode
-    into halves that Triton joins (the form before `dot_decode._int4_scaled_words`), on the `shapes`. Each variant checked on the same fresh routings with NaN-poisoned scratch (6 at M=1, else 1),
+    32 columns each, or stage 2 64: fewer registers, three programs per SM instead of two), on the `shapes`. Each variant checked on the same fresh routings with NaN-poisoned scratch (6 at M=1, else 1),
     then timed interleaved (medians of three rounds at M=1, two above) back to back (graph of R calls) and, at M=1,
     as an isolated call with a clean L2."""
     import torch
@@ -457,19 +456,15 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> No
     fm = sys.modules["zoe_kernels.moe.fused_moe"]
     original = fm.stage_config
 
-    def tiles(s1_bn=None, s2_bn=None, words=True):
-        """stage_config with the 4-bit joined tiles' BLOCK_N of stage 1 (gate and up each) and stage 2 replaced,
-        and without `words` int4's decode into halves joined by Triton (`dot_decode._int4_scaled_halves`)."""
+    def tiles(s1_bn=None, s2_bn=None):
+        """stage_config with the 4-bit joined tiles' BLOCK_N of stage 1 (gate and up each) and stage 2 replaced."""
         def patched(*a, gated, **kw):
             cfg = original(*a, gated=gated, **kw)
-            if not cfg.get("JOIN_K"):
-                return cfg
             bn = s1_bn if gated else s2_bn
-            return cfg | ({"BLOCK_N": bn} if bn else {}) | ({} if words else {"WORDS": False})
-        return lambda: setattr(fm, "stage_config", patched if s1_bn or s2_bn or not words else original)
+            return cfg | {"BLOCK_N": bn} if bn and cfg.get("JOIN_K") else cfg
+        return lambda: setattr(fm, "stage_config", patched if s1_bn or s2_bn else original)
 
-    tile_variants = {"committed": tiles(), "int4_halves": tiles(words=False), "stage1_n32": tiles(s1_bn=32),
-                     "stage2_n64": tiles(s2_bn=64)}
+    tile_variants = {"committed": tiles(), "stage1_n32": tiles(s1_bn=32), "stage2_n64": tiles(s2_bn=64)}
     for name in shapes if 1 in ms else []:
         compare("fp8_m1_l2_prefetch", name, "fp8", 1, fp8_variants, 4, True)
     for m in [m for m in ms if m > 1]:

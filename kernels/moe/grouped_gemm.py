@@ -121,8 +121,7 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
            stride_wn, stride_wk, stride_wsn, stride_wsk,
            FMT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
            FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr, PTX: tl.constexpr,
-           JOIN_K: tl.constexpr, MX_WORD: tl.constexpr, MX_BF16_SHIFT: tl.constexpr, EVEN_K: tl.constexpr,
-           WORDS: tl.constexpr):
+           JOIN_K: tl.constexpr, MX_WORD: tl.constexpr, MX_BF16_SHIFT: tl.constexpr, EVEN_K: tl.constexpr):
     """acc += A @ W[wrows, k0:k0+BLOCK_K].T for the weight format FMT; a2 is the activation scale (fp8 w8a8)
     or, for the 4-bit formats (int4, mxfp4) without JOIN_K, the odd-K half of A (`a` is then the even-K half). With
     JOIN_K the decoded even-k and odd-k weight halves are interleaved into one [BLOCK_K, BLOCK_N] tile and `a` is
@@ -155,7 +154,7 @@ def _dot_w(acc, a, a2, w_base, ws_base, ws_pre, wrows, wrow_mask, k0, K, KP,
         kmask = wrow_mask[None, :] if EVEN_K else wrow_mask[None, :] & (offs_kp[:, None] < KP)
         p = tl.load(w_base + wrows[None, :] * stride_wn + offs_kp[:, None] * stride_wk,
                     mask=kmask)  # zero fill: cp.async, no select
-        if JOIN_K and PTX and WORDS and a.dtype != tl.float32:  # each byte's two weights decoded into one word
+        if JOIN_K and PTX and a.dtype != tl.float32:  # each byte's two weights decoded into one word
             acc = tl.dot(a, _int4_words_to_tile(_int4_scaled_words(p, ws_pre[None, :], a.dtype), a.dtype, BLOCK_K,
                                                 BLOCK_N), acc)
         elif JOIN_K:  # the step's group scale (a K step lies in one group) on the weights: one MMA chain into acc
@@ -302,7 +301,7 @@ def _expert_gemm_kernel(
     SWAP_AB: tl.constexpr, MX_WORD: tl.constexpr, MX_BF16_SHIFT: tl.constexpr,
     QUANT_OUT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr,
     TILE_ROWS: tl.constexpr, ALIGN_M: tl.constexpr, EVEN_K: tl.constexpr, GU_ONE_DOT: tl.constexpr,
-    PF_LINES: tl.constexpr, WORDS: tl.constexpr,
+    PF_LINES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if ZBLOCK > 0:  # stage 1 zeroes stage 2's float32 accumulator (saves a memset launch)
@@ -420,11 +419,11 @@ def _expert_gemm_kernel(
             else:
                 acc = _dot_w(acc, a, a2, w_base, ws_base, ws_g, wrows, wrow_mask, k0, K, KP, stride_wn, stride_wk,
                              stride_wsn, stride_wsk, FMT, BLOCK_K, WN, FP8_GROUP, INT4_GROUP, MX_GROUP, PTX,
-                             JOIN_K, MX_WORD, MX_BF16_SHIFT, EVEN_K, WORDS)
+                             JOIN_K, MX_WORD, MX_BF16_SHIFT, EVEN_K)
                 if SEPARATE_UP:
                     acc_up = _dot_w(acc_up, a, a2, w_base, ws_base, ws_u, N + offs_n, n_mask, k0, K, KP, stride_wn,
                                     stride_wk, stride_wsn, stride_wsk, FMT, BLOCK_K, BLOCK_N, FP8_GROUP, INT4_GROUP,
-                                    MX_GROUP, PTX, JOIN_K, MX_WORD, MX_BF16_SHIFT, EVEN_K, WORDS)
+                                    MX_GROUP, PTX, JOIN_K, MX_WORD, MX_BF16_SHIFT, EVEN_K)
 
     if SWAP_AB:
         acc = tl.trans(acc)
@@ -556,7 +555,7 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         ZBLOCK=zblock, PTX=has_ptx(), JOIN_K=cfg.get("JOIN_K", False), SWAP_AB=swap, MX_WORD=mx_word,
         MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0,
         QUANT_OUT=quant_out is not None, TILE_ROWS=int(tile_rows), EVEN_K=k % cfg["BLOCK_K"] == 0,
-        PF_LINES=pf_lines, WORDS=bool(cfg.get("WORDS", True)),
+        PF_LINES=pf_lines,
         GU_ONE_DOT=(gated and not swap and kfmt != KernelFormat.MXFP4_NATIVE and bool(cfg.get("GU_ONE_DOT", False))),
         ALIGN_M=cfg["BLOCK_M"] * (2 if tile_rows == TileRows.LOWER_HALF else 1),
         FP8_MAX=fp8_max(quant_out[0].dtype) if quant_out is not None else 1.0, ROUND_E4M3=interpreting(),
