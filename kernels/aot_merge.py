@@ -9,7 +9,8 @@ from __future__ import annotations
 def merge_rows(old: list[dict], new: list[dict], only: str, archs: list[str]) -> list[dict]:
     """A report's rows with those of the cases named by `only` compiled again for `archs`: every old row of those
     archs whose cases all contain `only` gives way to the rows of `new` (a run with `--only only --arch archs`); the
-    rest stay, the not-applicable rows once.
+    rest stay. Not-applicable rows (no `cases`) are kept once per (arch, kernel), and the run's own are added, so a
+    Gluon kernel added since the report was made gets its row.
     An old row that some matching and some other cases share cannot be split: a ValueError asks for a wider `only`."""
     kept = []
     for row in old:
@@ -24,6 +25,7 @@ def merge_rows(old: list[dict], new: list[dict], only: str, archs: list[str]) ->
                              "compile a filter that takes all of its cases")
         if not matching:
             kept.append(row)
-    merged = kept + [r for r in new if r.get("cases") is not None]
+    have = {(r["arch"], r["kernel"]) for r in kept if r.get("cases") is None}
+    merged = kept + [r for r in new if r.get("cases") is not None or (r["arch"], r["kernel"]) not in have]
     merged.sort(key=lambda r: (r["arch"], r["kernel"], r["config"]))
     return merged

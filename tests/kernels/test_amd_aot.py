@@ -132,9 +132,11 @@ def test_merge_replaces_the_rows_of_the_recompiled_cases():
     na = {"arch": "gfx950", "kernel": "g", "config": "", "ok": None}
     old = [row("gfx950", "moe.k", ["moe a", "moe b"]), row("gfx950", "topk.k", ["topk x"]), na,
            row("gfx942", "moe.k", ["moe a"], vgprs=3)]
-    new = [row("gfx950", "moe.k", ["moe a", "moe b"], vgprs=2), na]
+    na_new = {"arch": "gfx950", "kernel": "g2", "config": "", "ok": None}  # a Gluon kernel added since
+    new = [row("gfx950", "moe.k", ["moe a", "moe b"], vgprs=2), na, na_new]
     merged = merge_rows(old, new, "moe", ["gfx950"])
     assert sorted((r["arch"], r["kernel"], r.get("vgprs")) for r in merged) == [
-        ("gfx942", "moe.k", 3), ("gfx950", "g", None), ("gfx950", "moe.k", 2), ("gfx950", "topk.k", 1)]
+        ("gfx942", "moe.k", 3), ("gfx950", "g", None), ("gfx950", "g2", None), ("gfx950", "moe.k", 2),
+        ("gfx950", "topk.k", 1)]
     with pytest.raises(ValueError, match="serves cases in and out"):
         merge_rows([row("gfx950", "moe.k", ["moe a", "topk x"])], new, "moe", ["gfx950"])
