@@ -88,7 +88,7 @@ METRICS: list[MetricSpec] = [
                "Picture sharing: prefix-index chains (kind=chains) and session routings (kind=sessions) taken from "
                "each peer router (address:port).", ("peer", "kind")),
     MetricSpec("router", "picture_share_failures", "zoe_router_picture_share_failures", "counter",
-               "Picture sharing: asks of a peer router that failed or were late (that peer is skipped this round).",
+               "Picture sharing: asks of a peer router that failed or were late (that peer is skipped until the next period).",
                ("peer",)),
     MetricSpec("router", "picture_share_lag", "zoe_router_picture_share_lag_seconds", "gauge",
                "Picture sharing: time from the peer's previous answer to its latest, or to now when it did not "

@@ -108,8 +108,9 @@ def register(app: typer.Typer) -> None:
         ),
         picture_share_s: float = typer.Option(
             0.0, "--picture-share-s", min=0,
-            help="With --picture-peers: every this many seconds take the prefix-index chains each peer inserted since "
-            "the last time, so routers behind a plain Service keep one approximate picture (0: only at start).",
+            help="With --picture-peers: every this many seconds take the prefix-index chains each peer inserted and "
+            "the sessions it routed since the last time, so routers behind a plain Service keep one approximate "
+            "picture (0: only at start).",
         ),
         drain_delay_s: float = typer.Option(
             0.0, "--drain-delay-s", min=0,

@@ -314,7 +314,8 @@ def replay_cmd(
     router_share_s: Optional[float] = typer.Option(
         None, "--router-share-s",
         help="With --routers > 1: every this many seconds of the replay's clock each router takes the prefix-index "
-             "chains its peers inserted, as `zoe router --picture-share-s` (default: the routers share nothing)."),
+             "chains its peers inserted and the sessions they routed, as `zoe router --picture-share-s` (default: the "
+             "routers share nothing)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N requests (with --sessions: files)."),
     kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="KV capacity per replica override, tokens."),
     host_kv_gb: float = typer.Option(

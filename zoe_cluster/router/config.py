@@ -95,9 +95,9 @@ class RouterConfig(BaseModel):
     picture_share_s: float = Field(
         default=0.0, ge=0,
         description="With picture_peers: every this many seconds, take the prefix-index chains each peer inserted "
-        "since the last time (every address a host resolves to is asked), so routers behind a front that spreads "
-        "requests with no regard to content keep one approximate picture (zoe_cluster.router.picture_sharing); "
-        "0: peers are asked only at start.",
+        "and the sessions it routed since the last time (every address a host resolves to is asked), so routers "
+        "behind a front that spreads requests with no regard to content keep one approximate picture "
+        "(zoe_cluster.router.picture_sharing); 0: peers are asked only at start.",
     )
     picture_peer_timeout_s: float = Field(
         default=3.0, gt=0,

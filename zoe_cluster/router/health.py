@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from zoe_cluster.router.config import RouterConfig
+from zoe_cluster.router.loop_task import LoopTask
 from zoe_cluster.router.replicas import RoutedReplica
 
 if TYPE_CHECKING:
@@ -29,24 +30,19 @@ def _parser(engine: str):
         return None
 
 
-class HealthChecker:
+class HealthChecker(LoopTask):
     def __init__(self, router: "Router", config: RouterConfig) -> None:
         self.router = router
         self.config = config
-        self._task: asyncio.Task | None = None
         self._kick = asyncio.Event()
         self._parsers: dict[str, object] = {}
 
     def start(self) -> None:
-        if self.config.health_interval_s > 0 and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop())
+        if self.config.health_interval_s > 0:
+            self._start_loop()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._stop_loop()
 
     def kick(self) -> None:
         """Check now (after a membership change) instead of at the next period."""

@@ -30,7 +30,6 @@ one, or to now when it did not answer; about the period while it answers, growin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client
 import logging
 import time
@@ -40,6 +39,7 @@ from urllib.parse import urlsplit
 
 import msgpack
 
+from zoe_cluster.router.loop_task import LoopTask
 from zoe_cluster.router.picture_store import FORMAT_VERSION, PICTURE_MEDIA_TYPE, _hashes, _peer_addresses, _unhash
 from zoe_cluster.routing.picture_sharing import (
     Delta,
@@ -135,7 +135,7 @@ class _Peer:
     """The number of the peer's session table to ask from next."""
 
 
-class PictureSharer:
+class PictureSharer(LoopTask):
     """Takes the peers' prefix-index inserts and session routings every `picture_share_s` (module docstring)."""
 
     def __init__(self, router: "Router") -> None:
@@ -149,7 +149,6 @@ class PictureSharer:
         self._quiet_until: dict[tuple[str, int], float] = {}
         self._last_answer: dict[tuple[str, int], float] = {}
         self._started = time.monotonic()
-        self._task: asyncio.Task | None = None
 
     def seed(self, shared_from: dict[tuple[str, int], dict[str, Any]]) -> None:
         """Ask each address from the numbers its picture was pulled at (`picture_store.pull_picture`'s
@@ -161,15 +160,11 @@ class PictureSharer:
                 continue  # a peer that did not say where its logs were: asked for all of them
 
     def start(self) -> None:
-        if self.every_s > 0 and self.router.config.picture_peers and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop())
+        if self.every_s > 0 and self.router.config.picture_peers:
+            self._start_loop()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._stop_loop()
 
     def describe(self) -> dict[str, Any]:
         return {"every_s": self.every_s, "rounds": self.rounds, "chains_taken": self.chains_taken,
@@ -193,7 +188,7 @@ class PictureSharer:
             except OSError as e:
                 self._warn((url, 0), "picture peer %s: cannot resolve (%s)", url, e)
                 m.picture_share_failures.labels(url).inc()
-        asks = [(t, self._peer(t[1:])) for t in targets]
+        asks = [(t, self._peers.get(t[1:])) for t in targets]
         answers = await asyncio.gather(
             *(asyncio.to_thread(_ask, *t, cfg.admin_key, self._since(p), p.sessions if p else 0, timeout_s)
               for t, p in asks), return_exceptions=True)
@@ -235,9 +230,6 @@ class PictureSharer:
         self.rounds += 1
         self.chains_taken += taken
         return taken
-
-    def _peer(self, key: tuple[str, int]) -> _Peer | None:
-        return self._peers.get(key)
 
     def _since(self, peer: _Peer | None) -> dict[str, int]:
         """The numbers to ask `peer` from, for the replicas still members (a removed replica's go)."""

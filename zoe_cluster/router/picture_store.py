@@ -28,7 +28,6 @@ membership among the answers before the picture is applied, as from the file: on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client
 import itertools
 import logging
@@ -42,6 +41,7 @@ from urllib.parse import urlsplit
 
 import msgpack
 
+from zoe_cluster.router.loop_task import LoopTask
 from zoe_cluster.routing.kv_events import RankCache, ReplicaCacheMirror
 from zoe_cluster.routing.picture_sharing import indexing_policy
 from zoe_cluster.routing.prefix_index import PrefixIndex
@@ -232,7 +232,7 @@ async def pull_picture(peers: list[str], admin_key: str | None, timeout_s: float
     return merged
 
 
-class PictureKeeper:
+class PictureKeeper(LoopTask):
     """Saves and restores one router's picture (see the module docstring)."""
 
     def __init__(self, router: "Router", path: str | Path, save_every_s: float = 2.0) -> None:
@@ -240,7 +240,6 @@ class PictureKeeper:
         self.path = Path(path)
         self.save_every_s = save_every_s
         self.saves = 0
-        self._task: asyncio.Task | None = None
 
     def capture(self) -> dict[str, Any]:
         """The picture as a msgpack-able document."""
@@ -279,15 +278,11 @@ class PictureKeeper:
             return 0
 
     def start(self) -> None:
-        if self.save_every_s > 0 and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop())
+        if self.save_every_s > 0:
+            self._start_loop()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._stop_loop()
         try:
             self.save()
         except OSError as e:

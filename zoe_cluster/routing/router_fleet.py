@@ -69,7 +69,8 @@ class RouterFleetConfig(PolicyConfig):
         "system prompt that sends all such requests to one router, and 2 or more spreads them by conversation."))
     share_every_s: float | None = Field(None, gt=0, description=(
         "Period, seconds of the replay's clock, of each router taking the prefix-index chains its peers inserted "
-        "(routing.picture_sharing), as `zoe router --picture-share-s`; None: the routers share nothing."))
+        "and the sessions they routed (routing.picture_sharing), as `zoe router --picture-share-s`; None: the "
+        "routers share nothing."))
 
     @model_validator(mode="after")
     def _inner_policy_valid(self) -> "RouterFleetConfig":
