@@ -27,7 +27,7 @@ import torch
 class Target:
     """What launch tuning needs to know of a GPU: backend ("cuda" or "hip"), architecture name ("sm_90",
     "gfx950"), multiprocessors (CUDA) or compute units (ROCm), shared memory (LDS) one program may take in
-    bytes, threads per warp/wavefront, and the part's name."""
+    bytes, threads per warp/wavefront, the part's name, and its L2 cache in bytes (0: not known)."""
 
     backend: str
     arch: str
@@ -35,6 +35,7 @@ class Target:
     lds_bytes: int
     warp_size: int
     name: str = ""
+    l2_bytes: int = 0
 
     @property
     def is_hip(self) -> bool:
@@ -49,12 +50,13 @@ class Target:
 
 # Named compile targets. AMD figures: ROCm "AMD GPU specifications" table (rocm.docs.amd.com/en/latest/reference/
 # gpu-specs.html: compute units, wavefront size, LDS KiB per CU); MI355X's 256 CUs are also the seed's Table 1
-# footnote (256 CUs x 2.4 GHz). H200: 132 SMs, 227 KiB of shared memory per block (opt-in), warps of 32 (CUDA
-# programming guide, compute capability 9.0).
+# footnote (256 CUs x 2.4 GHz); their L2 is left unknown (nothing tuned for AMD reads it). H200: 132 SMs, 227 KiB of
+# shared memory per block (opt-in), warps of 32 (CUDA programming guide, compute capability 9.0), 50 MiB of L2
+# (NVIDIA's Hopper architecture whitepaper; what torch reports as the device's L2_cache_size).
 TARGETS: dict[str, Target] = {
     "gfx950": Target("hip", "gfx950", 256, 160 * 1024, 64, "AMD Instinct MI355X"),
     "gfx942": Target("hip", "gfx942", 304, 64 * 1024, 64, "AMD Instinct MI300X"),
-    "sm_90": Target("cuda", "sm_90", 132, 227 * 1024, 32, "NVIDIA H200"),
+    "sm_90": Target("cuda", "sm_90", 132, 227 * 1024, 32, "NVIDIA H200", 50 << 20),
 }
 # The target launchers tune for without a device or compile target: the H200 their constants were measured on.
 REFERENCE_TARGET = TARGETS["sm_90"]
@@ -88,7 +90,8 @@ def device_target(device_index: int = 0) -> Target | None:
     arch = props.gcnArchName.split(":")[0] if hip else f"sm_{props.major}{props.minor}"
     lds = getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
     warp = getattr(props, "warp_size", 64 if hip else 32)
-    return Target("hip" if hip else "cuda", arch, props.multi_processor_count, lds, warp, props.name)
+    l2 = getattr(props, "L2_cache_size", 0)
+    return Target("hip" if hip else "cuda", arch, props.multi_processor_count, lds, warp, props.name, l2)
 
 
 def current_target(device_index: int = 0) -> Target:

@@ -380,7 +380,7 @@ def _interleaved(variants: dict, rounds: int = 2) -> dict:
 
 def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> None:
     """With 1 in `ms`, fp8 at M=1 on `shapes` with stage 1 prefetching 0, 8 or 16 MiB of stage 2's weights into L2
-    (`config.DOT_M1_L2_PREFETCH_BYTES`);
+    (`config.DOT_M1_L2_PREFETCH_SHARE` of the device's L2);
     at the larger `ms`, the 4-bit joined tiles as `config` picks them against narrower ones (stage 1's gate and up
     32 columns each, or stage 2 64: fewer registers, three programs per SM instead of two), on the `shapes`. Each variant checked on the same fresh routings with NaN-poisoned scratch (6 at M=1, else 1),
     then timed interleaved (medians of three rounds at M=1, two above) back to back (graph of R calls) and, at M=1,
@@ -389,6 +389,7 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> No
 
     from zoe_kernels.moe import config, fused_moe
     from zoe_kernels.moe.reference import fused_moe_reference
+    from zoe_kernels.platform import current_target
 
     flush = torch.empty(4 * ceil["l2_bytes"] // 4, dtype=torch.float32, device="cuda")
 
@@ -430,7 +431,7 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> No
         b2b = _interleaved({name: (set_up, graph_t[name][0]) for name, set_up in variants.items()}, rounds)
         iso = _interleaved({name: (set_up, graph_t[name][1]) for name, set_up in variants.items()},
                            rounds) if isolated else {}
-        config.DOT_M1_L2_PREFETCH_BYTES = default_prefetch
+        config.DOT_M1_L2_PREFETCH_SHARE = default_prefetch
         fm.stage_config = original
         for name in variants:
             row = {"step": label, "shape": shape_name, "M": m, "fmt": fmt, "variant": name, **res[name],
@@ -446,12 +447,13 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> No
         del w
         torch.cuda.empty_cache()
 
-    default_prefetch = config.DOT_M1_L2_PREFETCH_BYTES
+    default_prefetch = config.DOT_M1_L2_PREFETCH_SHARE
+    l2_bytes = current_target().l2_bytes
 
     def setter(module, attr, value):
         return lambda: setattr(module, attr, value)
 
-    fp8_variants = {f"l2_prefetch_{mb}MiB": setter(config, "DOT_M1_L2_PREFETCH_BYTES", mb << 20)
+    fp8_variants = {f"l2_prefetch_{mb}MiB": setter(config, "DOT_M1_L2_PREFETCH_SHARE", (mb << 20) / max(1, l2_bytes))
                     for mb in (0, 8, 16)}
     fm = sys.modules["zoe_kernels.moe.fused_moe"]
     original = fm.stage_config

@@ -8,7 +8,7 @@ top-k weighted combine epilogue), `grouped_gemm.py`; fp8 (w8a8) adds two activat
 At M=1 a format in `config.DOT_M1_TILES` (fp8) drops align (one tile per edge, experts read
 from topk_ids) and the accumulator's memset (stage 1 zeroes it), splits stage 2 along K, and (with top-k > 1)
 quantizes the intermediate in stage 1 (the last program of a 128-column group does it): four launches; stage 1 also
-prefetches the first of stage 2's weights into L2 (`config.DOT_M1_L2_PREFETCH_BYTES`).
+prefetches the first of stage 2's weights into L2 (`config.dot_m1_l2_prefetch_bytes`: a share of the target's L2).
 The 4-bit formats' 128-row tiles run each stage in two launches (`config.FOUR_BIT_HALF_TILES`).
 With few tokens per expert (decode) the GEMV path (`gemv.py`) runs instead: two launches, no align, no
 activation quantization (`config.use_gemv` picks by the expected edges per expert, measured per format).

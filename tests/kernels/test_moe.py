@@ -686,13 +686,23 @@ def test_dot_m1_mode_only_where_measured():
 
 
 def test_l2_prefetch_only_on_ptx_and_the_m1_tiles():
-    """Stage 1's L2 prefetch of stage 2's weights (`config.DOT_M1_L2_PREFETCH_BYTES`) runs only where PTX does, and
-    a launch that asks for it on align-based tiles is refused with a clear error."""
+    """Stage 1's L2 prefetch of stage 2's weights (`config.dot_m1_l2_prefetch_bytes`) is a share of the target's L2
+    in whole MiB (16 of the H200's 50), runs only where PTX does, and a launch that asks for it on align-based tiles
+    is refused with a clear error."""
+    from dataclasses import replace
+
     from zoe_kernels.moe import config
     from zoe_kernels.moe.grouped_gemm import KernelFormat, gate_up_swiglu
-    from zoe_kernels.platform import has_ptx
+    from zoe_kernels.platform import TARGETS, compile_for, has_ptx
 
-    assert config.dot_m1_l2_prefetch_bytes() == (config.DOT_M1_L2_PREFETCH_BYTES if has_ptx() else 0)
+    with compile_for(TARGETS["sm_90"]):
+        assert config.dot_m1_l2_prefetch_bytes() == 16 << 20
+    with compile_for(replace(TARGETS["sm_90"], l2_bytes=0)):  # an L2 the target does not state: none
+        assert config.dot_m1_l2_prefetch_bytes() == 0
+    with compile_for(TARGETS["gfx950"]):
+        assert config.dot_m1_l2_prefetch_bytes() == 0
+    if not has_ptx():
+        assert config.dot_m1_l2_prefetch_bytes() == 0
     x = torch.randn((2, 128)).to(DEVICE, DTYPES[0])
     w13 = torch.randn((3, 64, 128)).to(DEVICE, DTYPES[0])
     inter = torch.empty((4, 32), dtype=DTYPES[0], device=DEVICE)
