@@ -177,13 +177,13 @@ MIN_K_STEPS_PER_SPLIT = 4
 
 # fp8's M=1 mode: stage 1's programs, after their K loop, prefetch the first bytes of the weights stage 2 reads into
 # L2 (`grouped_gemm._prefetch_next_stage`; PTX targets): this share of the target's L2, in whole MiB (16 MiB of the
-# H200's 50), so stage 1's tail, when fewer programs stream, fetches bytes that stage 2 would wait for. Why (H200,
+# 60 MiB the H200 reports), so stage 1's tail, when fewer programs stream, fetches bytes that stage 2 would wait for. Why (H200,
 # side by side, medians of 3 interleaved rounds; back to back /
 # isolated, raw/moe_gate_up_one_dot_h200.json): DeepSeek-V3.2 95.9 / 103.8 us with 16 MiB against 96.9 / 105.6 with
 # none, 98.1 / 106.2 with 24 and 101.7 / 110.6 with 40 (more competes with stage 1's own reads); GLM-5 93.5 / 102.4
 # against 95.6 / 105.0; another lease (raw/moe_words_tiles_h200.json): 94.5 / 102.4 with 16 MiB, 93.8 / 102.3 with
 # 8, 95.4 / 103.9 with none. Retune: `moe_large_m.py --side-by-side 1 --no-rows`.
-DOT_M1_L2_PREFETCH_SHARE = 1 / 3
+DOT_M1_L2_PREFETCH_SHARE = 16 / 60
 
 
 def dot_m1_l2_prefetch_bytes() -> int:

@@ -687,7 +687,7 @@ def test_dot_m1_mode_only_where_measured():
 
 def test_l2_prefetch_only_on_ptx_and_the_m1_tiles():
     """Stage 1's L2 prefetch of stage 2's weights (`config.dot_m1_l2_prefetch_bytes`) is a share of the target's L2
-    in whole MiB (16 of the H200's 50), runs only where PTX does, and a launch that asks for it on align-based tiles
+    in whole MiB (16 of the H200's 60), runs only where PTX does, and a launch that asks for it on align-based tiles
     is refused with a clear error."""
     from dataclasses import replace
 
