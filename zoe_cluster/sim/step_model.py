@@ -16,6 +16,9 @@ An engine step (one forward pass of the batch the scheduler picked) costs:
   prefill step costs (small chunks do not fill the GPUs); d is the work that grows with context (the DSA
   lightning indexer scores every earlier position; CSA top-K), e the growth beyond that seen at the longest
   contexts (seed table A5: 5.1x per doubling from 256K to 512K tokens).
+- a step carrying a prefill chunk and decode tokens together (a mixed step) pays `mixed_step_s` +
+  `mixed_decode_per_token_s` * n_decode more, where those were measured (vLLM on CPU: a chunk sent while streams decode
+  takes longer than the chunk and the decode tokens priced apart).
 - every request also pays `frontend_s` once (HTTP, tokenization, detokenization, scheduling latency): latency,
   not engine time, so it never occupies the step loop.
 - the first step after the engine had nothing to do takes `idle_wake_s` longer (an engine loop that blocks when
@@ -67,6 +70,11 @@ class StepModel:
     decode_context_per_token_s: float | None = None
     """Cost per (decode token x position it attends to), when measured apart from the prefill's d (an engine whose
     decode attention kernel differs from its prefill one: vLLM on CPU); None: d."""
+    mixed_step_s: float = 0.0
+    """Extra fixed cost of a step that carries both a prefill chunk and decode tokens (measured from prefill
+    requests sent while streams decode); 0: none."""
+    mixed_decode_per_token_s: float = 0.0
+    """Extra cost per decode token of such a mixed step; 0: none."""
 
     @property
     def decode_context_s(self) -> float:
@@ -102,6 +110,7 @@ class StepModel:
             + self.decode_context_s * decode_context_sum
             + self.context2_per_token_s * pos2_sum
             + self.decode_per_token_s * n_decode
+            + ((self.mixed_step_s + self.mixed_decode_per_token_s * n_decode) if n_decode > 0 else 0.0)
         )
 
     @property
