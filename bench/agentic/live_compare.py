@@ -12,7 +12,9 @@ live/replay ratios. The simulated engines run
 on a scaled wall clock (`--time-scale`); timings are divided by the same factor, so figures are modelled seconds,
 as in replay. The hit rate is the engines' own /metrics counters; zoe's router's decisions by reason and its
 ejections come from its /metrics. `--kv-tokens` cuts every replica's KV (and the router's index) so that a few
-sessions load the fleet's HBM.
+sessions load the fleet's HBM. The replay puts the router's slow-replica ejection around its policy as zoe's
+router is configured (its default `slow_factor`, or what `--router-config-json` sets; `agentic.replay.SlowReplicaGuard`),
+so both clocks run the same decisions.
 
 Per request (joined on session key and trace position), the TTFT difference live minus replay is split into
 requests whose cached tokens agree (the live path's own cost: client, HTTP, router, the engine's server) and
@@ -84,8 +86,9 @@ def live_run(name: str, args, sessions: Path, tmp: Path, salt: int) -> tuple[str
     kv = ("--kv-tokens", str(args.kv_tokens)) if args.kv_override else ()
     with sim_replicas(args.replicas, model=args.model, time_scale=args.time_scale, log_dir=tmp,
                       served_model=served, extra_args=kv) as urls:
+        extra = ("--config-json", args.router_config_json) if spec.kind == "zoe" and args.router_config_json else ()
         with router_process(spec, urls, model=args.model, log_dir=tmp, kv_capacity_tokens=args.kv_tokens,
-                            peer_python=args.peer_python) as router:
+                            peer_python=args.peer_python, extra_args=extra) as router:
             opts = SessionOptions(args.sessions, think_cap_s=args.think_cap_s, salt=salt)
             config = LiveConfig(router.url, served, gpus, urls, twin_profile(args.model, None),
                                 server_time_scale=args.time_scale)
@@ -160,6 +163,9 @@ def main() -> None:
     ap.add_argument("--kv-tokens", type=int, default=None,
                     help="KV capacity per replica, tokens (zoe sim serve --kv-tokens; default: the model's), to load "
                          "the replicas' HBM with few sessions")
+    ap.add_argument("--router-config-json", default=None,
+                    help="zoe router --config-json for zoe's routers, e.g. '{\"slow_factor\": null}' (no slow-replica "
+                         "ejection)")
     ap.add_argument("--out", default=str(HERE / "live_compare.json"))
     args = ap.parse_args()
     args.kv_override = args.kv_tokens is not None
@@ -168,6 +174,7 @@ def main() -> None:
     from zoe_cluster.agentic.options import SessionOptions
     from zoe_cluster.agentic.replay import replay_sessions
     from zoe_cluster.recipes import RecipeRegistry
+    from zoe_cluster.router.config import RouterConfig
     from zoe_cluster.sim.kv_cache import kv_capacity
 
     recipe = RecipeRegistry.default().get(args.model)
@@ -186,12 +193,18 @@ def main() -> None:
         opts = SessionOptions(args.sessions, think_cap_s=args.think_cap_s,
                               max_input_tokens=recipe.architecture.max_context_tokens)
         replay_records: list = []
+        # the router's slow-replica ejection as zoe's router is configured here (its default unless the JSON says)
+        slow_factor = json.loads(args.router_config_json or "{}").get(
+            "slow_factor", RouterConfig.model_fields["slow_factor"].default)
         replay = replay_sessions(recipe, recipe.default_variant, opts.driver(sessions), args.replicas,
-                                 args.replay_policy, kv_tokens=args.kv_tokens, records_out=replay_records)
+                                 args.replay_policy, kv_tokens=args.kv_tokens, records_out=replay_records,
+                                 slow_factor=slow_factor)
         runs.append({"run": f"replay-{args.replay_policy}", "command": f"zoe sim replay <sessions> --sessions "
                      f"{args.sessions} --model {args.model} --replicas {args.replicas} --policy {args.replay_policy} "
                      f"--think-cap-s {args.think_cap_s}" + (f" --kv-tokens {args.kv_tokens}" if args.kv_override else "")
-                     + " --json", "report": replay})
+                     + " --json", "slow_factor": slow_factor,
+                     "note": "in-process (agentic.replay.replay_sessions), with the router's slow-replica ejection "
+                             "at slow_factor (agentic.replay.SlowReplicaGuard; null: off)", "report": replay})
         progress.advance(task)
         salt = 0
         for name in routers:

@@ -136,6 +136,8 @@ def main() -> None:
     ap.add_argument("--policies", default="prefix,session_hash,least_load")
     ap.add_argument("--sessions", default="16,64,128,256")
     ap.add_argument("--host-kv-gb", type=float, default=0.0)
+    ap.add_argument("--kv-tokens", type=int, default=None,
+                    help="KV tokens per replica instead of the variant's HBM (zoe sim replay --kv-tokens)")
     ap.add_argument("--think-cap-s", type=float, default=60.0)
     ap.add_argument("--ramp-up-s", type=float, default=0.0,
                     help="start the first live sessions spread evenly over this many seconds "
@@ -162,7 +164,7 @@ def main() -> None:
         series: dict[str, list[dict]] = {}
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
             futs = [pool.submit(run_one, args.sessions_dir, args.model, args.replicas, n, p, args.host_kv_gb,
-                                long_prefill_token_threshold=args.long_prefill_token_threshold,
+                                kv_tokens=args.kv_tokens, long_prefill_token_threshold=args.long_prefill_token_threshold,
                                 think_cap_s=args.think_cap_s, ramp_up_s=args.ramp_up_s) for p, n in combos]
             for (policy, n), f in zip(combos, futs):
                 pt = point(f.result())
@@ -185,8 +187,10 @@ def main() -> None:
             "commands": [command],
             "point_command": f"zoe sim replay {args.sessions_dir} --sessions N --model {args.model} --replicas "
                              f"{args.replicas} --policy P --think-cap-s {args.think_cap_s} --host-kv-gb "
-                             f"{args.host_kv_gb} --ramp-up-s {args.ramp_up_s} --json",
+                             f"{args.host_kv_gb} --ramp-up-s {args.ramp_up_s}"
+                             + (f" --kv-tokens {args.kv_tokens}" if args.kv_tokens else "") + " --json",
             "setup": {"model": args.model, "replicas": args.replicas, "host_kv_gb": args.host_kv_gb,
+                      "kv_tokens_per_replica": args.kv_tokens or "the variant's HBM",
                       "think_cap_s": args.think_cap_s, "ramp_up_s": args.ramp_up_s,
                       "max_input_tokens": "the model's context",
                       "long_prefill_token_threshold": args.long_prefill_token_threshold},

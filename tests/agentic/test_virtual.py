@@ -189,3 +189,40 @@ def test_sweep_plot_writes_a_png(tmp_path) -> None:
     pts = [{"tok_s_per_user_p90": 50.0 - n, "output_tok_s_per_gpu": float(n), "live_sessions": n} for n in (1, 4)]
     out = plot_sweep({"prefix": pts, "empty": [{"live_sessions": 1}]}, tmp_path / "s.png", "sweep")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_slow_replica_guard_ejects_probes_and_recovers() -> None:
+    """The router's slow-replica decisions on the virtual clock: a replica whose median time per token is over
+    the factor x its peers' leaves the candidates, gets one probe per probe period, and returns once a probe is
+    fast."""
+    from zoe_cluster.agentic.replay import SlowReplicaGuard
+    from zoe_cluster.routing import get_policy
+    from zoe_cluster.routing.context import ReplicaView, RequestContext, RoutingDecision
+
+    guard = SlowReplicaGuard(get_policy("least_load"), factor=3.0, min_samples=2, probe_s=2.0, judge_every_s=0.0)
+    views = [ReplicaView(f"r/{i}/0", f"sim://{i}") for i in range(3)]
+    n = 0
+
+    def route(now: float) -> RoutingDecision:
+        nonlocal n
+        n += 1
+        ctx = RequestContext(request_id=f"q{n}", model="m", prompt_tokens=10, max_tokens=4, block_hashes=(),
+                             block_tokens=16, arrival_s=now)
+        d = guard.select(ctx, views)
+        guard.on_routed(ctx, d)
+        return d
+
+    for t in range(6):  # every replica gets samples: r/0 at 10x the others' time per token
+        for v in views:
+            ctx = RequestContext(request_id=f"s{t}{v.replica_id}", model="m", prompt_tokens=10, max_tokens=4,
+                                 block_hashes=(), block_tokens=16, arrival_s=float(t))
+            guard.on_routed(ctx, RoutingDecision(v.replica_id, "least_load"))
+            guard.record(ctx.request_id, 0.2 if v.replica_id == "r/0/0" else 0.02, float(t))
+    assert set(guard.slow) == {"r/0/0"} and guard.ejections == 1
+    assert route(6.0).reason == "probe"  # slow since t=1: its probe is due
+    assert all(route(6.1 + i * 0.1).replica_id != "r/0/0" for i in range(5))  # left out until the next period
+    probe = route(8.1)
+    assert (probe.replica_id, probe.reason) == ("r/0/0", "probe")
+    assert route(8.2).replica_id != "r/0/0"  # one probe per period
+    guard.record("q%d" % (n - 1), 0.02, 9.0)  # the probe was fast: its sample replaces the window
+    assert not guard.slow

@@ -3,7 +3,7 @@ replicas behind the router's real policy code) as a closed-loop `RequestSource`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,20 +11,97 @@ from zoe_cluster.agentic.driver import Call, SessionDriver
 from zoe_cluster.agentic.metrics import CallRecord, summarize, ttft_floor_s
 from zoe_cluster.agentic.options import SessionOptions
 from zoe_cluster.recipes import Recipe
-from zoe_cluster.routing import Policy
+from zoe_cluster.router.config import RouterConfig
+from zoe_cluster.router.replicas import _JUDGE_EVERY_S
+from zoe_cluster.router.slowness import LatencyFacts, probe_due, record_sample, slow_replicas
+from zoe_cluster.routing import Policy, get_policy
+from zoe_cluster.routing.context import ReplicaView, RequestContext, RoutingDecision
 from zoe_cluster.sim.calibrate import Calibration, calibrate
 from zoe_cluster.sim.core import long_prefill_cap
 from zoe_cluster.sim.kv_cache import HOST_LINK_GB_S
 from zoe_cluster.sim.replay import Arrival, Outcome, SimReplayConfig, TraceRow, replay
 
 
+class SlowReplicaGuard(Policy):
+    """The live router's slow-replica ejection on the virtual clock, around the replay's policy: the same decisions
+    (`router.slowness`: a replica whose median time per output token over its latest `min_samples` requests
+    exceeds `factor` x its peers' median gets no new requests; every `probe_s` one request goes to it as a probe,
+    and the probe's sample replaces its window), applied as the router applies them (`router.replicas`: a slow
+    replica is left out of the candidates while others remain; a due probe goes before the policy is asked, unless
+    the replica is saturated; the slow set is judged again at most every `judge_every_s`, and after a probe).
+    Samples come from `record` (the replay's finished requests); times are the virtual clock's."""
+
+    def __init__(self, inner: Policy, factor: float, min_samples: int, probe_s: float,
+                 judge_every_s: float = _JUDGE_EVERY_S) -> None:
+        super().__init__(inner.config)
+        self.inner = inner
+        self.name = inner.name  # type: ignore[misc]
+        self.factor, self.min_samples, self.probe_s, self.judge_every_s = factor, min_samples, probe_s, judge_every_s
+        self.facts: dict[str, LatencyFacts] = {}
+        self.slow: dict[str, str] = {}
+        self.ejections = 0
+        self._routed: dict[str, tuple[str, bool]] = {}
+        self._judged_at = float("-inf")
+
+    def select(self, ctx: RequestContext, replicas: Sequence[ReplicaView]) -> RoutingDecision:
+        now = ctx.arrival_s or 0.0
+        for v in replicas:
+            facts = self.facts.setdefault(v.replica_id, LatencyFacts.empty())
+            if v.replica_id in self.slow and not v.saturated and probe_due(facts, now, self.probe_s):
+                facts.last_probe_at = now
+                return RoutingDecision(v.replica_id, "probe")
+        fast = [v for v in replicas if v.replica_id not in self.slow]
+        return self.inner.select(ctx, fast or replicas)
+
+    def on_routed(self, ctx: RequestContext, decision: RoutingDecision) -> None:
+        self._routed[ctx.request_id] = (decision.replica_id, decision.reason == "probe")
+        self.inner.on_routed(ctx, decision)
+
+    def on_finished(self, ctx: RequestContext, replica_id: str, ok: bool) -> None:
+        self.inner.on_finished(ctx, replica_id, ok)
+
+    def on_replica_removed(self, replica_id: str) -> None:
+        self.facts.pop(replica_id, None)
+        self.slow.pop(replica_id, None)
+        self.inner.on_replica_removed(replica_id)
+
+    def on_cache_evicted(self, replica_id: str, tokens: int | None) -> None:
+        self.inner.on_cache_evicted(replica_id, tokens)
+
+    def class_of(self, ctx: RequestContext) -> str:
+        return self.inner.class_of(ctx)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.inner.describe(), "slow_factor": self.factor, "slow_ejections": self.ejections}
+
+    def record(self, request_id: str, tpot_s: float | None, now: float) -> None:
+        """A finished request's time per output token (None: fewer than two output tokens, no sample)."""
+        replica_id, probe = self._routed.pop(request_id, ("", False))
+        if not replica_id or tpot_s is None:
+            return
+        record_sample(self.facts.setdefault(replica_id, LatencyFacts.empty()), "tpot_s", tpot_s, self.min_samples,
+                      probe=probe)
+        if not probe and now - self._judged_at < self.judge_every_s:
+            return
+        self._judged_at = now
+        slow = slow_replicas(self.facts, self.factor, self.min_samples)
+        for rid in slow.keys() - self.slow.keys():
+            self.facts[rid].slow_since = now
+            self.ejections += 1
+        for rid in self.slow.keys() - slow.keys():
+            self.facts[rid].slow_since = None
+        self.slow = slow
+
+
 class SessionSource:
     """A `RequestSource` whose arrivals the session driver releases as earlier requests finish. Keeps one
     `CallRecord` per request, with the twin's zero-wait TTFT floor (`metrics.ttft_floor_s`)."""
 
-    def __init__(self, driver: SessionDriver, floor: Callable[[Call], float]) -> None:
+    def __init__(self, driver: SessionDriver, floor: Callable[[Call], float],
+                 guard: SlowReplicaGuard | None = None) -> None:
         self.driver = driver
         self.floor = floor
+        self.guard = guard
         self.calls: dict[str, Call] = {}
         self.records: list[CallRecord] = []
         self.cached_tokens = 0
@@ -54,6 +131,8 @@ class SessionSource:
 
     def finished(self, arrival: Arrival, now: float, outcome: Outcome) -> None:
         call = self.calls.pop(arrival.request_id)
+        if self.guard is not None:
+            self.guard.record(arrival.request_id, outcome.tpot_s, now)
         rec = CallRecord(call, ok=not outcome.dropped, start_s=call.release_s, dropped=outcome.dropped,
                          error="dropped" if outcome.dropped else None, ttft_s=outcome.ttft_s, e2e_s=outcome.e2e_s,
                          output_tokens=outcome.output_tokens, tpot_s=outcome.tpot_s)
@@ -77,15 +156,25 @@ def replay_sessions(
     policy_options: dict[str, Any] | None = None, calibration: Calibration | None = None,
     kv_tokens: int | None = None, host_kv_gb: float = 0.0, host_link_gb_s: float = HOST_LINK_GB_S,
     progress: Callable[[int], None] | None = None, records_out: list[CallRecord] | None = None,
+    slow_factor: float | None = None,
 ) -> dict[str, Any]:
     """Run `driver`'s sessions on `replicas` simulated replicas of `variant`; the agentic report
     (`metrics.summarize`) with the twin's prefix hit rate, plus the replay's own counters. `records_out`, when
-    given, receives every request's `CallRecord`."""
+    given, receives every request's `CallRecord`. `slow_factor` (the router's `slow_factor`; None: off) puts the
+    router's slow-replica ejection around the policy (`SlowReplicaGuard`); the report then counts its
+    `slow_ejections`."""
     cal = calibration or calibrate(recipe, variant)
     v = recipe.variant(variant)
     chunk = long_prefill_cap(v).lone_chunk_tokens(v.max_num_batched_tokens)  # a lone request's prefill per step
+    guard = None
+    if slow_factor is not None:
+        inner = get_policy(policy, **(policy_options or {})) if isinstance(policy, str) else policy()
+        fields = RouterConfig.model_fields  # the router's window and probe period
+        guard = made = SlowReplicaGuard(inner, slow_factor, fields["slow_min_samples"].default,
+                                        fields["slow_probe_s"].default)
+        policy, policy_options = (lambda: made), None
     source = SessionSource(driver, lambda c: ttft_floor_s(cal.model, chunk, c.input_tokens,
-                                                          c.reusable_blocks * c.block_tokens))
+                                                          c.reusable_blocks * c.block_tokens), guard)
     config = SimReplayConfig(recipe, variant, replicas, policy, policy_options=policy_options, calibration=cal,
                              kv_tokens=kv_tokens, host_kv_gb=host_kv_gb, host_link_gb_s=host_link_gb_s)
     res = replay(config, source, progress)
@@ -103,6 +192,8 @@ def replay_sessions(
         simulated_s=res.simulated_s, engine_ttft_mean_s=res.engine_ttft_mean_s,
         wall_s=res.wall_s, ttft_floor_source="twin step model (each request alone, every reusable block hit)",
     )
+    if guard is not None:
+        report.update(slow_factor=slow_factor, slow_ejections=guard.ejections)
     return report
 
 
