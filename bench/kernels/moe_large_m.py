@@ -13,9 +13,10 @@ Every timed configuration is first checked against the float32 reference of its 
 the norm, NaN-poisoned scratch for zoe). Each time is a CUDA graph of R back-to-back calls over R routings
 (R = 4 for M <= 64, 2 for M <= 512, 1 above), and the zoe and baseline rows also an isolated call after a
 write of 4x the L2 (clean L2): the median replay of [flush, call] minus that of [flush] alone.
---side-by-side M,... first times variants side by side, each checked (`side_by_side`): at M=1 fp8's L2 prefetch of
-stage 2's weights by stage 1, 0 to 16 MiB (the --shapes), at larger M the 4-bit joined tiles against narrower ones
+--side-by-side M,... first times variants side by side, each checked (`side_by_side`): at M=1 fp8 in four launches
+against both stages in one, with and without the L2 prefetches (the --shapes), at larger M the 4-bit joined tiles against narrower ones
 (the --shapes); --no-rows then skips the per-M rows.
+--vs-bf16 SHAPE:M,... times w4a16 and mxfp4 against bf16 `_grouped_mm` at those cells, --rounds interleaved rounds.
 --fp8-numerics adds fp8's error and time per tile height (16..128 rows); --tolerance the errors the GPU tests see,
 per format, path and tile height; --dequant-tiles times the dequantization alone; --tile-sweep the 4-bit tiles at
 large M (TILE_SWEEP, or those of --tile-variants).
@@ -379,8 +380,9 @@ def _interleaved(variants: dict, rounds: int = 2) -> dict:
 
 
 def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> None:
-    """With 1 in `ms`, fp8 at M=1 on `shapes` with stage 1 prefetching 0, 8 or 16 MiB of stage 2's weights into L2
-    (`config.DOT_M1_L2_PREFETCH_SHARE` of the device's L2);
+    """With 1 in `ms`, fp8 at M=1 on `shapes`: the four launches against both stages in one launch, with stage 1
+    prefetching 0 or 16 MiB of stage 2's weights into L2 (`config.DOT_M1_L2_PREFETCH_SHARE` of the device's L2) and
+    stage 2 prefetching its own tile's weights before it waits, or not (`m1_mode`);
     at the larger `ms`, the 4-bit joined tiles as `config` picks them against narrower ones (stage 1's gate and up
     32 columns each, or stage 2 64: fewer registers, three programs per SM instead of two), on the `shapes`. Each variant checked on the same fresh routings with NaN-poisoned scratch (6 at M=1, else 1),
     then timed interleaved (medians of three rounds at M=1, two above) back to back (graph of R calls) and, at M=1,
@@ -431,7 +433,8 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> No
         b2b = _interleaved({name: (set_up, graph_t[name][0]) for name, set_up in variants.items()}, rounds)
         iso = _interleaved({name: (set_up, graph_t[name][1]) for name, set_up in variants.items()},
                            rounds) if isolated else {}
-        config.DOT_M1_L2_PREFETCH_SHARE = default_prefetch
+        (config.DOT_M1_L2_PREFETCH_SHARE, config.DOT_M1_ONE_LAUNCH, config.DOT_M1_WAIT_PREFETCH,
+         config.DOT_M1_CAST_IN_LAUNCH) = default_m1
         fm.stage_config = original
         for name in variants:
             row = {"step": label, "shape": shape_name, "M": m, "fmt": fmt, "variant": name, **res[name],
@@ -447,14 +450,28 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> No
         del w
         torch.cuda.empty_cache()
 
-    default_prefetch = config.DOT_M1_L2_PREFETCH_SHARE
+    default_m1 = (config.DOT_M1_L2_PREFETCH_SHARE, config.DOT_M1_ONE_LAUNCH, config.DOT_M1_WAIT_PREFETCH,
+                  config.DOT_M1_CAST_IN_LAUNCH)
     l2_bytes = current_target().l2_bytes
 
     def setter(module, attr, value):
         return lambda: setattr(module, attr, value)
 
-    fp8_variants = {f"l2_prefetch_{mb}MiB": setter(config, "DOT_M1_L2_PREFETCH_SHARE", (mb << 20) / max(1, l2_bytes))
-                    for mb in (0, 8, 16)}
+    def m1_mode(one_launch, prefetch_mib, wait_prefetch=True, cast=True):
+        """fp8 M=1: four launches or one for both stages (config.DOT_M1_ONE_LAUNCH), stage 1's L2 prefetch of stage
+        2's weights in MiB, stage 2's prefetch of its own weights before it waits (DOT_M1_WAIT_PREFETCH), the
+        output's cast in that launch or its own (DOT_M1_CAST_IN_LAUNCH)."""
+        def set_up():
+            config.DOT_M1_ONE_LAUNCH = one_launch
+            config.DOT_M1_WAIT_PREFETCH = wait_prefetch
+            config.DOT_M1_CAST_IN_LAUNCH = cast
+            config.DOT_M1_L2_PREFETCH_SHARE = (prefetch_mib << 20) / max(1, l2_bytes)
+        return set_up
+
+    fp8_variants = {"four_launches_l2pf16": m1_mode(False, 16), "one_launch_l2pf16": m1_mode(True, 16),
+                    "one_launch_l2pf16_cast_launch": m1_mode(True, 16, cast=False),
+                    "one_launch_l2pf0": m1_mode(True, 0),
+                    "one_launch_l2pf16_no_wait_prefetch": m1_mode(True, 16, wait_prefetch=False)}
     fm = sys.modules["zoe_kernels.moe.fused_moe"]
     original = fm.stage_config
 
@@ -474,6 +491,64 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> No
             for fmt in FOUR_BIT:
                 compare("4bit_tiles", name, fmt, m, tile_variants, 1, False)
     fm.stage_config = original
+
+
+def four_bit_vs_bf16(rows: list, ceil: dict, cells: list[tuple[str, int]], rounds: int) -> None:
+    """At each (shape, M) of `cells`: w4a16 and mxfp4 `fused_moe` as dispatched against bf16 `torch._grouped_mm` on
+    bf16 weights, each checked first (NaN-poisoned scratch, float32 reference of its own weights), then timed
+    `rounds` times interleaved (A B C A B C ...), back to back (graph of 1 call) and isolated (clean L2): every
+    timing is kept, so the spread shows beside the medians."""
+    import torch
+
+    from zoe_kernels.moe import fused_moe
+    from zoe_kernels.moe.fallback import grouped_mm_moe
+    from zoe_kernels.moe.reference import fused_moe_reference
+
+    flush = torch.empty(4 * ceil["l2_bytes"] // 4, dtype=torch.float32, device="cuda")
+    for name, m in cells:
+        shape = SHAPES[name]
+        tw, ti = make_routing(shape, m, seed=4242 + m, device="cuda")
+        x = torch.randn((m, shape["H"]), dtype=torch.bfloat16, device="cuda")
+        calls, checks = {}, {}
+        for fmt in ("bf16", *FOUR_BIT):
+            w13, s13, w2, s2 = make_weights(shape, fmt, "cuda")
+            if fmt == "bf16":
+                provider = "torch_grouped_mm"
+                call = (lambda w13=w13, w2=w2: grouped_mm_moe(x, w13, w2, tw, ti))
+                out = call()
+                ref = fused_moe_reference(x, w13, w2, tw, ti, emulate_kernel_rounding=False)
+            else:
+                provider = f"zoe_{fmt}"
+                call = (lambda w13=w13, s13=s13, w2=w2, s2=s2, fmt=fmt, alloc=torch.empty: fused_moe(
+                    x, w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2, alloc=alloc))
+                out = call(alloc=nan_alloc)
+                ref = fused_moe_reference(x, w13, w2, tw, ti, fmt=fmt, w13_scale=s13, w2_scale=s2)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            tol = TOLERANCE["torch_grouped_mm" if fmt == "bf16" else fmt]
+            checks[provider] = {"rel_err": err, "ok": bool(torch.isfinite(out).all()) and err < tol}
+            calls[provider] = call
+            del out, ref
+        b2b = {p: [] for p in calls}
+        iso = {p: [] for p in calls}
+        for _ in range(rounds):
+            for p, call in calls.items():
+                b2b[p].append(time_graph([call]))
+                iso[p].append(time_isolated(call, flush))
+        base_b2b, base_iso = statistics.median(b2b["torch_grouped_mm"]), statistics.median(iso["torch_grouped_mm"])
+        for p in calls:
+            row = {"shape": name, "M": m, "provider": p, **checks[p], "median_us": round(statistics.median(b2b[p]), 1),
+                   "isolated_us": round(statistics.median(iso[p]), 1), "us": [round(t, 1) for t in b2b[p]],
+                   "isolated_all_us": [round(t, 1) for t in iso[p]]}
+            if p != "torch_grouped_mm":
+                row.update(speedup_vs_bf16=round(base_b2b / row["median_us"], 3),
+                           isolated_speedup_vs_bf16=round(base_iso / row["isolated_us"], 3))
+            rows.append(row)
+            print(f"[vs-bf16] {name} M={m} {p}: {row['median_us']} us {row['us']} isolated {row['isolated_us']} "
+                  f"{row['isolated_all_us']} x{row.get('speedup_vs_bf16', 1.0)} / x"
+                  f"{row.get('isolated_speedup_vs_bf16', 1.0)} err {checks[p]['rel_err']:.2e}"
+                  + ("" if checks[p]["ok"] else " NOT OK"), flush=True)
+        del calls
+        torch.cuda.empty_cache()
 
 
 # ---------------------------------------------------------------------------------------------- crossover
@@ -581,6 +656,9 @@ def main() -> None:
                     "L2 prefetch on --shapes, larger M the 4-bit joined tiles' widths; then the --shapes rows "
                     "unless --no-rows")
     ap.add_argument("--no-rows", action="store_true", help="skip the per-M rows of --shapes")
+    ap.add_argument("--vs-bf16", default="", help="SHAPE:M,... cells at which to time w4a16 and mxfp4 against bf16 "
+                    "_grouped_mm interleaved (four_bit_vs_bf16), --rounds times each")
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     if args.crossover:
         merge_crossover(args.crossover)
@@ -620,6 +698,11 @@ def main() -> None:
         meta["side_by_side"] = []
         side_by_side(meta["side_by_side"], meta["ceilings"], [n for n in args.shapes.split(",") if n],
                      [int(m) for m in args.side_by_side.split(",") if m])
+        save()
+    if args.vs_bf16:
+        meta["four_bit_vs_bf16"] = []
+        four_bit_vs_bf16(meta["four_bit_vs_bf16"], meta["ceilings"],
+                         [(c.split(":")[0], int(c.split(":")[1])) for c in args.vs_bf16.split(",")], args.rounds)
         save()
     for name in [n for n in args.shapes.split(",") if n and not args.no_rows]:
         bench_shape(name, [int(m) for m in args.ms.split(",")], t0 + args.budget_s, meta["ceilings"], rows,

@@ -194,6 +194,31 @@ def dot_m1_l2_prefetch_bytes() -> int:
     return int(current_target().l2_bytes * DOT_M1_L2_PREFETCH_SHARE + 0.5) >> 20 << 20  # to the byte, then MiB
 
 
+# fp8's M=1 mode with top-k > 1 runs both stages in one launch (`grouped_gemm.m1_one_launch`): stage 2's tiles
+# start while stage 1's last tiles run, prefetch their weights into L2 (DOT_M1_WAIT_PREFETCH) and wait for their
+# edge's quantized intermediate: three launches instead of four, no stage boundary to drain and refill.
+# Retune: `moe_large_m.py --side-by-side 1 --no-rows` (one launch against two, each with and without the prefetches).
+DOT_M1_ONE_LAUNCH = True
+DOT_M1_WAIT_PREFETCH = True
+# ... and casts the output in the same launch (one tile per column block, after stage 2's): no cast launch.
+DOT_M1_CAST_IN_LAUNCH = True
+
+
+def dot_m1_cast_in_launch() -> bool:
+    """Whether the one-launch M=1 mode also casts the output (DOT_M1_CAST_IN_LAUNCH)."""
+    return DOT_M1_CAST_IN_LAUNCH
+
+
+def dot_m1_one_launch() -> bool:
+    """Whether fp8's M=1 mode runs both stages in one launch (DOT_M1_ONE_LAUNCH; with DOT_M1_QUANT_IN_STAGE1)."""
+    return DOT_M1_ONE_LAUNCH
+
+
+def dot_m1_wait_prefetch() -> bool:
+    """Whether stage 2's tiles in the one-launch M=1 mode prefetch their weights into L2 before they wait."""
+    return DOT_M1_WAIT_PREFETCH
+
+
 def dot_m1_quant_in_stage1() -> bool:
     """Whether fp8's M=1 mode quantizes the intermediate in stage 1 (DOT_M1_QUANT_IN_STAGE1)."""
     return DOT_M1_QUANT_IN_STAGE1
