@@ -316,3 +316,25 @@ def test_mixed_step_cost_is_fitted_from_cells_beside_decoding_streams():
     assert got.model.prefill_step_s(512, 1e5, 0.0) == base.prefill_step_s(512, 1e5, 0.0)
     # 1024 new tokens beside 16 streams take three steps (496 + 496 + 32 prefill tokens), not two
     assert busy_ttft_s(truth, 1024, 0, 512, 16, 460)[1] == 3
+
+
+def test_prefill_chunks_pay_for_reading_the_context_they_attend_over():
+    """An engine whose every prefill chunk reads the request's whole KV (its start plus its own tokens): refitted
+    with that term, lone TTFTs recover it, so a short suffix after a long cached prefix costs what it did, and the
+    simulated engine charges it per chunk."""
+    truth = StepModel(decode_base_s=0.006, decode_per_expert_s=0.0, decode_per_token_s=4e-4, routed_experts=1,
+                      experts_per_token=1, prefill_per_token_s=1.9e-4, prefill_floor_s=0.0, context_per_token_s=0.0,
+                      frontend_s=0.003, prefill_step_base_s=0.006, prefill_kv_read_s=1.2e-5)
+    sched = MeasuredScheduler(block_tokens=32, kv_tokens=16384, max_num_batched_tokens=512, max_num_seqs=32)
+    points = []
+    for n in (128, 256, 512, 1024, 1536):
+        for hit in (0.0, 0.5, 0.9):
+            t = predict_lone_ttft(truth, n, cached_tokens_for(n, hit, 32), 512)
+            points.append(TtftPoint(input_tokens=n, hit_rate=hit, ttft_s=Figure(value=t, source="test")))
+    start = Calibration(model=replace(truth, prefill_kv_read_s=0.0, frontend_s=0.01), sources={})
+    m = with_step_base(start, points, sched).model
+    assert m.prefill_kv_read_s == pytest.approx(1.2e-5, rel=0.05)
+    assert predict_lone_ttft(m, 1536, 1376, 512) == pytest.approx(predict_lone_ttft(truth, 1536, 1376, 512), rel=0.02)
+    # 160 new tokens after 1376 cached: the chunk reads 1536 tokens of context
+    assert m.prefill_step_s(160, 0.0, 0.0, kv_read_tokens=1536) - m.prefill_step_s(160, 0.0, 0.0) == pytest.approx(
+        1536 * m.prefill_kv_read_s)

@@ -154,3 +154,24 @@ def test_queued_at_the_step_boundary_and_idle_wake_up(cal):
     again = core.schedule(end + 1.0)
     assert c.queued_s == end + 1.0
     assert again.duration_s == pytest.approx(core.model.prefill_step_s(100, 100 * 99 / 2, 99 * 100 * 199 / 6) + wake)
+
+
+def test_prefill_chunks_are_charged_the_context_they_read(cal):
+    """With a per-token cost of the context a chunk attends over, each chunk of a request pays for its start plus
+    its own tokens: a 1000-token prompt in 512-token chunks reads 512 then 1000 tokens."""
+    from dataclasses import replace
+
+    m = replace(cal.model, prefill_kv_read_s=1e-5)
+    core = EngineCore(m, PrefixCache(100_000, 16), max_num_batched_tokens=512)
+    core.add(SimRequest("a", 1000, 1))
+    first = core.schedule(0.0)
+    assert first.duration_s == pytest.approx(m.prefill_step_s(512, *_sums(0, 512), kv_read_tokens=512))
+    core.complete(first, first.duration_s)
+    second = core.schedule(first.duration_s)
+    assert second.duration_s == pytest.approx(m.prefill_step_s(488, *_sums(512, 488), kv_read_tokens=1000))
+
+
+def _sums(start: int, n: int) -> tuple[float, float]:
+    from zoe_cluster.sim.step_model import position_sums
+
+    return position_sums(start, n)

@@ -114,7 +114,7 @@ def predict_lone_ttft(model: StepModel, input_tokens: int, cached: int, chunk: i
     t = model.frontend_s + model.idle_wake_s
     for start, n in prefill_chunks(input_tokens, cached, chunk):
         s1, s2 = position_sums(start, n)
-        t += model.prefill_step_s(n, s1, s2)
+        t += model.prefill_step_s(n, s1, s2, kv_read_tokens=start + n)
     return t
 
 
@@ -127,17 +127,21 @@ class PrefillFit:
     context2_per_token_s: float
     step_base_s: float = 0.0
     """The per-step overhead the fit was given (`StepModel.prefill_step_base_s`)."""
+    kv_read_s: float = 0.0
+    """Per token of context each chunk attends over (`StepModel.prefill_kv_read_s`), when fitted."""
 
 
-def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int, step_base_s: float = 0.0) -> PrefillFit:
+def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int, step_base_s: float = 0.0,
+                kv_read: bool = False) -> PrefillFit:
     """Fit frontend, floor, per-token and context coefficients to single-request TTFT points; `step_base_s`, a
-    known fixed cost of every prefill step (the engine's per-step overhead), is taken off each chunk first."""
+    known fixed cost of every prefill step (the engine's per-step overhead), is taken off each chunk first;
+    `kv_read`: fit a cost per token of context each chunk attends over too (start + chunk tokens, once per chunk)."""
     if len(points) < 3:
         raise CalibrationError(f"need at least 3 TTFT points to fit prefill, got {len(points)}")
     rows = []
     for p in points:
         cached = cached_tokens_for(p.input_tokens, p.hit_rate, block_tokens)
-        chunks = [(n, *position_sums(s, n)) for s, n in prefill_chunks(p.input_tokens, cached, chunk)]
+        chunks = [(n, *position_sums(s, n), s + n) for s, n in prefill_chunks(p.input_tokens, cached, chunk)]
         y = p.ttft_s.value
         w = 1.0 / np.hypot(NOISE_FLOOR * y, p.ttft_s.std or 0.0)
         rows.append((chunks, y, w))
@@ -146,12 +150,14 @@ def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int, step
     def fit_at(floor: float) -> tuple[float, PrefillFit]:
         q = 4e-5
         for _ in range(8):  # which chunks sit on the floor depends on q: iterate to a fixed point
-            a = np.zeros((len(rows), 4))
+            a = np.zeros((len(rows), 5 if kv_read else 4))
             const = np.zeros(len(rows))
             for i, (chunks, _, _) in enumerate(rows):
                 a[i, 0] = 1.0
                 const[i] += step_base_s * len(chunks)
-                for n, s1, s2 in chunks:
+                for n, s1, s2, kv in chunks:
+                    if kv_read:
+                        a[i, 4] += kv
                     if q * n > floor:
                         a[i, 1] += n
                     else:
@@ -163,7 +169,8 @@ def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int, step
             q = x[1]
             if done:
                 break
-        fit = PrefillFit(float(x[0]), float(floor), float(x[1]), float(x[2]), float(x[3]), step_base_s)
+        fit = PrefillFit(float(x[0]), float(floor), float(x[1]), float(x[2]), float(x[3]), step_base_s,
+                         float(x[4]) if kv_read else 0.0)
         pred = np.array([_lone_ttft_fit(fit, r[0]) for r in rows])
         return float(np.sum(((pred - y) * w) ** 2)), fit
 
@@ -175,10 +182,10 @@ def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int, step
     return best[1]
 
 
-def _lone_ttft_fit(f: PrefillFit, chunks: list[tuple[int, float, float]]) -> float:
+def _lone_ttft_fit(f: PrefillFit, chunks: list[tuple[int, float, float, int]]) -> float:
     t = f.frontend_s
-    for n, s1, s2 in chunks:
-        t += max(f.floor_s, f.per_token_s * n) + f.step_base_s
+    for n, s1, s2, kv in chunks:
+        t += max(f.floor_s, f.per_token_s * n) + f.step_base_s + f.kv_read_s * kv
         t += f.context_per_token_s * s1 + f.context2_per_token_s * s2
     return t
 

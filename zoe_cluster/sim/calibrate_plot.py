@@ -1,6 +1,7 @@
 """The fit of a live calibration drawn against what was measured (`zoe sim calibrate --url --plot`): prefill TTFT by
-input length (one colour per measured hit rate), decode tok/s per node by batch, and single-stream decode tok/s by
-context; markers are measurements (median, std bars), lines the fitted twin."""
+input length (one colour per measured hit rate), decode tok/s per node by batch, single-stream decode tok/s by
+context, and the engine-side TTFT of prefill cells sent while streams decode (mixed steps); markers are measurements
+(median, std bars), lines the fitted twin."""
 
 from __future__ import annotations
 
@@ -13,12 +14,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from zoe_cluster.bench.plots import COLORS  # noqa: E402
 from zoe_cluster.sim.calibrate import Calibration  # noqa: E402
-from zoe_cluster.sim.engine_calibration import EngineProfile, context_tok_s, decode_tok_s, lone_ttft_s  # noqa: E402
+from zoe_cluster.sim.calibrate import cached_tokens_for  # noqa: E402
+from zoe_cluster.sim.engine_calibration import (  # noqa: E402
+    APEX_CONTEXT_TOKENS,
+    EngineProfile,
+    busy_ttft_s,
+    context_tok_s,
+    decode_tok_s,
+    lone_ttft_s,
+)
 
 
 def plot_fit(prof: EngineProfile, cal: Calibration, path: str | Path) -> Path:
-    """Write the three-panel PNG to `path`."""
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    """Write the four-panel PNG to `path`."""
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
     ax = axes[0]
     by_rate: dict[float, list] = {}
     for p in prof.profile.ttft:
@@ -41,6 +50,8 @@ def plot_fit(prof: EngineProfile, cal: Calibration, path: str | Path) -> Path:
     ax.legend(fontsize=7)
 
     ax = axes[1]
+    contexts = dict(zip([p.concurrency for p in prof.profile.decode],
+                        prof.decode_contexts or [APEX_CONTEXT_TOKENS] * len(prof.profile.decode)))
     pts = sorted(prof.profile.decode, key=lambda p: p.concurrency)
     xs = [p.concurrency for p in pts]
     ax.errorbar(xs, [p.tok_s_per_node.value for p in pts], yerr=[p.tok_s_per_node.std or 0 for p in pts], fmt="o",
@@ -50,7 +61,8 @@ def plot_fit(prof: EngineProfile, cal: Calibration, path: str | Path) -> Path:
         cpts = sorted(prof.client_decode_check, key=lambda p: p.concurrency)
         ax.plot([p.concurrency for p in cpts], [p.tok_s_per_node.value for p in cpts], "s", mfc="none",
                 color=COLORS[2], label="as the client saw it (check)")
-    ax.plot(xs, [decode_tok_s(cal, c) for c in xs], "-", color=COLORS[1], label="twin")
+    ax.plot(xs, [decode_tok_s(cal, c, contexts[c]) for c in xs], "-", color=COLORS[1],
+            label="twin" + (" (each batch at its measured context)" if prof.decode_contexts else ""))
     if prof.decode_long_context and prof.decode_long_context_tokens:
         ctx = prof.decode_long_context_tokens
         lpts = sorted(prof.decode_long_context, key=lambda p: p.concurrency)
@@ -69,6 +81,22 @@ def plot_fit(prof: EngineProfile, cal: Calibration, path: str | Path) -> Path:
     ax.plot(xs, [context_tok_s(cal, x) for x in xs], "-", color=COLORS[1], label="twin")
     ax.set(xlabel="context tokens", ylabel="tok/s (one stream)", title="decode by context (check, not fitted)")
     ax.legend(fontsize=7)
+
+    ax = axes[3]
+    s = prof.scheduler
+    cells = [(1, prof.busy_stream_context_tokens or 0, p) for p in prof.busy_engine_ttft]
+    cells += [(p.streams, p.stream_context_tokens, p) for p in prof.mixed_ttft]
+    for i, n in enumerate(sorted({n for n, _, _ in cells})):
+        pts = sorted([(ctx, p) for m, ctx, p in cells if m == n], key=lambda t: (t[1].input_tokens, t[1].hit_rate))
+        c = COLORS[i % len(COLORS)]
+        labels = [f"{p.input_tokens}@{p.hit_rate:.0%}" for _, p in pts]
+        ax.plot(labels, [p.ttft_s.value * 1e3 for _, p in pts], "o", color=c, label=f"measured, {n} streams decoding")
+        pred = [busy_ttft_s(cal.model, p.input_tokens, cached_tokens_for(p.input_tokens, p.hit_rate, s.block_tokens),
+                            s.max_num_batched_tokens, n, ctx)[0] * 1e3 for ctx, p in pts]
+        ax.plot(labels, pred, "_", ms=14, mew=2, color=c, label=f"twin, {n} streams")
+    ax.set(xlabel="input tokens @ hit rate", ylabel="engine-side TTFT, ms", title="prefill beside decoding streams")
+    if cells:
+        ax.legend(fontsize=7)
     fig.suptitle(f"zoe sim calibrate: {prof.model} on {prof.engine} {prof.engine_version or ''} ({prof.measured_at[:10]})",
                  fontsize=11)
     fig.tight_layout()

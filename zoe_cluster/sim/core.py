@@ -325,18 +325,19 @@ class EngineCore:
     def _price(self, entries: list[tuple[SimRequest, int]]) -> Step:
         m = self.model
         n_pre = n_dec = 0
-        ps = ps2 = dctx = 0.0
+        ps = ps2 = dctx = kv = 0.0
         for req, n in entries:
             if req.computed < req.prefill_len:
                 n_pre += n
                 a, b = position_sums(req.computed, n)
                 ps += a
                 ps2 += b
+                kv += req.computed + n
             else:
                 n_dec += n
                 dctx += req.computed * n
         if n_pre:
-            t = m.prefill_step_s(n_pre, ps, ps2, n_dec, dctx)
+            t = m.prefill_step_s(n_pre, ps, ps2, n_dec, dctx, kv)
         else:
             t = m.decode_step_s(n_dec, dctx)
         # Host-tier loads are charged to the step that admits the request, stalling the whole batch: more

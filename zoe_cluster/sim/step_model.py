@@ -16,6 +16,9 @@ An engine step (one forward pass of the batch the scheduler picked) costs:
   prefill step costs (small chunks do not fill the GPUs); d is the work that grows with context (the DSA
   lightning indexer scores every earlier position; CSA top-K), e the growth beyond that seen at the longest
   contexts (seed table A5: 5.1x per doubling from 256K to 512K tokens).
+- each prefill chunk also pays `prefill_kv_read_s` per token of the context it attends over (its start position
+  plus its own tokens), where that was measured: an engine that reads a request's whole KV once per chunk (vLLM on
+  CPU: a short suffix after a long cached prefix took longer than its tokens' work at their positions).
 - a step carrying a prefill chunk and decode tokens together (a mixed step) pays `mixed_step_s` +
   `mixed_decode_per_token_s` * n_decode more, where those were measured (vLLM on CPU: a chunk sent while streams decode
   takes longer than the chunk and the decode tokens priced apart).
@@ -70,6 +73,8 @@ class StepModel:
     decode_context_per_token_s: float | None = None
     """Cost per (decode token x position it attends to), when measured apart from the prefill's d (an engine whose
     decode attention kernel differs from its prefill one: vLLM on CPU); None: d."""
+    prefill_kv_read_s: float = 0.0
+    """Cost per token of context a prefill chunk attends over (start + chunk tokens), once per chunk; 0: none."""
     mixed_step_s: float = 0.0
     """Extra fixed cost of a step that carries both a prefill chunk and decode tokens (measured from prefill
     requests sent while streams decode); 0: none."""
@@ -99,16 +104,18 @@ class StepModel:
         )
 
     def prefill_step_s(
-        self, chunk_tokens: int, pos_sum: float, pos2_sum: float, n_decode: int = 0, decode_context_sum: float = 0.0
+        self, chunk_tokens: int, pos_sum: float, pos2_sum: float, n_decode: int = 0, decode_context_sum: float = 0.0,
+        kv_read_tokens: float = 0.0,
     ) -> float:
         """A step carrying `chunk_tokens` prefill tokens (positions summing to pos_sum, squares to pos2_sum)
-        plus n_decode decode tokens."""
+        plus n_decode decode tokens; `kv_read_tokens`: the contexts its chunks attend over (start + tokens of each)."""
         return (
             max(self.prefill_floor_s, self.prefill_per_token_s * chunk_tokens)
             + (self.prefill_step_base_s or 0.0)
             + self.context_per_token_s * pos_sum
             + self.decode_context_s * decode_context_sum
             + self.context2_per_token_s * pos2_sum
+            + self.prefill_kv_read_s * kv_read_tokens
             + self.decode_per_token_s * n_decode
             + ((self.mixed_step_s + self.mixed_decode_per_token_s * n_decode) if n_decode > 0 else 0.0)
         )
