@@ -427,15 +427,16 @@ def bench_decode_limits(quick: bool) -> None:
     # the one-pass kernel's loader warps alone (compute warps that only free the slots): the copies' own time
     for b in (8, 64):
         ins = inputs if b == 64 else _decode_inputs(b)
-        for key_slots, value_slots in ((3, 2), (2, 2), (2, 3)):
-            fn = limits.loader_alone_call(ins, key_slots, value_slots)
+        for key_slots, value_slots, block_kv in ((3, 2, 64), (2, 2, 64), (2, 3, 64), (1, 1, 64), (2, 2, 32),
+                                                 (4, 4, 32), (5, 5, 32)):
+            fn = limits.loader_alone_call(ins, key_slots, value_slots, block_kv=block_kv)
             fn()
             lus, liso = median_us(fn, graph=True), _isolated_us(fn)
             add_row(op="decode_limits", shape=f"B={b} H=64 D=512 W=128 k=512", provider="loader warps alone",
-                    config=json.dumps({"key_slots": key_slots, "value_slots": value_slots}), median_us=lus,
-                    isolated_us=liso)
-            log(f"limits: B={b} loader alone, {key_slots} key / {value_slots} value slots: {lus:.1f} us "
-                f"(isolated {liso:.1f})")
+                    config=json.dumps({"key_slots": key_slots, "value_slots": value_slots, "block_kv": block_kv}),
+                    median_us=lus, isolated_us=liso)
+            log(f"limits: B={b} loader alone, {block_kv}-entry tiles, {key_slots} key / {value_slots} value slots: "
+                f"{lus:.1f} us (isolated {liso:.1f})")
     call = lambda: dual_scope_decode(*inputs[:7], win_k_scale=win_ks, comp_k_scale=comp_ks)  # noqa: E731
     launches = sparse_decode_profile.per_kernel_us(call)
     whole = median_us(call, graph=True)
