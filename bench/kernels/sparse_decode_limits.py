@@ -78,8 +78,8 @@ def _loader_alone_kernel(win_k_ptr, win_v_ptr, win_len_ptr, comp_k_ptr, comp_v_p
         (_loader, (k_ring, ks_ring, v_ring, k_full, k_empty, v_full, v_empty, comp_idx_ptr + bq * stride_ib,
                    win_k_ptr + bq * stride_wkb, comp_k_ptr + bq * stride_ckb, win_ks_ptr + bq * stride_wksb,
                    comp_ks_ptr + bq * stride_cksb, win_v_ptr + bq * stride_wvb, comp_v_ptr + bq * stride_cvb, win_len,
-                   0, T, gl.cdiv(W, BKV), KSEL, stride_wkn, stride_ckn, stride_wvn, stride_cvn, dv0, 0, D, DV, BKV,
-                   KBUF, VBUF, LOAD_WARPS, 1)),
+                   0, T, gl.cdiv(W, BKV), KSEL, stride_wkn, stride_ckn, stride_wvn, stride_cvn, dv0, D, DV, BKV, KBUF,
+                   VBUF, LOAD_WARPS)),
     ], [LOAD_WARPS], [LOAD_REGS])
 
 

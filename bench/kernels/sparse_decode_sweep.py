@@ -3,11 +3,12 @@
 Every variant is checked against sparse_bench's float32 reference (relative error < sparse_bench.DECODE_TOL) on two
 fresh draws before it is timed: the benchmark's draw (full windows, 512 selected entries) and a ragged one (random
 window lengths, -1 padded selections), its outputs NaN-poisoned. Times are medians of CUDA-graph replays, each variant
-timed twice, as in sparse_bench.py, whose row format the timed rows also take ($OUT/sparse_results.json).
+timed twice back to back and once as an isolated call with a clean L2 (`sparse_bench._isolated_us`), as in
+sparse_bench.py, whose row format the timed rows also take ($OUT/sparse_results.json).
 
 To fit one short lease the script first compiles every (variant, batch) specialisation in parallel worker
 processes (they fill Triton's on-disk cache; `--pytest` runs the GPU tests of the two dual-scope test files
-beside them), then times everything in this process, one launch at a time.
+beside them, in 6 pytest-xdist processes), then times everything in this process, one launch at a time.
 
 Usage: python bench/kernels/sparse_decode_sweep.py [--out DIR] [--workers N] [--pytest] [--batches 64,1,...]
 """
@@ -25,50 +26,26 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-# (name, dual_scope_decode keyword arguments, launcher constants of zoe_kernels.csa.dual_scope_decode set for the
-# variant): the default and the launch parameters and schedules it was chosen over (the variants timed before are
-# in git history: `git log -p bench/kernels/sparse_decode_sweep.py`)
-VARIANTS = [("default", {}, {}),
-            ("2 WG, 64-entry tiles, 2 K / 2 V slots", dict(block_dv=256), {"_COMPUTE_WARPGROUPS": 2}),
-            ("2 WG, 64-entry tiles, 3 K / 2 V slots", dict(block_dv=256, num_stages=3), {"_COMPUTE_WARPGROUPS": 2}),
-            ("2 WG, 32-entry tiles, 4 K / 4 V slots", dict(block_dv=256, block_kv=32, num_stages=4),
-             {"_VALUE_SLOTS": 4, "_COMPUTE_WARPGROUPS": 2})]
+# (name, dual_scope_decode keyword arguments): the default and the launch parameters and schedules it was chosen
+# over (the variants timed before are in git history: `git log -p bench/kernels/sparse_decode_sweep.py`)
+VARIANTS = [("default", {}), ("3 key slots", dict(num_stages=3)), ("one warpgroup, 256 columns", dict(block_dv=256)),
+            ("two warpgroups, 512 columns", dict(block_dv=512)), ("two passes", dict(schedule=3))]
 
 
-def variants(b: int) -> list[tuple[str, dict, dict]]:
+def variants(b: int) -> list[tuple[str, dict]]:
     """The variants timed at batch b (the same list at every batch)."""
     return VARIANTS
 
 
-class _Constants:
-    """The launcher's module constants set to a variant's values inside the block, restored after."""
-
-    def __init__(self, values: dict):
-        import importlib
-
-        self.mod = importlib.import_module("zoe_kernels.csa.dual_scope_decode")
-        self.values = values
-
-    def __enter__(self):
-        self.saved = {k: getattr(self.mod, k) for k in self.values}
-        for k, v in self.values.items():
-            setattr(self.mod, k, v)
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            setattr(self.mod, k, v)
-
-
-def _check(sb, draw, cfg, consts) -> float:
+def _check(sb, draw, cfg) -> float:
     """Relative error of the variant against sparse_bench's float32 reference on one draw, NaN if any output is not
     finite; the call's outputs and partials are NaN-poisoned (`sparse_bench._poisoned_call`), so an element the
     kernels fail to write shows."""
     from zoe_kernels.csa import dual_scope_decode
 
     q, win_k, win_v, win_len, comp_k, comp_v, idx, win_ks, comp_ks = draw
-    with _Constants(consts):
-        out = sb._poisoned_call(lambda: dual_scope_decode(q, win_k, win_v, win_len, comp_k, comp_v, idx,
-                                                          win_k_scale=win_ks, comp_k_scale=comp_ks, **cfg))
+    out = sb._poisoned_call(lambda: dual_scope_decode(q, win_k, win_v, win_len, comp_k, comp_v, idx, win_k_scale=win_ks,
+                                                      comp_k_scale=comp_ks, **cfg))
     return sb._rel_err(out, sb._reference_f32(*draw))
 
 
@@ -77,14 +54,14 @@ def worker(index: int, count: int, batches: list[int], log_path: Path) -> None:
     import sparse_bench as sb
     import torch
 
-    jobs = [(b, name, cfg, consts) for b in batches for name, cfg, consts in variants(b)]
+    jobs = [(b, name, cfg) for b in batches for name, cfg in variants(b)]
     lines = []
-    for j, (b, name, cfg, consts) in enumerate(jobs):
+    for j, (b, name, cfg) in enumerate(jobs):
         if j % count != index:
             continue
         t0 = time.time()
         try:
-            err = _check(sb, sb._decode_inputs(b, ragged=True), cfg, consts)
+            err = _check(sb, sb._decode_inputs(b, ragged=True), cfg)
             lines.append(f"B={b} {name}: compiled+checked in {time.time() - t0:.1f} s, err {err:.1e}")
         except Exception as exc:  # noqa: BLE001 - reported, the timing pass reports it again
             lines.append(f"B={b} {name}: ERROR {exc!r:.300}")
@@ -122,27 +99,25 @@ def sweep(out: Path, batches: list[int]) -> None:
         base = sb.median_us(lambda: sb._torch_dual_scope_bmm(*args, win_ks, comp_ks), graph=True, rep_ms=30)
         sb.add_row(op="csa_dual_scope_decode", shape=shape, provider="torch gather+bmm", config="", median_us=base,
                    gbps=bytes_min / base / 1e3, pct_roofline=100 * floor_us / base)
-        for name, cfg, consts in variants(b):
+        for name, cfg in variants(b):
             try:
-                errs = [_check(sb, draw, cfg, consts), _check(sb, ragged, cfg, consts)]
+                errs = [_check(sb, draw, cfg), _check(sb, ragged, cfg)]
             except Exception as exc:  # noqa: BLE001 - a variant that does not fit is reported, not fatal
-                rows.append(dict(shape=f"B={b}", variant=name, config=json.dumps(cfg), constants=consts,
-                                 error=repr(exc)[:300]))
-                sb.log(f"decode B={b:<3d} {name:36s} ERROR {exc!r:.150}")
+                rows.append(dict(shape=f"B={b}", variant=name, config=json.dumps(cfg), error=repr(exc)[:300]))
+                sb.log(f"decode B={b:<3d} {name:22s} ERROR {exc!r:.150}")
                 save()
                 continue
             ok = all(e < sb.DECODE_TOL for e in errs)  # NaN compares False
-            with _Constants(consts):
-                us = sb.median_us(lambda: dual_scope_decode(*args, **kw, **cfg), graph=True, rep_ms=30)
-                iso = sb._isolated_us(lambda: dual_scope_decode(*args, **kw, **cfg))
-                us2 = sb.median_us(lambda: dual_scope_decode(*args, **kw, **cfg), graph=True, rep_ms=30)
-            rows.append(dict(shape=f"B={b}", variant=name, config=json.dumps(cfg), constants=consts, median_us=us,
-                             repeat_us=us2, isolated_us=iso, pct_hbm=100 * floor_us / us, rel_err=errs, correct=ok,
+            us = sb.median_us(lambda: dual_scope_decode(*args, **kw, **cfg), graph=True, rep_ms=30)
+            iso = sb._isolated_us(lambda: dual_scope_decode(*args, **kw, **cfg))
+            us2 = sb.median_us(lambda: dual_scope_decode(*args, **kw, **cfg), graph=True, rep_ms=30)
+            rows.append(dict(shape=f"B={b}", variant=name, config=json.dumps(cfg), median_us=us, repeat_us=us2,
+                             isolated_us=iso, pct_hbm=100 * floor_us / us, rel_err=errs, correct=ok,
                              speedup_vs_torch=base / us))
             sb.add_row(op="csa_dual_scope_decode", shape=shape, provider=f"zoe {name}", config=json.dumps(cfg),
-                       median_us=us, gbps=bytes_min / us / 1e3, pct_roofline=100 * floor_us / us,
+                       median_us=us, isolated_us=iso, gbps=bytes_min / us / 1e3, pct_roofline=100 * floor_us / us,
                        speedup_vs_torch=base / us, rel_err_vs_torch=max(errs), correct=ok)
-            sb.log(f"decode B={b:<3d} {name:36s} {us:7.1f} us (again {us2:7.1f}, isolated {iso:7.1f})  "
+            sb.log(f"decode B={b:<3d} {name:28s} {us:7.1f} us (again {us2:7.1f}, isolated {iso:7.1f})  "
                    f"{100 * floor_us / us:5.1f}% of "
                    f"{floor_us:.1f} us floor  {base / us:6.1f}x torch  err {errs[0]:.1e}/{errs[1]:.1e} ok={ok}")
             save()

@@ -498,13 +498,10 @@ def _fused_smem_bytes(d: int, block_dv: int, block_kv: int, key_slots: int, sel_
     """Shared memory of a one-pass program: q's two fp8 parts, the key ring (rows and scales), the two value slots,
     and in two warpgroups the staged indices and the probabilities handed between them, in one the staged
     validity bytes and the rings' barriers (full and empty a slot)."""
-    value_slots = 2 if _fused_warpgroups(block_dv) > 1 else _VALUE_SLOTS
-    rings = 2 * 64 * d + key_slots * block_kv * (d + 4) + value_slots * block_kv * block_dv * 2
+    rings = 2 * 64 * d + key_slots * block_kv * (d + 4) + 2 * block_kv * block_dv * 2
     if _fused_warpgroups(block_dv) > 1:
         return rings + sel_rows * block_kv * 4 + 64 * block_kv * 2
-    # + a second compute warpgroup's row maxima and denominators and three barriers, the allocator's alignment
-    pingpong = 2 * 64 * 4 + 3 * 8 if _COMPUTE_WARPGROUPS > 1 else 0
-    return rings + sel_rows * block_kv + 8 * 2 * (key_slots + value_slots) + pingpong + 256
+    return rings + sel_rows * block_kv + 8 * 2 * (key_slots + 2) + 256  # + the allocator's alignment (< 256 B)
 
 
 def _fused_shape_ok(d: int, block_dv: int, block_kv: int, key_slots: int, sel_rows: int, lds_bytes: int) -> bool:
@@ -512,7 +509,7 @@ def _fused_shape_ok(d: int, block_dv: int, block_kv: int, key_slots: int, sel_ro
     D or 512 in two warpgroups (D a multiple of 256), 32- or 64-entry tiles, 2 or 3 key slots (keys one or two
     tiles ahead), and `_fused_smem_bytes` within `lds_bytes` of shared memory."""
     return (d % 128 == 0 and block_dv in (64, 128, 256, 512) and d % block_dv == 0 and block_kv in (32, 64)
-            and 2 <= key_slots <= 6 and _fused_smem_bytes(d, block_dv, block_kv, key_slots, sel_rows) <= lds_bytes)
+            and key_slots in (2, 3) and _fused_smem_bytes(d, block_dv, block_kv, key_slots, sel_rows) <= lds_bytes)
 
 
 def _fused_config(bsz: int, heads: int, d: int, entries: int, selected: int, *, block_dv, block_kv, splits,
@@ -582,13 +579,6 @@ _SPLIT_WARPS = 4
 # fewer would give the compute warpgroup nothing (it is at 255).
 _LOADER_WARPS = 4
 _LOADER_REGS = 80
-# Compute warpgroups of the one-warpgroup-wide one-pass kernel (each of 256 value columns; a second takes every
-# other tile, with COMPUTE_REGS registers a thread and the loader's cut to _PINGPONG_LOADER_REGS so that the three
-# partitions fit the register file).
-_COMPUTE_WARPGROUPS = 1
-_COMPUTE_REGS = 216
-_PINGPONG_LOADER_REGS = 72
-_VALUE_SLOTS = 2
 
 
 def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, sink, scale_log2, out, *,
@@ -617,10 +607,8 @@ def _fused_decode(q, win_k, win_v, win_len, comp_k, comp_v, comp_idx, wks, cks, 
                  SEL_P2=_fused_sel_rows(tiles_per_split, k_sel, block_kv), FINAL=final, HAS_SINK=sink is not None,
                  **({"launch_pdl": True} if pdl else {}))
     if _fused_warpgroups(block_dv) == 1:
-        wgs = _COMPUTE_WARPGROUPS
-        dual_scope_fused_ws_gluon.fused_ws_kernel[grid](
-            *args, LOAD_WARPS=_LOADER_WARPS, LOAD_REGS=_LOADER_REGS if wgs == 1 else _PINGPONG_LOADER_REGS,
-            COMPUTE_WGS=wgs, COMPUTE_REGS=_COMPUTE_REGS, VBUF=_VALUE_SLOTS, num_warps=4, **shape)
+        dual_scope_fused_ws_gluon.fused_ws_kernel[grid](*args, LOAD_WARPS=_LOADER_WARPS, LOAD_REGS=_LOADER_REGS,
+                                                        num_warps=4, **shape)
     else:
         dual_scope_fused_gluon.fused_kernel[grid](*args, num_warps=8, **shape)
     if not final:

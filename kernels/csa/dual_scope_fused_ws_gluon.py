@@ -49,12 +49,11 @@ def _score_mma(q_hi_smem, q_lo_smem, k_buf, s_zero):
 @gluon.jit
 def _loader(k_ring, ks_ring, v_ring, k_full, k_empty, v_full, v_empty, idx_row, win_k_base, comp_k_base,
             win_ks_base, comp_ks_base, win_v_base, comp_v_base, win_len, t0, t_end, win_tiles, KSEL, stride_wkn,
-            stride_ckn, stride_wvn, stride_cvn, dv0, first, D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr,
-            KBUF: gl.constexpr, VBUF: gl.constexpr, LOAD_WARPS: gl.constexpr, STEP: gl.constexpr):
-    """A loader partition over the program's tiles first, first + STEP, ...: tile j's keys into key slot j % KBUF
-    once it is free, then its values into value slot j % VBUF; the selected indices of its tile after next are
-    loaded while tile j's copies are issued (held in registers two of its tiles ahead, so that no copy waits for
-    its indices' load)."""
+            stride_ckn, stride_wvn, stride_cvn, dv0, D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr,
+            KBUF: gl.constexpr, VBUF: gl.constexpr, LOAD_WARPS: gl.constexpr):
+    """The loader partition: tile j's keys into key slot j % KBUF once it is free, then its values into value
+    slot j % VBUF; the selected indices of tile j + 2 are loaded while tile j's copies are issued (held in
+    registers two tiles ahead, so that no copy waits for its indices' load)."""
     k_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [LOAD_WARPS, 1], [1, 0])
     v_copy: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [LOAD_WARPS, 1], [1, 0])
     c_copy: gl.constexpr = gl.BlockedLayout([1], [32], [LOAD_WARPS], [0])
@@ -63,29 +62,28 @@ def _loader(k_ring, ks_ring, v_ring, k_full, k_empty, v_full, v_empty, idx_row, 
     v_rows = gl.arange(0, BKV, layout=gl.SliceLayout(1, v_copy))
     v_cols = dv0 + gl.arange(0, DV, layout=gl.SliceLayout(0, v_copy))
     c_rows = gl.arange(0, BKV, layout=c_copy)
-    ta = t0 + first
-    sel_k = _tile_sel(idx_row, ta, win_tiles, KSEL, k_rows, BKV)
-    sel_c = _tile_sel(idx_row, ta, win_tiles, KSEL, c_rows, BKV)
-    sel_v = _tile_sel(idx_row, ta, win_tiles, KSEL, v_rows, BKV)
-    nxt_k = _tile_sel(idx_row, ta + STEP, win_tiles, KSEL, k_rows, BKV)
-    nxt_c = _tile_sel(idx_row, ta + STEP, win_tiles, KSEL, c_rows, BKV)
-    nxt_v = _tile_sel(idx_row, ta + STEP, win_tiles, KSEL, v_rows, BKV)
-    for j in range(first, t_end - t0, STEP):
+    sel_k = _tile_sel(idx_row, t0, win_tiles, KSEL, k_rows, BKV)
+    sel_c = _tile_sel(idx_row, t0, win_tiles, KSEL, c_rows, BKV)
+    sel_v = _tile_sel(idx_row, t0, win_tiles, KSEL, v_rows, BKV)
+    nxt_k = _tile_sel(idx_row, t0 + 1, win_tiles, KSEL, k_rows, BKV)
+    nxt_c = _tile_sel(idx_row, t0 + 1, win_tiles, KSEL, c_rows, BKV)
+    nxt_v = _tile_sel(idx_row, t0 + 1, win_tiles, KSEL, v_rows, BKV)
+    for j in range(0, t_end - t0):
         t = t0 + j
         kslot = j % KBUF
         mbarrier.wait(k_empty.index(kslot), ((j // KBUF) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
         _issue_keys(t, kslot, sel_k, sel_c, k_ring, ks_ring, t_end, win_tiles, win_len, k_rows, k_cols, c_rows,
                     win_k_base, comp_k_base, win_ks_base, comp_ks_base, stride_wkn, stride_ckn, BKV)
         async_copy.mbarrier_arrive(k_full.index(kslot), increment_count=False)
-        new_k = _tile_sel(idx_row, t + 2 * STEP, win_tiles, KSEL, k_rows, BKV)
-        new_c = _tile_sel(idx_row, t + 2 * STEP, win_tiles, KSEL, c_rows, BKV)
+        new_k = _tile_sel(idx_row, t + 2, win_tiles, KSEL, k_rows, BKV)
+        new_c = _tile_sel(idx_row, t + 2, win_tiles, KSEL, c_rows, BKV)
         vslot = j % VBUF
         mbarrier.wait(v_empty.index(vslot), ((j // VBUF) & 1) ^ 1)
         _issue_values(t, vslot, sel_v, v_ring, t_end, win_tiles, win_len, v_rows, v_cols, win_v_base, comp_v_base,
                       stride_wvn, stride_cvn, BKV)
         async_copy.mbarrier_arrive(v_full.index(vslot), increment_count=False)
         sel_k, sel_c, sel_v = nxt_k, nxt_c, nxt_v
-        nxt_k, nxt_c, nxt_v = new_k, new_c, _tile_sel(idx_row, t + 2 * STEP, win_tiles, KSEL, v_rows, BKV)
+        nxt_k, nxt_c, nxt_v = new_k, new_c, _tile_sel(idx_row, t + 2, win_tiles, KSEL, v_rows, BKV)
 
 
 @gluon.jit
@@ -123,13 +121,20 @@ def _softmax_tile(s, ks, bias, row_scale, m_i, l_i, acc, vdt: gl.constexpr, mma_
 
 
 @gluon.jit
-def _stage_q(q_smem, ok_smem, q8_ptr, idx_row, bq, h0, H, t0, t_end, t_sel0, win_tiles, KSEL, stride_q8b,
-             D: gl.constexpr, BKV: gl.constexpr, SEL_P2: gl.constexpr):
-    """q's two parts copied into shared memory and a byte of validity staged per selected entry of the program,
-    once split_q_kernel's writes are visible (programmatic dependent launch starts the program earlier, and the
-    loader's copies with it). Returns a 0 that depends on the wait, for loads that must follow it."""
+def _attend(q_smem, k_ring, ks_ring, v_ring, ok_smem, k_full, k_empty, v_full, v_empty, q8_ptr, qs_ptr, idx_row, b,
+            bq, h0, H, win_len, t0, t_end, win_tiles, KSEL, stride_q8b, D: gl.constexpr, DV: gl.constexpr,
+            BKV: gl.constexpr, KBUF: gl.constexpr, VBUF: gl.constexpr, SEL_P2: gl.constexpr):
+    """The compute partition (one warpgroup): q in and the validity of the program's selected entries staged (a
+    byte each), then the online softmax over the program's tiles as the loader fills the slots. Returns the
+    [64, DV] float32 accumulator, the rows' maxima and denominators."""
     BH: gl.constexpr = 64
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BKV, 32])
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV, 16])
     q_copy: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    col_s: gl.constexpr = gl.SliceLayout(0, mma_s)
+    vdt: gl.constexpr = v_ring.dtype
+    # split_q_kernel's writes are visible after this (programmatic dependent launch starts the program earlier, and
+    # the loader's copies with it; the wait returns 0 so that the scale loads below depend on it)
     zero = gl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
                                      pack=1)
     q_heads = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, q_copy))
@@ -138,6 +143,9 @@ def _stage_q(q_smem, ok_smem, q8_ptr, idx_row, bq, h0, H, t0, t_end, t_sel0, win
     async_copy.async_copy_global_to_shared(q_smem.index(0), q_rows, mask=(q_heads < H)[:, None])
     async_copy.async_copy_global_to_shared(q_smem.index(1), q_rows + H * D, mask=(q_heads < H)[:, None])
     async_copy.commit_group()
+    r_heads_s = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, mma_s))
+    row_scale = gl.load(qs_ptr + b * H + r_heads_s + zero, mask=r_heads_s < H, other=1.0)
+    t_sel0 = gl.maximum(t0, win_tiles)  # the program's first tile of selected entries: row 0 of ok_smem
     sel_lay: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
     si = gl.arange(0, SEL_P2, layout=gl.SliceLayout(1, sel_lay))
     s_pos = (t_sel0 + si[:, None] - win_tiles) * BKV + gl.arange(0, BKV, layout=gl.SliceLayout(0, sel_lay))[None, :]
@@ -147,29 +155,14 @@ def _stage_q(q_smem, ok_smem, q8_ptr, idx_row, bq, h0, H, t0, t_end, t_sel0, win
     async_copy.wait_group(0)
     fence_async_shared()
     gl.thread_barrier()
-    return zero
 
-
-@gluon.jit
-def _attend_tiles(q_smem, k_ring, ks_ring, v_ring, ok_smem, k_full, k_empty, v_full, v_empty, row_scale, first,
-                  n_tiles, t0, win_len, win_tiles, t_sel0, DV: gl.constexpr, BKV: gl.constexpr, KBUF: gl.constexpr,
-                  VBUF: gl.constexpr, SEL_P2: gl.constexpr, STEP: gl.constexpr):
-    """The online softmax of one compute warpgroup over the program's tiles first, first + STEP, ... as the loader
-    fills their slots: per tile wait for the key slot, the score MMAs, free the slot, the softmax step, wait for the
-    value slot, acc = alpha * acc + P V, free it. Returns the [64, DV] float32 accumulator, the rows' maxima and
-    denominators (base 2)."""
-    BH: gl.constexpr = 64
-    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BKV, 32])
-    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV, 16])
-    col_s: gl.constexpr = gl.SliceLayout(0, mma_s)
-    vdt: gl.constexpr = v_ring.dtype
     cols_s = gl.arange(0, BKV, layout=col_s)
     m_i = gl.full([BH], float("-inf"), gl.float32, layout=gl.SliceLayout(1, mma_s))
     l_i = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, mma_s))
     acc = gl.zeros([BH, DV], gl.float32, layout=mma_o)
     s_zero = gl.zeros([BH, BKV], gl.float32, layout=mma_s)
     p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
-    for j in range(first, n_tiles, STEP):
+    for j in range(0, t_end - t0):
         s, ks, bias = _tile_scores(q_smem, k_ring, ks_ring, ok_smem, k_full, j, t0, win_tiles, win_len, t_sel0,
                                    cols_s, s_zero, KBUF, BKV, SEL_P2, col_s)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
@@ -187,98 +180,23 @@ def _attend_tiles(q_smem, k_ring, ks_ring, v_ring, ok_smem, k_full, k_empty, v_f
 
 
 @gluon.jit
-def _row_scale(qs_ptr, zero, b, h0, H, BKV: gl.constexpr):
-    """The program's heads' score scales (log2 units), loaded after the wait that `zero` depends on."""
-    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BKV, 32])
-    r_heads_s = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma_s))
-    return gl.load(qs_ptr + b * H + r_heads_s + zero, mask=r_heads_s < H, other=1.0)
-
-
-@gluon.jit
-def _attend(q_smem, k_ring, ks_ring, v_ring, ok_smem, k_full, k_empty, v_full, v_empty, q_ready, q_free, part_ready,
-            part_smem, ml_smem, q8_ptr, qs_ptr, idx_row, b, bq, h0, H, win_len, t0, t_end, win_tiles, KSEL, stride_q8b,
-            D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr, KBUF: gl.constexpr, VBUF: gl.constexpr,
-            SEL_P2: gl.constexpr, COMPUTE_WGS: gl.constexpr):
-    """The first compute warpgroup (the default partition): q in and the validity staged, then the online softmax
-    over the program's tiles 0, COMPUTE_WGS, ...; with a second compute warpgroup (the odd tiles), their two
-    partial results merged once it has left them in shared memory. Returns the [64, DV] float32 accumulator, the
-    rows' maxima and denominators."""
-    t_sel0 = gl.maximum(t0, win_tiles)  # the program's first tile of selected entries: row 0 of ok_smem
-    zero = _stage_q(q_smem, ok_smem, q8_ptr, idx_row, bq, h0, H, t0, t_end, t_sel0, win_tiles, KSEL, stride_q8b, D,
-                    BKV, SEL_P2)
-    row_scale = _row_scale(qs_ptr, zero, b, h0, H, BKV)
-    if COMPUTE_WGS > 1:
-        mbarrier.arrive(q_ready)
-    acc, m_i, l_i = _attend_tiles(q_smem, k_ring, ks_ring, v_ring, ok_smem, k_full, k_empty, v_full, v_empty,
-                                  row_scale, 0, t_end - t0, t0, win_len, win_tiles, t_sel0, DV, BKV, KBUF, VBUF,
-                                  SEL_P2, COMPUTE_WGS)
-    if COMPUTE_WGS > 1:
-        gl.thread_barrier()
-        mbarrier.arrive(q_free)  # this warpgroup's MMAs are done with q: the other's partial may overwrite it
-        mbarrier.wait(part_ready, 0)
-        mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, BKV, 32])
-        mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DV, 16])
-        m_o = ml_smem.index(0).load(gl.SliceLayout(1, mma_s))
-        l_o = ml_smem.index(1).load(gl.SliceLayout(1, mma_s))
-        m_new = gl.maximum(m_i, m_o)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        f_i = gl.exp2(m_i - m_safe)
-        f_o = gl.exp2(m_o - m_safe)
-        l_i = l_i * f_i + l_o * f_o
-        m_i = m_new
-        acc = (acc * gl.convert_layout(f_i, gl.SliceLayout(1, mma_o))[:, None]
-               + part_smem.load(mma_o) * gl.convert_layout(f_o, gl.SliceLayout(1, mma_o))[:, None])
-    return acc, m_i, l_i
-
-
-@gluon.jit
-def _attend_odd(q_smem, k_ring, ks_ring, v_ring, ok_smem, k_full, k_empty, v_full, v_empty, q_ready, q_free,
-                part_ready, part_smem, ml_smem, qs_ptr, b, h0, H, win_len, t0, t_end, win_tiles, DV: gl.constexpr,
-                BKV: gl.constexpr, KBUF: gl.constexpr, VBUF: gl.constexpr, SEL_P2: gl.constexpr,
-                COMPUTE_WGS: gl.constexpr):
-    """The second compute warpgroup (a worker partition): once q and the validity are staged, the online softmax
-    over the program's tiles 1, 1 + COMPUTE_WGS, ...; then, once the first warpgroup is done with q, its
-    accumulator into q's shared memory and its rows' maxima and denominators beside it, for the first to merge."""
-    t_sel0 = gl.maximum(t0, win_tiles)
-    zero = gl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
-                                     pack=1)
-    row_scale = _row_scale(qs_ptr, zero, b, h0, H, BKV)
-    mbarrier.wait(q_ready, 0)
-    fence_async_shared()
-    acc, m_i, l_i = _attend_tiles(q_smem, k_ring, ks_ring, v_ring, ok_smem, k_full, k_empty, v_full, v_empty,
-                                  row_scale, 1, t_end - t0, t0, win_len, win_tiles, t_sel0, DV, BKV, KBUF, VBUF,
-                                  SEL_P2, COMPUTE_WGS)
-    mbarrier.wait(q_free, 0)
-    part_smem.store(acc)
-    ml_smem.index(0).store(m_i)
-    ml_smem.index(1).store(l_i)
-    gl.thread_barrier()
-    mbarrier.arrive(part_ready)
-
-
-@gluon.jit
 def fused_ws_kernel(
     q8_ptr, qs_ptr, win_k_ptr, win_v_ptr, win_len_ptr, comp_k_ptr, comp_v_ptr, comp_idx_ptr, win_ks_ptr,
     comp_ks_ptr, sink_ptr, out_ptr, part_out_ptr, part_lse_ptr, H, W, KSEL, T, stride_q8b, stride_wkb, stride_wkn,
     stride_wvb, stride_wvn, stride_ckb, stride_ckn, stride_cvb, stride_cvn, stride_ib, stride_wksb, stride_cksb,
     stride_ob, stride_oh,
     D: gl.constexpr, DV: gl.constexpr, BKV: gl.constexpr, TILES_PER_SPLIT: gl.constexpr, KBUF: gl.constexpr,
-    VBUF: gl.constexpr, SEL_P2: gl.constexpr, LOAD_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, COMPUTE_WGS: gl.constexpr,
-    COMPUTE_REGS: gl.constexpr, FINAL: gl.constexpr, HAS_SINK: gl.constexpr, num_warps: gl.constexpr,
+    SEL_P2: gl.constexpr, LOAD_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, FINAL: gl.constexpr,
+    HAS_SINK: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """Program (b, head block x value-column block, split): COMPUTE_WGS compute warpgroups (the first in the
-    num_warps = 4 warps of the program, a second as a worker partition of COMPUTE_REGS registers a thread, taking
-    every other tile) and LOAD_WARPS loader warps with LOAD_REGS registers a thread; KBUF key slots and two value
-    slots (the loader runs up to KBUF - 1 tiles of keys and one of values ahead of the compute warpgroups); SEL_P2
-    rows of staged validity (a power of two at least the program's tiles of selected entries). Other arguments as
-    `fused_kernel`'s."""
-    gl.static_assert(num_warps == 4, "one compute warpgroup in the program's warps")
-    gl.static_assert(DV <= 256, "a compute warpgroup's value columns: the MMA's N")
-    gl.static_assert(COMPUTE_WGS == 1 or COMPUTE_WGS == 2, "one or two compute warpgroups")
-    gl.static_assert(4 * DV <= 2 * D, "the second warpgroup's float32 accumulator fits in q's shared memory")
+    """Program (b, head block x value-column block, split): one warpgroup computing (num_warps = 4) and LOAD_WARPS
+    loader warps with LOAD_REGS registers a thread; KBUF key slots and two value slots (the loader runs up to
+    KBUF - 1 tiles of keys and one of values ahead of the compute warpgroup); SEL_P2 rows of staged validity (a
+    power of two at least the program's tiles of selected entries). Other arguments as `fused_kernel`'s."""
+    gl.static_assert(num_warps == 4, "one compute warpgroup")
+    gl.static_assert(DV <= 256, "the compute warpgroup's value columns: the MMA's N")
     BH: gl.constexpr = 64
+    VBUF: gl.constexpr = 2
     b = gl.program_id(0)
     n_vblk: gl.constexpr = D // DV
     h0 = (gl.program_id(1) // n_vblk) * BH
@@ -295,60 +213,28 @@ def fused_ws_kernel(
     v_ring = gl.allocate_shared_memory(vdt, [VBUF, BKV, DV], gl.NVMMASharedLayout.get_default_for([BKV, DV], vdt))
     ks_ring = gl.allocate_shared_memory(gl.float32, [KBUF, BKV], flat)
     ok_smem = gl.allocate_shared_memory(gl.int8, [SEL_P2, BKV], flat)  # rank 1: a row index drops the leading dim
-    ml_smem = gl.allocate_shared_memory(gl.float32, [2, BH], flat)
-    # the second warpgroup's accumulator, written once the first is done with q
-    part_smem = q_smem._reinterpret(gl.float32, [BH, DV], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     k_full = gl.allocate_shared_memory(gl.int64, [KBUF, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [KBUF, 1], mbarrier.MBarrierLayout())
     v_full = gl.allocate_shared_memory(gl.int64, [VBUF, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [VBUF, 1], mbarrier.MBarrierLayout())
-    sync = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())  # q ready, q free, partial ready
-    LW: gl.constexpr = LOAD_WARPS // COMPUTE_WGS  # a loader partition's warps: one loader per compute warpgroup
     for i in gl.static_range(KBUF):
-        mbarrier.init(k_full.index(i), count=32 * LW)  # every loader thread's copies
+        mbarrier.init(k_full.index(i), count=32 * LOAD_WARPS)  # every loader thread's copies
         mbarrier.init(k_empty.index(i), count=1)
     for i in gl.static_range(VBUF):
-        mbarrier.init(v_full.index(i), count=32 * LW)
+        mbarrier.init(v_full.index(i), count=32 * LOAD_WARPS)
         mbarrier.init(v_empty.index(i), count=1)
-    for i in gl.static_range(3):
-        mbarrier.init(sync.index(i), count=1)
 
     win_len = gl.minimum(gl.load(win_len_ptr + b), W)
     win_tiles = gl.cdiv(W, BKV)
     idx_row = comp_idx_ptr + bq * stride_ib
-    win_k_base = win_k_ptr + bq * stride_wkb
-    comp_k_base = comp_k_ptr + bq * stride_ckb
-    win_ks_base = win_ks_ptr + bq * stride_wksb
-    comp_ks_base = comp_ks_ptr + bq * stride_cksb
-    win_v_base = win_v_ptr + bq * stride_wvb
-    comp_v_base = comp_v_ptr + bq * stride_cvb
-    q_ready = sync.index(0)
-    q_free = sync.index(1)
-    part_ready = sync.index(2)
-    if COMPUTE_WGS == 1:
-        acc, m_i, l_i = gl.warp_specialize([
-            (_attend, (q_smem, k_ring, ks_ring, v_ring, ok_smem, k_full, k_empty, v_full, v_empty, q_ready, q_free,
-                       part_ready, part_smem, ml_smem, q8_ptr, qs_ptr, idx_row, b, bq, h0, H, win_len, t0, t_end,
-                       win_tiles, KSEL, stride_q8b, D, DV, BKV, KBUF, VBUF, SEL_P2, COMPUTE_WGS)),
-            (_loader, (k_ring, ks_ring, v_ring, k_full, k_empty, v_full, v_empty, idx_row, win_k_base, comp_k_base,
-                       win_ks_base, comp_ks_base, win_v_base, comp_v_base, win_len, t0, t_end, win_tiles, KSEL,
-                       stride_wkn, stride_ckn, stride_wvn, stride_cvn, dv0, 0, D, DV, BKV, KBUF, VBUF, LW, 1)),
-        ], [LOAD_WARPS], [LOAD_REGS])
-    else:
-        acc, m_i, l_i = gl.warp_specialize([
-            (_attend, (q_smem, k_ring, ks_ring, v_ring, ok_smem, k_full, k_empty, v_full, v_empty, q_ready, q_free,
-                       part_ready, part_smem, ml_smem, q8_ptr, qs_ptr, idx_row, b, bq, h0, H, win_len, t0, t_end,
-                       win_tiles, KSEL, stride_q8b, D, DV, BKV, KBUF, VBUF, SEL_P2, COMPUTE_WGS)),
-            (_attend_odd, (q_smem, k_ring, ks_ring, v_ring, ok_smem, k_full, k_empty, v_full, v_empty, q_ready,
-                           q_free, part_ready, part_smem, ml_smem, qs_ptr, b, h0, H, win_len, t0, t_end, win_tiles, DV,
-                           BKV, KBUF, VBUF, SEL_P2, COMPUTE_WGS)),
-            (_loader, (k_ring, ks_ring, v_ring, k_full, k_empty, v_full, v_empty, idx_row, win_k_base, comp_k_base,
-                       win_ks_base, comp_ks_base, win_v_base, comp_v_base, win_len, t0, t_end, win_tiles, KSEL,
-                       stride_wkn, stride_ckn, stride_wvn, stride_cvn, dv0, 0, D, DV, BKV, KBUF, VBUF, LW, 2)),
-            (_loader, (k_ring, ks_ring, v_ring, k_full, k_empty, v_full, v_empty, idx_row, win_k_base, comp_k_base,
-                       win_ks_base, comp_ks_base, win_v_base, comp_v_base, win_len, t0, t_end, win_tiles, KSEL,
-                       stride_wkn, stride_ckn, stride_wvn, stride_cvn, dv0, 1, D, DV, BKV, KBUF, VBUF, LW, 2)),
-        ], [4, LW, LW], [COMPUTE_REGS, LOAD_REGS, LOAD_REGS])
+    acc, m_i, l_i = gl.warp_specialize([
+        (_attend, (q_smem, k_ring, ks_ring, v_ring, ok_smem, k_full, k_empty, v_full, v_empty, q8_ptr, qs_ptr, idx_row,
+                   b, bq, h0, H, win_len, t0, t_end, win_tiles, KSEL, stride_q8b, D, DV, BKV, KBUF, VBUF, SEL_P2)),
+        (_loader, (k_ring, ks_ring, v_ring, k_full, k_empty, v_full, v_empty, idx_row, win_k_ptr + bq * stride_wkb,
+                   comp_k_ptr + bq * stride_ckb, win_ks_ptr + bq * stride_wksb, comp_ks_ptr + bq * stride_cksb,
+                   win_v_ptr + bq * stride_wvb, comp_v_ptr + bq * stride_cvb, win_len, t0, t_end, win_tiles, KSEL,
+                   stride_wkn, stride_ckn, stride_wvn, stride_cvn, dv0, D, DV, BKV, KBUF, VBUF, LOAD_WARPS)),
+    ], [LOAD_WARPS], [LOAD_REGS])
 
     mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV, 16])
     r_heads = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, mma_o))
