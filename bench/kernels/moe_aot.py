@@ -97,10 +97,11 @@ def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap
                  TILE_ROWS=0, ALIGN_M=16, EVEN_K=True, GU_ONE_DOT=False,
                  # fp8 stage 1 prefetches 16 MiB of stage 2's weights over its 512 programs (DeepSeek-V3.2)
                  PF_LINES=256 if gated and fmt == 1 else 0,
+                 PDL_WAIT=gated and fmt == 1,  # fp8 stage 1 waits for x as a programmatic dependent (DOT_M1_PDL)
                  stride_ak=1, stride_wk=1, stride_on=1, stride_ask=1, stride_wsk=1)  # unit strides: JIT constants
     if large_m:  # align's 128-row tiles, the upper-used launch of the half tiles
         const.update(BLOCK_M=128, BLOCK_K=64, EDGE_TILES=False, ZBLOCK=0, JOIN_K=True, MX_WORD=fmt == 3,
-                     QUANT_OUT=False, TILE_ROWS=1, ALIGN_M=128, GU_ONE_DOT=gated, PF_LINES=0)
+                     QUANT_OUT=False, TILE_ROWS=1, ALIGN_M=128, GU_ONE_DOT=gated, PF_LINES=0, PDL_WAIT=False)
     sig = _signature(fn, ptrs, const)
     attrs = _aligned(fn, sig)
     for i, name in enumerate(fn.arg_names):
@@ -118,37 +119,6 @@ def compile_dot(label, fmt, wty, sty, gated, bn, warps, stages, split, aty, swap
         weights_per_thread = const["BLOCK_K"] * bn * (2 if gated else 1) / (32 * warps)  # one K step
         if row.get("loop_instructions"):
             row["loop_instructions_per_weight"] = round(row["loop_instructions"] / weights_per_thread, 2)
-    print(json.dumps(row), flush=True)
-    return row
-
-
-def compile_one_launch(prefetch_lines: int = 256, wait_prefetch: bool = True) -> dict:
-    """fp8 at M=1 with both stages and the output's cast in one launch (`grouped_gemm._m1_one_launch_kernel`,
-    DeepSeek-V3.2's tiles: stage 1 BLOCK_N 32, stage 2 128 split in two, 4 warps, 4 stages): registers, spills,
-    shared memory."""
-    gg = importlib.import_module("zoe_kernels.moe.grouped_gemm")
-    fn = gg._m1_one_launch_kernel
-    ptrs = {"x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w13_ptr": "*fp8e4nv", "w13s_ptr": "*fp32", "inter_ptr": "*bf16",
-            "q_ptr": "*fp8e4nv", "qs_ptr": "*fp32", "w2_ptr": "*fp8e4nv", "w2s_ptr": "*fp32", "acc_ptr": "*fp32",
-            "topk_w_ptr": "*fp32", "ids_ptr": "*i32", "ticket_ptr": "*i32", "count_ptr": "*i32", "ready_ptr": "*i32",
-            "pf_ptr": "*u8", "out_ptr": "*bf16", "done_ptr": "*i32"}
-    const = dict(A_FMT="e4m3", BLOCK_M=16, BLOCK_N1=32, BLOCK_N2=128, BLOCK_K=128, FP8_GROUP=128, INT4_GROUP=128,
-                 MX_GROUP=32, SPLIT_K=2, PTX=True, FP8_MAX=448.0, ROUND_E4M3=False, EVEN_K1=True, EVEN_K2=True,
-                 PF_LINES=prefetch_lines, W_PF_LINES=8 if wait_prefetch else 0, CAST=True,
-                 stride_yn=1, stride_xk=1, stride_w13k=1, stride_in=1, stride_qk=1, stride_w2k=1, stride_on=1, stride_xsk=1,
-                 stride_qsk=1, stride_w13sk=1, stride_w2sk=1)  # unit strides: JIT constants
-    sig = _signature(fn, ptrs, const)
-    attrs = _aligned(fn, sig)
-    for i, name in enumerate(fn.arg_names):
-        if name in ("H", "I", "KP1", "KP2"):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs), target=TARGET,
-                            options={"num_warps": 4, "num_stages": 4})
-    label = f"tl.dot M=1 fp8 one launch prefetch_lines={prefetch_lines} wait_prefetch={wait_prefetch}"
-    row = {"kernel": label, "shared_bytes": kernel.metadata.shared,
-           "cp_async": len(re.findall(r"cp\.async\.ca|cp\.async\.cg", kernel.asm["ptx"])),
-           "wgmma": len(re.findall(r"wgmma\.mma_async", kernel.asm["ptx"]))}
-    _ptxas_row(row, kernel, label)
     print(json.dumps(row), flush=True)
     return row
 
@@ -246,8 +216,6 @@ def main() -> None:
             rows.append(compile_words(fmt, gated, cfg["WORDS"] | {"H2": config.GEMV_4BIT_H2[fmt][1 if gated else 2]}))
     if args.dot:
         rows += [compile_dot(*k) for k in DOT_KERNELS if not args.only or args.only in k[0]]
-        if not args.only or args.only in "fp8 one launch":
-            rows.append(compile_one_launch())
         rows += [compile_dot(label, fmt, "*u8", sty, gated, bn, warps, stages, 1, "*bf16", large_m=True)
                  for label, fmt, sty, gated, bn, warps, stages in LARGE_M_KERNELS
                  if not args.only or args.only in label]

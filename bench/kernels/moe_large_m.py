@@ -13,9 +13,9 @@ Every timed configuration is first checked against the float32 reference of its 
 the norm, NaN-poisoned scratch for zoe). Each time is a CUDA graph of R back-to-back calls over R routings
 (R = 4 for M <= 64, 2 for M <= 512, 1 above), and the zoe and baseline rows also an isolated call after a
 write of 4x the L2 (clean L2): the median replay of [flush, call] minus that of [flush] alone.
---side-by-side M,... first times variants side by side, each checked (`side_by_side`): at M=1 fp8 in four launches
-against both stages in one, with and without the L2 prefetches (the --shapes), at larger M the 4-bit joined tiles against narrower ones
-(the --shapes); --no-rows then skips the per-M rows.
+--side-by-side M,... first times variants side by side, each checked (`side_by_side`): at M=1 fp8 with stage 1 as
+a programmatic dependent of x's quantization or not, with and without its L2 prefetch (the --shapes), at larger M
+the 4-bit joined tiles against narrower ones (the --shapes); --no-rows then skips the per-M rows.
 --vs-bf16 SHAPE:M,... times w4a16 and mxfp4 against bf16 `_grouped_mm` at those cells, --rounds interleaved rounds.
 --fp8-numerics adds fp8's error and time per tile height (16..128 rows); --tolerance the errors the GPU tests see,
 per format, path and tile height; --dequant-tiles times the dequantization alone; --tile-sweep the 4-bit tiles at
@@ -380,9 +380,9 @@ def _interleaved(variants: dict, rounds: int = 2) -> dict:
 
 
 def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> None:
-    """With 1 in `ms`, fp8 at M=1 on `shapes`: the four launches against both stages in one launch, with stage 1
-    prefetching 0 or 16 MiB of stage 2's weights into L2 (`config.DOT_M1_L2_PREFETCH_SHARE` of the device's L2) and
-    stage 2 prefetching its own tile's weights before it waits, or not (`m1_mode`);
+    """With 1 in `ms`, fp8 at M=1 on `shapes`: stage 1 prefetching 0 or 16 MiB of stage 2's weights into L2
+    (`config.DOT_M1_L2_PREFETCH_SHARE` of the device's L2), launched as a programmatic dependent of x's quantization
+    or not (`config.DOT_M1_PDL`; `m1_mode`);
     at the larger `ms`, the 4-bit joined tiles as `config` picks them against narrower ones (stage 1's gate and up
     32 columns each, or stage 2 64: fewer registers, three programs per SM instead of two), on the `shapes`. Each variant checked on the same fresh routings with NaN-poisoned scratch (6 at M=1, else 1),
     then timed interleaved (medians of three rounds at M=1, two above) back to back (graph of R calls) and, at M=1,
@@ -433,8 +433,7 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> No
         b2b = _interleaved({name: (set_up, graph_t[name][0]) for name, set_up in variants.items()}, rounds)
         iso = _interleaved({name: (set_up, graph_t[name][1]) for name, set_up in variants.items()},
                            rounds) if isolated else {}
-        (config.DOT_M1_L2_PREFETCH_SHARE, config.DOT_M1_ONE_LAUNCH, config.DOT_M1_WAIT_PREFETCH,
-         config.DOT_M1_CAST_IN_LAUNCH) = default_m1
+        config.DOT_M1_L2_PREFETCH_SHARE, config.DOT_M1_PDL = default_m1
         fm.stage_config = original
         for name in variants:
             row = {"step": label, "shape": shape_name, "M": m, "fmt": fmt, "variant": name, **res[name],
@@ -450,28 +449,18 @@ def side_by_side(rows: list, ceil: dict, shapes: list[str], ms: list[int]) -> No
         del w
         torch.cuda.empty_cache()
 
-    default_m1 = (config.DOT_M1_L2_PREFETCH_SHARE, config.DOT_M1_ONE_LAUNCH, config.DOT_M1_WAIT_PREFETCH,
-                  config.DOT_M1_CAST_IN_LAUNCH)
+    default_m1 = (config.DOT_M1_L2_PREFETCH_SHARE, config.DOT_M1_PDL)
     l2_bytes = current_target().l2_bytes
 
-    def setter(module, attr, value):
-        return lambda: setattr(module, attr, value)
-
-    def m1_mode(one_launch, prefetch_mib, wait_prefetch=True, cast=True):
-        """fp8 M=1: four launches or one for both stages (config.DOT_M1_ONE_LAUNCH), stage 1's L2 prefetch of stage
-        2's weights in MiB, stage 2's prefetch of its own weights before it waits (DOT_M1_WAIT_PREFETCH), the
-        output's cast in that launch or its own (DOT_M1_CAST_IN_LAUNCH)."""
+    def m1_mode(prefetch_mib, pdl):
+        """fp8 M=1: stage 1's L2 prefetch of stage 2's weights in MiB (config.DOT_M1_L2_PREFETCH_SHARE), stage 1 a
+        programmatic dependent of x's quantization or an ordinary launch (DOT_M1_PDL)."""
         def set_up():
-            config.DOT_M1_ONE_LAUNCH = one_launch
-            config.DOT_M1_WAIT_PREFETCH = wait_prefetch
-            config.DOT_M1_CAST_IN_LAUNCH = cast
+            config.DOT_M1_PDL = pdl
             config.DOT_M1_L2_PREFETCH_SHARE = (prefetch_mib << 20) / max(1, l2_bytes)
         return set_up
 
-    fp8_variants = {"four_launches_l2pf16": m1_mode(False, 16), "one_launch_l2pf16": m1_mode(True, 16),
-                    "one_launch_l2pf16_cast_launch": m1_mode(True, 16, cast=False),
-                    "one_launch_l2pf0": m1_mode(True, 0),
-                    "one_launch_l2pf16_no_wait_prefetch": m1_mode(True, 16, wait_prefetch=False)}
+    fp8_variants = {"l2pf16": m1_mode(16, False), "l2pf16_pdl": m1_mode(16, True), "l2pf0_pdl": m1_mode(0, True)}
     fm = sys.modules["zoe_kernels.moe.fused_moe"]
     original = fm.stage_config
 

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from zoe_kernels.moe.formats import FP8_BLOCK, quantize_act_fp8_torch
-from zoe_kernels.platform import fp8_dtype, fp8_max
+from zoe_kernels.platform import fp8_dtype, fp8_max, gdc_launch_dependents
 
 
 @triton.jit
@@ -40,7 +40,9 @@ def quantize_groups(x, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr):
 @triton.jit
 def _act_quant_fp8_kernel(x_ptr, q_ptr, s_ptr, R, K, stride_xr, stride_qr, stride_sr, zero_ptr, zero_numel,
                           FP8_MAX: tl.constexpr, GROUP: tl.constexpr, GROUPS_PER_PROG: tl.constexpr,
-                          ZBLOCK: tl.constexpr):
+                          ZBLOCK: tl.constexpr, TRIGGER: tl.constexpr):
+    if TRIGGER:  # the next launch (a programmatic dependent) may start now; it waits for this grid's writes
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     if ZBLOCK > 0:  # an int32 buffer the next launch needs zeroed (the stage-1 group counters at M=1)
         pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
@@ -55,9 +57,11 @@ def _act_quant_fp8_kernel(x_ptr, q_ptr, s_ptr, R, K, stride_xr, stride_qr, strid
     tl.store(s_ptr + row * stride_sr + g, s, mask=g * GROUP < K)
 
 
-def quantize_act_fp8(x: torch.Tensor, zero: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_act_fp8(x: torch.Tensor, zero: torch.Tensor | None = None,
+                     trigger: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """[R, K] float -> (fp8 [R, K], fp32 scales [R, ceil(K/128)]); Triton on a GPU, PyTorch elsewhere.
-    `zero` (int32, contiguous) is zeroed on the way (saves the next launch a memset)."""
+    `zero` (int32, contiguous) is zeroed on the way (saves the next launch a memset). `trigger`: the next launch,
+    made as a programmatic dependent (`platform.has_pdl`), may start while this one runs."""
     if not x.is_cuda:
         if zero is not None:
             zero.zero_()
@@ -77,6 +81,7 @@ def quantize_act_fp8(x: torch.Tensor, zero: torch.Tensor | None = None) -> tuple
     _act_quant_fp8_kernel[grid](
         x, q, s, r, k, x.stride(0), q.stride(0), s.stride(0), zero if zero is not None else s,
         0 if zero is None else zero.numel(),
-        FP8_MAX=fp8_max(dtype), GROUP=FP8_BLOCK, GROUPS_PER_PROG=per_prog, ZBLOCK=zblock, num_warps=4,
+        FP8_MAX=fp8_max(dtype), GROUP=FP8_BLOCK, GROUPS_PER_PROG=per_prog, ZBLOCK=zblock, TRIGGER=trigger,
+        num_warps=4,
     )
     return q, s

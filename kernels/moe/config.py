@@ -8,7 +8,7 @@ needs one scale per row or column.
 
 from __future__ import annotations
 
-from zoe_kernels.platform import current_target, has_native_mx, has_ptx, interpreting, sm_count
+from zoe_kernels.platform import current_target, has_native_mx, has_pdl, has_ptx, interpreting, sm_count
 
 # Programs per multiprocessor/CU a memory-bound grid aims at (`target_programs`): two keep every SM of an H200
 # streaming weights (264 on its 132 SMs). Retune by sweeping BLOCK_N at M=1 (bench/kernels/moe_bench.py).
@@ -194,29 +194,19 @@ def dot_m1_l2_prefetch_bytes() -> int:
     return int(current_target().l2_bytes * DOT_M1_L2_PREFETCH_SHARE + 0.5) >> 20 << 20  # to the byte, then MiB
 
 
-# fp8's M=1 mode with top-k > 1 runs both stages in one launch (`grouped_gemm.m1_one_launch`): stage 2's tiles
-# start while stage 1's last tiles run, prefetch their weights into L2 (DOT_M1_WAIT_PREFETCH) and wait for their
-# edge's quantized intermediate: three launches instead of four, no stage boundary to drain and refill.
-# Retune: `moe_large_m.py --side-by-side 1 --no-rows` (one launch against two, each with and without the prefetches).
-DOT_M1_ONE_LAUNCH = True
-DOT_M1_WAIT_PREFETCH = True
-# ... and casts the output in the same launch (one tile per column block, after stage 2's): no cast launch.
-DOT_M1_CAST_IN_LAUNCH = True
+# fp8's M=1 mode launches stage 1 as a programmatic dependent of x's quantization (where `platform.has_pdl`): its
+# programs start while the quantization runs and wait for x just before their K loop. Why (H200, side by side,
+# medians of 3 interleaved rounds, raw/moe_m1_launches_h200.json): DeepSeek-V3.2 93.4 against 93.9 us back to back,
+# 100.9 against 102.4 isolated; GLM-5 91.3 / 91.7 and 100.0 / 101.1. Prefetching 4 or 16 lines of each weight row
+# into L2 before the wait gained nothing (93.8, 92.1 us) or lost (102.6, 102.3). Retune: `moe_large_m.py
+# --side-by-side 1 --no-rows`.
+DOT_M1_PDL = True
 
 
-def dot_m1_cast_in_launch() -> bool:
-    """Whether the one-launch M=1 mode also casts the output (DOT_M1_CAST_IN_LAUNCH)."""
-    return DOT_M1_CAST_IN_LAUNCH
-
-
-def dot_m1_one_launch() -> bool:
-    """Whether fp8's M=1 mode runs both stages in one launch (DOT_M1_ONE_LAUNCH; with DOT_M1_QUANT_IN_STAGE1)."""
-    return DOT_M1_ONE_LAUNCH
-
-
-def dot_m1_wait_prefetch() -> bool:
-    """Whether stage 2's tiles in the one-launch M=1 mode prefetch their weights into L2 before they wait."""
-    return DOT_M1_WAIT_PREFETCH
+def dot_m1_pdl() -> bool:
+    """Whether fp8's M=1 mode launches stage 1 as a programmatic dependent of x's quantization (DOT_M1_PDL, on a
+    device with `platform.has_pdl`)."""
+    return DOT_M1_PDL and has_pdl()
 
 
 def dot_m1_quant_in_stage1() -> bool:

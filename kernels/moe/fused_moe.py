@@ -8,7 +8,8 @@ top-k weighted combine epilogue), `grouped_gemm.py`; fp8 (w8a8) adds two activat
 At M=1 a format in `config.DOT_M1_TILES` (fp8) drops align (one tile per edge, experts read
 from topk_ids) and the accumulator's memset (stage 1 zeroes it), splits stage 2 along K, and (with top-k > 1)
 quantizes the intermediate in stage 1 (the last program of a 128-column group does it): four launches; stage 1 also
-prefetches the first of stage 2's weights into L2 (`config.dot_m1_l2_prefetch_bytes`: a share of the target's L2).
+prefetches the first of stage 2's weights into L2 (`config.dot_m1_l2_prefetch_bytes`: a share of the target's L2);
+stage 1 starts as a programmatic dependent of x's quantization (`config.DOT_M1_PDL`).
 The 4-bit formats' 128-row tiles run each stage in two launches (`config.FOUR_BIT_HALF_TILES`).
 With few tokens per expert (decode) the GEMV path (`gemv.py`) runs instead: two launches, no align, no
 activation quantization (`config.use_gemv` picks by the expected edges per expert, measured per format).
@@ -29,11 +30,9 @@ from zoe_kernels.moe.config import (
     FOUR_BIT_FORMATS,
     block_m_for,
     dot_m1_configs,
-    dot_m1_cast_in_launch,
     dot_m1_l2_prefetch_bytes,
-    dot_m1_one_launch,
+    dot_m1_pdl,
     dot_m1_quant_in_stage1,
-    dot_m1_wait_prefetch,
     fp8_act_quant_for,
     gemv_config,
     mx_native,
@@ -43,14 +42,7 @@ from zoe_kernels.moe.config import (
 from zoe_kernels.moe.dequant import dequant_moe
 from zoe_kernels.moe.formats import FORMATS, FP8_BLOCK, INT4_GROUP, MX_GROUP
 from zoe_kernels.moe.gemv import gemv_down_combine, gemv_gate_up
-from zoe_kernels.moe.grouped_gemm import (
-    KernelFormat,
-    TileRows,
-    down_combine,
-    gate_up_swiglu,
-    kernel_format,
-    m1_one_launch,
-)
+from zoe_kernels.moe.grouped_gemm import KernelFormat, TileRows, down_combine, gate_up_swiglu, kernel_format
 from zoe_kernels.platform import device_name, fp8_dtype
 
 
@@ -74,37 +66,6 @@ def _tile_launches(cfg: dict) -> tuple[dict, ...]:
         return (cfg,)
     return (cfg | {"TILE_ROWS": TileRows.UPPER_USED},
             cfg | {"TILE_ROWS": TileRows.LOWER_HALF, "BLOCK_M": cfg["BLOCK_M"] // 2})
-
-
-def _round_up(a: int, b: int) -> int:
-    return _cdiv(a, b) * b
-
-
-def _m1_one_launch(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, cfg1, cfg2, alloc) -> torch.Tensor:
-    """fp8 w8a8 at M=1 in two or three launches (`config.DOT_M1_ONE_LAUNCH`): x's quantization (which zeroes one
-    int32 workspace: stage 2's float32 accumulator, the ticket, the group, ready and column-block counters), both
-    stages in one launch (`grouped_gemm.m1_one_launch`), which also casts the output (`config.DOT_M1_CAST_IN_LAUNCH`)
-    or else a cast launch."""
-    m, h = x.shape
-    edges, i = topk_ids.numel(), w2.shape[2]
-    groups, cast = _cdiv(i, FP8_BLOCK), x.dtype != torch.float32 and dot_m1_cast_in_launch()
-    cols = _cdiv(h, cfg2["BLOCK_N"]) if cast else 0
-    ws = alloc((m * h + 1 + edges * groups + edges + cols,), dtype=torch.int32, device=x.device)
-    acc = ws[:m * h].view(torch.float32).view(m, h)
-    ticket, counts, ready, done = torch.split(ws[m * h:], [1, edges * groups, edges, cols])
-    xq, x_scale = quantize_act_fp8(x, zero=ws)
-    inter = alloc((edges, i), dtype=x.dtype, device=x.device)
-    # each edge's rows on 128-byte lines of their own (`m1_one_launch`)
-    q = alloc((edges, _round_up(i, 128)), dtype=fp8_dtype(x.device), device=x.device)[:, :i]
-    qs = alloc((edges, _round_up(groups, 32)), dtype=torch.float32, device=x.device)[:, :groups]
-    prefetch = (w2, dot_m1_l2_prefetch_bytes()) if w2.is_contiguous() else None
-    out = alloc((m, h), dtype=x.dtype, device=x.device) if cast else None
-    m1_one_launch(xq, x_scale, w13, w13_scale, w2, w2_scale, inter, (q, qs, counts), acc, topk_weights.reshape(-1),
-                  topk_ids.reshape(-1).contiguous(), cfg1=cfg1, cfg2=cfg2, ticket=ticket, ready=ready,
-                  prefetch=prefetch, wait_prefetch=dot_m1_wait_prefetch(), out=out, done=done if cast else None)
-    if cast:
-        return out
-    return acc if x.dtype == torch.float32 else acc.to(x.dtype)
 
 
 def check_moe_args(hidden_states, w13, w2, topk_weights, topk_ids, fmt, w13_scale, w2_scale) -> tuple[int, int]:
@@ -232,15 +193,14 @@ def fused_moe(
     # fp8 at M=1 with top_k > 1 (config.DOT_M1_QUANT_IN_STAGE1): stage 1 writes the intermediate quantized (the last
     # program of each 128-column group quantizes it; x's quantization zeroes their counters): no quantization launch
     quant_inter = bool(m1) and top_k > 1 and kfmt == KernelFormat.FP8_W8A8 and dot_m1_quant_in_stage1()
-    if quant_inter and dot_m1_one_launch():
-        return _m1_one_launch(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, cfg1, cfg2, alloc)
     counts = None
     if quant_inter:
         groups = _cdiv(i, FP8_BLOCK)
         counts = alloc((m * top_k * groups,), dtype=torch.int32, device=dev)
     x_scale = None
+    pdl = quant_inter and x.is_cuda and dot_m1_pdl()  # stage 1 a programmatic dependent of x's quantization
     if kfmt == KernelFormat.FP8_W8A8:
-        x, x_scale = quantize_act_fp8(x, zero=counts)
+        x, x_scale = quantize_act_fp8(x, zero=counts, trigger=pdl)
     elif kfmt == KernelFormat.MXFP4_NATIVE:  # both operands of the scaled f8f6f4 MFMA in 8 bits or fewer
         x, x_scale = quantize_act_mxfp8(x)
     inter = alloc((m * top_k, i), dtype=dtype, device=dev)
@@ -256,7 +216,7 @@ def fused_moe(
         prefetch = (w2, dot_m1_l2_prefetch_bytes())
     for cfg in _tile_launches(cfg1):
         gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, top_k=top_k, kfmt=kfmt, cfg=cfg,
-                       zero=acc if m1 else None, quant_out=quant_out, prefetch=prefetch)
+                       zero=acc if m1 else None, quant_out=quant_out, prefetch=prefetch, pdl=pdl)
 
     inter_scale = None
     if quant_out is not None:

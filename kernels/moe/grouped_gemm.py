@@ -13,7 +13,8 @@ float32 buffer (stage 2's accumulator) and, on the M=1 tiles, writes the interme
 (`quant_out`: the last program to finish a 128-column group quantizes it, counted by an atomic), stage 2 splits K
 over SPLIT_K programs, a launch covers only the experts of a chunk (the dequant path's workspace), and a launch
 computes only align's tiles with an edge in their upper half, or only the lower halves of the others
-(`TileRows`, `config.FOUR_BIT_HALF_TILES`). Stage 1 can multiply gate and up in one dot (`GU_ONE_DOT`: the
+(`TileRows`, `config.FOUR_BIT_HALF_TILES`), and stage 1 at M=1 can start as a programmatic dependent of x's
+quantization (`config.DOT_M1_PDL`). Stage 1 can multiply gate and up in one dot (`GU_ONE_DOT`: the
 weight rows interleaved gate, up, gate, ..., the accumulator's column pairs split after the loop; the 4-bit joined
 tiles), and at M=1 prefetch the first of stage 2's weights into L2 after its K loop (`_prefetch_next_stage`). The K
 loop is software-pipelined (`num_stages`): the next weight tile is loaded while the current one is multiplied; where
@@ -53,7 +54,7 @@ from zoe_kernels.moe.dot_decode import (
     _int4_words_to_tile,
 )
 from zoe_kernels.moe.formats import FP8_BLOCK, INT4_GROUP, MX_GROUP
-from zoe_kernels.platform import fp8_max, has_ptx, interpreting
+from zoe_kernels.platform import fp8_max, gdc_wait, has_ptx, interpreting
 
 FP8_GROUP = FP8_BLOCK  # the fp8 activations' quantization group along K
 
@@ -80,19 +81,6 @@ class TileRows(enum.IntEnum):
     LOWER_HALF = 2  # the other tiles, their lower half only: BLOCK_M rows of tiles of 2 BLOCK_M
 
 
-class StageSync(enum.IntEnum):
-    """How a tile of `_expert_tile` synchronizes with the other stage in one launch (its SYNC constexpr): stage 1's
-    quantizing epilogue counts each finished 128-column group on its edge's ready counter, stage 2 waits until its
-    edge's counter holds every group (`_m1_one_launch_kernel`)."""
-
-    NONE = 0  # one stage per launch: the launch boundary orders the stages
-    SIGNAL_READY = 1  # stage 1: +1 on the edge's counter per group written quantized (release)
-    WAIT_READY = 2  # stage 2: wait for the edge's counter to reach its groups (acquire)
-
-
-_NO_SYNC = tl.constexpr(int(StageSync.NONE))
-_SIGNAL_READY = tl.constexpr(int(StageSync.SIGNAL_READY))
-_WAIT_READY = tl.constexpr(int(StageSync.WAIT_READY))
 _ALL_TILES = tl.constexpr(int(TileRows.ALL))
 _LOWER_HALF = tl.constexpr(int(TileRows.LOWER_HALF))
 _FLOAT = tl.constexpr(int(KernelFormat.FLOAT))
@@ -281,12 +269,11 @@ def _last_arrival(count_ptr, idx, arrivals):
 
 @triton.jit
 def _quantize_when_last(inter_ptr, q_ptr, qs_ptr, count_ptr, row, group, groups, arrivals, N, stride_im, stride_in,
-                        stride_qm, stride_qsm, ready_ptr, FP8_GROUP: tl.constexpr, FP8_MAX: tl.constexpr,
-                        ROUND_E4M3: tl.constexpr, SIGNAL: tl.constexpr):
+                        stride_qm, stride_qsm, FP8_GROUP: tl.constexpr, FP8_MAX: tl.constexpr,
+                        ROUND_E4M3: tl.constexpr):
     """Stage 1 at M=1: the last program to finish its columns of (row, group) reads the group's 16-bit values back
     (from L2: `.cg`) and writes them quantized to fp8 with their scale (`act_quant.quantize_groups`), so stage 2
-    needs no quantization launch. SIGNAL: it then adds 1 to the row's ready counter (release), which stage 2's
-    tiles of the same launch wait on (`_wait_ready`)."""
+    needs no quantization launch."""
     if _last_arrival(count_ptr, row * groups + group, arrivals):
         offs = group * FP8_GROUP + tl.arange(0, FP8_GROUP)
         mask = offs < N
@@ -294,34 +281,11 @@ def _quantize_when_last(inter_ptr, q_ptr, qs_ptr, count_ptr, row, group, groups,
         q, s = quantize_groups(v.to(tl.float32)[None, :], FP8_MAX, ROUND_E4M3)
         tl.store(q_ptr + row * stride_qm + offs[None, :], q.to(q_ptr.dtype.element_ty), mask=mask[None, :])
         tl.store(qs_ptr + row * stride_qsm + group + tl.arange(0, 1), s)
-        if SIGNAL:
-            tl.debug_barrier()  # every thread's stores before the release
-            tl.atomic_add(ready_ptr + row, 1, sem="release", scope="gpu")
 
 
 @triton.jit
-def _wait_ready(flag_ptr, target):
-    """Wait until the int32 counter at flag_ptr reaches `target`: polled with volatile loads (L2, no atomics
-    queued behind the writers'), then one acquire, so the program's later reads see the writes released before
-    each increment."""
-    while tl.load(flag_ptr, volatile=True) < target:
-        pass
-    tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-
-
-@triton.jit
-def _prefetch_weight_rows(w_base, wrows, wrow_mask, k_lo, k_hi, stride_wn, stride_wk, LINES: tl.constexpr):
-    """L2 prefetch of the 1-byte weights of rows `wrows`, columns [k_lo, k_hi): LINES lines of 128 bytes per row
-    (PTX targets; `_prefetch_l2`)."""
-    offs = k_lo + tl.arange(0, LINES) * 128
-    ok = wrow_mask[:, None] & (offs[None, :] < k_hi)
-    _prefetch_l2(tl.where(ok, w_base + wrows[:, None] * stride_wn + offs[None, :] * stride_wk, w_base))
-
-
-@triton.jit
-def _expert_tile(
-    pid, a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, topk_w_ptr,
+def _expert_gemm_kernel(
+    a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, topk_w_ptr,
     sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
     num_edges, top_k, N, K, KP,
     stride_am, stride_ak, stride_asm, stride_ask,
@@ -329,7 +293,7 @@ def _expert_tile(
     stride_om, stride_on,
     zero_ptr, zero_numel, expert_lo, expert_hi,
     count_ptr, q_ptr, qs_ptr, stride_qm, stride_qsm,
-    pf_ptr, pf_slice, pf_total, pf_expert_bytes, stride_pe, ready_ptr,
+    pf_ptr, pf_slice, pf_total, pf_expert_bytes, stride_pe,
     GATED: tl.constexpr, ATOMIC: tl.constexpr, FMT: tl.constexpr, A_FMT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr,
@@ -338,12 +302,9 @@ def _expert_tile(
     SWAP_AB: tl.constexpr, MX_WORD: tl.constexpr, MX_BF16_SHIFT: tl.constexpr,
     QUANT_OUT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr,
     TILE_ROWS: tl.constexpr, ALIGN_M: tl.constexpr, EVEN_K: tl.constexpr, GU_ONE_DOT: tl.constexpr,
-    PF_LINES: tl.constexpr,
-    SYNC: tl.constexpr, W_PF_LINES: tl.constexpr,
+    PF_LINES: tl.constexpr, PDL_WAIT: tl.constexpr,
 ):
-    """Program `pid`'s tile of one stage (the module docstring; `_expert_gemm_kernel` launches one stage, `_m1_one_launch_kernel`
-    both stages of the M=1 tiles). SYNC (`StageSync`) lets stage 1 signal and stage 2 wait on `ready_ptr`, one counter
-    per edge; W_PF_LINES > 0: a waiting tile first prefetches its weights into L2, W_PF_LINES lines of 128 bytes per row."""
+    pid = tl.program_id(0)
     if ZBLOCK > 0:  # stage 1 zeroes stage 2's float32 accumulator (saves a memset launch)
         offs_z = pid * ZBLOCK + tl.arange(0, ZBLOCK)
         tl.store(zero_ptr + offs_z, tl.zeros([ZBLOCK], dtype=tl.float32), mask=offs_z < zero_numel)
@@ -410,10 +371,8 @@ def _expert_tile(
         k_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
         k_lo = pid_k * k_split
         k_hi = tl.minimum(K, k_lo + k_split)
-    if SYNC == _WAIT_READY:  # stage 2 in one launch with stage 1: its weights towards L2, then wait for its input
-        if W_PF_LINES > 0:
-            _prefetch_weight_rows(w_base, wrows, wrow_mask, k_lo, k_hi, stride_wn, stride_wk, W_PF_LINES)
-        _wait_ready(ready_ptr + pid_m, tl.cdiv(K, FP8_GROUP))
+    if PDL_WAIT:  # a programmatic dependent of the launch that writes A: A is read from here on
+        gdc_wait()
     # int4 group scales (one per column and K step): loaded one K step ahead, since Triton's pipeliner does not
     # pipeline these loads (they feed the result, not the dot) and the loop would wait on each
     ws_gate = tl.zeros((WN,), dtype=tl.float32)
@@ -490,8 +449,7 @@ def _expert_tile(
             group = pid_n * BLOCK_N // FP8_GROUP
             arrivals = tl.cdiv(tl.minimum(FP8_GROUP, N - group * FP8_GROUP), BLOCK_N)
             _quantize_when_last(out_ptr, q_ptr, qs_ptr, count_ptr, pid_m, group, tl.cdiv(N, FP8_GROUP), arrivals,
-                                N, stride_om, stride_on, stride_qm, stride_qsm, ready_ptr, FP8_GROUP, FP8_MAX,
-                                ROUND_E4M3, SYNC == _SIGNAL_READY)
+                                N, stride_om, stride_on, stride_qm, stride_qsm, FP8_GROUP, FP8_MAX, ROUND_E4M3)
     else:
         weight = tl.load(topk_w_ptr + edge, mask=row_mask, other=0.0)
         y = acc * weight[:, None]
@@ -500,110 +458,6 @@ def _expert_tile(
             tl.atomic_add(o_ptrs, y, mask=out_mask, sem="relaxed")
         else:
             tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=out_mask)
-
-
-
-@triton.jit
-def _expert_gemm_kernel(
-    a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, topk_w_ptr,
-    sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
-    num_edges, top_k, N, K, KP,
-    stride_am, stride_ak, stride_asm, stride_ask,
-    stride_we, stride_wn, stride_wk, stride_wse, stride_wsn, stride_wsk,
-    stride_om, stride_on,
-    zero_ptr, zero_numel, expert_lo, expert_hi,
-    count_ptr, q_ptr, qs_ptr, stride_qm, stride_qsm,
-    pf_ptr, pf_slice, pf_total, pf_expert_bytes, stride_pe,
-    GATED: tl.constexpr, ATOMIC: tl.constexpr, FMT: tl.constexpr, A_FMT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr,
-    EDGE_TILES: tl.constexpr,
-    SPLIT_K: tl.constexpr, ZBLOCK: tl.constexpr, PTX: tl.constexpr, JOIN_K: tl.constexpr,
-    SWAP_AB: tl.constexpr, MX_WORD: tl.constexpr, MX_BF16_SHIFT: tl.constexpr,
-    QUANT_OUT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr,
-    TILE_ROWS: tl.constexpr, ALIGN_M: tl.constexpr, EVEN_K: tl.constexpr, GU_ONE_DOT: tl.constexpr,
-    PF_LINES: tl.constexpr,
-):
-    """One stage, one program per tile (`_launch`)."""
-    _expert_tile(
-        tl.program_id(0), a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, topk_w_ptr, sorted_ids_ptr, block_expert_ptr,
-        num_padded_ptr, num_edges, top_k, N, K, KP, stride_am, stride_ak, stride_asm, stride_ask,
-        stride_we, stride_wn, stride_wk, stride_wse, stride_wsn, stride_wsk, stride_om, stride_on,
-        zero_ptr, zero_numel, expert_lo, expert_hi, count_ptr, q_ptr, qs_ptr, stride_qm, stride_qsm,
-        pf_ptr, pf_slice, pf_total, pf_expert_bytes, stride_pe, out_ptr,
-        GATED=GATED, ATOMIC=ATOMIC, FMT=FMT, A_FMT=A_FMT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-        FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP, EDGE_TILES=EDGE_TILES, SPLIT_K=SPLIT_K,
-        ZBLOCK=ZBLOCK, PTX=PTX, JOIN_K=JOIN_K, SWAP_AB=SWAP_AB, MX_WORD=MX_WORD, MX_BF16_SHIFT=MX_BF16_SHIFT,
-        QUANT_OUT=QUANT_OUT, FP8_MAX=FP8_MAX, ROUND_E4M3=ROUND_E4M3, TILE_ROWS=TILE_ROWS, ALIGN_M=ALIGN_M,
-        EVEN_K=EVEN_K, GU_ONE_DOT=GU_ONE_DOT, PF_LINES=PF_LINES, SYNC=_NO_SYNC, W_PF_LINES=0)
-
-
-@triton.jit
-def _m1_one_launch_kernel(
-    x_ptr, xs_ptr, w13_ptr, w13s_ptr, inter_ptr, q_ptr, qs_ptr, w2_ptr, w2s_ptr, acc_ptr, topk_w_ptr, ids_ptr,
-    ticket_ptr, count_ptr, ready_ptr,
-    num_edges, top_k, num_experts, H, I, KP1, KP2,
-    stride_xm, stride_xk, stride_xsm, stride_xsk,
-    stride_w13e, stride_w13n, stride_w13k, stride_w13se, stride_w13sn, stride_w13sk,
-    stride_im, stride_in, stride_qm, stride_qk, stride_qsm, stride_qsk,
-    stride_w2e, stride_w2n, stride_w2k, stride_w2se, stride_w2sn, stride_w2sk,
-    stride_om, stride_on,
-    pf_ptr, pf_slice, pf_total, pf_expert_bytes, stride_pe,
-    out_ptr, done_ptr, stride_yn,
-    CAST: tl.constexpr,
-    A_FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_N2: tl.constexpr,
-    BLOCK_K: tl.constexpr, FP8_GROUP: tl.constexpr, INT4_GROUP: tl.constexpr, MX_GROUP: tl.constexpr,
-    SPLIT_K: tl.constexpr, PTX: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_E4M3: tl.constexpr,
-    EVEN_K1: tl.constexpr, EVEN_K2: tl.constexpr, PF_LINES: tl.constexpr, W_PF_LINES: tl.constexpr,
-):
-    """fp8 w8a8 at M=1, both stages in one launch over the M=1 tiles (one per edge): stage 1's tiles (gate+up,
-    the intermediate written quantized) then stage 2's (down, split-K, atomic combine into the zeroed float32
-    accumulator). Each program takes a ticket (an atomic counter the activation quantization zeroes) and runs
-    that tile: the tickets below stage 1's tile count are stage 1's. A stage-2 tile prefetches its weights into L2
-    (W_PF_LINES), then waits until every group of its edge's intermediate is quantized (`StageSync`), so its
-    weight stream overlaps stage 1's tail. Why this cannot deadlock whatever the grid and however many programs
-    are resident: a program waits only in a stage-2 tile, on stage-1 tiles with lower tickets; a ticket is taken
-    by a running program, and a stage-1 tile never waits, so each of those runs to its end.
-    CAST: the token's output in its dtype too (out_ptr [H]): after stage 2's tiles, one tile per BLOCK_N2 columns
-    waits until every stage-2 tile of its columns has added (`done_ptr`, one counter per column block; again only
-    on lower tickets) and casts the float32 sums: no cast launch."""
-    tiles1 = num_edges * tl.cdiv(I, BLOCK_N1)
-    cols2 = tl.cdiv(H, BLOCK_N2)
-    tiles2 = num_edges * cols2 * SPLIT_K
-    t = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
-    if t >= tiles1 + tiles2:  # CAST: one column block of the output
-        c = t - tiles1 - tiles2
-        _wait_ready(done_ptr + c, tiles2 // cols2)
-        offs = c * BLOCK_N2 + tl.arange(0, BLOCK_N2)
-        y = tl.load(acc_ptr + offs * stride_on, mask=offs < H, other=0.0, cache_modifier=".cg")
-        tl.store(out_ptr + offs * stride_yn, y.to(out_ptr.dtype.element_ty), mask=offs < H)
-    elif t < tiles1:
-        _expert_tile(
-            t, x_ptr, xs_ptr, w13_ptr, w13s_ptr, inter_ptr, topk_w_ptr, ids_ptr, ids_ptr, ids_ptr,
-            num_edges, top_k, I, H, KP1, stride_xm, stride_xk, stride_xsm, stride_xsk,
-            stride_w13e, stride_w13n, stride_w13k, stride_w13se, stride_w13sn, stride_w13sk, stride_im, stride_in,
-            inter_ptr, 0, 0, num_experts, count_ptr, q_ptr, qs_ptr, stride_qm, stride_qsm,
-            pf_ptr, pf_slice, pf_total, pf_expert_bytes, stride_pe, ready_ptr,
-            GATED=True, ATOMIC=False, FMT=_FP8_W8A8, A_FMT=A_FMT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N1,
-            BLOCK_K=BLOCK_K, FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP, EDGE_TILES=True,
-            SPLIT_K=1, ZBLOCK=0, PTX=PTX, JOIN_K=False, SWAP_AB=False, MX_WORD=False, MX_BF16_SHIFT=0,
-            QUANT_OUT=True, FP8_MAX=FP8_MAX, ROUND_E4M3=ROUND_E4M3, TILE_ROWS=_ALL_TILES, ALIGN_M=BLOCK_M,
-            EVEN_K=EVEN_K1, GU_ONE_DOT=False, PF_LINES=PF_LINES, SYNC=_SIGNAL_READY, W_PF_LINES=0)
-    else:
-        _expert_tile(
-            t - tiles1, q_ptr, qs_ptr, w2_ptr, w2s_ptr, acc_ptr, topk_w_ptr, ids_ptr, ids_ptr, ids_ptr,
-            num_edges, top_k, H, I, KP2, stride_qm, stride_qk, stride_qsm, stride_qsk,
-            stride_w2e, stride_w2n, stride_w2k, stride_w2se, stride_w2sn, stride_w2sk, stride_om, stride_on,
-            acc_ptr, 0, 0, num_experts, count_ptr, q_ptr, qs_ptr, stride_qm, stride_qsm,
-            pf_ptr, 0, 0, 1, 0, ready_ptr,
-            GATED=False, ATOMIC=True, FMT=_FP8_W8A8, A_FMT=A_FMT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N2,
-            BLOCK_K=BLOCK_K, FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP, EDGE_TILES=True,
-            SPLIT_K=SPLIT_K, ZBLOCK=0, PTX=PTX, JOIN_K=False, SWAP_AB=False, MX_WORD=False, MX_BF16_SHIFT=0,
-            QUANT_OUT=False, FP8_MAX=FP8_MAX, ROUND_E4M3=ROUND_E4M3, TILE_ROWS=_ALL_TILES, ALIGN_M=BLOCK_M,
-            EVEN_K=EVEN_K2, GU_ONE_DOT=False, PF_LINES=0, SYNC=_WAIT_READY, W_PF_LINES=W_PF_LINES)
-        if CAST:  # this tile's sums are in (or it had none: an invalid expert): count it for its column block
-            tl.debug_barrier()
-            tl.atomic_add(done_ptr + (t - tiles1) // SPLIT_K % cols2, 1, sem="release", scope="gpu")
 
 
 def kernel_format(fmt: str, *, fp8_act_quant: bool, mx_native: bool) -> KernelFormat:
@@ -641,7 +495,7 @@ def mx_swap_supported(w_scale: torch.Tensor, k: int, block_k: int) -> bool:
 
 
 def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_k, n, k, kfmt, gated,
-            atomic, cfg, zero=None, experts=None, quant_out=None, prefetch=None):
+            atomic, cfg, zero=None, experts=None, quant_out=None, prefetch=None, pdl=False):
     sorted_ids, block_expert, num_padded = align
     edge_tiles = block_expert is None  # align = (topk_ids flattened, None, None): one tile per edge
     split_k = cfg.get("SPLIT_K", 1)
@@ -678,9 +532,15 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         q_strides = (quant_out[0].stride(0), quant_out[1].stride(0))
     pf_args, pf_lines = (out, 0, 0, 1, 0), 0
     if prefetch is not None:  # (stage 2's weights [E, H, I'] contiguous, bytes to prefetch) for the M=1 tiles
-        if not (edge_tiles and gated and prefetch[0].is_contiguous()):
+        pw, nbytes = prefetch
+        if not (edge_tiles and gated and pw.is_contiguous()):
             raise ValueError("the L2 prefetch of stage 2's weights runs in stage 1's M=1 tiles, contiguous weights")
-        pf_args, pf_lines = _l2_prefetch_args(prefetch, programs, num_edges)
+        pw = pw.view(torch.uint8)  # byte addresses
+        expert_bytes = pw[0].numel()
+        total = min(nbytes, num_edges * expert_bytes)
+        slice_bytes = triton.cdiv(triton.cdiv(total, programs), 128) * 128
+        pf_lines = triton.next_power_of_2(max(1, slice_bytes // 128)) if total > 0 else 0
+        pf_args = (pw, slice_bytes, total, expert_bytes, pw.stride(0))
     _expert_gemm_kernel[(programs,)](
         a, a_scale, w, w_scale, out, topk_w,
         sorted_ids, sorted_ids if edge_tiles else block_expert, sorted_ids if edge_tiles else num_padded,
@@ -698,17 +558,18 @@ def _launch(a, a_scale, w, w_scale, out, topk_weights, align, *, num_edges, top_
         ZBLOCK=zblock, PTX=has_ptx(), JOIN_K=cfg.get("JOIN_K", False), SWAP_AB=swap, MX_WORD=mx_word,
         MX_BF16_SHIFT=MX_BF16_SHIFT if a.dtype == torch.bfloat16 else 0,
         QUANT_OUT=quant_out is not None, TILE_ROWS=int(tile_rows), EVEN_K=k % cfg["BLOCK_K"] == 0,
-        PF_LINES=pf_lines,
+        PF_LINES=pf_lines, PDL_WAIT=pdl,
         GU_ONE_DOT=(gated and not swap and kfmt != KernelFormat.MXFP4_NATIVE and bool(cfg.get("GU_ONE_DOT", False))),
         ALIGN_M=cfg["BLOCK_M"] * (2 if tile_rows == TileRows.LOWER_HALF else 1),
         FP8_MAX=fp8_max(quant_out[0].dtype) if quant_out is not None else 1.0, ROUND_E4M3=interpreting(),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **(dict(launch_pdl=True) if pdl else {}),
     )
 
 
 def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, kfmt: int, cfg: dict,
                    zero: torch.Tensor | None = None, experts: tuple[int, int] | None = None,
-                   quant_out: tuple | None = None, prefetch: tuple | None = None) -> None:
+                   quant_out: tuple | None = None, prefetch: tuple | None = None, pdl: bool = False) -> None:
     """Stage 1: inter[edge] = silu(x[token] W_gate^T) * (x[token] W_up^T), for every routed edge.
 
     x [M, H] (fp8 w8a8: fp8 with x_scale [M, ceil(H/128)]; native mxfp4: e4m3 with e8m0 uint8 x_scale
@@ -719,11 +580,13 @@ def gate_up_swiglu(x, x_scale, w13, w13_scale, inter, align, *, top_k: int, kfmt
     `quant_out` = (fp8 [M*top_k, I], float32 scales [M*top_k, ceil(I/128)], int32 counters [M*top_k*ceil(I/128)]
     zeroed): the M=1 tiles also write inter quantized per token group of 128 (as `act_quant.quantize_act_fp8`).
     `prefetch` = (w2 contiguous, bytes): the M=1 tiles, after their K loop, prefetch the first `bytes` of the weights
-    stage 2 reads (edge by edge) into L2 (PTX targets; `_prefetch_next_stage`).
+    stage 2 reads (edge by edge) into L2 (PTX targets; `_prefetch_next_stage`). `pdl`: launched as a programmatic
+    dependent of the launch that writes x (`platform.has_pdl`; that launch triggers at its start), each program
+    waiting for x (`gdc_wait`) after its set-up, before its K loop.
     """
     _launch(x, x_scale, w13, w13_scale, inter, None, align, num_edges=inter.shape[0], top_k=top_k,
             n=inter.shape[1], k=x.shape[1], kfmt=kfmt, gated=True, atomic=False, cfg=cfg, zero=zero, experts=experts,
-            quant_out=quant_out, prefetch=prefetch)
+            quant_out=quant_out, prefetch=prefetch, pdl=pdl)
 
 
 def down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, *, top_k: int, kfmt: int,
@@ -738,74 +601,3 @@ def down_combine(inter, inter_scale, w2, w2_scale, out, topk_weights, align, *, 
     _launch(inter, inter_scale, w2, w2_scale, out, topk_weights.reshape(-1), align, num_edges=inter.shape[0],
             top_k=top_k, n=out.shape[1], k=inter.shape[1], kfmt=kfmt, gated=False, atomic=top_k > 1, cfg=cfg,
             experts=experts)
-
-
-def _l2_prefetch_args(prefetch, programs: int, num_edges: int) -> tuple[tuple, int]:
-    """(kernel arguments, PF_LINES) of stage 1's L2 prefetch of stage 2's weights (`_prefetch_next_stage`) over
-    `programs` stage-1 programs; `prefetch` = (w2 contiguous, bytes) or None."""
-    pw, nbytes = prefetch
-    pw = pw.view(torch.uint8)  # byte addresses
-    expert_bytes = pw[0].numel()
-    total = min(nbytes, num_edges * expert_bytes)
-    slice_bytes = triton.cdiv(triton.cdiv(total, programs), 128) * 128
-    pf_lines = triton.next_power_of_2(max(1, slice_bytes // 128)) if total > 0 else 0
-    return (pw, slice_bytes, total, expert_bytes, pw.stride(0)), pf_lines
-
-
-def m1_one_launch(x, x_scale, w13, w13_scale, w2, w2_scale, inter, quant_out, acc, topk_weights, topk_ids, *,
-                  cfg1: dict, cfg2: dict, ticket: torch.Tensor, ready: torch.Tensor, prefetch: tuple | None = None,
-                  wait_prefetch: bool = True, out: torch.Tensor | None = None, done: torch.Tensor | None = None) -> None:
-    """fp8 w8a8 at M=1 (one tile per edge), both stages in one launch (`_m1_one_launch_kernel`).
-
-    x [1, H] fp8 with x_scale [1, ceil(H/128)]; inter [edges, I] 16-bit; quant_out = (fp8 [edges, I], float32 scales
-    [edges, ceil(I/128)], int32 group counters [edges * ceil(I/128)]); acc [1, H] float32 (stage 2 adds into it);
-    topk_ids flattened [edges]. `ticket` (int32 [1]), `ready` (int32 [edges]), the group counters and acc must be
-    zero (the activation quantization zeroes them: `act_quant.quantize_act_fp8(zero=...)`). Rows of the quantized
-    intermediate and of its scales must not share a 128-byte line with another edge's: a program reads an edge's
-    lines only after that edge is ready, so no multiprocessor's L1 holds them stale. `prefetch` as
-    `gate_up_swiglu`'s; `wait_prefetch`: stage 2's tiles prefetch their own weights into L2 before they wait (PTX).
-    cfg1, cfg2: the stages' tiles (`config.dot_m1_configs`), with the same warps and K step; the launch takes the
-    shallower of their pipelines. `out` ([1, H], 16-bit): the launch also casts acc into it, with `done` (int32
-    [ceil(H / cfg2 BLOCK_N)], zero) counting each column block's finished stage-2 tiles.
-    """
-    q, qs, counts = quant_out
-    num_edges, n1 = inter.shape
-    h, k2 = acc.shape[1], q.shape[1]
-    if x_scale is None or x.element_size() != 1 or w13.element_size() != 1 or w2.element_size() != 1:
-        raise ValueError("the one-launch M=1 mode takes fp8 w8a8: fp8 weights and quantized activations")
-    if (cfg1["num_warps"], cfg1["BLOCK_K"]) != (cfg2["num_warps"], cfg2["BLOCK_K"]):
-        raise ValueError(f"one launch runs both stages' tiles with one num_warps and BLOCK_K: cfg1 {cfg1}, cfg2 {cfg2}")
-    if FP8_GROUP % cfg1["BLOCK_N"]:
-        raise ValueError(f"the quantizing epilogue needs stage 1's BLOCK_N dividing {FP8_GROUP}, got {cfg1['BLOCK_N']}")
-    programs1 = num_edges * triton.cdiv(n1, cfg1["BLOCK_N"])
-    split_k = cfg2.get("SPLIT_K", 1)
-    programs = programs1 + num_edges * triton.cdiv(h, cfg2["BLOCK_N"]) * split_k
-    if out is not None:
-        if acc.shape[0] != 1 or done is None or done.numel() != triton.cdiv(h, cfg2["BLOCK_N"]):
-            raise ValueError(f"the cast runs for one token with one counter per {cfg2['BLOCK_N']} columns: acc "
-                             f"{tuple(acc.shape)}, done {None if done is None else tuple(done.shape)}")
-        programs += done.numel()
-    pf_args, pf_lines = (acc, 0, 0, 1, 0), 0
-    if prefetch is not None and prefetch[1] > 0:
-        pf_args, pf_lines = _l2_prefetch_args(prefetch, programs1, num_edges)
-    k_split = triton.cdiv(triton.cdiv(k2, cfg2["BLOCK_K"]), split_k) * cfg2["BLOCK_K"]
-    w_pf_lines = triton.next_power_of_2(triton.cdiv(k_split, 128)) if wait_prefetch and has_ptx() else 0
-    _m1_one_launch_kernel[(programs,)](
-        x, x_scale, w13, w13_scale, inter, q, qs, w2, w2_scale, acc, topk_weights, topk_ids,
-        ticket, counts, ready,
-        num_edges, num_edges // acc.shape[0], w13.shape[0], h, n1, w13.shape[2], w2.shape[2],
-        x.stride(0), x.stride(1), x_scale.stride(0), x_scale.stride(1),
-        *w13.stride(), *w13_scale.stride(),
-        inter.stride(0), inter.stride(1), q.stride(0), q.stride(1), qs.stride(0), qs.stride(1),
-        *w2.stride(), *w2_scale.stride(),
-        acc.stride(0), acc.stride(1),
-        *pf_args,
-        out if out is not None else acc, done if done is not None else ready, out.stride(1) if out is not None else 0,
-        CAST=out is not None,
-        A_FMT=_a_fmt(x.dtype), BLOCK_M=cfg1["BLOCK_M"], BLOCK_N1=cfg1["BLOCK_N"], BLOCK_N2=cfg2["BLOCK_N"],
-        BLOCK_K=cfg1["BLOCK_K"], FP8_GROUP=FP8_GROUP, INT4_GROUP=INT4_GROUP, MX_GROUP=MX_GROUP, SPLIT_K=split_k,
-        PTX=has_ptx(), FP8_MAX=fp8_max(q.dtype), ROUND_E4M3=interpreting(),
-        EVEN_K1=x.shape[1] % cfg1["BLOCK_K"] == 0, EVEN_K2=k2 % cfg2["BLOCK_K"] == 0,
-        PF_LINES=pf_lines, W_PF_LINES=w_pf_lines,
-        num_warps=cfg1["num_warps"], num_stages=min(cfg1["num_stages"], cfg2["num_stages"]),
-    )

@@ -644,23 +644,16 @@ DOT_M1_CASES = [
 DOT_M1_TILE_SETS = {"split-k": {1: (32, 4, 3), 2: (64, 4, 3, 2)}, "no-split": {1: (32, 4, 3), 2: (64, 4, 3, 1)}}
 
 
-@pytest.mark.parametrize("launches", ["one", "one-and-cast", "four"])
 @pytest.mark.parametrize("tiles", list(DOT_M1_TILE_SETS))
 @pytest.mark.parametrize("mode", FORMAT_MODES)
 @pytest.mark.parametrize("m,h,i,e,k,invalid", DOT_M1_CASES)
-def test_dot_m1_mode_matches_reference(mode, m, h, i, e, k, invalid, tiles, launches, monkeypatch):
-    """fp8 w8a8 with top-k > 1 runs both stages and the output's cast in one launch (`config.DOT_M1_ONE_LAUNCH`,
-    `DOT_M1_CAST_IN_LAUNCH`), the cast in a launch of its own, or in four launches."""
+def test_dot_m1_mode_matches_reference(mode, m, h, i, e, k, invalid, tiles, monkeypatch):
     from zoe_kernels.moe import config
 
     fmt, fp8 = _mode(mode)
     if tiles != "split-k" and mode != "fp8-w8a8":
         pytest.skip("the unsplit stage 2 is covered by fp8 w8a8")
-    if launches != "one" and mode != "fp8-w8a8":
-        pytest.skip("one launch is fp8 w8a8's mode")
     dtype = DTYPES[0]
-    monkeypatch.setattr(config, "DOT_M1_ONE_LAUNCH", launches != "four")
-    monkeypatch.setattr(config, "DOT_M1_CAST_IN_LAUNCH", launches == "one")
     monkeypatch.setitem(config.DOT_M1_TILES, fmt, DOT_M1_TILE_SETS[tiles])
     monkeypatch.setattr(config, "DOT_M1_MIN_TOP_K", 1)
     monkeypatch.setattr(config, "MIN_K_STEPS_PER_SPLIT", 1)  # I = 200: two K steps, split in two
@@ -850,14 +843,14 @@ def test_gpu_production_tiles(fmt, m):
     assert _rel_err(out, ref) < _tol(fmt, torch.bfloat16, wide=block_m_for(m, 8, 32, fmt) >= 64)
 
 
-@pytest.mark.skipif(not ON_GPU, reason="the stages run concurrently only on a GPU")
-def test_gpu_dot_m1_one_launch_many_routings():
-    """fp8 at M=1 with both stages in one launch (stage 2's tiles wait on stage 1's per-edge counters while stage 1
-    runs): production tiles, 24 fresh routings with NaN-poisoned scratch each, every one within tolerance, and the
-    same output as the four launches (a missed wait would read poisoned or stale intermediate rows)."""
+@pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch needs a GPU")
+def test_gpu_dot_m1_pdl_many_routings():
+    """fp8 at M=1 with stage 1 as a programmatic dependent of x's quantization (`config.DOT_M1_PDL`; its programs
+    start before x is written and wait for it): production tiles, 24 fresh routings over NaN-poisoned scratch, each
+    within tolerance and equal to the ordinary launches' output (a read of x before the wait would differ)."""
     from zoe_kernels.moe import config
 
-    x, w13, w2, tw, ti, kw = _problem(1, 2048, 1024, 64, 8, "fp8", torch.bfloat16, seed=91)
+    _, w13, w2, _, _, kw = _problem(1, 2048, 1024, 64, 8, "fp8", torch.bfloat16, seed=91)
     gen = torch.Generator().manual_seed(92)
     for r in range(24):
         tw, ti = _routing(1, 64, 8, gen=gen)
@@ -865,14 +858,14 @@ def test_gpu_dot_m1_one_launch_many_routings():
         out = fused_moe(x, w13, w2, tw, ti, alloc=_nan_alloc, **kw)
         ref = fused_moe_reference(x, w13, w2, tw, ti, fp8_act_quant=True, **kw)
         assert torch.isfinite(out).all() and _rel_err(out, ref) < _tol("fp8", torch.bfloat16), r
-        one = fused_moe(x.float(), w13, w2, tw, ti, alloc=_nan_alloc, **kw)  # float32 out: no final rounding
-        saved = config.DOT_M1_ONE_LAUNCH
-        config.DOT_M1_ONE_LAUNCH = False
+        pdl = fused_moe(x.float(), w13, w2, tw, ti, alloc=_nan_alloc, **kw)  # float32 out: no final rounding
+        saved = config.DOT_M1_PDL
+        config.DOT_M1_PDL = False
         try:
-            four = fused_moe(x.float(), w13, w2, tw, ti, alloc=_nan_alloc, **kw)
+            plain = fused_moe(x.float(), w13, w2, tw, ti, alloc=_nan_alloc, **kw)
         finally:
-            config.DOT_M1_ONE_LAUNCH = saved
-        assert _rel_err(one, four) < 1e-5, r  # float32 atomics: only the order of the adds may differ
+            config.DOT_M1_PDL = saved
+        assert _rel_err(pdl, plain) < 1e-5, r  # float32 atomics: only the order of the adds may differ
 
 
 @pytest.mark.skipif(not ON_GPU, reason="production GEMV tiles need a GPU")
