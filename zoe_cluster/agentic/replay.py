@@ -12,8 +12,7 @@ from zoe_cluster.agentic.metrics import CallRecord, summarize, ttft_floor_s
 from zoe_cluster.agentic.options import SessionOptions
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.router.config import RouterConfig
-from zoe_cluster.router.replicas import _JUDGE_EVERY_S
-from zoe_cluster.router.slowness import LatencyFacts, probe_due, record_sample, slow_replicas
+from zoe_cluster.router.slowness import JUDGE_EVERY_S, LatencyFacts, judge_due, probe_due, record_sample, slow_replicas
 from zoe_cluster.routing import Policy, get_policy
 from zoe_cluster.routing.context import ReplicaView, RequestContext, RoutingDecision
 from zoe_cluster.sim.calibrate import Calibration, calibrate
@@ -32,7 +31,7 @@ class SlowReplicaGuard(Policy):
     Samples come from `record` (the replay's finished requests); times are the virtual clock's."""
 
     def __init__(self, inner: Policy, factor: float, min_samples: int, probe_s: float,
-                 judge_every_s: float = _JUDGE_EVERY_S) -> None:
+                 judge_every_s: float = JUDGE_EVERY_S) -> None:
         super().__init__(inner.config)
         self.inner = inner
         self.name = inner.name  # type: ignore[misc]
@@ -81,7 +80,7 @@ class SlowReplicaGuard(Policy):
             return
         record_sample(self.facts.setdefault(replica_id, LatencyFacts.empty()), "tpot_s", tpot_s, self.min_samples,
                       probe=probe)
-        if not probe and now - self._judged_at < self.judge_every_s:
+        if not judge_due(self._judged_at, now, probe, self.judge_every_s):
             return
         self._judged_at = now
         slow = slow_replicas(self.facts, self.factor, self.min_samples)

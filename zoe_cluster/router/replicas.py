@@ -13,13 +13,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from zoe_cluster.router.membership import MemberReplica, Membership
-from zoe_cluster.router.slowness import LatencyFacts, probe_due, record_sample, slow_replicas
+from zoe_cluster.router.slowness import LatencyFacts, judge_due, probe_due, record_sample, slow_replicas
 from zoe_cluster.routing.context import ReplicaView
 from zoe_cluster.routing.policy import Policy
-
-
-_JUDGE_EVERY_S = 0.2
-"""Slowness is judged again at most this often (each judgement is quadratic in the replicas of a group)."""
 
 
 class StaleMembership(ValueError):
@@ -198,7 +194,7 @@ class ReplicaSet:
             return
         record_sample(st.latency, measure, sample_s, self.slow_min_samples, probe=probe)
         now = self.clock()
-        if probe or now - self._judged_at >= _JUDGE_EVERY_S:
+        if judge_due(self._judged_at, now, probe):
             self.judge_slow()
 
     def judge_slow(self) -> None:

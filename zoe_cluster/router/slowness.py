@@ -31,6 +31,10 @@ from typing import Literal
 
 MEASURES = ("tpot_s", "e2e_per_token_s")
 
+JUDGE_EVERY_S = 0.2
+"""Slowness is judged again at most this often (each judgement is quadratic in the replicas of a group), and
+after every probe."""
+
 
 @dataclass
 class LatencySamples:
@@ -88,6 +92,11 @@ def slow_replicas(facts: Mapping[str, LatencyFacts], factor: float, min_samples:
             if peers > 0 and v > factor * peers and rid not in out:
                 out[rid] = f"{measure} {v * 1000:.1f} ms > {factor:g} x peers' median {peers * 1000:.1f} ms"
     return out
+
+
+def judge_due(judged_at: float, now: float, probe: bool, every_s: float = JUDGE_EVERY_S) -> bool:
+    """Whether the slow set is judged again after a sample: always after a probe, else at most every `every_s`."""
+    return probe or now - judged_at >= every_s
 
 
 def probe_due(facts: LatencyFacts, now: float, probe_s: float) -> bool:
