@@ -97,12 +97,12 @@ def test_twin_scenarios_on_the_committed_calibration():
     twin = _module().twin_scenarios(prof)
     idle, busy = twin["idle engine, 16 tokens"], twin["busy engine, 16 tokens"]
     # alone on the idle engine: one 16-token prefill step plus the wake-up, the API server's share on the client
-    step = m.prefill_step_s(16, 16 * 15 / 2, 0.0)
+    step = m.prefill_step_s(16, 16 * 15 / 2, 0.0, kv_read_tokens=16)
     assert idle["engine"] == pytest.approx((step + m.idle_wake_s) * 1e3, abs=0.01)
     assert idle["client"] == pytest.approx((step + m.idle_wake_s + m.frontend_s) * 1e3, abs=0.01)
     # while a stream decodes: no wake-up; the step shares with one decode token; the client also waits out the
     # decode step in progress (a uniform point of it: on average half of it)
-    shared = m.prefill_step_s(16, 16 * 15 / 2, 0.0, 1, 0.0)
+    shared = m.prefill_step_s(16, 16 * 15 / 2, 0.0, 1, 0.0, 16)
     assert busy["engine"] == pytest.approx(shared * 1e3, abs=0.01)
     wait = busy["client"] - busy["engine"] - m.frontend_s * 1e3
     assert 0.3 * m.decode_step_s(1) * 1e3 < wait < 0.7 * m.decode_step_s(1) * 1e3

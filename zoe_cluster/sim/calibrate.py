@@ -132,10 +132,11 @@ class PrefillFit:
 
 
 def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int, step_base_s: float = 0.0,
-                kv_read: bool = False) -> PrefillFit:
+                kv_read: bool = False, frontend_floor_s: float = 0.0) -> PrefillFit:
     """Fit frontend, floor, per-token and context coefficients to single-request TTFT points; `step_base_s`, a
     known fixed cost of every prefill step (the engine's per-step overhead), is taken off each chunk first;
-    `kv_read`: fit a cost per token of context each chunk attends over too (start + chunk tokens, once per chunk)."""
+    `kv_read`: fit a cost per token of context each chunk attends over too (start + chunk tokens, once per chunk);
+    `frontend_floor_s`: the least per-request latency (a measured share outside the engine)."""
     if len(points) < 3:
         raise CalibrationError(f"need at least 3 TTFT points to fit prefill, got {len(points)}")
     rows = []
@@ -151,7 +152,7 @@ def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int, step
         q = 4e-5
         for _ in range(8):  # which chunks sit on the floor depends on q: iterate to a fixed point
             a = np.zeros((len(rows), 5 if kv_read else 4))
-            const = np.zeros(len(rows))
+            const = np.full(len(rows), frontend_floor_s)
             for i, (chunks, _, _) in enumerate(rows):
                 a[i, 0] = 1.0
                 const[i] += step_base_s * len(chunks)
@@ -169,7 +170,7 @@ def fit_prefill(points: Sequence[TtftPoint], chunk: int, block_tokens: int, step
             q = x[1]
             if done:
                 break
-        fit = PrefillFit(float(x[0]), float(floor), float(x[1]), float(x[2]), float(x[3]), step_base_s,
+        fit = PrefillFit(float(x[0]) + frontend_floor_s, float(floor), float(x[1]), float(x[2]), float(x[3]), step_base_s,
                          float(x[4]) if kv_read else 0.0)
         pred = np.array([_lone_ttft_fit(fit, r[0]) for r in rows])
         return float(np.sum(((pred - y) * w) ** 2)), fit

