@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from zoe_cluster.agentic.driver import Call
-from zoe_cluster.sim.step_model import StepModel, position_sums
+from zoe_cluster.sim.calibrate import predict_lone_ttft
+from zoe_cluster.sim.step_model import StepModel
 
 
 @dataclass(slots=True)
@@ -39,15 +40,10 @@ def _pct(values: list[float], q: float) -> float | None:
 
 def ttft_floor_s(model: StepModel, max_num_batched_tokens: int, prompt_tokens: int, cached_tokens: int) -> float:
     """TTFT of a request alone on an idle replica whose first `cached_tokens` are already in its cache: the
-    chunked prefill of the rest (at least the last token, as engines recompute it) plus `frontend_s`."""
-    start = min(max(0, cached_tokens), prompt_tokens - 1)
-    t = model.frontend_s
-    while start < prompt_tokens:
-        n = min(max_num_batched_tokens, prompt_tokens - start)
-        s1, s2 = position_sums(start, n)
-        t += model.prefill_step_s(n, s1, s2)
-        start += n
-    return t
+    chunked prefill of the rest (at least the last token, as engines recompute it) plus `frontend_s`, as
+    `sim.calibrate.predict_lone_ttft` prices it without the idle wake-up."""
+    cached = min(max(0, cached_tokens), prompt_tokens - 1)
+    return predict_lone_ttft(model, prompt_tokens, cached, max_num_batched_tokens, idle_wake=False)
 
 
 def summarize(records: list[CallRecord], *, gpus: int | None, prefix_hit_rate: float | None) -> dict[str, Any]:

@@ -109,9 +109,10 @@ def prefill_chunks(input_tokens: int, cached: int, chunk: int) -> list[tuple[int
     return out
 
 
-def predict_lone_ttft(model: StepModel, input_tokens: int, cached: int, chunk: int) -> float:
-    """TTFT of one request alone on an idle engine (what `EngineCore` yields; used to check fits)."""
-    t = model.frontend_s + model.idle_wake_s
+def predict_lone_ttft(model: StepModel, input_tokens: int, cached: int, chunk: int, idle_wake: bool = True) -> float:
+    """TTFT of one request alone on an idle engine (what `EngineCore` yields; used to check fits, and without the
+    idle wake-up as the agentic reports' zero-wait floor)."""
+    t = model.frontend_s + (model.idle_wake_s if idle_wake else 0.0)
     for start, n in prefill_chunks(input_tokens, cached, chunk):
         s1, s2 = position_sums(start, n)
         t += model.prefill_step_s(n, s1, s2, kv_read_tokens=start + n)
