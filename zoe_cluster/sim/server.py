@@ -105,6 +105,18 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(500, f"internal error: {type(exc).__name__}: {exc}", "InternalServerError")
 
 
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A parsed and checked request, ready for the engine."""
+
+    prompt_tokens: int
+    hashes: tuple[int, ...]
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    prompt_ids: list[int] | None
+
+
 class _Flow:
     """Per-request channel from the engine loop to the HTTP handler."""
 
@@ -212,7 +224,7 @@ class SimServer:
             metrics.sync(core)
 
     # --- request parsing ------------------------------------------------------------------------------
-    async def _body(self, request: Request) -> dict[str, Any]:
+    async def _raw_body(self, request: Request) -> bytes:
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
@@ -223,8 +235,11 @@ class SimServer:
             if size > limit:
                 raise _HttpError(413, f"request body exceeds the limit of {limit} bytes")
             chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _body(self, raw: bytes, chat: bool) -> dict[str, Any]:
         try:
-            body = parse_json_body(b"".join(chunks), max_depth=128, max_number_chars=100)
+            body = parse_json_body(raw, max_depth=128, max_number_chars=100)
         except RequestError as e:
             raise _HttpError(400, e.message) from None
         if not isinstance(body, dict):
@@ -235,7 +250,7 @@ class SimServer:
         if model != self.config.served_model_name:
             raise _HttpError(404, f"The model `{model}` does not exist.", "NotFoundError")
         try:
-            check_sampling("chat" if request.url.path.endswith("/chat/completions") else "completions", body)
+            check_sampling("chat" if chat else "completions", body)
         except RequestError as e:
             raise _HttpError(400, e.message, param=e.param) from None
         return body
@@ -284,51 +299,61 @@ class SimServer:
         self._wake.set()
         return req
 
+    def _prepare(self, raw: bytes, chat: bool) -> _Prepared:
+        """Everything a request needs before it reaches the engine: JSON parsing, checks, chat rendering, block
+        hashing, token ids. Runs in a worker thread (`_handle`), as vLLM's API server tokenizes off its event loop,
+        so /health and streaming stay responsive while a 100-600 KB prompt is prepared; it reads only the
+        immutable config."""
+        body = self._body(raw, chat)
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise _HttpError(400, "'messages' must be a non-empty list")
+            if body.get("continue_final_message") and body.get("add_generation_prompt"):  # as vLLM
+                raise _HttpError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` "
+                                      "to True.")
+            try:
+                text = render_chat(messages, body.get("tools"))
+            except ValueError as e:
+                raise _HttpError(400, str(e)) from None
+            prompt_tokens, hashes = prompt_blocks(text, self.config.block_tokens)
+            prompt = text
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                prompt = prompt[0]
+            elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+                raise _HttpError(400, f"the simulated engine serves one prompt per request, got a batch of "
+                                      f"{len(prompt)}", param="prompt")
+            if isinstance(prompt, str):
+                pass
+            elif isinstance(prompt, list) and prompt and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt
+            ):
+                pass
+            else:
+                raise _HttpError(400, "'prompt' is required: a string or a list of token ids")
+            prompt_tokens, hashes = prompt_blocks(prompt, self.config.block_tokens)
+        if prompt_tokens <= 0:
+            raise _HttpError(400, "the prompt is empty")
+        max_tokens = self._max_tokens(body, prompt_tokens)
+        stream = bool(body.get("stream", False))
+        opts = body.get("stream_options") or {}
+        include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
+        prompt_ids = token_ids(prompt) if body.get("return_token_ids") else None
+        return _Prepared(prompt_tokens, hashes, max_tokens, stream, include_usage, prompt_ids)
+
     async def _handle(self, request: Request, chat: bool) -> Response:
         try:
             if not self.ready:
                 raise _HttpError(503, "the engine is still loading weights", "ServiceUnavailableError")
-            body = await self._body(request)
-            if chat:
-                messages = body.get("messages")
-                if not isinstance(messages, list) or not messages:
-                    raise _HttpError(400, "'messages' must be a non-empty list")
-                if body.get("continue_final_message") and body.get("add_generation_prompt"):  # as vLLM
-                    raise _HttpError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` "
-                                          "to True.")
-                try:
-                    text = render_chat(messages, body.get("tools"))
-                except ValueError as e:
-                    raise _HttpError(400, str(e)) from None
-                prompt_tokens, hashes = prompt_blocks(text, self.config.block_tokens)
-                prompt = text
-            else:
-                prompt = body.get("prompt")
-                if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-                    prompt = prompt[0]
-                elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-                    raise _HttpError(400, f"the simulated engine serves one prompt per request, got a batch of "
-                                          f"{len(prompt)}", param="prompt")
-                if isinstance(prompt, str):
-                    pass
-                elif isinstance(prompt, list) and prompt and all(
-                    isinstance(t, int) and not isinstance(t, bool) for t in prompt
-                ):
-                    pass
-                else:
-                    raise _HttpError(400, "'prompt' is required: a string or a list of token ids")
-                prompt_tokens, hashes = prompt_blocks(prompt, self.config.block_tokens)
-            if prompt_tokens <= 0:
-                raise _HttpError(400, "the prompt is empty")
-            max_tokens = self._max_tokens(body, prompt_tokens)
-            stream = bool(body.get("stream", False))
-            opts = body.get("stream_options") or {}
-            include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
-            prompt_ids = token_ids(prompt) if body.get("return_token_ids") else None
+            raw = await self._raw_body(request)
+            prep = await asyncio.to_thread(self._prepare, raw, chat)
             self._admit_fault()
-            req = await self._start(prompt_tokens, hashes, max_tokens)
+            req = await self._start(prep.prompt_tokens, prep.hashes, prep.max_tokens)
         except _HttpError as e:
             return _error(e.status, e.message, e.etype, e.param)
+        stream, include_usage, prompt_ids = prep.stream, prep.include_usage, prep.prompt_ids
         model = self.config.served_model_name
         rid = ("chatcmpl-" if chat else "cmpl-") + req.request_id[4:]
         created = int(time.time())
