@@ -173,6 +173,39 @@ def test_sim_replay_sessions_cli(tmp_path) -> None:
     assert res.exit_code == 2 and "bad.json: requests[1].type: unknown type 'q'" in res.output
 
 
+
+def test_sim_replay_slow_factor_cli(glm) -> None:
+    """`zoe sim replay --slow-factor` runs the router's slow-replica ejection with the given window and probe
+    period, as `replay_sessions(slow_factor=...)` does; its bounds are the router's."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from zoe_cluster.cli.main import app
+
+    runner = CliRunner()
+    base = ["sim", "replay", str(DATA), "--sessions", "2", "--model", "glm-5.3", "--replicas", "2",
+            "--kv-tokens", str(KV)]
+    res = runner.invoke(app, [*base, "--slow-factor", "1.5", "--slow-min-samples", "2", "--slow-probe-s", "0.5",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.stdout)
+    assert (rep["slow_factor"], rep["slow_min_samples"], rep["slow_probe_s"]) == (1.5, 2, 0.5)
+    recipe, variant = glm
+    direct = replay_sessions(recipe, variant, SessionDriver(load_sessions(DATA), 2), 2, "prefix", kv_tokens=KV,
+                             slow_factor=1.5, slow_min_samples=2, slow_probe_s=0.5)
+    assert {k: v for k, v in rep.items() if k != "wall_s"} == json.loads(json.dumps(
+        {k: v for k, v in direct.items() if k != "wall_s"}))
+    off = json.loads(runner.invoke(app, [*base, "--json"]).stdout)
+    assert "slow_ejections" not in off  # off unless asked, unlike `zoe router` (slow_factor 3)
+    for args, says in ((["--slow-factor", "1"], "--slow-factor: Input should be greater than 1"),
+                       (["--slow-factor", "2", "--slow-min-samples", "0"], "--slow-min-samples:"),
+                       (["--slow-probe-s", "1"], "go with --slow-factor")):
+        res = runner.invoke(app, [*base, *args])
+        assert res.exit_code == 2 and says in res.output, res.output
+    res = runner.invoke(app, ["sim", "replay", str(DATA), "--model", "glm-5.3", "--slow-factor", "2"])
+    assert res.exit_code == 2 and "give --sessions" in res.output
+
 def test_short_blocks_still_differ() -> None:
     from zoe_cluster.agentic.prompts import block_key, prompt_text
 

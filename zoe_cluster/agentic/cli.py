@@ -28,7 +28,10 @@ def build_driver(path: Path, opts: SessionOptions):  # type: ignore[no-untyped-d
 
 
 def replay_sessions_cmd(path: Path, opts: SessionOptions, recipe, variant: str, calibration, replicas: int,  # type: ignore[no-untyped-def]
-                        policy, kv_tokens: int | None, host_kv_gb: float, json_out: bool) -> None:
+                        policy, kv_tokens: int | None, host_kv_gb: float, json_out: bool,
+                        slow: tuple[float | None, int | None, float | None] = (None, None, None)) -> None:
+    """`zoe sim replay --sessions`: `slow` is (--slow-factor, --slow-min-samples, --slow-probe-s), the router's
+    slow-replica ejection (`replay_sessions`; a None factor: off)."""
     from rich.progress import Progress
 
     from zoe_cluster.agentic.replay import replay_sessions
@@ -40,7 +43,8 @@ def replay_sessions_cmd(path: Path, opts: SessionOptions, recipe, variant: str, 
                              total=total)
         report = replay_sessions(recipe, variant, driver, replicas, policy, calibration=calibration,
                                  kv_tokens=kv_tokens, host_kv_gb=host_kv_gb,
-                                 progress=lambda n: prog.update(task, completed=n))
+                                 progress=lambda n: prog.update(task, completed=n), slow_factor=slow[0],
+                                 slow_min_samples=slow[1], slow_probe_s=slow[2])
     show_report(report, json_out)
 
 

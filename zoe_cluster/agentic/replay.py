@@ -155,12 +155,13 @@ def replay_sessions(
     policy_options: dict[str, Any] | None = None, calibration: Calibration | None = None,
     kv_tokens: int | None = None, host_kv_gb: float = 0.0, host_link_gb_s: float = HOST_LINK_GB_S,
     progress: Callable[[int], None] | None = None, records_out: list[CallRecord] | None = None,
-    slow_factor: float | None = None,
+    slow_factor: float | None = None, slow_min_samples: int | None = None, slow_probe_s: float | None = None,
 ) -> dict[str, Any]:
     """Run `driver`'s sessions on `replicas` simulated replicas of `variant`; the agentic report
     (`metrics.summarize`) with the twin's prefix hit rate, plus the replay's own counters. `records_out`, when
     given, receives every request's `CallRecord`. `slow_factor` (the router's `slow_factor`; None: off) puts the
-    router's slow-replica ejection around the policy (`SlowReplicaGuard`); the report then counts its
+    router's slow-replica ejection around the policy (`SlowReplicaGuard`), with the router's window
+    (`slow_min_samples`) and probe period (`slow_probe_s`; None: the router's defaults); the report then counts its
     `slow_ejections`."""
     cal = calibration or calibrate(recipe, variant)
     v = recipe.variant(variant)
@@ -169,8 +170,10 @@ def replay_sessions(
     if slow_factor is not None:
         inner = get_policy(policy, **(policy_options or {})) if isinstance(policy, str) else policy()
         fields = RouterConfig.model_fields  # the router's window and probe period
-        guard = made = SlowReplicaGuard(inner, slow_factor, fields["slow_min_samples"].default,
-                                        fields["slow_probe_s"].default)
+        guard = made = SlowReplicaGuard(
+            inner, slow_factor,
+            fields["slow_min_samples"].default if slow_min_samples is None else slow_min_samples,
+            fields["slow_probe_s"].default if slow_probe_s is None else slow_probe_s)
         policy, policy_options = (lambda: made), None
     source = SessionSource(driver, lambda c: ttft_floor_s(cal.model, chunk, c.input_tokens,
                                                           c.reusable_blocks * c.block_tokens), guard)
@@ -192,7 +195,8 @@ def replay_sessions(
         wall_s=res.wall_s, ttft_floor_source="twin step model (each request alone, every reusable block hit)",
     )
     if guard is not None:
-        report.update(slow_factor=slow_factor, slow_ejections=guard.ejections)
+        report.update(slow_factor=slow_factor, slow_min_samples=guard.min_samples, slow_probe_s=guard.probe_s,
+                      slow_ejections=guard.ejections)
     return report
 
 

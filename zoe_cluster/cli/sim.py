@@ -338,6 +338,15 @@ def replay_cmd(
     warmup_requests: int = typer.Option(0, "--warmup-requests", help="First N requests left out of the metrics."),
     ramp_up_s: float = typer.Option(
         0.0, "--ramp-up-s", min=0, help="--sessions: start the first sessions spread evenly over this many seconds."),
+    slow_factor: Optional[float] = typer.Option(
+        None, "--slow-factor",
+        help="--sessions: the router's slow-replica ejection around the policy, as `zoe router` runs it at this "
+             "slow_factor (a replica whose median time per output token exceeds this many times its peers' gets no "
+             "new requests until a probe shows it recovered); default off."),
+    slow_min_samples: Optional[int] = typer.Option(
+        None, "--slow-min-samples", help="With --slow-factor: the router's slow_min_samples (default: the router's)."),
+    slow_probe_s: Optional[float] = typer.Option(
+        None, "--slow-probe-s", help="With --slow-factor: the router's slow_probe_s (default: the router's)."),
 ) -> None:
     """Replay a trace on N simulated replicas behind the router's real policy code, on the virtual clock: a
     Mooncake trace open-loop, or agentic sessions closed-loop (--sessions)."""
@@ -361,6 +370,20 @@ def replay_cmd(
             fail(f"--routers/--router-front: {e}")
     if limit is not None and limit <= 0:
         fail(f"--limit must be positive, got {limit}")
+    if slow_factor is None and (slow_min_samples is not None or slow_probe_s is not None):
+        fail("--slow-min-samples and --slow-probe-s go with --slow-factor")
+    if slow_factor is not None:
+        if sessions is None:
+            fail("--slow-factor replays the router's slow-replica ejection of agentic sessions: give --sessions")
+        from pydantic import ValidationError
+
+        from zoe_cluster.router.config import RouterConfig
+
+        fields = {"slow_factor": slow_factor, "slow_min_samples": slow_min_samples, "slow_probe_s": slow_probe_s}
+        try:  # the router's own bounds on the three fields
+            RouterConfig.model_validate({k: v for k, v in fields.items() if v is not None})
+        except ValidationError as e:
+            fail("; ".join(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}" for err in e.errors()))
     if profile is not None:
         if model is not None or variant is not None:
             fail("--profile is the engine to replay on: leave out --model and --variant")
@@ -377,7 +400,8 @@ def replay_cmd(
         opts = SessionOptions(sessions, total_sessions, think_cap_s, block_tokens,
                               max_input_tokens or recipe.architecture.max_context_tokens, max_output_tokens,
                               warmup_requests, limit_files=limit, ramp_up_s=ramp_up_s)
-        return replay_sessions_cmd(trace, opts, recipe, name, cal, replicas, routing, kv_tokens, host_kv_gb, json_out)
+        return replay_sessions_cmd(trace, opts, recipe, name, cal, replicas, routing, kv_tokens, host_kv_gb, json_out,
+                                   (slow_factor, slow_min_samples, slow_probe_s))
     try:
         rows = load_mooncake(trace, limit)
     except TraceError as e:
