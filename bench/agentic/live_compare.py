@@ -31,6 +31,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -99,6 +100,32 @@ def live_run(name: str, args, sessions: Path, tmp: Path, salt: int) -> tuple[str
            f"--twin-model {args.model} --think-cap-s {args.think_cap_s} --server-time-scale {args.time_scale} "
            f"--salt {salt}" + " --engine-url <replica>" * args.replicas)
     return cmd, report, records
+
+
+class LoadSampler:
+    """The machine's 1-minute load average every `every_s` seconds while a live run lasts (a background thread)."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s, self.samples = every_s, [os.getloadavg()[0]]
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._done.wait(self.every_s):
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+
+    def summary(self) -> dict:
+        return {"start": self.samples[0], "end": self.samples[-1], "max": max(self.samples),
+                "mean": statistics.fmean(self.samples), "every_s": self.every_s}
 
 
 def _key(rec) -> tuple[str, str]:
@@ -212,9 +239,11 @@ def main() -> None:
                 salt += 1
                 progress.update(task, description=f"{name} #{rep + 1}")
                 t0 = time.monotonic()
-                cmd, report, records = live_run(name, args, sessions, tmp, salt)
+                with LoadSampler() as load:
+                    cmd, report, records = live_run(name, args, sessions, tmp, salt)
                 report["bench_wall_s"] = time.monotonic() - t0
-                report["load_average_1m_at_end"] = os.getloadavg()[0]
+                report["load_average_1m_at_end"] = load.samples[-1]
+                report["load_average_1m"] = load.summary()
                 runs.append({"run": name, "repeat": rep + 1, "command": cmd, "report": report})
                 live_records.setdefault(name, []).append(records)
                 progress.advance(task)
