@@ -1,7 +1,8 @@
 """How much the twin's error against vLLM depends on which calibration it runs on: the live repeats of committed
 validations (`validate_vllm.py`'s JSON) compared with the twin on each of several profiles that `zoe sim calibrate
---url` measured on the same engine at other times; writes `calibration_spread.json` and prints a table (README.md
-in this folder has the command and the current results). No engine needed.
+--url` measured on the same engine at other times (an entry `a.yaml+b.yaml+...` is those calibrations merged as
+the passes of one, `sim.calibration_passes.merge_passes`); writes `calibration_spread.json` and prints a table
+(README.md in this folder has the command and the current results). No engine needed.
 
     .venv/bin/python bench/sim/calibration_spread.py --profiles bench/sim/calibration_vllm_cpu.yaml,... \
         --validations bench/sim/validation_agentic.json,bench/sim/validation_mooncake.json
@@ -16,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from zoe_cluster.sim.calibration_passes import merge_passes
 from zoe_cluster.sim.engine_calibration import load_engine_profile
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +37,8 @@ def _validate_module():  # type: ignore[no-untyped-def]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profiles", required=True, help="Comma-separated calibration profiles (zoe sim calibrate --url).")
+    ap.add_argument("--profiles", required=True, help="Comma-separated calibration profiles (zoe sim calibrate --url); "
+                    "a+b+c: those merged as passes of one calibration.")
     ap.add_argument("--validations", required=True, help="Comma-separated validate_vllm.py JSON files.")
     ap.add_argument("--sessions-dir", type=Path, default=None, help="Agentic: the session files (validate_vllm's).")
     ap.add_argument("--out", type=Path, default=HERE / "calibration_spread.json")
@@ -44,7 +47,7 @@ def main() -> None:
     ns = argparse.Namespace(sessions_dir=args.sessions_dir or vv.SESSIONS)
     rows = []
     for prof_path in args.profiles.split(","):
-        prof = load_engine_profile(prof_path)
+        prof = merge_passes([load_engine_profile(p) for p in prof_path.split("+")])
         for val_path in args.validations.split(","):
             done = copy.deepcopy(json.loads(Path(val_path).read_text()))
             vv.retwin(done, prof, ns)

@@ -342,3 +342,75 @@ def test_prefill_chunks_pay_for_reading_the_context_they_attend_over():
     # 160 new tokens after 1376 cached: the chunk reads 1536 tokens of context
     assert m.prefill_step_s(160, 0.0, 0.0, kv_read_tokens=1536) - m.prefill_step_s(160, 0.0, 0.0) == pytest.approx(
         1536 * m.prefill_kv_read_s)
+
+
+def _scaled_pass(prof, ttft_scale: float, decode_scale: float, at: str):
+    """`prof` as if measured again with every prefill cell `ttft_scale` times as long and decode steps
+    `decode_scale` times as long."""
+    def fig(f, k):
+        return f.model_copy(update={"value": f.value * k})
+
+    ttft = [p.model_copy(update={"ttft_s": fig(p.ttft_s, ttft_scale)}) for p in prof.profile.ttft]
+    decode = [p.model_copy(update={"tok_s_per_node": fig(p.tok_s_per_node, 1 / decode_scale),
+                                   "tok_s_per_user": fig(p.tok_s_per_user, 1 / decode_scale)})
+              for p in prof.profile.decode]
+    return prof.model_copy(update={"profile": prof.profile.model_copy(update={"ttft": ttft, "decode": decode}),
+                                   "measured_at": at})
+
+
+def test_passes_merge_into_per_cell_medians_with_their_spread():
+    """Three passes of one engine under drifting load: every cell is the median pass's value, the spread per cell
+    is kept, and the refit equals the fit of the median pass."""
+    from pathlib import Path
+
+    from zoe_cluster.sim.calibration_passes import merge_passes
+
+    prof = load_engine_profile(Path(__file__).resolve().parents[2] / "bench" / "sim" / "calibration_vllm_cpu.yaml")
+    passes = [_scaled_pass(prof, 1.3, 0.9, "t1"), _scaled_pass(prof, 1.0, 1.0, "t2"),
+              _scaled_pass(prof, 0.95, 1.2, "t3")]
+    merged = merge_passes(passes)
+    assert merged.passes == ["t1", "t2", "t3"] and merged.measured_at == "t3"
+    assert merged.wall_s == pytest.approx(3 * prof.wall_s)
+    for got, want in zip(merged.profile.ttft, prof.profile.ttft):
+        assert got.ttft_s.value == pytest.approx(want.ttft_s.value)
+        assert got.ttft_s.std == pytest.approx(want.ttft_s.std)  # the median pass's spread within the pass
+    for got, want in zip(merged.profile.decode, prof.profile.decode):
+        assert got.tok_s_per_node.value == pytest.approx(want.tok_s_per_node.value)
+    spread = {s.cell: s for s in merged.pass_spread}
+    cell = spread["ttft L=1536 h=0.0"]
+    assert cell.spread_pct == pytest.approx(35.0) and len(cell.values) == 3
+    assert spread["decode C=1"].spread_pct == pytest.approx((1 / 0.9 - 1 / 1.2) * 100)
+    assert merged.step_model == pytest.approx(prof.calibration().model.to_dict())
+    assert merge_passes([prof]) is prof
+
+
+def test_passes_of_different_engines_are_refused():
+    from pathlib import Path
+
+    from zoe_cluster.sim.calibration_passes import merge_passes
+
+    prof = load_engine_profile(Path(__file__).resolve().parents[2] / "bench" / "sim" / "calibration_vllm_cpu.yaml")
+    other = prof.model_copy(update={"scheduler": prof.scheduler.model_copy(update={"kv_tokens": 1024})})
+    with pytest.raises(ValueError, match="another engine or scheduler"):
+        merge_passes([prof, other])
+
+
+def test_calibration_passes_against_a_live_engine_merge(tmp_path):
+    """Two passes against `zoe sim serve`: one complete profile whose cells carry the spread of both passes."""
+    import asyncio
+
+    from zoe_cluster.sim.calibration_passes import run_calibration_passes
+
+    plan = SweepPlan(lengths=[512, 2048], hit_rates=[0.0, 0.5], prefill_runs=1, concurrency=[1, 8],
+                     decode_output_len=16, decode_runs=1, context_lengths=[512], busy_lengths=[])
+    phases = []
+    with sim_server(*SIM) as (url, _):
+        prof = asyncio.run(run_calibration_passes(
+            url, "glm", plan, 2, max_num_batched_tokens=16384, max_num_seqs=256, routed_experts=256,
+            experts_per_token=8, on_phase=lambda name, n: phases.append(name)))
+    assert prof.complete and len(prof.passes) == 2
+    assert any(p.startswith("pass 2/2: prefill") for p in phases)
+    cells = {s.cell for s in prof.pass_spread}
+    assert len(prof.profile.ttft) == 4 and sum(c.startswith("ttft ") for c in cells) == 4  # every cell in both passes
+    assert {"decode C=1", "decode C=8"} <= cells
+    assert all(len(s.values) == 2 for s in prof.pass_spread)

@@ -1,7 +1,8 @@
 """The fit of a live calibration drawn against what was measured (`zoe sim calibrate --url --plot`): prefill TTFT by
 input length (one colour per measured hit rate), decode tok/s per node by batch, single-stream decode tok/s by
 context, and the engine-side TTFT of prefill cells sent while streams decode (mixed steps); markers are measurements
-(median, std bars), lines the fitted twin."""
+(median, std bars), lines the fitted twin; a calibration of several passes draws each prefill cell's range over the
+passes as a shaded bar."""
 
 from __future__ import annotations
 
@@ -32,9 +33,14 @@ def plot_fit(prof: EngineProfile, cal: Calibration, path: str | Path) -> Path:
     by_rate: dict[float, list] = {}
     for p in prof.profile.ttft:
         by_rate.setdefault(round(p.hit_rate, 1), []).append(p)
+    ranges = dict(zip(map(id, prof.profile.ttft), [s.values for s in prof.pass_spread if s.cell.startswith("ttft ")]))
     for i, (rate, pts) in enumerate(sorted(by_rate.items())):
         pts.sort(key=lambda p: p.input_tokens)
         c = COLORS[i % len(COLORS)]
+        spans = [(p.input_tokens, ranges[id(p)]) for p in pts if id(p) in ranges]
+        if spans:
+            ax.vlines([x for x, _ in spans], [min(v) * 1e3 for _, v in spans], [max(v) * 1e3 for _, v in spans],
+                      color=c, alpha=0.3, lw=7, label=f"range over {len(prof.passes)} passes" if i == 0 else None)
         ax.errorbar([p.input_tokens for p in pts], [p.ttft_s.value * 1e3 for p in pts],
                     yerr=[(p.ttft_s.std or 0) * 1e3 for p in pts], fmt="o", color=c, capsize=3,
                     label=f"measured, hit ~{rate:.0%}")
@@ -97,8 +103,9 @@ def plot_fit(prof: EngineProfile, cal: Calibration, path: str | Path) -> Path:
     ax.set(xlabel="input tokens @ hit rate", ylabel="engine-side TTFT, ms", title="prefill beside decoding streams")
     if cells:
         ax.legend(fontsize=7)
-    fig.suptitle(f"zoe sim calibrate: {prof.model} on {prof.engine} {prof.engine_version or ''} ({prof.measured_at[:10]})",
-                 fontsize=11)
+    passes = f", median of {len(prof.passes)} passes" if prof.passes else ""
+    fig.suptitle(f"zoe sim calibrate: {prof.model} on {prof.engine} {prof.engine_version or ''} "
+                 f"({prof.measured_at[:10]}{passes})", fontsize=11)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -183,6 +183,14 @@ class MixedTtftPoint(_Strict):
     ttft_s: Figure
 
 
+class PassSpread(_Strict):
+    """One cell of a calibration of several passes: what each pass measured (the profile holds their median)."""
+
+    cell: str = Field(description="Sweep and cell, e.g. 'ttft L=1536 h=0.00' or 'decode C=16'.")
+    values: list[float] = Field(description="The cell's figure in each pass, in pass order (the profile's unit).")
+    spread_pct: float = Field(ge=0.0, description="(max - min) / median of the values, percent.")
+
+
 class MeasuredScheduler(_Strict):
     """The engine's scheduler and KV cache as the twin needs them."""
 
@@ -239,6 +247,11 @@ class EngineProfile(_Strict):
     step_model: dict[str, float] = Field(default_factory=dict, description="The fitted step model (for reading).")
     fit_error_pct: dict[str, float] = Field(default_factory=dict, description="Fit error on the measured points.")
     probes: dict[str, Any] = Field(default_factory=dict, description="Raw KV probe readings.")
+    passes: list[str] = Field(default_factory=list, description="When each pass of a calibration of several passes "
+                              "finished (`calibration_passes.merge_passes`; empty: one pass): each cell is the median "
+                              "over the passes.")
+    pass_spread: list[PassSpread] = Field(default_factory=list, description="Per cell of a calibration of several "
+                                          "passes: the value each pass measured and their spread.")
     error: str | None = Field(default=None, description="Why an incomplete calibration stopped.")
 
     def source(self) -> str:
@@ -897,7 +910,8 @@ def context_tok_s(cal: Calibration, context_tokens: int) -> float:
 
 
 __all__ = [
-    "EngineCalibrationError", "EngineProfile", "IncompleteCalibration", "MeasuredScheduler", "SweepPlan",
+    "EngineCalibrationError", "EngineProfile", "IncompleteCalibration", "MeasuredScheduler", "PassSpread",
+    "SweepPlan",
     "block_tokens_from_hits", "kv_capacity_from_metrics", "load_engine_profile", "run_calibration",
     "write_engine_profile",
 ]
