@@ -377,8 +377,10 @@ class SimServer:
             obj = "text_completion"
         if prompt_ids is not None:
             choice.update(prompt_token_ids=prompt_ids, token_ids=token_ids(text))
-        return JSONResponse({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
-                             "usage": usage})
+        payload = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": usage}
+        if prompt_ids is not None:  # encoding every prompt token id is long work: off the loop, as `_prepare`
+            return await asyncio.to_thread(JSONResponse, payload)
+        return JSONResponse(payload)
 
     def _usage(self, req: SimRequest) -> dict[str, Any]:
         return {
