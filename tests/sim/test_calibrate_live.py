@@ -414,3 +414,22 @@ def test_calibration_passes_against_a_live_engine_merge(tmp_path):
     assert len(prof.profile.ttft) == 4 and sum(c.startswith("ttft ") for c in cells) == 4  # every cell in both passes
     assert {"decode C=1", "decode C=8"} <= cells
     assert all(len(s.values) == 2 for s in prof.pass_spread)
+
+
+def test_calibrate_cli_passes_its_pass_count_and_refuses_zero(tmp_path, monkeypatch):
+    """`zoe sim calibrate --url ... --passes N` measures through `run_calibration_passes` with N; 0 is refused."""
+    import zoe_cluster.sim.calibration_passes as cp
+    from zoe_cluster.sim.engine_calibration import EngineCalibrationError
+
+    seen = []
+
+    async def fake(url, model, plan, passes, **kwargs):
+        seen.append(passes)
+        raise EngineCalibrationError("stopped by the test")
+
+    monkeypatch.setattr(cp, "run_calibration_passes", fake)
+    out = tmp_path / "prof.yaml"
+    res = runner.invoke(app, ["sim", "calibrate", "--url", "http://127.0.0.1:9", "--out", str(out), "--passes", "3"])
+    assert res.exit_code != 0 and "stopped by the test" in res.output and seen == [3] and not out.exists()
+    res = runner.invoke(app, ["sim", "calibrate", "--url", "http://127.0.0.1:9", "--out", str(out), "--passes", "0"])
+    assert res.exit_code != 0 and seen == [3]

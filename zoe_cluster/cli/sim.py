@@ -200,13 +200,16 @@ def calibrate_cmd(
     concurrency: str = typer.Option("1,2,4,8,16,32", "--concurrency", help="Decode batch sizes."),
     output_len: int = typer.Option(256, "--output-len", min=2, help="Decode output tokens per stream."),
     runs: int = typer.Option(5, "--runs", min=1, help="Runs per prefill cell (decode: 3)."),
+    passes: int = typer.Option(1, "--passes", min=1, help="With --url: measure the engine this many times, one "
+                               "pass after another, and fit each cell's median (a drifting load moves it less)."),
     routed_experts: int = typer.Option(1, "--routed-experts", min=1, help="E of the model (1: dense)."),
     experts_per_token: int = typer.Option(1, "--experts-per-token", min=1, help="Top-k of the model."),
 ) -> None:
     """Show the fitted step model of a recipe variant; or, with --url, measure a live engine and write a profile."""
     if url is not None:
         return _calibrate_live(url, model, out, plot, json_out, max_num_batched_tokens, max_num_seqs, kv_tokens,
-                               lengths, hit_rates, concurrency, output_len, runs, routed_experts, experts_per_token)
+                               lengths, hit_rates, concurrency, output_len, runs, routed_experts, experts_per_token,
+                               passes)
     if model is None:
         fail("give --model (a recipe), or --url to measure a live engine")
     recipe, name = _recipe_variant(model, variant)
@@ -228,16 +231,16 @@ def _numbers(text: str, option: str, kind: type) -> list:  # type: ignore[type-a
 
 
 def _calibrate_live(url, model, out, plot, json_out, mnbt, mns, kv_tokens, lengths, hit_rates, concurrency,  # type: ignore[no-untyped-def]
-                    output_len, runs, routed_experts, experts_per_token) -> None:
+                    output_len, runs, routed_experts, experts_per_token, passes=1) -> None:
     import asyncio
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from zoe_cluster.sim.calibration_passes import run_calibration_passes
     from zoe_cluster.sim.engine_calibration import (
         EngineCalibrationError,
         IncompleteCalibration,
         SweepPlan,
-        run_calibration,
         write_engine_profile,
     )
 
@@ -265,8 +268,8 @@ def _calibrate_live(url, model, out, plot, json_out, mnbt, mns, kv_tokens, lengt
                 prog.advance(current[-1])
 
         try:
-            prof = asyncio.run(run_calibration(
-                url, model, plan, max_num_batched_tokens=mnbt, max_num_seqs=mns, kv_tokens=kv_tokens,
+            prof = asyncio.run(run_calibration_passes(
+                url, model, plan, passes, max_num_batched_tokens=mnbt, max_num_seqs=mns, kv_tokens=kv_tokens,
                 routed_experts=routed_experts, experts_per_token=experts_per_token, on_request=on_request,
                 on_phase=on_phase))  # fmt: skip
         except IncompleteCalibration as e:
