@@ -12,7 +12,15 @@ from zoe_cluster.agentic.metrics import CallRecord, summarize, ttft_floor_s
 from zoe_cluster.agentic.options import SessionOptions
 from zoe_cluster.recipes import Recipe
 from zoe_cluster.router.config import RouterConfig
-from zoe_cluster.router.slowness import JUDGE_EVERY_S, LatencyFacts, judge_due, probe_due, record_sample, slow_replicas
+from zoe_cluster.router.slowness import (
+    JUDGE_EVERY_S,
+    LatencyFacts,
+    judge_due,
+    mark_slow,
+    probe_due,
+    record_sample,
+    slow_replicas,
+)
 from zoe_cluster.routing import Policy, get_policy
 from zoe_cluster.routing.context import ReplicaView, RequestContext, RoutingDecision
 from zoe_cluster.sim.calibrate import Calibration, calibrate
@@ -84,11 +92,8 @@ class SlowReplicaGuard(Policy):
             return
         self._judged_at = now
         slow = slow_replicas(self.facts, self.factor, self.min_samples)
-        for rid in slow.keys() - self.slow.keys():
-            self.facts[rid].slow_since = now
-            self.ejections += 1
-        for rid in self.slow.keys() - slow.keys():
-            self.facts[rid].slow_since = None
+        newly, _ = mark_slow(self.facts, self.slow, slow, now)
+        self.ejections += len(newly)
         self.slow = slow
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from zoe_cluster.router.membership import MemberReplica, Membership
-from zoe_cluster.router.slowness import LatencyFacts, judge_due, probe_due, record_sample, slow_replicas
+from zoe_cluster.router.slowness import LatencyFacts, judge_due, mark_slow, probe_due, record_sample, slow_replicas
 from zoe_cluster.routing.context import ReplicaView
 from zoe_cluster.routing.policy import Policy
 
@@ -211,16 +211,13 @@ class ReplicaSet:
         slow: dict[str, str] = {}
         for group in groups.values():
             slow.update(slow_replicas(group, self.slow_factor, self.slow_min_samples))
-        changed = False
+        was_slow = [rid for rid, st in self.by_id.items() if st.slow_reason is not None]
+        newly, recovered = mark_slow({rid: st.latency for rid, st in self.by_id.items()}, was_slow, slow, now)
+        for rid in newly:
+            self.metrics.ejections.labels(replica=rid, cause="slow").inc()
         for rid, st in self.by_id.items():
-            why = slow.get(rid)
-            if why is not None and st.slow_reason is None:
-                st.latency.slow_since, changed = now, True
-                self.metrics.ejections.labels(replica=rid, cause="slow").inc()
-            elif why is None and st.slow_reason is not None:
-                st.latency.slow_since, changed = None, True
-            st.slow_reason = why
-        if changed:
+            st.slow_reason = slow.get(rid)
+        if newly or recovered:
             self.on_change()
 
     def models(self) -> set[str]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -92,6 +92,20 @@ def slow_replicas(facts: Mapping[str, LatencyFacts], factor: float, min_samples:
             if peers > 0 and v > factor * peers and rid not in out:
                 out[rid] = f"{measure} {v * 1000:.1f} ms > {factor:g} x peers' median {peers * 1000:.1f} ms"
     return out
+
+
+def mark_slow(facts: Mapping[str, LatencyFacts], was_slow: Iterable[str], slow: Mapping[str, str],
+              now: float) -> tuple[list[str], list[str]]:
+    """Apply a judgement: stamp `slow_since` on the replicas newly in `slow`, clear it on those no longer in it.
+    Returns (newly slow, recovered)."""
+    was = set(was_slow)
+    newly = [rid for rid in slow if rid not in was and rid in facts]
+    recovered = [rid for rid in was if rid not in slow and rid in facts]
+    for rid in newly:
+        facts[rid].slow_since = now
+    for rid in recovered:
+        facts[rid].slow_since = None
+    return newly, recovered
 
 
 def judge_due(judged_at: float, now: float, probe: bool, every_s: float = JUDGE_EVERY_S) -> bool:
